@@ -1,0 +1,43 @@
+# The two commands of the README: `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: demo test lint typecheck pytest docs bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(BIN)/python pyproject.toml
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(VENV)/.installed $@
+
+# The demo runs offline on the scripted model and keeps its workspace in ./.workspace.
+demo: $(VENV)/.installed
+	LLM_RUNTIME=$${LLM_RUNTIME:-scripted} \
+	ATMOSPHERE_WORKSPACE_ROOT=$${ATMOSPHERE_WORKSPACE_ROOT:-$(CURDIR)/.workspace} \
+	HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m samples.personal_assistant
+
+test: $(VENV)/.installed-dev lint typecheck pytest docs
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(VENV)/.installed-dev
+	$(BIN)/mypy
+
+pytest: $(VENV)/.installed-dev
+	$(BIN)/pytest
+
+docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
+
+clean:
+	rm -rf $(VENV) .site .mypy_cache .pytest_cache .ruff_cache

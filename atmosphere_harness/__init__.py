@@ -1,0 +1,69 @@
+"""atmosphere-harness: host deep agents in any FastAPI app.
+
+```python
+from fastapi import FastAPI
+from atmosphere_harness import agent, prompt, StreamingSession, harness_router
+
+@agent(name="assistant")
+class Assistant:
+    @prompt
+    async def chat(self, message: str, session: StreamingSession) -> None:
+        await session.stream(message)
+
+app = FastAPI()
+app.include_router(harness_router)
+```
+"""
+
+from ._version import __version__
+from .cache import CacheHint, PromptCache
+from .events import Event
+from .harness import Harness
+from .registry import agent, ai_endpoint, coordinator, prompt, skill
+from .runtimes.base import (
+    AgentRuntime,
+    AiCapability,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    Usage,
+)
+from .runtimes.scripted import ScriptedRuntime
+from .session import StreamingSession
+from .settings import HarnessSettings
+from .tools.base import Tool, ToolContext, ToolKind, tool
+from .web.deps import HarnessDep, get_harness, get_user_id
+from .web.router import create_harness_router, harness_router
+
+__all__ = [
+    "AgentRuntime",
+    "AiCapability",
+    "CacheHint",
+    "Event",
+    "Harness",
+    "HarnessDep",
+    "HarnessSettings",
+    "Message",
+    "ModelRequest",
+    "ModelResponse",
+    "PromptCache",
+    "ScriptedRuntime",
+    "StreamingSession",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolKind",
+    "Usage",
+    "__version__",
+    "agent",
+    "ai_endpoint",
+    "coordinator",
+    "create_harness_router",
+    "get_harness",
+    "get_user_id",
+    "harness_router",
+    "prompt",
+    "skill",
+    "tool",
+]

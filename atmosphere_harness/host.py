@@ -1,0 +1,213 @@
+"""`HarnessHost`: the running harness of one app (everything the router's lifespan owns).
+
+It resolves each declared class into a `HostedEndpoint`, runs the attach engines over it, keeps
+the per-owner surface registries the admin API reads, and tracks background work so shutdown
+can drain it. It never imports FastAPI: the web layer is a thin client of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Coroutine, Iterable, Sequence
+from typing import Any
+
+from .attach import Primitive
+from .endpoint import HostedEndpoint
+from .harness import Harness
+from .log import get_logger
+from .preset import HarnessPreset, effective_cache_policy
+from .registry import AgentSpec, EndpointKind
+from .runtimes.base import AgentRuntime
+from .session import StreamingSession
+from .settings import HarnessSettings
+
+log = get_logger(__name__)
+
+MAX_REGISTERED_OWNERS = 1024
+
+
+class HarnessHost:
+    """The live harness: settings, preset, runtime, endpoints and shared services."""
+
+    def __init__(
+        self,
+        settings: HarnessSettings,
+        *,
+        runtime: AgentRuntime,
+        specs: Sequence[AgentSpec],
+        primitives: Sequence[Primitive] = (),
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.preset = HarnessPreset(settings)
+        self.truth = self.preset.truth
+        self.runtime = runtime
+        self.specs = list(specs)
+        self.primitives = list(primitives)
+        self.options: dict[str, Any] = dict(options or {})
+        """Objects passed to `create_harness_router` (long_term_memory, policies, ...)."""
+        self.services: dict[str, Any] = {}
+        """App-wide objects primitives share (buses, stores), keyed by a plain name."""
+        self.endpoints: dict[str, HostedEndpoint] = {}
+        self.agents: dict[str, AgentSpec] = {}
+        """Every declared agent/coordinator by name, headless ones included (fleet members)."""
+        self._surfaces: dict[str, dict[str, Any]] = {}
+        self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._started: list[Primitive] = []
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._index_specs()
+        for primitive in self.primitives:
+            await primitive.start(self)
+            self._started.append(primitive)
+        for spec in self.specs:
+            if spec.headless:
+                log.info(
+                    "headless agent: no prompt loop, so the harness does not apply",
+                    agent=spec.name,
+                )
+                continue
+            self._host(spec)
+        mode = (
+            "kill switch"
+            if self.preset.kill_switch
+            else ("enabled app-wide" if self.settings.enabled else "per annotation")
+        )
+        log.info(
+            "harness started",
+            mode=mode,
+            endpoints=sorted(self.endpoints),
+            runtime=self.runtime.name,
+            excluded=sorted(self.preset.exclude_paths),
+        )
+
+    async def stop(self) -> None:
+        await self.drain()
+        for primitive in reversed(self._started):
+            try:
+                await primitive.stop(self)
+            except Exception:
+                log.exception("primitive failed to stop cleanly", primitive=primitive.name)
+        self._started.clear()
+        close = getattr(self.runtime, "aclose", None)
+        if close is not None:
+            await close()
+
+    def _index_specs(self) -> None:
+        paths: dict[str, AgentSpec] = {}
+        for spec in self.specs:
+            if spec.kind is not EndpointKind.AI_ENDPOINT:
+                if spec.name in self.agents:
+                    raise ValueError(f"two agents are named {spec.name!r}")
+                self.agents[spec.name] = spec
+            if not spec.headless:
+                if spec.path in paths:
+                    raise ValueError(
+                        f"{spec.cls.__name__} and {paths[spec.path].cls.__name__} both serve "
+                        f"{spec.path}"
+                    )
+                paths[spec.path] = spec
+
+    def _host(self, spec: AgentSpec) -> None:
+        features = self.preset.features_for(spec.path, spec.harness, spec.is_agent_default)
+        cache_policy = effective_cache_policy(
+            spec.prompt_cache, self.settings, cache_feature=Harness.CACHE in features
+        )
+        endpoint = HostedEndpoint.from_spec(
+            spec,
+            features=features,
+            runtime=self.runtime,
+            workspace_root=self.settings.workspace_root,
+            tool_timeout=self.settings.tool_execution_timeout,
+            max_rounds=self.settings.max_tool_rounds,
+            cache_policy=cache_policy,
+            truth=self.truth,
+        )
+        self.truth.seed_endpoint(
+            spec.path,
+            features,
+            compaction=self.settings.compaction.value,
+            cache_policy=cache_policy,
+            coordinator=spec.kind is EndpointKind.COORDINATOR,
+        )
+        for primitive in self.primitives:
+            primitive.attach(endpoint, self)
+        for name, kind in endpoint.prompt_parameters:
+            if kind not in (None, StreamingSession) and kind not in endpoint.providers:
+                log.warning(
+                    "prompt parameter will be None: its primitive is not attached here",
+                    endpoint=spec.path,
+                    parameter=name,
+                    type=getattr(kind, "__name__", str(kind)),
+                )
+        self.endpoints[spec.path] = endpoint
+
+    # --- surfaces the admin API reads ------------------------------------------------------
+
+    def register_surface(self, kind: str, owner: str, surface: Any) -> bool:
+        """Record the exact instance an attach engine bound for `owner` (e.g. its plan store)."""
+        if not owner or not owner.strip():
+            return False
+        registry = self._surfaces.setdefault(kind, {})
+        if owner not in registry and len(registry) >= MAX_REGISTERED_OWNERS:
+            log.warning("owner registry full; not registering", kind=kind, owner=owner)
+            return False
+        registry[owner] = surface
+        return True
+
+    def surface(self, kind: str, owner: str) -> Any | None:
+        return self._surfaces.get(kind, {}).get(owner)
+
+    def owners(self, kind: str) -> list[str]:
+        return sorted(self._surfaces.get(kind, {}))
+
+    # --- concurrency ----------------------------------------------------------------------
+
+    def conversation_lock(self, path: str, conversation_id: str) -> asyncio.Lock:
+        """Prompts of one conversation run one at a time, so their history never interleaves."""
+        key = (path, conversation_id)
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks[key] = lock
+        return lock
+
+    def spawn(
+        self, work: Coroutine[Any, Any, Any], *, name: str | None = None
+    ) -> asyncio.Task[Any]:
+        """Run background work the host waits for at shutdown (never on the request path)."""
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed", task=task.get_name(), exc_info=task.exception())
+
+    async def drain(self, timeout: float = 30.0) -> None:
+        """Wait for background work (e.g. memory extraction) to finish, bounded by `timeout`."""
+        pending = set(self._tasks)
+        if not pending:
+            return
+        _done, still = await asyncio.wait(pending, timeout=timeout)
+        for task in still:
+            task.cancel()
+        if still:
+            log.warning("background tasks cancelled at shutdown", count=len(still))
+
+    # --- lookups --------------------------------------------------------------------------
+
+    def endpoint(self, path: str) -> HostedEndpoint | None:
+        return self.endpoints.get(path)
+
+    def endpoints_of(self, kinds: Iterable[EndpointKind]) -> list[HostedEndpoint]:
+        wanted = set(kinds)
+        return [endpoint for endpoint in self.endpoints.values() if endpoint.kind in wanted]

@@ -1,0 +1,86 @@
+"""The model/tool loop behind `session.stream(message)`.
+
+Build the request (stable system prompt, history, tools), ask the runtime, run the tool calls it
+asked for through the executor, feed the results back, and repeat until the model answers without
+tools or the round limit stops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .cache import CacheHint
+from .runtimes.base import Message, ModelError, ModelRequest
+from .tools.executor import execute_calls
+
+if TYPE_CHECKING:
+    from .run import RunContext
+
+
+class LoopLimitExceeded(ModelError):
+    """The model kept calling tools past `max_tool_rounds`."""
+
+
+async def run_loop(run: RunContext, message: str) -> str:
+    """Run the loop for one user message; returns the model's final answer."""
+    endpoint = run.endpoint
+    history = await endpoint.history.load(run) if endpoint.history is not None else []
+    user = Message.user(message)
+    working: list[Message] = [*history, user]
+    turn: list[Message] = [user]
+    cache_hint = CacheHint(endpoint.cache_policy) if endpoint.cache_policy.value != "none" else None
+    try:
+        for _ in range(endpoint.max_rounds):
+            request = ModelRequest(
+                system_prompt=endpoint.system_prompt,
+                messages=tuple(working),
+                tools=endpoint.tool_specs(),
+                conversation_id=run.conversation_id,
+                cache_hint=cache_hint,
+            )
+            for interceptor in endpoint.interceptors:
+                request = await interceptor.before_request(run, request)
+            response = await endpoint.runtime.complete(request, on_text=run.session.send)
+            run.add_usage(response.usage)
+            if not response.tool_calls:
+                answer = Message.assistant(response.text)
+                working.append(answer)
+                turn.append(answer)
+                return response.text
+            asked = Message.assistant(response.text, response.tool_calls)
+            working.append(asked)
+            turn.append(asked)
+            results = await execute_calls(response.tool_calls, run)
+            for call, result in zip(response.tool_calls, results, strict=True):
+                answered = Message.tool(call, result)
+                working.append(answered)
+                turn.append(answered)
+        raise LoopLimitExceeded(
+            f"stopped after {endpoint.max_rounds} model turns: the model kept calling tools "
+            "(raise ATMOSPHERE_AI_MAX_TOOL_ROUNDS if this task needs more)"
+        )
+    finally:
+        await asyncio.shield(_finish_turn(run, complete_pairs(turn)))
+
+
+async def _finish_turn(run: RunContext, turn: Sequence[Message]) -> None:
+    """Persist and announce the turn, even when it ended in an error or a cancellation."""
+    endpoint = run.endpoint
+    if endpoint.history is not None:
+        await endpoint.history.append(run, turn)
+    for interceptor in endpoint.interceptors:
+        await interceptor.after_turn(run, turn)
+
+
+def complete_pairs(messages: Sequence[Message]) -> list[Message]:
+    """Drop a trailing assistant tool request whose results never arrived.
+
+    Results are appended only once their whole batch has run, so an interrupted turn ends with
+    the unanswered request; providers reject a tool call without a result, so it is not kept.
+    """
+    kept = list(messages)
+    while kept and kept[-1].role == "assistant" and kept[-1].tool_calls:
+        kept.pop()
+    return kept

@@ -1,0 +1,100 @@
+"""`StreamingSession`: the handle a `@prompt` method uses to talk to its client."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import events
+from .events import Event, Frame
+from .injection import register_injectable
+
+if TYPE_CHECKING:
+    from .run import RunContext
+
+FrameSink = Callable[[Frame], Awaitable[None]]
+
+
+class StreamingSession:
+    """One prompt's stream of frames.
+
+    `stream(message)` runs the harness-completed model loop (tools, plan, files, memory) and
+    streams its text; `send`, `emit`, `complete` and `error` let a prompt method speak for
+    itself. Once `complete` or `error` has been sent, later frames are dropped.
+    """
+
+    def __init__(self, run: RunContext, sink: FrameSink) -> None:
+        self._run = run
+        self._sink = sink
+        self._seq = 0
+        self._closed = False
+        self.last_text: str | None = None
+
+    @property
+    def conversation_id(self) -> str:
+        return self._run.conversation_id
+
+    @property
+    def session_id(self) -> str:
+        """The per-prompt id stamped on every frame."""
+        return self._run.session_id
+
+    @property
+    def user_id(self) -> str | None:
+        return self._run.user_id
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def stream(self, message: str) -> str:
+        """Run the model loop on `message`; returns the final answer (also streamed as text)."""
+        from .loop import run_loop
+
+        self.last_text = await run_loop(self._run, message)
+        return self.last_text
+
+    async def send(self, text: str) -> None:
+        """Stream a piece of answer text."""
+        if text:
+            await self._frame(events.TEXT, {"text": text})
+
+    async def emit(self, event: Event | str, data: Mapping[str, Any] | None = None) -> None:
+        """Send any frame: an `Event`, or a type plus its data."""
+        if isinstance(event, Event):
+            await self._frame(event.type, event.data)
+        else:
+            await self._frame(event, data or {})
+
+    async def complete(self, summary: str | None = None) -> None:
+        """End the stream successfully; `usage` totals for the run ride along."""
+        if self._closed:
+            return
+        data: dict[str, Any] = {"usage": self._run.usage.to_wire()}
+        text = summary if summary is not None else self.last_text
+        if text is not None:
+            data["summary"] = text
+        await self._frame(events.COMPLETE, data)
+        self._closed = True
+
+    async def error(self, exc: BaseException | str) -> None:
+        """End the stream with an error the client can show."""
+        if self._closed:
+            return
+        if isinstance(exc, BaseException):
+            data = {"message": str(exc) or type(exc).__name__, "type": type(exc).__name__}
+        else:
+            data = {"message": exc, "type": "Error"}
+        await self._frame(events.ERROR, data)
+        self._closed = True
+
+    async def _frame(self, kind: str, data: Mapping[str, Any]) -> None:
+        if self._closed:
+            return
+        self._seq += 1
+        await self._sink(
+            Frame(kind, data, self._run.session_id, self._run.conversation_id, self._seq)
+        )
+
+
+register_injectable(StreamingSession)

@@ -1,0 +1,317 @@
+"""`HarnessSettings`: every configuration key, with its environment names and defaults.
+
+Precedence is programmatic argument > environment variable > default (the Python form of the
+reference's "system property wins over the environment variable"). Where a key has an `LLM_`
+fallback, the `ATMOSPHERE_` name is read first. The settings never read a `.env` file on their own:
+the host owns its `.env` (pass `_env_file=...` to opt in). Nothing here is instantiated at import
+time; the router resolves settings inside its lifespan.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from .cache import PromptCache
+from .log import get_logger
+
+log = get_logger(__name__)
+
+
+class SurfaceMode(enum.Enum):
+    """Which plan/file surface to attach: the built-in tools or the runtime's native one."""
+
+    AUTO = "auto"
+    BUILTIN = "builtin"
+    NATIVE = "native"
+
+    @classmethod
+    def parse(cls, value: object) -> SurfaceMode:
+        """Lenient, case-insensitive; `built-in` is accepted; anything unknown is `AUTO`."""
+        if isinstance(value, SurfaceMode):
+            return value
+        text = str(value or "").strip().lower()
+        if text in ("builtin", "built-in"):
+            return cls.BUILTIN
+        if text == "native":
+            return cls.NATIVE
+        return cls.AUTO
+
+
+class Compaction(enum.Enum):
+    """Conversation-memory compaction strategy."""
+
+    SLIDING_WINDOW = "sliding-window"
+    SUMMARIZING = "summarizing"
+    TOKEN_WINDOW = "token-window"
+
+
+class PromptCacheKeyMode(enum.Enum):
+    """Whether OpenAI-compatible requests carry `prompt_cache_key`."""
+
+    AUTO = "auto"
+    ENABLED = "true"
+    DISABLED = "false"
+
+    @classmethod
+    def parse(cls, value: object) -> PromptCacheKeyMode:
+        if isinstance(value, PromptCacheKeyMode):
+            return value
+        if isinstance(value, bool):
+            return cls.ENABLED if value else cls.DISABLED
+        text = str(value or "").strip().lower()
+        if text in ("true", "1", "yes", "on", "enabled"):
+            return cls.ENABLED
+        if text in ("false", "0", "no", "off", "disabled"):
+            return cls.DISABLED
+        return cls.AUTO
+
+
+class RuntimeChoice(enum.Enum):
+    """Which model runtime the router uses when none is passed explicitly."""
+
+    AUTO = "auto"
+    SCRIPTED = "scripted"
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+
+
+def _env(*names: str) -> Any:
+    return AliasChoices(*names)
+
+
+DEFAULT_OFFLOAD_THRESHOLD = 8000
+DEFAULT_TOOL_TIMEOUT = 120.0
+
+
+class HarnessSettings(BaseSettings):
+    """All harness configuration. Construct it with keyword arguments to override the environment.
+
+    Example:
+        ```python
+        settings = HarnessSettings(enabled=True, workspace_root="/srv/agents")
+        app.include_router(create_harness_router(settings))
+        ```
+    """
+
+    model_config = SettingsConfigDict(
+        env_file=None,
+        extra="ignore",
+        env_ignore_empty=True,
+        validate_by_name=True,
+        validate_by_alias=True,
+        frozen=True,
+    )
+
+    enabled: bool | None = Field(None, validation_alias=_env("ATMOSPHERE_AI_HARNESS_ENABLED"))
+    """Tri-state app-wide flag: unset, `true`, or anything else = kill switch."""
+
+    exclude_paths: Annotated[frozenset[str], NoDecode] = Field(
+        frozenset(), validation_alias=_env("ATMOSPHERE_AI_HARNESS_EXCLUDE_PATHS")
+    )
+    """Exact endpoint paths the harness skips."""
+
+    compaction: Compaction = Field(
+        Compaction.SLIDING_WINDOW, validation_alias=_env("ATMOSPHERE_AI_HARNESS_COMPACTION")
+    )
+    prompt_cache_default: PromptCache | None = Field(
+        None, validation_alias=_env("ATMOSPHERE_AI_HARNESS_PROMPT_CACHE_DEFAULT")
+    )
+    planning: SurfaceMode = Field(
+        SurfaceMode.AUTO, validation_alias=_env("ATMOSPHERE_AI_PLANNING", "LLM_PLANNING")
+    )
+    filesystem: SurfaceMode = Field(
+        SurfaceMode.AUTO, validation_alias=_env("ATMOSPHERE_AI_FILESYSTEM", "LLM_FILESYSTEM")
+    )
+    filesystem_routes: Annotated[tuple[tuple[str, str], ...], NoDecode] = Field(
+        (), validation_alias=_env("ATMOSPHERE_AI_FILESYSTEM_ROUTES", "LLM_FILESYSTEM_ROUTES")
+    )
+    """`(prefix, directory)` pairs, from `memory/=/var/a,shared/=/var/b`."""
+
+    tool_output_offload_threshold: int = Field(
+        DEFAULT_OFFLOAD_THRESHOLD,
+        validation_alias=_env(
+            "ATMOSPHERE_AI_TOOL_OUTPUT_OFFLOAD_THRESHOLD", "LLM_TOOL_OUTPUT_OFFLOAD_THRESHOLD"
+        ),
+    )
+    """Characters; a result longer than this is offloaded to the workspace. `<= 0` disables."""
+
+    tool_execution_timeout: float = Field(
+        DEFAULT_TOOL_TIMEOUT,
+        validation_alias=_env("ATMOSPHERE_AI_TOOL_EXECUTION_TIMEOUT", "LLM_TOOL_EXECUTION_TIMEOUT"),
+    )
+    """Seconds one tool call may run before it is cancelled."""
+
+    max_tool_rounds: int = Field(50, ge=1, validation_alias=_env("ATMOSPHERE_AI_MAX_TOOL_ROUNDS"))
+    """Model turns one prompt may take before the loop stops it."""
+
+    workspace_root: Path = Field(
+        Path("~/.atmosphere/workspace"), validation_alias=_env("ATMOSPHERE_WORKSPACE_ROOT")
+    )
+    prompt_cache_key: PromptCacheKeyMode = Field(
+        PromptCacheKeyMode.AUTO,
+        validation_alias=_env("ATMOSPHERE_AI_PROMPT_CACHE_KEY", "LLM_PROMPT_CACHE_KEY"),
+    )
+    durable_runs: bool | None = Field(
+        None, validation_alias=_env("ATMOSPHERE_DURABLE_RUNS_ENABLED")
+    )
+
+    llm_runtime: RuntimeChoice = Field(RuntimeChoice.AUTO, validation_alias=_env("LLM_RUNTIME"))
+    llm_model: str | None = Field(None, validation_alias=_env("LLM_MODEL"))
+    llm_base_url: str | None = Field(None, validation_alias=_env("LLM_BASE_URL"))
+    llm_api_key: str | None = Field(None, validation_alias=_env("LLM_API_KEY"), repr=False)
+
+    admin_token: str | None = Field(
+        None, validation_alias=_env("ATMOSPHERE_ADMIN_TOKEN"), repr=False
+    )
+    admin_http_read_auth_required: bool = Field(
+        False, validation_alias=_env("ATMOSPHERE_ADMIN_HTTP_READ_AUTH_REQUIRED")
+    )
+
+    redis_url: str | None = Field(None, validation_alias=_env("ATMOSPHERE_REDIS_URL"), repr=False)
+    postgres_url: str | None = Field(
+        None, validation_alias=_env("ATMOSPHERE_POSTGRES_URL"), repr=False
+    )
+
+    # --- validators -------------------------------------------------------------------------
+
+    @field_validator("enabled", mode="before")
+    @classmethod
+    def _parse_enabled(cls, value: object) -> bool | None:
+        if value is None or isinstance(value, bool):
+            return value
+        text = str(value).strip()
+        if not text:
+            return None
+        if text.lower() == "true":
+            return True
+        if text.lower() != "false":
+            log.warning(
+                "unrecognized harness flag value, treating it as the kill switch (fail-closed); "
+                "use true or false",
+                value=text,
+                setting="ATMOSPHERE_AI_HARNESS_ENABLED",
+            )
+        return False
+
+    @field_validator("exclude_paths", mode="before")
+    @classmethod
+    def _parse_paths(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list | tuple | set | frozenset):
+            return frozenset(str(item).strip() for item in value if str(item).strip())
+        return value
+
+    @field_validator("compaction", mode="before")
+    @classmethod
+    def _parse_compaction(cls, value: object) -> object:
+        if isinstance(value, Compaction) or value is None:
+            return value or Compaction.SLIDING_WINDOW
+        text = str(value).strip().lower()
+        try:
+            return Compaction(text or Compaction.SLIDING_WINDOW.value)
+        except ValueError:
+            log.warning("unknown compaction strategy, using sliding-window", value=value)
+            return Compaction.SLIDING_WINDOW
+
+    @field_validator("prompt_cache_default", mode="before")
+    @classmethod
+    def _parse_cache_default(cls, value: object) -> object:
+        if value is None or isinstance(value, PromptCache):
+            return value
+        policy = PromptCache.parse(str(value))
+        if policy is None:
+            log.warning("unknown prompt-cache default, ignoring it", value=value)
+        return policy
+
+    @field_validator("planning", "filesystem", mode="before")
+    @classmethod
+    def _parse_mode(cls, value: object) -> SurfaceMode:
+        return SurfaceMode.parse(value)
+
+    @field_validator("prompt_cache_key", mode="before")
+    @classmethod
+    def _parse_key_mode(cls, value: object) -> PromptCacheKeyMode:
+        return PromptCacheKeyMode.parse(value)
+
+    @field_validator("llm_runtime", mode="before")
+    @classmethod
+    def _parse_runtime(cls, value: object) -> object:
+        if isinstance(value, RuntimeChoice) or value is None:
+            return value or RuntimeChoice.AUTO
+        text = str(value).strip().lower() or "auto"
+        try:
+            return RuntimeChoice(text)
+        except ValueError:
+            choices = ", ".join(choice.value for choice in RuntimeChoice)
+            raise ValueError(f"LLM_RUNTIME must be one of {choices}, got {value!r}") from None
+
+    @field_validator("filesystem_routes", mode="before")
+    @classmethod
+    def _parse_routes(cls, value: object) -> object:
+        if value is None:
+            return ()
+        if isinstance(value, dict):
+            return tuple((str(k), str(v)) for k, v in value.items())
+        if not isinstance(value, str):
+            return value
+        routes: list[tuple[str, str]] = []
+        for raw in value.split(","):
+            entry = raw.strip()
+            if not entry:
+                continue
+            prefix, sep, directory = entry.partition("=")
+            if not sep or not prefix.strip() or not directory.strip():
+                raise ValueError(
+                    f"malformed filesystem route {entry!r}: expected prefix=directory, "
+                    "e.g. memory/=/var/agent-memory"
+                )
+            routes.append((prefix.strip(), directory.strip()))
+        return tuple(routes)
+
+    @field_validator("tool_output_offload_threshold", mode="before")
+    @classmethod
+    def _parse_threshold(cls, value: object) -> object:
+        if isinstance(value, int):
+            return value
+        try:
+            return int(str(value).strip())
+        except ValueError:
+            log.warning("malformed offload threshold, using the default", value=value)
+            return DEFAULT_OFFLOAD_THRESHOLD
+
+    @field_validator("tool_execution_timeout", mode="before")
+    @classmethod
+    def _parse_timeout(cls, value: object) -> object:
+        try:
+            seconds = float(str(value).strip())
+        except ValueError:
+            seconds = -1.0
+        if seconds <= 0:
+            log.warning("tool execution timeout must be a positive number of seconds", value=value)
+            return DEFAULT_TOOL_TIMEOUT
+        return seconds
+
+    @field_validator("workspace_root", mode="after")
+    @classmethod
+    def _expand_root(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    # --- derived ----------------------------------------------------------------------------
+
+    @property
+    def kill_switch(self) -> bool:
+        """True when the app-wide flag is present and not literally `true`."""
+        return self.enabled is False
+
+    @property
+    def durable_runs_effective(self) -> bool:
+        """Durable runs: explicit value wins; otherwise implied by an explicit `enabled=true`."""
+        if self.durable_runs is not None:
+            return self.durable_runs
+        return self.enabled is True

@@ -1,0 +1,191 @@
+"""The one tool executor every model turn goes through.
+
+Order of work for one call, the same for every tool and every runtime:
+
+1. unknown tool -> `unknown_tool` result;
+2. argument validation against the schema -> `invalid_arguments` result;
+3. admission hooks (governance) -> may answer instead of the tool, with no frames;
+4. `tool-start` frame (unknown tools and invalid arguments get their start and result frames
+   too, so a client sees every call the model made);
+5. approval hook -> may answer instead of the tool, or replace the arguments;
+6. the handler, bounded by the tool's timeout; an exception becomes an error result;
+7. result hooks (tool-output offload) reshape the text the model gets;
+8. `tool-result` frame carrying exactly that text.
+
+Nothing a tool does can crash the run: only cancellation of the run itself propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .. import events
+from ..log import get_logger
+from ..runtimes.base import ToolCall
+from .base import Tool, ToolArgumentError, ToolContext, render_result
+from .validation import validate_arguments
+
+if TYPE_CHECKING:
+    from ..run import RunContext
+    from ..session import StreamingSession
+
+log = get_logger(__name__)
+
+
+def json_result(**fields: Any) -> str:
+    """A compact JSON tool result (the reference's error shapes are matched byte for byte)."""
+    return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+
+
+def invalid_arguments(tool: str, details: Sequence[str]) -> str:
+    return json_result(error="invalid_arguments", tool=tool, details=list(details))
+
+
+class AdmissionHook(Protocol):
+    """Runs before `tool-start`; returning a string answers the call instead of the tool."""
+
+    async def __call__(
+        self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: RunContext
+    ) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """An approval hook's verdict: run (maybe with edited arguments) or answer with `result`."""
+
+    approved: bool
+    arguments: Mapping[str, Any] | None = None
+    result: str | None = None
+
+
+class ApprovalHook(Protocol):
+    async def __call__(
+        self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: RunContext
+    ) -> Approval | None: ...
+
+
+class ResultHook(Protocol):
+    """Reshapes a result before the model sees it (e.g. offloads a huge one to a file)."""
+
+    async def __call__(self, call: ToolCall, tool: Tool, result: str, run: RunContext) -> str: ...
+
+
+async def execute_calls(calls: Sequence[ToolCall], run: RunContext) -> list[str]:
+    """Run one model message's tool calls; results come back in the order of `calls`.
+
+    Calls run one after another in the model's order, so a `read_file` sees the `write_file`
+    before it. Consecutive calls to tools marked `concurrent` (sub-agent spawns, delegations) run
+    together, and one failing never cancels the others.
+    """
+    tools = run.endpoint.tools
+    results: list[str] = [""] * len(calls)
+    index = 0
+    while index < len(calls):
+        tool = tools.get(calls[index].name)
+        if tool is not None and tool.concurrent:
+            end = index
+            while end < len(calls):
+                candidate = tools.get(calls[end].name)
+                if candidate is None or not candidate.concurrent:
+                    break
+                end += 1
+            batch = await asyncio.gather(*(execute_call(call, run) for call in calls[index:end]))
+            results[index:end] = batch
+            index = end
+        else:
+            results[index] = await execute_call(calls[index], run)
+            index += 1
+    return results
+
+
+async def execute_call(call: ToolCall, run: RunContext) -> str:
+    """Run one tool call through every gate; always returns the model-facing text."""
+    endpoint = run.endpoint
+    session = run.session
+    tool = endpoint.tools.get(call.name)
+    if tool is None:
+        available = ", ".join(sorted(endpoint.tools)) or "none"
+        rejected = json_result(
+            error="unknown_tool",
+            tool=call.name,
+            message=f"Unknown tool '{call.name}'. Available tools: {available}",
+        )
+        return await _rejected(session, call, rejected)
+    arguments, problems = validate_arguments(tool.parameters, call.arguments)
+    if problems:
+        return await _rejected(session, call, invalid_arguments(tool.name, problems))
+    for admit in endpoint.admission_hooks:
+        answer = await admit(call, tool, arguments, run)
+        if answer is not None:
+            return answer
+    await session.emit(
+        events.TOOL_START, {"toolCallId": call.id, "tool": tool.name, "arguments": arguments}
+    )
+    result: str | None = None
+    if endpoint.approval_hook is not None:
+        verdict = await endpoint.approval_hook(call, tool, arguments, run)
+        if verdict is not None:
+            if verdict.result is not None:
+                result = verdict.result
+            elif verdict.arguments is not None:
+                arguments, problems = validate_arguments(tool.parameters, verdict.arguments)
+                if problems:
+                    result = invalid_arguments(tool.name, problems)
+    if result is None:
+        result = await _invoke(tool, call, arguments, run)
+    for reshape in endpoint.result_hooks:
+        try:
+            result = await reshape(call, tool, result, run)
+        except Exception:
+            log.exception("result hook failed; returning the result unchanged", tool=tool.name)
+    await session.emit(
+        events.TOOL_RESULT, {"toolCallId": call.id, "tool": tool.name, "result": result}
+    )
+    return result
+
+
+async def _rejected(session: StreamingSession, call: ToolCall, result: str) -> str:
+    """Frames for a call that never reached its tool: the client sees what the model got."""
+    arguments = dict(call.arguments) if isinstance(call.arguments, Mapping) else call.arguments
+    await session.emit(
+        events.TOOL_START, {"toolCallId": call.id, "tool": call.name, "arguments": arguments}
+    )
+    await session.emit(
+        events.TOOL_RESULT, {"toolCallId": call.id, "tool": call.name, "result": result}
+    )
+    return result
+
+
+async def _invoke(tool: Tool, call: ToolCall, arguments: dict[str, Any], run: RunContext) -> str:
+    timeout = tool.timeout if tool.timeout is not None else run.endpoint.tool_timeout
+    context = ToolContext(ToolCall(call.name, arguments, call.id), run)
+    deadline = asyncio.timeout(timeout)
+    try:
+        async with deadline:
+            value = await tool.handler(arguments, context)
+        return render_result(value)
+    except ToolArgumentError as exc:
+        return invalid_arguments(tool.name, exc.details)
+    except TimeoutError as exc:
+        if not deadline.expired():
+            return _error_result(tool, exc)
+        seconds = int(timeout) if float(timeout).is_integer() else timeout
+        return json_result(
+            error="tool_timeout",
+            tool=tool.name,
+            timeoutSeconds=seconds,
+            message=f"Tool execution exceeded the {seconds}s deadline and was cancelled",
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        return _error_result(tool, exc)
+
+
+def _error_result(tool: Tool, exc: Exception) -> str:
+    log.warning("tool raised; returning an error result", tool=tool.name, exc_info=True)
+    return json_result(error="tool_error", tool=tool.name, message=str(exc) or type(exc).__name__)

@@ -1,0 +1,44 @@
+"""`GET /api/console/info`: what each primitive really attached, app-wide and per endpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from .._version import __version__
+from ..harness import Harness
+from ..host import HarnessHost
+from .deps import HarnessDep
+
+
+def console_info(host: HarnessHost) -> dict[str, Any]:
+    info: dict[str, Any] = {"version": __version__}
+    if host.truth.resolved_any:
+        info["harness"] = host.truth.app_wide()
+    info["endpoints"] = [
+        {
+            "path": endpoint.path,
+            "kind": endpoint.kind.value,
+            "owner": endpoint.owner,
+            "features": [feature.value for feature in Harness.ordered(endpoint.features)],
+            "harness": host.truth.endpoint(endpoint.path),
+            "tools": sorted(endpoint.tools),
+        }
+        for endpoint in host.endpoints.values()
+    ]
+    info["runtime"] = {
+        "name": host.runtime.name,
+        "capabilities": sorted(capability.value for capability in host.runtime.capabilities),
+    }
+    return info
+
+
+def console_info_router() -> APIRouter:
+    router = APIRouter(tags=["console"])
+
+    @router.get("/api/console/info", summary="Runtime truth of the harness")
+    async def get_console_info(host: HarnessDep) -> dict[str, Any]:
+        return console_info(host)
+
+    return router

@@ -1,0 +1,84 @@
+"""Per-endpoint routes. Each builder returns the routes one hosted endpoint serves at its path `P`.
+
+The router's lifespan mounts them on the app once the endpoints are resolved (their paths come
+from the decorated classes, which may be declared after the router object exists).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Depends
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from sse_starlette import EventSourceResponse
+
+from ..endpoint import HostedEndpoint
+from ..host import HarnessHost
+from ..run import check_conversation_id, new_conversation_id
+from .deps import get_user_id
+from .sse import stream_prompt
+
+MAX_MESSAGE_CHARS = 1_000_000
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    """One route to mount: an HTTP route (`methods`) or a WebSocket route (`websocket=True`)."""
+
+    path: str
+    endpoint: Callable[..., Any]
+    methods: tuple[str, ...] = ()
+    websocket: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+RouteBuilder = Callable[[HostedEndpoint, HarnessHost], list[RouteSpec]]
+
+
+class PromptRequest(BaseModel):
+    """Body of `POST P`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    conversationId: str | None = Field(  # noqa: N815 - the wire name is fixed
+        None, description="Continue this conversation; a new id is generated when absent."
+    )
+
+    @field_validator("conversationId")
+    @classmethod
+    def _check_id(cls, value: str | None) -> str | None:
+        return None if value is None else check_conversation_id(value)
+
+
+SSE_RESPONSE = {200: {"content": {"text/event-stream": {}}, "description": "A stream of frames"}}
+
+
+def prompt_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
+    async def post_prompt(
+        body: PromptRequest,
+        user_id: Annotated[str | None, Depends(get_user_id)],
+    ) -> EventSourceResponse:
+        conversation_id = body.conversationId or new_conversation_id()
+        return stream_prompt(
+            host, endpoint, message=body.message, conversation_id=conversation_id, user_id=user_id
+        )
+
+    return [
+        RouteSpec(
+            endpoint.path,
+            post_prompt,
+            methods=("POST",),
+            options={
+                "summary": f"Prompt {endpoint.owner}",
+                "response_class": EventSourceResponse,
+                "responses": SSE_RESPONSE,
+            },
+        )
+    ]
+
+
+ROUTE_BUILDERS: list[RouteBuilder] = [prompt_routes]
+"""Every per-endpoint route builder, in mount order."""

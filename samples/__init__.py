@@ -1,0 +1,1 @@
+"""Runnable samples (`python -m samples.personal_assistant`)."""

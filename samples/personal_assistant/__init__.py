@@ -1,0 +1,1 @@
+"""The personal-assistant sample: one `@agent` with the full harness, on the scripted demo model."""

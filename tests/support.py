@@ -1,0 +1,110 @@
+"""Test helpers: a real uvicorn server on loopback, an SSE reader, and app builders."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from atmosphere_harness import HarnessSettings, create_harness_router
+from atmosphere_harness.runtimes.base import AgentRuntime
+
+
+def make_app(
+    agents: Sequence[type],
+    *,
+    runtime: AgentRuntime | None = None,
+    workspace: Path,
+    **settings: Any,
+) -> FastAPI:
+    """A FastAPI app hosting `agents` with settings rooted in a temp workspace."""
+    app = FastAPI()
+    app.include_router(
+        create_harness_router(
+            HarnessSettings(workspace_root=workspace, **settings), agents=agents, runtime=runtime
+        )
+    )
+    return app
+
+
+@asynccontextmanager
+async def serve(app: FastAPI) -> AsyncIterator[str]:
+    """Run `app` under uvicorn on 127.0.0.1 (a free port) and yield its base URL."""
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", ws="auto"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        for _ in range(500):
+            if server.started or task.done():
+                break
+            await asyncio.sleep(0.01)
+        if task.done():
+            task.result()
+            raise RuntimeError("uvicorn exited before it started")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 15)
+
+
+@asynccontextmanager
+async def client_for(app: FastAPI) -> AsyncIterator[httpx2.AsyncClient]:
+    """An HTTP client talking to `app` over a real loopback socket."""
+    async with serve(app) as base, httpx2.AsyncClient(base_url=base, timeout=30) as client:
+        yield client
+
+
+def parse_sse(text: str) -> list[dict[str, Any]]:
+    """Every `data:` payload of an SSE body, JSON-decoded, checked against `event:`/`id:`."""
+    frames: list[dict[str, Any]] = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            fields[name] = value[1:] if value.startswith(" ") else value
+        if "data" not in fields:
+            continue
+        frame = json.loads(fields["data"])
+        if "event" in fields and isinstance(frame, dict) and "event" in frame:
+            assert frame["event"] == fields["event"], (frame, fields)
+            assert str(frame["seq"]) == fields.get("id"), (frame, fields)
+        frames.append(frame)
+    return frames
+
+
+async def prompt(
+    client: httpx2.AsyncClient, path: str, message: str, conversation_id: str | None = None
+) -> list[dict[str, Any]]:
+    """POST a prompt and return its frames once the stream ends."""
+    body: dict[str, Any] = {"message": message}
+    if conversation_id is not None:
+        body["conversationId"] = conversation_id
+    response = await client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/event-stream")
+    return parse_sse(response.text)
+
+
+def of_type(frames: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    return [frame for frame in frames if frame["event"] == event]
+
+
+def require_service(name: str, reason: str) -> None:
+    """Skip a service-backed test; fail it instead when CI sets ATMOSPHERE_REQUIRE_SERVICES=1."""
+    if os.environ.get("ATMOSPHERE_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{name} is required in CI but unavailable: {reason}")
+    pytest.skip(f"{name} unavailable: {reason}")

@@ -1,0 +1,297 @@
+"""HarnessSettings: every key's env names, precedence, and lenient parsing."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from atmosphere_harness import HarnessSettings, PromptCache
+from atmosphere_harness.settings import (
+    Compaction,
+    PromptCacheKeyMode,
+    RuntimeChoice,
+    SurfaceMode,
+)
+
+# (field, primary env, fallback env or None, env value, expected parsed, programmatic value)
+KEYS = [
+    ("exclude_paths", "ATMOSPHERE_AI_HARNESS_EXCLUDE_PATHS", None, "/a, /b", {"/a", "/b"}, {"/c"}),
+    (
+        "compaction",
+        "ATMOSPHERE_AI_HARNESS_COMPACTION",
+        None,
+        "summarizing",
+        Compaction.SUMMARIZING,
+        Compaction.TOKEN_WINDOW,
+    ),
+    (
+        "prompt_cache_default",
+        "ATMOSPHERE_AI_HARNESS_PROMPT_CACHE_DEFAULT",
+        None,
+        "aggressive",
+        PromptCache.AGGRESSIVE,
+        PromptCache.NONE,
+    ),
+    (
+        "planning",
+        "ATMOSPHERE_AI_PLANNING",
+        "LLM_PLANNING",
+        "builtin",
+        SurfaceMode.BUILTIN,
+        SurfaceMode.NATIVE,
+    ),
+    (
+        "filesystem",
+        "ATMOSPHERE_AI_FILESYSTEM",
+        "LLM_FILESYSTEM",
+        "native",
+        SurfaceMode.NATIVE,
+        SurfaceMode.BUILTIN,
+    ),
+    (
+        "filesystem_routes",
+        "ATMOSPHERE_AI_FILESYSTEM_ROUTES",
+        "LLM_FILESYSTEM_ROUTES",
+        "memory/=/var/a,shared/=/var/b",
+        (("memory/", "/var/a"), ("shared/", "/var/b")),
+        (("x/", "/y"),),
+    ),
+    (
+        "tool_output_offload_threshold",
+        "ATMOSPHERE_AI_TOOL_OUTPUT_OFFLOAD_THRESHOLD",
+        "LLM_TOOL_OUTPUT_OFFLOAD_THRESHOLD",
+        "123",
+        123,
+        7,
+    ),
+    (
+        "tool_execution_timeout",
+        "ATMOSPHERE_AI_TOOL_EXECUTION_TIMEOUT",
+        "LLM_TOOL_EXECUTION_TIMEOUT",
+        "4.5",
+        4.5,
+        9.0,
+    ),
+    (
+        "workspace_root",
+        "ATMOSPHERE_WORKSPACE_ROOT",
+        None,
+        "/srv/ws",
+        Path("/srv/ws"),
+        Path("/other"),
+    ),
+    (
+        "prompt_cache_key",
+        "ATMOSPHERE_AI_PROMPT_CACHE_KEY",
+        "LLM_PROMPT_CACHE_KEY",
+        "yes",
+        PromptCacheKeyMode.ENABLED,
+        PromptCacheKeyMode.DISABLED,
+    ),
+    ("durable_runs", "ATMOSPHERE_DURABLE_RUNS_ENABLED", None, "true", True, False),
+    ("llm_runtime", "LLM_RUNTIME", None, "scripted", RuntimeChoice.SCRIPTED, RuntimeChoice.AUTO),
+    ("llm_model", "LLM_MODEL", None, "gpt-x", "gpt-x", "other"),
+    (
+        "llm_base_url",
+        "LLM_BASE_URL",
+        None,
+        "http://localhost:11434/v1",
+        "http://localhost:11434/v1",
+        "http://x",
+    ),
+    ("llm_api_key", "LLM_API_KEY", None, "sk-1", "sk-1", "sk-2"),
+    ("admin_token", "ATMOSPHERE_ADMIN_TOKEN", None, "tok", "tok", "other"),
+    (
+        "admin_http_read_auth_required",
+        "ATMOSPHERE_ADMIN_HTTP_READ_AUTH_REQUIRED",
+        None,
+        "true",
+        True,
+        False,
+    ),
+    (
+        "redis_url",
+        "ATMOSPHERE_REDIS_URL",
+        None,
+        "redis://127.0.0.1:6379/0",
+        "redis://127.0.0.1:6379/0",
+        "redis://x",
+    ),
+    (
+        "postgres_url",
+        "ATMOSPHERE_POSTGRES_URL",
+        None,
+        "postgresql://127.0.0.1/test",
+        "postgresql://127.0.0.1/test",
+        "postgresql://x",
+    ),
+    ("max_tool_rounds", "ATMOSPHERE_AI_MAX_TOOL_ROUNDS", None, "7", 7, 3),
+]
+
+
+def _value(settings: HarnessSettings, field: str) -> object:
+    value = getattr(settings, field)
+    return set(value) if isinstance(value, frozenset) else value
+
+
+@pytest.mark.parametrize(("field", "env", "fallback", "raw", "parsed", "given"), KEYS)
+def test_env_is_read_and_argument_wins(
+    monkeypatch: pytest.MonkeyPatch, field, env, fallback, raw, parsed, given
+) -> None:
+    monkeypatch.setenv(env, raw)
+    assert _value(HarnessSettings(), field) == parsed
+    assert _value(HarnessSettings(**{field: given}), field) == (
+        set(given) if isinstance(given, set) else given
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "env", "fallback", "raw", "parsed", "given"), [k for k in KEYS if k[2]]
+)
+def test_atmosphere_name_beats_llm_fallback(
+    monkeypatch: pytest.MonkeyPatch, field, env, fallback, raw, parsed, given
+) -> None:
+    monkeypatch.setenv(fallback, raw)
+    assert _value(HarnessSettings(), field) == parsed, "fallback alone is read"
+    default = _value(HarnessSettings.model_construct(), field)
+    monkeypatch.setenv(
+        env, "garbage-that-parses-to-default" if field != "filesystem_routes" else ""
+    )
+    if field == "filesystem_routes":
+        monkeypatch.setenv(env, "only/=/here")
+        assert _value(HarnessSettings(), field) == (("only/", "/here"),)
+    else:
+        # the ATMOSPHERE_ name is read first: its (unparseable -> default) value wins
+        assert _value(HarnessSettings(), field) == default
+
+
+def test_defaults() -> None:
+    settings = HarnessSettings()
+    assert settings.enabled is None
+    assert settings.exclude_paths == frozenset()
+    assert settings.compaction is Compaction.SLIDING_WINDOW
+    assert settings.prompt_cache_default is None
+    assert settings.planning is SurfaceMode.AUTO
+    assert settings.filesystem is SurfaceMode.AUTO
+    assert settings.filesystem_routes == ()
+    assert settings.tool_output_offload_threshold == 8000
+    assert settings.tool_execution_timeout == 120.0
+    assert settings.workspace_root == Path("~/.atmosphere/workspace").expanduser()
+    assert settings.prompt_cache_key is PromptCacheKeyMode.AUTO
+    assert settings.durable_runs is None
+    assert settings.llm_runtime is RuntimeChoice.AUTO
+    assert settings.admin_token is None
+    assert settings.admin_http_read_auth_required is False
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected", "warns"),
+    [
+        ("true", True, False),
+        ("TRUE", True, False),
+        (" True ", True, False),
+        ("false", False, False),
+        ("FALSE", False, False),
+        ("yes", False, True),
+        ("1", False, True),
+        ("on", False, True),
+        ("", None, False),
+        ("   ", None, False),
+    ],
+)
+def test_enabled_tri_state(monkeypatch, caplog, raw, expected, warns) -> None:
+    monkeypatch.setenv("ATMOSPHERE_AI_HARNESS_ENABLED", raw)
+    with caplog.at_level(logging.WARNING, logger="atmosphere_harness"):
+        settings = HarnessSettings()
+    assert settings.enabled is expected
+    assert settings.kill_switch is (expected is False)
+    warned = [r for r in caplog.records if "kill switch" in r.getMessage()]
+    assert bool(warned) is warns
+    if warns:
+        assert repr(raw.strip()) in warned[0].getMessage(), "the WARN names the value"
+
+
+def test_enabled_programmatic_values() -> None:
+    assert HarnessSettings(enabled=True).enabled is True
+    assert HarnessSettings(enabled=False).kill_switch
+    assert HarnessSettings(enabled="yes").kill_switch  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("raw", "mode"),
+    [
+        ("builtin", SurfaceMode.BUILTIN),
+        ("BUILT-IN", SurfaceMode.BUILTIN),
+        (" Native ", SurfaceMode.NATIVE),
+        ("auto", SurfaceMode.AUTO),
+        ("whatever", SurfaceMode.AUTO),
+    ],
+)
+def test_mode_knobs_parse_leniently(monkeypatch, raw, mode) -> None:
+    monkeypatch.setenv("LLM_PLANNING", raw)
+    monkeypatch.setenv("ATMOSPHERE_AI_FILESYSTEM", raw)
+    settings = HarnessSettings()
+    assert settings.planning is mode
+    assert settings.filesystem is mode
+
+
+def test_exclude_paths_are_trimmed_and_empties_dropped(monkeypatch) -> None:
+    monkeypatch.setenv("ATMOSPHERE_AI_HARNESS_EXCLUDE_PATHS", " /a ,,/b , ")
+    assert HarnessSettings().exclude_paths == {"/a", "/b"}
+
+
+@pytest.mark.parametrize("entry", ["nodelimiter", "=/x", "x/=", " = "])
+def test_malformed_routes_fail_at_construction(monkeypatch, entry) -> None:
+    monkeypatch.setenv("LLM_FILESYSTEM_ROUTES", f"ok/=/tmp/ok,{entry}")
+    with pytest.raises(ValidationError, match="malformed filesystem route"):
+        HarnessSettings()
+
+
+def test_unknown_compaction_and_cache_default_warn_and_fall_back(monkeypatch, caplog) -> None:
+    monkeypatch.setenv("ATMOSPHERE_AI_HARNESS_COMPACTION", "magic")
+    monkeypatch.setenv("ATMOSPHERE_AI_HARNESS_PROMPT_CACHE_DEFAULT", "huge")
+    with caplog.at_level(logging.WARNING, logger="atmosphere_harness"):
+        settings = HarnessSettings()
+    assert settings.compaction is Compaction.SLIDING_WINDOW
+    assert settings.prompt_cache_default is None
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
+
+
+def test_malformed_numbers_fall_back_with_a_warning(monkeypatch) -> None:
+    monkeypatch.setenv("LLM_TOOL_OUTPUT_OFFLOAD_THRESHOLD", "lots")
+    monkeypatch.setenv("LLM_TOOL_EXECUTION_TIMEOUT", "-3")
+    settings = HarnessSettings()
+    assert settings.tool_output_offload_threshold == 8000
+    assert settings.tool_execution_timeout == 120.0
+    assert HarnessSettings(tool_output_offload_threshold=0).tool_output_offload_threshold == 0
+
+
+def test_unknown_runtime_is_a_clear_error(monkeypatch) -> None:
+    monkeypatch.setenv("LLM_RUNTIME", "opnai")
+    with pytest.raises(ValidationError, match="LLM_RUNTIME must be one of"):
+        HarnessSettings()
+
+
+def test_never_reads_dotenv_implicitly(tmp_path, monkeypatch) -> None:
+    (tmp_path / ".env").write_text("ATMOSPHERE_AI_HARNESS_ENABLED=true\nDATABASE_URL=x\n")
+    monkeypatch.chdir(tmp_path)
+    assert HarnessSettings().enabled is None
+    opted_in = HarnessSettings(_env_file=tmp_path / ".env")  # type: ignore[call-arg]
+    assert opted_in.enabled is True, "explicit opt-in works and unrelated keys are ignored"
+
+
+def test_durable_runs_implication() -> None:
+    assert HarnessSettings(enabled=True).durable_runs_effective is True
+    assert HarnessSettings(enabled=True, durable_runs=False).durable_runs_effective is False
+    assert HarnessSettings(enabled=False).durable_runs_effective is False
+    assert HarnessSettings().durable_runs_effective is False
+    assert HarnessSettings(durable_runs=True).durable_runs_effective is True
+
+
+def test_secrets_stay_out_of_repr() -> None:
+    text = repr(HarnessSettings(llm_api_key="sk-secret", admin_token="tok-secret"))
+    assert "sk-secret" not in text
+    assert "tok-secret" not in text
