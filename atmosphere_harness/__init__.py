@@ -18,6 +18,7 @@ app.include_router(harness_router)
 from ._version import __version__
 from .cache import CacheHint, PromptCache
 from .events import Event
+from .filesystem import AgentFileSystem, FileSystemLimits
 from .harness import Harness
 from .registry import agent, ai_endpoint, coordinator, prompt, skill
 from .runtimes.base import (
@@ -37,10 +38,12 @@ from .web.deps import HarnessDep, get_harness, get_user_id
 from .web.router import create_harness_router, harness_router
 
 __all__ = [
+    "AgentFileSystem",
     "AgentRuntime",
     "AiCapability",
     "CacheHint",
     "Event",
+    "FileSystemLimits",
     "Harness",
     "HarnessDep",
     "HarnessSettings",

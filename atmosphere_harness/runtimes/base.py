@@ -78,11 +78,17 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class ToolSpec:
-    """A tool as offered to the model: name, description and JSON-schema parameters."""
+    """A tool as offered to the model: name, description and JSON-schema parameters.
+
+    `native` is a provider-native declaration (e.g. Anthropic's
+    `{"type": "memory_20250818", "name": "memory"}`); the runtime that owns it sends it instead
+    of the schema, every other runtime ignores the tool's native form.
+    """
 
     name: str
     description: str
     parameters: Mapping[str, Any]
+    native: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +160,19 @@ class AgentRuntime(Protocol):
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse: ...
+
+
+@runtime_checkable
+class NativeSurfaceRuntime(Protocol):
+    """Optional: a runtime that serves a primitive through its provider's own tool.
+
+    When a runtime declares `AiCapability.PLANNING` or `AiCapability.VIRTUAL_FILESYSTEM`, the
+    attach engine asks it for the tools that make up that surface (e.g. Anthropic's memory tool
+    backed by the conversation's `AgentFileSystem`) and registers them instead of the built-in
+    floor. The tools run through the same executor, so governance and bounds still apply.
+    """
+
+    def native_tools(self, capability: AiCapability) -> Sequence[Any]: ...
 
 
 class ModelError(Exception):

@@ -85,9 +85,11 @@ class Tool:
     timeout: float | None = None
     origin: str = "user"
     """`user` for host tools, otherwise the primitive that registered it (e.g. `planning`)."""
+    native: Mapping[str, Any] | None = None
+    """A provider-native declaration, see `ToolSpec.native`."""
 
     def spec(self) -> ToolSpec:
-        return ToolSpec(self.name, self.description, self.parameters)
+        return ToolSpec(self.name, self.description, self.parameters, self.native)
 
     def with_name(self, name: str) -> Tool:
         return replace(self, name=name)

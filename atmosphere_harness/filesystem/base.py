@@ -1,0 +1,103 @@
+"""The `AgentFileSystem` protocol: a conversation's bounded workspace, as tools and runtimes see it.
+
+Paths are always relative, forward-slash, inside the store (`notes/todo.md`); every
+implementation validates them and enforces its `FileSystemLimits` before writing a byte. A
+rejected operation raises `FileSystemError` with a message written for the model; the file tools
+return it as `Error: <message>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from ..injection import register_injectable
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+class FileSystemError(ValueError):
+    """A rejected file operation; `str(error)` is the model-facing reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """One `ls` entry: a path relative to the store root; size is 0 for directories."""
+
+    path: str
+    size: int
+    directory: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GrepHit:
+    """One matching line: relative path, 1-based line number, line text (possibly truncated)."""
+
+    path: str
+    line: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class FileSystemLimits:
+    """Hard bounds of one store, checked before any byte is written."""
+
+    max_file_bytes: int = 512 * KIB
+    max_files: int = 256
+    max_total_bytes: int = 16 * MIB
+    max_grep_hits: int = 500
+    max_conversations: int = 256
+
+    def __post_init__(self) -> None:
+        values = (
+            self.max_file_bytes,
+            self.max_files,
+            self.max_total_bytes,
+            self.max_grep_hits,
+            self.max_conversations,
+        )
+        if any(value <= 0 for value in values):
+            raise ValueError("limits must be positive: " + "/".join(str(v) for v in values))
+
+
+@runtime_checkable
+class AgentFileSystem(Protocol):
+    """A bounded file store. Every method is async and safe to call concurrently."""
+
+    async def ls(self, dir: str | None = None) -> list[FileInfo]:
+        """Direct children of `dir` (the root when `None`, blank or `.`): directories first."""
+        ...
+
+    async def read(self, path: str) -> str:
+        """The whole UTF-8 text of a file."""
+        ...
+
+    async def write(self, path: str, content: str) -> None:
+        """Create or replace a file atomically (parents are created)."""
+        ...
+
+    async def edit(
+        self, path: str, old_text: str, new_text: str, *, replace_all: bool = False
+    ) -> int:
+        """Replace `old_text` (exactly once unless `replace_all`); returns the replacements."""
+        ...
+
+    async def glob(self, pattern: str) -> list[str]:
+        """Relative paths of the files matching `pattern`, sorted."""
+        ...
+
+    async def grep(self, pattern: str, dir: str | None = None) -> list[GrepHit]:
+        """Lines matching the regex `pattern`, capped at the store's grep limit."""
+        ...
+
+    async def delete(self, path: str) -> None:
+        """Remove a file, or a directory with everything below it."""
+        ...
+
+    async def rename(self, old_path: str, new_path: str) -> None:
+        """Move a file or directory; the destination must not exist."""
+        ...
+
+
+register_injectable(AgentFileSystem)
