@@ -18,7 +18,12 @@ app.include_router(harness_router)
 from ._version import __version__
 from .cache import CacheHint, PromptCache
 from .events import Event
-from .filesystem import AgentFileSystem, FileSystemLimits
+from .filesystem import (
+    AgentFileSystem,
+    CompositeAgentFileSystem,
+    FileSystemLimits,
+    WorkspaceAgentFileSystem,
+)
 from .harness import Harness
 from .registry import agent, ai_endpoint, coordinator, prompt, skill
 from .runtimes.base import (
@@ -35,13 +40,16 @@ from .session import StreamingSession
 from .settings import HarnessSettings
 from .tools.base import Tool, ToolContext, ToolKind, tool
 from .web.deps import HarnessDep, get_harness, get_user_id
+from .web.files import AgentFileSystemDep, get_file_system
 from .web.router import create_harness_router, harness_router
 
 __all__ = [
     "AgentFileSystem",
+    "AgentFileSystemDep",
     "AgentRuntime",
     "AiCapability",
     "CacheHint",
+    "CompositeAgentFileSystem",
     "Event",
     "FileSystemLimits",
     "Harness",
@@ -58,11 +66,13 @@ __all__ = [
     "ToolContext",
     "ToolKind",
     "Usage",
+    "WorkspaceAgentFileSystem",
     "__version__",
     "agent",
     "ai_endpoint",
     "coordinator",
     "create_harness_router",
+    "get_file_system",
     "get_harness",
     "get_user_id",
     "harness_router",

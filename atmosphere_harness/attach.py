@@ -31,4 +31,6 @@ class Primitive:
 
 def default_primitives() -> list[Primitive]:
     """The built-in primitives, in attach order."""
-    return []
+    from .filesystem.primitive import FilesystemPrimitive
+
+    return [FilesystemPrimitive()]

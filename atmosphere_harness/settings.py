@@ -17,6 +17,7 @@ from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .cache import PromptCache
+from .filesystem.base import FileSystemLimits
 from .log import get_logger
 
 log = get_logger(__name__)
@@ -131,6 +132,15 @@ class HarnessSettings(BaseSettings):
         (), validation_alias=_env("ATMOSPHERE_AI_FILESYSTEM_ROUTES", "LLM_FILESYSTEM_ROUTES")
     )
     """`(prefix, directory)` pairs, from `memory/=/var/a,shared/=/var/b`."""
+
+    filesystem_limits: FileSystemLimits = Field(
+        FileSystemLimits(), validation_alias=_env("ATMOSPHERE_AI_FILESYSTEM_LIMITS")
+    )
+    """Bounds of every workspace and route backend; JSON in the environment, e.g.
+    `{"max_file_bytes": 1048576, "max_files": 1000}` (unnamed bounds keep their defaults)."""
+
+    filesystem_fsync: bool = Field(False, validation_alias=_env("ATMOSPHERE_AI_FILESYSTEM_FSYNC"))
+    """Flush every workspace write to disk before it returns (durable across power loss, ~1 ms)."""
 
     tool_output_offload_threshold: int = Field(
         DEFAULT_OFFLOAD_THRESHOLD,

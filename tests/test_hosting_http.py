@@ -46,7 +46,8 @@ async def explode(reason: str) -> str:
     raise ValueError(f"boom: {reason}")
 
 
-@agent(name="calculator")
+# A bare loop (`harness=()`): these tests pin the core loop, so only the agent's own tools exist.
+@agent(name="calculator", harness=())
 class Calculator:
     tools = [add, explode]
 

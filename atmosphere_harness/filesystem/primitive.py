@@ -1,0 +1,161 @@
+"""`FilesystemPrimitive`: the attach engine of `Harness.FILESYSTEM`.
+
+For every endpoint whose resolved features include FILESYSTEM it:
+
+1. binds the owner's `AgentFileSystemProvider` (rooted at `{owner root}/files/`) into the
+   endpoint's injectables, conversation-scoped, and registers it as the owner's `filesystem`
+   surface (the exact instance the admin API reads);
+2. picks one file surface by the `filesystem` mode, never both:
+
+   | mode | runtime declares VIRTUAL_FILESYSTEM | otherwise |
+   |---|---|---|
+   | `auto` | its native tools, `ACTIVE(native:<runtime>)` | the eight tools |
+   | `builtin` | the eight tools | the eight tools |
+   | `native` | its native tools | nothing, `INACTIVE(native-unavailable)` (WARN) |
+
+   The eight tools report `ACTIVE(builtin)`, `ACTIVE(builtin,partial)` when user tools claim
+   some names (the user's tool wins), or `ACTIVE(user-tool)` when they claim all eight;
+3. adds the tool-output offload hook when the model has a way to read an offloaded file back.
+
+Composite routes (`filesystem_routes`) are validated when the host starts, so a malformed or
+duplicate prefix stops the app at start-up rather than at the first tool call. Route backends
+are app-wide: every owner and conversation sees the same `{dir}/files/shared/` store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..attach import Primitive
+from ..harness import Harness
+from ..log import get_logger
+from ..preset import FILESYSTEM
+from ..runtimes.base import AiCapability, NativeSurfaceRuntime
+from ..settings import SurfaceMode
+from ..tools.base import Tool, as_tool
+from .base import AgentFileSystem, FileSystemError
+from .composite import normalize_routes
+from .offload import ToolOutputOffload
+from .provider import AgentFileSystemProvider
+from .tools import file_tools
+from .workspace import WorkspaceAgentFileSystem
+
+if TYPE_CHECKING:
+    from ..endpoint import HostedEndpoint
+    from ..host import HarnessHost
+    from ..run import RunContext
+
+log = get_logger(__name__)
+
+BUILTIN = "ACTIVE(builtin)"
+BUILTIN_PARTIAL = "ACTIVE(builtin,partial)"
+USER_TOOL = "ACTIVE(user-tool)"
+NATIVE_UNAVAILABLE = "INACTIVE(native-unavailable)"
+SHARED_CONVERSATION = "shared"
+
+
+def native_state(runtime_name: str) -> str:
+    return f"ACTIVE(native:{runtime_name})"
+
+
+class FilesystemPrimitive(Primitive):
+    name = "filesystem"
+
+    def __init__(self) -> None:
+        self.routes: dict[str, WorkspaceAgentFileSystem] = {}
+        self.providers: dict[Path, AgentFileSystemProvider] = {}
+
+    async def start(self, host: HarnessHost) -> None:
+        settings = host.settings
+        try:
+            prefixes = normalize_routes(dict(settings.filesystem_routes))
+        except FileSystemError as exc:
+            raise ValueError(f"ATMOSPHERE_AI_FILESYSTEM_ROUTES: {exc}") from None
+        self.routes = {
+            key: WorkspaceAgentFileSystem.for_conversation(
+                directory,
+                SHARED_CONVERSATION,
+                settings.filesystem_limits,
+                fsync=settings.filesystem_fsync,
+            )
+            for key, directory in prefixes.items()
+        }
+        if self.routes:
+            log.info(
+                "filesystem routes",
+                routes={key: str(fs.root) for key, fs in self.routes.items()},
+            )
+
+    def attach(self, endpoint: HostedEndpoint, host: HarnessHost) -> None:
+        if not endpoint.has(Harness.FILESYSTEM):
+            return
+        settings = host.settings
+        provider = self.providers.get(endpoint.root)
+        if provider is None:
+            provider = AgentFileSystemProvider(
+                endpoint.root,
+                settings.filesystem_limits,
+                routes=self.routes,
+                fsync=settings.filesystem_fsync,
+            )
+            self.providers[endpoint.root] = provider
+
+        def scoped(run: RunContext) -> AgentFileSystem | None:
+            try:
+                return provider.for_conversation(run.conversation_id)
+            except FileSystemError as exc:
+                log.warning("no filesystem for this conversation", error=str(exc))
+                return None
+
+        endpoint.provide(AgentFileSystem, scoped)
+        endpoint.services[self.name] = provider
+        host.register_surface(self.name, endpoint.owner, provider)
+
+        runtime = endpoint.runtime
+        mode = settings.filesystem
+        native = _native_tools(endpoint) if mode is not SurfaceMode.BUILTIN else []
+        if native:
+            registered = [tool for tool in native if endpoint.add_builtin_tool(tool)]
+            state = native_state(runtime.name) if registered else USER_TOOL
+            readable = bool(registered)
+        elif mode is SurfaceMode.NATIVE:
+            log.warning(
+                "filesystem=native but the runtime has no native file surface; "
+                "no file tools are attached",
+                endpoint=endpoint.path,
+                runtime=runtime.name,
+            )
+            endpoint.report(FILESYSTEM, NATIVE_UNAVAILABLE)
+            return
+        else:
+            tools = file_tools(
+                read_budget=settings.tool_output_offload_threshold,
+                max_grep_hits=settings.filesystem_limits.max_grep_hits,
+            )
+            registered = [tool for tool in tools if endpoint.add_builtin_tool(tool)]
+            if len(registered) == len(tools):
+                state = BUILTIN
+            elif registered:
+                state = BUILTIN_PARTIAL
+            else:
+                state = USER_TOOL
+            readable = any(tool.name == "read_file" for tool in registered)
+        if readable and settings.tool_output_offload_threshold > 0:
+            endpoint.result_hooks.append(ToolOutputOffload(settings.tool_output_offload_threshold))
+        endpoint.report(FILESYSTEM, state)
+
+
+def _native_tools(endpoint: HostedEndpoint) -> list[Tool]:
+    """The runtime's native file tools, if it declares and implements a native file surface."""
+    runtime = endpoint.runtime
+    if AiCapability.VIRTUAL_FILESYSTEM not in runtime.capabilities:
+        return []
+    if not isinstance(runtime, NativeSurfaceRuntime):
+        log.warning(
+            "the runtime declares VIRTUAL_FILESYSTEM but has no native_tools(); "
+            "using the built-in file tools",
+            runtime=runtime.name,
+        )
+        return []
+    return [as_tool(entry) for entry in runtime.native_tools(AiCapability.VIRTUAL_FILESYSTEM)]

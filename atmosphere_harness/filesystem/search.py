@@ -1,0 +1,184 @@
+"""The grep engine: Python regular expressions, line by line, with a real deadline.
+
+Semantics are fixed and do not depend on the machine: the pattern is a Python `re` pattern
+(validated by `re.compile`, so exactly `re`'s syntax is accepted), searched in each line the way
+`re.search(pattern, line)` would; lines end at `\\n`, `\\r\\n` or `\\r`. No external program is
+ever run, so installing ripgrep changes nothing.
+
+Speed without changing the meaning:
+
+- A pattern with no regex syntax is a literal and is found with `str.find` over the whole file.
+- Any other pattern is searched over the whole file (multiline mode) to find candidate lines,
+  and each candidate is confirmed with a per-line search. For patterns without `\\A`, `\\Z`,
+  lookaround or negated inline flags, every line that matches on its own also yields a
+  whole-file match at or before it, so the candidates miss nothing, and the confirmation drops
+  the cross-line false positives. Patterns with those constructs are searched line by line.
+
+Plain `re` cannot be interrupted, so matching runs on the `regex` package (in its `re`-compatible
+`VERSION0` mode) whose `timeout=` really stops catastrophic backtracking mid-match. One grep call
+has `GREP_DEADLINE_SECONDS` in total.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import regex
+
+from .base import FileSystemError
+
+MAX_PATTERN_CHARS = 512
+MAX_LINE_CHARS = 500
+GREP_DEADLINE_SECONDS = 2.0
+
+_REGEX_SYNTAX = frozenset(".^$*+?{}[]\\|()")
+_LINE_UNSAFE = re.compile(r"\\[AZz]|\(\?<?[=!]|\(\?[a-zA-Z]*-")
+"""Constructs whose meaning differs between a line on its own and the line inside its file."""
+
+
+class GrepTimeout(FileSystemError):
+    """The deadline of one grep call passed."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinePattern:
+    """A compiled grep pattern."""
+
+    source: str
+    literal: str | None
+    candidates: regex.Pattern[str] | None
+    line: regex.Pattern[str] | None
+
+    @property
+    def line_safe(self) -> bool:
+        return self.candidates is not None
+
+
+def compile_pattern(pattern: str) -> LinePattern:
+    """Validate and compile `pattern`, or raise `FileSystemError` with the model-facing reason."""
+    if not isinstance(pattern, str) or not pattern.strip():
+        raise FileSystemError("pattern must not be blank")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise FileSystemError(f"Pattern too long: {len(pattern)} chars (limit {MAX_PATTERN_CHARS})")
+    if not _REGEX_SYNTAX & set(pattern):
+        return LinePattern(pattern, pattern, None, None)
+    try:
+        re.compile(pattern)
+        line = regex.compile(pattern, regex.VERSION0)
+        candidates = (
+            None
+            if _LINE_UNSAFE.search(pattern)
+            else regex.compile(pattern, regex.VERSION0 | regex.MULTILINE)
+        )
+    except (re.error, regex.error) as exc:
+        reason = getattr(exc, "msg", None) or str(exc)
+        raise FileSystemError(f"Invalid regex pattern: {pattern} ({reason})") from None
+    return LinePattern(pattern, None, candidates, line)
+
+
+def normalize_newlines(text: str) -> str:
+    """`\\r\\n` and lone `\\r` become `\\n`, so line numbers agree with every line reader."""
+    if "\r" not in text:
+        return text
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def clip(line: str) -> str:
+    return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + "…"
+
+
+class Deadline:
+    """Wall-clock budget of one grep call."""
+
+    def __init__(self, pattern: str, seconds: float = GREP_DEADLINE_SECONDS) -> None:
+        self.pattern = pattern
+        self.seconds = seconds
+        self.expires = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        left = self.expires - time.monotonic()
+        if left <= 0:
+            raise self.expired()
+        return left
+
+    def expired(self) -> GrepTimeout:
+        millis = round(self.seconds * 1000)
+        return GrepTimeout(
+            f"grep timed out on pattern '{self.pattern}' — simplify the pattern "
+            f"(catastrophic backtracking is cut off after {millis} ms)"
+        )
+
+
+def search_text(
+    pattern: LinePattern, text: str, limit: int, deadline: Deadline
+) -> list[tuple[int, str]]:
+    """Up to `limit` `(line number, line)` pairs of `text` matching `pattern`, in order."""
+    text = normalize_newlines(text)
+    if pattern.literal is not None:
+        if "\n" in pattern.literal:
+            return []
+        literal = pattern.literal
+        return _scan(text, limit, lambda pos: text.find(literal, pos), None, None)
+    assert pattern.line is not None
+    try:
+        if pattern.candidates is None:
+            return _per_line(pattern.line, text, limit, deadline)
+        candidates = pattern.candidates
+
+        def find(pos: int) -> int:
+            match = candidates.search(text, pos, timeout=deadline.remaining())
+            return -1 if match is None else match.start()
+
+        return _scan(text, limit, find, pattern.line, deadline)
+    except TimeoutError:
+        raise deadline.expired() from None
+
+
+def _scan(
+    text: str,
+    limit: int,
+    find: Callable[[int], int],
+    confirm: regex.Pattern[str] | None,
+    deadline: Deadline | None,
+) -> list[tuple[int, str]]:
+    """Jump from candidate to candidate; each hit line is reported once."""
+    hits: list[tuple[int, str]] = []
+    size = len(text)
+    pos = 0
+    line_number = 1
+    counted = 0
+    while pos < size and len(hits) < limit:
+        found = find(pos)
+        if found < 0:
+            break
+        start = text.rfind("\n", 0, found) + 1
+        end = text.find("\n", found)
+        if end < 0:
+            end = size
+        line_number += text.count("\n", counted, start)
+        counted = start
+        line = text[start:end]
+        if confirm is None or (
+            deadline is not None and confirm.search(line, timeout=deadline.remaining())
+        ):
+            hits.append((line_number, line))
+        pos = end + 1
+    return hits
+
+
+def _per_line(
+    pattern: regex.Pattern[str], text: str, limit: int, deadline: Deadline
+) -> list[tuple[int, str]]:
+    hits: list[tuple[int, str]] = []
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    for number, line in enumerate(lines, 1):
+        if pattern.search(line, timeout=deadline.remaining()):
+            hits.append((number, line))
+            if len(hits) >= limit:
+                break
+    return hits

@@ -1,0 +1,296 @@
+"""The eight built-in file tools the model calls: `ls`, `read_file`, `write_file`, `edit_file`,
+`glob`, `grep`, `delete`, `rename`.
+
+Each tool works on the run's `AgentFileSystem` (already scoped to the conversation) and always
+returns text the model can act on: the reference's success lines (`Wrote notes/a.md`, `(empty)`,
+`(no matches)`), or `Error: <reason>` for anything the store rejects. Nothing raises into the run.
+
+`read_file` pages: without `offset`/`limit` it returns the whole file when it fits the tool-output
+budget (the offload threshold), otherwise the first lines that fit and the offset to continue
+from. That is how an offloaded tool output is read back, and why `read_file` itself is never
+offloaded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..settings import DEFAULT_OFFLOAD_THRESHOLD
+from ..tools.base import Tool, ToolContext, ToolKind
+from .base import AgentFileSystem, FileSystemError
+
+if TYPE_CHECKING:
+    from ..run import RunContext
+
+ORIGIN = "filesystem"
+UNAVAILABLE = "File tools unavailable: no agent filesystem is bound to this session."
+FILE_TOOL_NAMES = ("ls", "read_file", "write_file", "edit_file", "glob", "grep", "delete", "rename")
+
+_LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+
+Operation = Callable[[AgentFileSystem, Mapping[str, Any]], Awaitable[str]]
+
+
+def bound_file_system(run: RunContext) -> AgentFileSystem | None:
+    """The run's conversation-scoped filesystem, if the primitive (or the host) bound one."""
+    found: AgentFileSystem | None = run.resolve(AgentFileSystem)  # type: ignore[type-abstract]
+    return found
+
+
+def _required(arguments: Mapping[str, Any], name: str) -> str:
+    value = arguments.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise FileSystemError(f"'{name}' is required")
+    return value
+
+
+def _optional_int(arguments: Mapping[str, Any], name: str, minimum: int) -> int | None:
+    value = arguments.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise FileSystemError(f"'{name}' must be an integer >= {minimum}")
+    return value
+
+
+def read_window(text: str, path: str, offset: int | None, limit: int | None, budget: int) -> str:
+    """The part of `text` that `read_file` returns (see the module docstring)."""
+    if offset is None and limit is None and (budget <= 0 or len(text) <= budget):
+        return text
+    lines = _LINES.findall(text)
+    total = len(lines)
+    start = offset or 0
+    if start and start >= total:
+        raise FileSystemError(f"offset {start} is past the end of {path} ({total} lines)")
+    if limit is not None:
+        end = min(total, start + limit)
+    elif budget <= 0:
+        end = total
+    else:
+        end, used = start, 0
+        while end < total and (end == start or used + len(lines[end]) <= budget):
+            used += len(lines[end])
+            end += 1
+    body = "".join(lines[start:end])
+    if end >= total:
+        return body
+    return (
+        f"{body}\n[read_file: lines {start + 1}-{end} of {total} shown; "
+        f"call read_file with offset={end} to read on]"
+    )
+
+
+def _tool(
+    name: str,
+    description: str,
+    kind: ToolKind,
+    properties: dict[str, Any],
+    required: list[str],
+    operation: Operation,
+) -> Tool:
+    async def handler(arguments: Mapping[str, Any], context: ToolContext) -> str:
+        fs = bound_file_system(context.run)
+        if fs is None:
+            return UNAVAILABLE
+        try:
+            return await operation(fs, arguments)
+        except FileSystemError as exc:
+            return f"Error: {exc}"
+
+    parameters = {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+    return Tool(
+        name=name,
+        description=description,
+        parameters=parameters,
+        handler=handler,
+        kind=kind,
+        origin=ORIGIN,
+    )
+
+
+def _text(description: str) -> dict[str, str]:
+    return {"type": "string", "description": description}
+
+
+def file_tools(
+    *, read_budget: int = DEFAULT_OFFLOAD_THRESHOLD, max_grep_hits: int = 500
+) -> list[Tool]:
+    """The eight file tools, in the reference's registration order.
+
+    Args:
+        read_budget: Characters `read_file` returns before it pages a file read without
+            `offset`/`limit` (pass the offload threshold; `<= 0` returns whole files).
+        max_grep_hits: The cap stated in the `grep` description.
+    """
+
+    async def ls(fs: AgentFileSystem, arguments: Mapping[str, Any]) -> str:
+        entries = await fs.ls(arguments.get("dir"))
+        lines = [
+            f"{entry.path}/" if entry.directory else f"{entry.path} ({entry.size} bytes)"
+            for entry in entries
+        ]
+        return "\n".join(lines) if lines else "(empty)"
+
+    async def read_file(fs: AgentFileSystem, arguments: Mapping[str, Any]) -> str:
+        path = _required(arguments, "path")
+        offset = _optional_int(arguments, "offset", 0)
+        limit = _optional_int(arguments, "limit", 1)
+        text = await fs.read(path)
+        return read_window(text, path, offset, limit, read_budget)
+
+    async def write_file(fs: AgentFileSystem, arguments: Mapping[str, Any]) -> str:
+        path = _required(arguments, "path")
+        content = arguments.get("content")
+        await fs.write(path, "" if content is None else content)
+        return f"Wrote {path}"
+
+    async def edit_file(fs: AgentFileSystem, arguments: Mapping[str, Any]) -> str:
+        path = _required(arguments, "path")
+        old_text = _required(arguments, "old_text")
+        new_text = arguments.get("new_text")
+        replace_all = arguments.get("replace_all") is True
+        count = await fs.edit(
+            path, old_text, "" if new_text is None else new_text, replace_all=replace_all
+        )
+        if replace_all:
+            return f"Edited {path} ({count} replacement{'' if count == 1 else 's'})"
+        return f"Edited {path}"
+
+    async def glob(fs: AgentFileSystem, arguments: Mapping[str, Any]) -> str:
+        matches = await fs.glob(_required(arguments, "pattern"))
+        return "\n".join(matches) if matches else "(no matches)"
+
+    async def grep(fs: AgentFileSystem, arguments: Mapping[str, Any]) -> str:
+        hits = await fs.grep(_required(arguments, "pattern"), arguments.get("dir"))
+        if not hits:
+            return "(no matches)"
+        text = "\n".join(f"{hit.path}:{hit.line}: {hit.text}" for hit in hits)
+        cap = getattr(fs, "max_grep_hits", None)
+        if isinstance(cap, int) and len(hits) >= cap:
+            text += (
+                f"\n[grep: showing the first {cap} hits; there may be more — narrow the "
+                "pattern or pass dir]"
+            )
+        return text
+
+    async def delete(fs: AgentFileSystem, arguments: Mapping[str, Any]) -> str:
+        path = _required(arguments, "path")
+        await fs.delete(path)
+        return f"Deleted {path}"
+
+    async def rename(fs: AgentFileSystem, arguments: Mapping[str, Any]) -> str:
+        old_path = _required(arguments, "old_path")
+        new_path = _required(arguments, "new_path")
+        await fs.rename(old_path, new_path)
+        return f"Renamed {old_path} to {new_path}"
+
+    path = _text("Path relative to the workspace root, e.g. notes/todo.md")
+    return [
+        _tool(
+            "ls",
+            "List the files and directories directly inside a workspace directory (the root "
+            "when dir is omitted). Directories end with '/'; files show their size in bytes.",
+            ToolKind.READ,
+            {"dir": _text("Directory relative to the workspace root; omit for the root")},
+            [],
+            ls,
+        ),
+        _tool(
+            "read_file",
+            "Read a UTF-8 text file from your workspace. A short file comes back whole; a long "
+            "one comes back as its first lines plus the offset to continue from. offset skips "
+            "that many lines, limit caps how many lines are returned.",
+            ToolKind.READ,
+            {
+                "path": path,
+                "offset": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "Lines to skip from the start (0 = first line)",
+                },
+                "limit": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Most lines to return",
+                },
+            },
+            ["path"],
+            read_file,
+        ),
+        _tool(
+            "write_file",
+            "Create or overwrite a file in your workspace; parent directories are created. "
+            "Files are size-bounded: a rejected write returns the reason and changes nothing.",
+            ToolKind.EDIT,
+            {"path": path, "content": _text("The complete new content of the file")},
+            ["path", "content"],
+            write_file,
+        ),
+        _tool(
+            "edit_file",
+            "Replace text in a workspace file. old_text must match EXACTLY ONCE (include "
+            "surrounding lines to make it unique) unless replace_all is true, which replaces "
+            "every occurrence.",
+            ToolKind.EDIT,
+            {
+                "path": path,
+                "old_text": _text("The exact text to replace"),
+                "new_text": _text("The text to put in its place"),
+                "replace_all": {
+                    "type": "boolean",
+                    "description": "Replace every occurrence instead of exactly one",
+                },
+            },
+            ["path", "old_text", "new_text"],
+            edit_file,
+        ),
+        _tool(
+            "glob",
+            "Find workspace files whose path matches a glob pattern, e.g. **/*.md (any depth, "
+            "the root included) or notes/*.txt. '*' never crosses '/'.",
+            ToolKind.READ,
+            {"pattern": _text("Glob pattern relative to the workspace root")},
+            ["pattern"],
+            glob,
+        ),
+        _tool(
+            "grep",
+            "Search workspace files with a Python regular expression (case-sensitive; start "
+            "with (?i) to ignore case). Returns matching lines as path:line: text. Output is "
+            f"capped at {max_grep_hits} hits.",
+            ToolKind.READ,
+            {
+                "pattern": _text("Regular expression, searched in each line"),
+                "dir": _text("Only search below this directory; omit for the whole workspace"),
+            },
+            ["pattern"],
+            grep,
+        ),
+        _tool(
+            "delete",
+            "Delete a file from your workspace, or a directory with everything in it.",
+            ToolKind.DELETE,
+            {"path": path},
+            ["path"],
+            delete,
+        ),
+        _tool(
+            "rename",
+            "Rename or move a file or directory within your workspace; the destination must "
+            "not exist.",
+            ToolKind.EDIT,
+            {
+                "old_path": _text("Current path relative to the workspace root"),
+                "new_path": _text("New path relative to the workspace root"),
+            },
+            ["old_path", "new_path"],
+            rename,
+        ),
+    ]
