@@ -93,10 +93,10 @@ def clip(line: str) -> str:
 class Deadline:
     """Wall-clock budget of one grep call."""
 
-    def __init__(self, pattern: str, seconds: float = GREP_DEADLINE_SECONDS) -> None:
+    def __init__(self, pattern: str, seconds: float | None = None) -> None:
         self.pattern = pattern
-        self.seconds = seconds
-        self.expires = time.monotonic() + seconds
+        self.seconds = GREP_DEADLINE_SECONDS if seconds is None else seconds
+        self.expires = time.monotonic() + self.seconds
 
     def remaining(self) -> float:
         left = self.expires - time.monotonic()
@@ -155,6 +155,8 @@ def _scan(
         if found < 0:
             break
         start = text.rfind("\n", 0, found) + 1
+        if start >= size:
+            break  # a zero-width match after the final newline: there is no line there
         end = text.find("\n", found)
         if end < 0:
             end = size

@@ -459,6 +459,8 @@ class WorkspaceAgentFileSystem:
         except FileNotFoundError:
             self._make_dirs(parent, echo)
             fd = os.open(temp, _WRITE_FLAGS, 0o666)
+        except NotADirectoryError:
+            raise FileSystemError(f"Cannot write {echo}: a parent of it is a file") from None
         try:
             try:
                 view = memoryview(data)

@@ -1,0 +1,82 @@
+"""Helpers for the filesystem tests: a run bound to a filesystem, and tool calls through the
+real executor (validation, hooks, frames) without HTTP."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from atmosphere_harness import AgentFileSystem, ScriptedRuntime, ToolCall
+from atmosphere_harness.endpoint import HostedEndpoint
+from atmosphere_harness.events import Frame
+from atmosphere_harness.filesystem import FileSystemError
+from atmosphere_harness.filesystem.tools import file_tools
+from atmosphere_harness.registry import EndpointKind
+from atmosphere_harness.run import RunContext
+from atmosphere_harness.tools.base import Tool
+from atmosphere_harness.tools.executor import ResultHook, execute_call
+
+
+class Harnessed:
+    """One endpoint with the file tools, bound to `fs`, and one run of conversation `c1`."""
+
+    def __init__(
+        self,
+        fs: AgentFileSystem | None,
+        root: Path,
+        *,
+        tools: Sequence[Tool] | None = None,
+        hooks: Sequence[ResultHook] = (),
+        read_budget: int = 8000,
+    ) -> None:
+        self.frames: list[Frame] = []
+        self.endpoint = HostedEndpoint(
+            path="/atmosphere/agent/tester",
+            kind=EndpointKind.AGENT,
+            owner="tester",
+            features=frozenset(),
+            runtime=ScriptedRuntime(),
+            system_prompt="test",
+            root=root,
+            tool_timeout=30,
+            max_rounds=5,
+            tools=tools if tools is not None else file_tools(read_budget=read_budget),
+        )
+        if fs is not None:
+            self.endpoint.provide(AgentFileSystem, lambda run: fs)
+        self.endpoint.result_hooks.extend(hooks)
+
+        async def sink(frame: Frame) -> None:
+            self.frames.append(frame)
+
+        self.run = RunContext(
+            host=None,
+            endpoint=self.endpoint,
+            conversation_id="c1",
+            user_id=None,
+            sink=sink,
+        )
+
+    async def call(self, name: str, **arguments: Any) -> str:
+        return await execute_call(ToolCall(name, arguments), self.run)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every regular file below `root` (relative path -> bytes), links not followed."""
+    found: dict[str, bytes] = {}
+    for directory, _dirs, files in os.walk(root):
+        for name in files:
+            full = Path(directory) / name
+            if not full.is_symlink():
+                found[str(full.relative_to(root))] = full.read_bytes()
+    return found
+
+
+def rejects(message: str, *, prefix: bool = False) -> Any:
+    """`pytest.raises` for a `FileSystemError` with exactly this message (or this start)."""
+    return pytest.raises(FileSystemError, match="^" + re.escape(message) + ("" if prefix else "$"))

@@ -1,0 +1,218 @@
+"""Path validation and containment: the reference's attack list, generated paths, planted links."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
+from atmosphere_harness.filesystem import FileSystemError
+from atmosphere_harness.filesystem.paths import TEMP_SUFFIX, check_path
+from tests.fs_support import tree
+
+# The reference's pinned attack strings (section 4.3) and the message each must give.
+ATTACKS = [
+    ("../secret.txt", "path contains an illegal segment ('..'): ../secret.txt"),
+    ("..", "path contains an illegal segment ('..'): .."),
+    ("a/../../secret.txt", "path contains an illegal segment ('..'): a/../../secret.txt"),
+    ("/etc/passwd", "path must be relative: /etc/passwd"),
+    ("a\\..\\b", "path must use forward slashes: a\\..\\b"),
+    ("a//b", "path contains an illegal segment (''): a//b"),
+    ("", "path must not be blank"),
+    ("  ", "path must not be blank"),
+    ("./a", "path contains an illegal segment ('.'): ./a"),
+    ("a/./b", "path contains an illegal segment ('.'): a/./b"),
+    ("a/", "path contains an illegal segment (''): a/"),
+    # Beyond the reference: what a POSIX port must reject explicitly.
+    ("a\x00b", "path must not contain NUL characters: a\\x00b"),
+    ("a\nb", "path must not contain control characters: a\\x0ab"),
+    ("x" * 1025, "path is too long: 1025 chars (limit 1024)"),
+    ("d/" + "n" * 201, "path has a name of 201 bytes, over the 200-byte limit: d/" + "n" * 201),
+    ("a\ud800b", "path is not valid Unicode text: a\ud800b"),
+    (f"a{TEMP_SUFFIX}", f"names ending in {TEMP_SUFFIX} are reserved: a{TEMP_SUFFIX}"),
+]
+
+ALLOWED = [
+    "report..final.md",
+    "app/[...slug]/page.tsx",
+    "..hidden",
+    "a..",
+    "...",
+    "résumé/日本語.md",
+    "spaces in name.txt",
+    "  padded.md  ",
+]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> WorkspaceAgentFileSystem:
+    return WorkspaceAgentFileSystem(tmp_path / "store")
+
+
+@pytest.mark.parametrize(("path", "message"), ATTACKS)
+async def test_every_operation_rejects_the_attack_list(
+    store: WorkspaceAgentFileSystem, tmp_path: Path, path: str, message: str
+) -> None:
+    await store.write("keep.md", "kept")
+    before = tree(tmp_path)
+    operations = [
+        lambda: store.read(path),
+        lambda: store.write(path, "pwned"),
+        lambda: store.edit(path, "a", "b"),
+        lambda: store.delete(path),
+        lambda: store.rename(path, "x.md"),
+        lambda: store.rename("keep.md", path),
+    ]
+    if path.strip():
+        operations += [lambda: store.ls(path), lambda: store.grep("a", path)]
+    for operation in operations:
+        with pytest.raises(FileSystemError) as raised:
+            await operation()
+        assert str(raised.value) == message
+    assert tree(tmp_path) == before, "a rejected operation changed the disk"
+
+
+@pytest.mark.parametrize("path", ALLOWED)
+async def test_names_with_dots_and_unicode_are_allowed(
+    store: WorkspaceAgentFileSystem, path: str
+) -> None:
+    await store.write(path, f"content of {path}")
+    assert await store.read(path) == f"content of {path}"
+    assert (store.root / path.strip()).read_text() == f"content of {path}"
+    assert path.strip() in await store.glob("**")
+
+
+segment = st.text(alphabet="ab.é日-_~[]", min_size=1, max_size=12)
+relative_paths = st.lists(segment, min_size=1, max_size=5).map("/".join)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.one_of(st.text(max_size=60), relative_paths))
+def test_no_accepted_path_resolves_outside_the_root(path: str) -> None:
+    root = "/srv/store"
+    try:
+        checked = check_path(path)
+    except FileSystemError:
+        return
+    resolved = os.path.normpath(os.path.join(root, checked))
+    assert resolved.startswith(root + "/"), (path, resolved)
+    assert os.path.relpath(resolved, root) == checked, "the path was not already normal"
+
+
+@settings(max_examples=3000, deadline=None)
+@given(relative_paths)
+def test_dot_segments_are_rejected_and_dotted_names_accepted(path: str) -> None:
+    segments = path.split("/")
+    if any(part in (".", "..") for part in segments):
+        with pytest.raises(FileSystemError, match="illegal segment"):
+            check_path(path)
+    else:
+        assert check_path(path) == path
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(st.lists(st.one_of(st.text(max_size=30), relative_paths), min_size=1, max_size=8))
+def test_generated_writes_land_inside_the_store_or_are_rejected(
+    tmp_path_factory: pytest.TempPathFactory, paths: list[str]
+) -> None:
+    base = tmp_path_factory.mktemp("prop")
+    outside = base / "outside"
+    outside.mkdir()
+    (outside / "sentinel").write_text("untouched")
+    store = WorkspaceAgentFileSystem(base / "store", FileSystemLimits(max_files=10_000))
+
+    async def scenario() -> None:
+        for path in paths:
+            try:
+                await store.write(path, "x")
+            except FileSystemError:
+                continue
+            written = store.root / path.strip()
+            assert written.read_text() == "x"
+            assert written.resolve().is_relative_to(store.root.resolve())
+
+    asyncio.run(scenario())
+    assert tree(outside) == {"sentinel": b"untouched"}
+    assert {p.name for p in base.iterdir()} <= {"outside", "store"}
+
+
+# --- planted symlinks ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def planted(tmp_path: Path) -> tuple[WorkspaceAgentFileSystem, Path]:
+    """A store with links planted by an outside process: a directory and a file outside it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("top secret")
+    root = tmp_path / "store"
+    root.mkdir()
+    (root / "real").mkdir()
+    (root / "real" / "note.md").write_text("inside")
+    os.symlink(outside, root / "evil")
+    os.symlink(outside / "secret.txt", root / "pw.txt")
+    os.symlink(root / "real", root / "alias")
+    return WorkspaceAgentFileSystem(root), outside
+
+
+async def test_a_planted_directory_link_redirects_neither_reads_nor_writes(
+    planted: tuple[WorkspaceAgentFileSystem, Path],
+) -> None:
+    store, outside = planted
+    escape = "Path escapes the store root via a link: "
+    for operation, shown in [
+        (lambda: store.read("evil/secret.txt"), "evil/secret.txt"),
+        (lambda: store.write("evil/new.txt", "pwned"), "evil/new.txt"),
+        (lambda: store.write("evil/deep/new.txt", "pwned"), "evil/deep/new.txt"),
+        (lambda: store.edit("evil/secret.txt", "top", "no"), "evil/secret.txt"),
+        (lambda: store.read("pw.txt"), "pw.txt"),
+        (lambda: store.write("pw.txt", "pwned"), "pw.txt"),
+        (lambda: store.ls("evil"), "evil"),
+        (lambda: store.grep("secret", "evil"), "evil"),
+        (lambda: store.rename("real/note.md", "evil/note.md"), "evil/note.md"),
+    ]:
+        with pytest.raises(FileSystemError) as raised:
+            await operation()
+        assert str(raised.value) == escape + shown
+    assert tree(outside) == {"secret.txt": b"top secret"}
+
+
+async def test_searches_never_follow_links_and_delete_removes_only_the_link(
+    planted: tuple[WorkspaceAgentFileSystem, Path],
+) -> None:
+    store, outside = planted
+    assert await store.glob("**") == ["real/note.md"]
+    assert [hit.path for hit in await store.grep("secret|inside")] == ["real/note.md"]
+    assert [entry.path for entry in await store.ls()] == ["real"]
+    assert (await store.usage()).files == 1
+    await store.delete("evil")
+    await store.delete("pw.txt")
+    assert tree(outside) == {"secret.txt": b"top secret"}
+    assert not (store.root / "evil").exists()
+
+
+async def test_a_link_that_stays_inside_the_store_is_followed(
+    planted: tuple[WorkspaceAgentFileSystem, Path],
+) -> None:
+    store, _ = planted
+    assert await store.read("alias/note.md") == "inside"
+    await store.write("alias/new.md", "via alias")
+    assert (store.root / "real" / "new.md").read_text() == "via alias"
+
+
+async def test_a_store_below_a_symlinked_directory_works(tmp_path: Path) -> None:
+    (tmp_path / "disk").mkdir()
+    os.symlink(tmp_path / "disk", tmp_path / "mount")
+    store = WorkspaceAgentFileSystem(tmp_path / "mount" / "store")
+    await store.write("a/b.md", "ok")
+    assert await store.read("a/b.md") == "ok"
+    assert (tmp_path / "disk" / "store" / "a" / "b.md").read_text() == "ok"
