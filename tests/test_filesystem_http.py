@@ -250,16 +250,7 @@ async def test_console_info_reports_the_filesystem(workspace: Path) -> None:
     assert info["harness"]["filesystem"] == "ACTIVE(builtin)"
     [endpoint] = info["endpoints"]
     assert endpoint["harness"]["filesystem"] == "ACTIVE(builtin)"
-    assert {
-        "ls",
-        "read_file",
-        "write_file",
-        "edit_file",
-        "glob",
-        "grep",
-        "delete",
-        "rename",
-    } <= set(endpoint["tools"])
+    assert set(FILE_TOOL_NAMES) <= set(endpoint["tools"])
 
 
 async def test_routes_from_the_environment_are_shared_across_conversations(
