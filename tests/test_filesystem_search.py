@@ -15,7 +15,12 @@ from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
 from atmosphere_harness.filesystem import FileSystemError, GrepHit
 from atmosphere_harness.filesystem import search as search_module
 from atmosphere_harness.filesystem.globbing import compile_glob
-from atmosphere_harness.filesystem.search import Deadline, compile_pattern, search_text
+from atmosphere_harness.filesystem.search import (
+    Deadline,
+    compile_pattern,
+    search_file,
+    search_text,
+)
 from tests.fs_support import rejects
 
 PATHS = [
@@ -187,16 +192,17 @@ def test_grep_equals_the_naive_line_by_line_search(pattern: str, text: str, limi
         return
     compiled = compile_pattern(pattern)
     assert search_text(compiled, text, limit, Deadline(pattern)) == expected
+    assert search_file(compiled, text.encode(), limit, Deadline(pattern)) == expected
 
 
 @settings(max_examples=1000, deadline=None)
 @given(
     st.text(alphabet="ab_x", min_size=1, max_size=4),
-    st.text(alphabet="ab_x \n\r", max_size=60),
+    st.text(alphabet="ab_xé \n\r", max_size=60),
 )
 def test_literal_grep_equals_the_naive_search(literal: str, text: str) -> None:
     compiled = compile_pattern(literal)
-    assert compiled.literal == literal
-    assert search_text(compiled, text, 100, Deadline(literal)) == naive_grep(
-        re.escape(literal), text, 100
-    )
+    assert compiled.literal == literal.encode()
+    expected = naive_grep(re.escape(literal), text, 100)
+    assert search_text(compiled, text, 100, Deadline(literal)) == expected
+    assert search_file(compiled, text.encode(), 100, Deadline(literal)) == expected

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from atmosphere_harness import AgentFileSystem, ToolKind, WorkspaceAgentFileSystem
 from atmosphere_harness.filesystem import AgentFileSystemProvider, FileSystemLimits
 from atmosphere_harness.filesystem import workspace as workspace_module
-from atmosphere_harness.filesystem.tools import FILE_TOOL_NAMES, UNAVAILABLE, file_tools
+from atmosphere_harness.filesystem.tools import (
+    FILE_TOOL_NAMES,
+    UNAVAILABLE,
+    file_tools,
+    read_window,
+)
 from tests.fs_support import Harnessed, tree
 
 
@@ -240,3 +248,26 @@ async def test_a_line_longer_than_the_budget_is_still_returned_whole(tmp_path: P
     assert await harness.call("read_file", path="wide.txt") == (
         "x" * 50 + "\n\n[read_file: lines 1-1 of 2 shown; call read_file with offset=1 to read on]"
     )
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.text(alphabet="ab\r\né", max_size=80),
+    st.integers(min_value=1, max_value=20),
+    st.one_of(st.none(), st.integers(min_value=1, max_value=5)),
+)
+def test_paging_with_any_window_rebuilds_the_text(
+    text: str, budget: int, limit: int | None
+) -> None:
+    pages: list[str] = []
+    offset = 0
+    while True:
+        page = read_window(text, "f.txt", offset, limit, budget)
+        body, marker, note = page.partition("\n[read_file: lines ")
+        pages.append(body)
+        if not marker:
+            break
+        offset = int(note.split("offset=")[1].split()[0])
+    assert "".join(pages) == text
+    total = len(re.findall(r"\r\n|\r|\n", text)) + (1 if text and text[-1] not in "\r\n" else 0)
+    assert len(pages) <= max(total, 1)

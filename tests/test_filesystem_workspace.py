@@ -296,15 +296,46 @@ async def test_files_deleted_behind_the_store_never_cause_a_wrong_rejection(
     assert sorted(tree(store.root)) == ["b", "c"]
 
 
-async def test_files_added_behind_the_store_are_counted_after_a_resync(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+async def test_files_added_behind_the_store_are_counted_at_the_next_write(
+    tmp_path: Path,
 ) -> None:
     store = small(tmp_path, max_files=2)
     await store.write("a", "x")
+    await asyncio.sleep(0.05)  # past the kernel's coarse timestamp tick
     (store.root / "outside-write").write_text("x")
-    monkeypatch.setattr(workspace_module, "RESYNC_SECONDS", 0.0)
-    with pytest.raises(FileSystemError, match="already holds 2 files"):
+    with rejects("Write rejected: the store already holds 2 files, at the 2-file limit"):
         await store.write("b", "x")
+
+
+async def test_files_added_in_another_directory_are_seen_by_the_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = small(tmp_path, max_files=3)
+    await store.write("one/a", "x")
+    await store.write("two/b", "x")
+    await asyncio.sleep(0.05)
+    (store.root / "two" / "outside-write").write_text("x")
+    monkeypatch.setattr(workspace_module, "DIR_CHECK_SECONDS", 0.0)
+    with rejects("Write rejected: the store already holds 3 files, at the 3-file limit"):
+        await store.write("one/c", "x")
+
+
+async def test_the_tally_is_not_rebuilt_by_every_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = WorkspaceAgentFileSystem(tmp_path / "s")
+    walks: list[int] = []
+    real_sync = WorkspaceAgentFileSystem._sync
+    monkeypatch.setattr(
+        WorkspaceAgentFileSystem, "_sync", lambda self: walks.append(1) or real_sync(self)
+    )
+    for n in range(60):
+        await store.write(f"d{n % 6}/f{n}.txt", "x" * n)
+    await store.edit("d1/f1.txt", "x", "y")
+    await store.delete("d2/f2.txt")
+    await store.rename("d3/f3.txt", "d4/moved.txt")
+    assert len(walks) == 1, "one walk for the first write, then the running tally"
+    assert await store.usage() == workspace_module.StoreUsage(59, sum(range(60)) - 2)
 
 
 async def test_a_target_changed_on_disk_triggers_a_resync(tmp_path: Path) -> None:

@@ -7,7 +7,9 @@ ever run, so installing ripgrep changes nothing.
 
 Speed without changing the meaning:
 
-- A pattern with no regex syntax is a literal and is found with `str.find` over the whole file.
+- A pattern with no regex syntax is a literal, found with `bytes.find` in the file's raw bytes;
+  only a file that contains it is checked for valid UTF-8 (ASCII needs no decoding) and split
+  into lines. UTF-8 is self-synchronizing, so a byte match is exactly a character match.
 - Any other pattern is searched over the whole file (multiline mode) to find candidate lines,
   and each candidate is confirmed with a per-line search. For patterns without `\\A`, `\\Z`,
   lookaround or negated inline flags, every line that matches on its own also yields a
@@ -25,6 +27,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import AnyStr
 
 import regex
 
@@ -48,13 +51,9 @@ class LinePattern:
     """A compiled grep pattern."""
 
     source: str
-    literal: str | None
+    literal: bytes | None
     candidates: regex.Pattern[str] | None
     line: regex.Pattern[str] | None
-
-    @property
-    def line_safe(self) -> bool:
-        return self.candidates is not None
 
 
 def compile_pattern(pattern: str) -> LinePattern:
@@ -64,7 +63,7 @@ def compile_pattern(pattern: str) -> LinePattern:
     if len(pattern) > MAX_PATTERN_CHARS:
         raise FileSystemError(f"Pattern too long: {len(pattern)} chars (limit {MAX_PATTERN_CHARS})")
     if not _REGEX_SYNTAX & set(pattern):
-        return LinePattern(pattern, pattern, None, None)
+        return LinePattern(pattern, pattern.encode("utf-8", "surrogatepass"), None, None)
     try:
         re.compile(pattern)
         line = regex.compile(pattern, regex.VERSION0)
@@ -84,6 +83,30 @@ def normalize_newlines(text: str) -> str:
     if "\r" not in text:
         return text
     return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def search_file(
+    pattern: LinePattern, data: bytes, limit: int, deadline: Deadline
+) -> list[tuple[int, str]] | None:
+    """Matching lines of a file's bytes, or `None` when the file is not UTF-8 text."""
+    literal = pattern.literal
+    if literal is None:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        return search_text(pattern, text, limit, deadline)
+    if b"\n" in literal or b"\r" in literal or data.find(literal) < 0:
+        return []
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    if b"\r" in data:
+        data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    found = _scan(data, b"\n", limit, lambda pos: data.find(literal, pos), None, None)
+    return [(number, line.decode("utf-8")) for number, line in found]
 
 
 def clip(line: str) -> str:
@@ -118,10 +141,10 @@ def search_text(
     """Up to `limit` `(line number, line)` pairs of `text` matching `pattern`, in order."""
     text = normalize_newlines(text)
     if pattern.literal is not None:
-        if "\n" in pattern.literal:
+        literal = pattern.literal.decode("utf-8", "surrogatepass")
+        if "\n" in literal or "\r" in literal:
             return []
-        literal = pattern.literal
-        return _scan(text, limit, lambda pos: text.find(literal, pos), None, None)
+        return _scan(text, "\n", limit, lambda pos: text.find(literal, pos), None, None)
     assert pattern.line is not None
     try:
         if pattern.candidates is None:
@@ -132,21 +155,23 @@ def search_text(
             match = candidates.search(text, pos, timeout=deadline.remaining())
             return -1 if match is None else match.start()
 
-        return _scan(text, limit, find, pattern.line, deadline)
+        return _scan(text, "\n", limit, find, pattern.line, deadline)
     except TimeoutError:
         raise deadline.expired() from None
 
 
 def _scan(
-    text: str,
+    text: AnyStr,
+    newline: AnyStr,
     limit: int,
     find: Callable[[int], int],
     confirm: regex.Pattern[str] | None,
     deadline: Deadline | None,
-) -> list[tuple[int, str]]:
-    """Jump from candidate to candidate; each hit line is reported once."""
-    hits: list[tuple[int, str]] = []
+) -> list[tuple[int, AnyStr]]:
+    """Jump from candidate to candidate; each hit line is reported once, in order."""
+    hits: list[tuple[int, AnyStr]] = []
     size = len(text)
+    rfind, lfind, count = text.rfind, text.find, text.count
     pos = 0
     line_number = 1
     counted = 0
@@ -154,17 +179,19 @@ def _scan(
         found = find(pos)
         if found < 0:
             break
-        start = text.rfind("\n", 0, found) + 1
+        start = rfind(newline, 0, found) + 1
         if start >= size:
             break  # a zero-width match after the final newline: there is no line there
-        end = text.find("\n", found)
+        end = lfind(newline, found)
         if end < 0:
             end = size
-        line_number += text.count("\n", counted, start)
+        line_number += count(newline, counted, start)
         counted = start
         line = text[start:end]
         if confirm is None or (
-            deadline is not None and confirm.search(line, timeout=deadline.remaining())
+            deadline is not None
+            and isinstance(line, str)
+            and confirm.search(line, timeout=deadline.remaining())
         ):
             hits.append((line_number, line))
         pos = end + 1

@@ -14,7 +14,7 @@ offloaded.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..settings import DEFAULT_OFFLOAD_THRESHOLD
@@ -28,7 +28,7 @@ ORIGIN = "filesystem"
 UNAVAILABLE = "File tools unavailable: no agent filesystem is bound to this session."
 FILE_TOOL_NAMES = ("ls", "read_file", "write_file", "edit_file", "glob", "grep", "delete", "rename")
 
-_LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+_EOL = re.compile(r"\r\n|\r|\n")
 
 Operation = Callable[[AgentFileSystem, Mapping[str, Any]], Awaitable[str]]
 
@@ -55,25 +55,47 @@ def _optional_int(arguments: Mapping[str, Any], name: str, minimum: int) -> int 
     return value
 
 
+def _line_ends(text: str) -> Iterator[int]:
+    """The offset just past each line (`\\n`, `\\r\\n` or `\\r`, as grep counts them)."""
+    pos = 0
+    if "\r" not in text:
+        find = text.find
+        while (newline := find("\n", pos)) >= 0:
+            pos = newline + 1
+            yield pos
+    else:
+        for match in _EOL.finditer(text):
+            pos = match.end()
+            yield pos
+    if pos < len(text):
+        yield len(text)
+
+
+def _count_lines(text: str) -> int:
+    ends = text.count("\n") if "\r" not in text else len(_EOL.findall(text))
+    return ends + (1 if text and not text.endswith(("\n", "\r")) else 0)
+
+
 def read_window(text: str, path: str, offset: int | None, limit: int | None, budget: int) -> str:
     """The part of `text` that `read_file` returns (see the module docstring)."""
     if offset is None and limit is None and (budget <= 0 or len(text) <= budget):
         return text
-    lines = _LINES.findall(text)
-    total = len(lines)
+    total = _count_lines(text)
     start = offset or 0
     if start and start >= total:
         raise FileSystemError(f"offset {start} is past the end of {path} ({total} lines)")
-    if limit is not None:
-        end = min(total, start + limit)
-    elif budget <= 0:
-        end = total
-    else:
-        end, used = start, 0
-        while end < total and (end == start or used + len(lines[end]) <= budget):
-            used += len(lines[end])
-            end += 1
-    body = "".join(lines[start:end])
+    ends = _line_ends(text)
+    begin = 0
+    for _ in range(start):
+        begin = next(ends)
+    stop, end = begin, start
+    for position in ends:
+        if limit is not None and end - start >= limit:
+            break
+        if limit is None and budget > 0 and end > start and position - begin > budget:
+            break
+        stop, end = position, end + 1
+    body = text[begin:stop]
     if end >= total:
         return body
     return (

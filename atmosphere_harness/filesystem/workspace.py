@@ -17,10 +17,15 @@ What it guarantees, whatever the caller does:
   stores that must survive a power cut; the default relies on the OS write-back.
 - **Exact accounting.** One lock per store directory (shared by every instance on that
   directory in the process) serializes `write`, `edit`, `delete` and `rename`; a running tally of
-  file sizes makes the bounds check O(1). The tally is rebuilt by a walk when it is older than
-  `RESYNC_SECONDS`, when the target's size on disk disagrees with it, and before any rejection
-  it would cause, so files changed behind the store's back never cause a wrong rejection and are
-  seen within seconds.
+  file sizes makes the bounds check O(1) instead of a walk per write. The tally stays true when
+  files change on disk behind the store's back: a directory's mtime changes whenever an entry is
+  added, removed or renamed in it, so each write compares the mtimes of the directories on its
+  path (and, at most every `DIR_CHECK_SECONDS`, of every directory) with the ones it recorded,
+  and rebuilds the tally by a walk on any difference. A file resized in place is caught when it
+  is the target (its size disagrees with the tally) and by a full walk at least every
+  `FULL_RESYNC_SECONDS` (as is a change made within the same clock tick, a few milliseconds,
+  as the store's own write in that directory). Before rejecting a write the tally is always
+  rebuilt, so a stale tally never causes a wrong rejection.
 - **Nothing is created by a read.** The root directory appears on the first write; `ls`,
   `read`, `glob` and `grep` of a store that was never written see an empty store.
 
@@ -48,12 +53,15 @@ from ..run import check_conversation_id
 from .base import FileInfo, FileSystemError, FileSystemLimits, GrepHit
 from .globbing import compile_glob, literal_prefix
 from .paths import TEMP_SUFFIX, check_dir, check_path, is_under, shown
-from .search import Deadline, LinePattern, clip, compile_pattern, search_text
+from .search import Deadline, LinePattern, clip, compile_pattern, search_file
 
 T = TypeVar("T")
 
-RESYNC_SECONDS = 2.0
-"""Oldest usage tally a write trusts without re-walking the store."""
+FULL_RESYNC_SECONDS = 30.0
+"""Oldest usage tally a write trusts without re-walking the whole store."""
+
+DIR_CHECK_SECONDS = 0.25
+"""How often a write also checks every directory's mtime, not only those on its own path."""
 
 ORPHAN_SECONDS = 60.0
 """Temporary files older than this, left by a crash mid-write, are removed by the next walk."""
@@ -74,15 +82,21 @@ class StoreUsage:
 
 
 class _Tally:
-    """The lock and the usage accounting of one store directory."""
+    """The lock and the usage accounting of one store directory.
 
-    __slots__ = ("__weakref__", "lock", "sizes", "synced_at", "total")
+    `sizes` maps every regular file (relative path) to its size, `None` until the first walk;
+    `dirs` maps every directory (real path) to the mtime seen by the last walk or write.
+    """
+
+    __slots__ = ("__weakref__", "checked_at", "dirs", "lock", "sizes", "synced_at", "total")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.sizes: dict[str, int] | None = None
+        self.dirs: dict[str, int] = {}
         self.total = 0
         self.synced_at = 0.0
+        self.checked_at = 0.0
 
     def put(self, key: str, size: int) -> None:
         assert self.sizes is not None
@@ -134,6 +148,13 @@ def conversation_dir_name(conversation_id: str) -> str:
         return check_conversation_id(conversation_id)
     except ValueError as exc:
         raise FileSystemError(f"{exc}: {shown(conversation_id)}") from None
+
+
+def _mtime(directory: str) -> int | None:
+    try:
+        return os.stat(directory).st_mtime_ns
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 def _inside(path: str, root: str) -> bool:
@@ -358,13 +379,22 @@ class WorkspaceAgentFileSystem:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _walk(
-        self, top: str, prefix: str, *, clean: bool = False
+        self, top: str, prefix: str, *, clean: bool = False, dirs: dict[str, int] | None = None
     ) -> Iterator[tuple[str, os.DirEntry[str]]]:
-        """Regular files below `top` as `(relative path, entry)`, links and temp files skipped."""
+        """Regular files below `top` as `(relative path, entry)`, links and temp files skipped.
+
+        With `dirs`, each directory's mtime is recorded before it is listed (so an entry added
+        during the walk changes the mtime after the recorded one, and is noticed).
+        """
         stack = [(top, prefix)]
         seen = 0
         while stack:
             directory, rel = stack.pop()
+            if dirs is not None:
+                mtime = _mtime(directory)
+                if mtime is None:
+                    continue
+                dirs[directory] = mtime
             try:
                 listing = os.scandir(directory)
             except (FileNotFoundError, NotADirectoryError):
@@ -398,23 +428,61 @@ class WorkspaceAgentFileSystem:
     def _sync(self) -> None:
         """Rebuild the tally from the disk (called under the store lock)."""
         sizes: dict[str, int] = {}
+        dirs: dict[str, int] = {}
         total = 0
-        for path, entry in self._walk(self._real(), "", clean=True):
+        for path, entry in self._walk(self._real(), "", clean=True, dirs=dirs):
             size = entry.stat(follow_symlinks=False).st_size
             sizes[path] = size
             total += size
         tally = self._tally
-        tally.sizes, tally.total, tally.synced_at = sizes, total, time.monotonic()
+        tally.sizes, tally.dirs, tally.total = sizes, dirs, total
+        tally.synced_at = tally.checked_at = time.monotonic()
 
-    def _admit(self, key: str, echo: str, new_size: int, old_size: int | None) -> None:
+    def _chain(self, real_path: str) -> list[str]:
+        """The directories from `real_path`'s parent up to the root (those a write changes)."""
+        root = self._real()
+        chain: list[str] = []
+        directory = real_path.rsplit("/", 1)[0]
+        while len(directory) > len(root):
+            chain.append(directory)
+            directory = directory.rsplit("/", 1)[0]
+        chain.append(root)
+        return chain
+
+    def _trust(self, chain: list[str]) -> bool:
+        """Make the tally match the disk; True when it was just rebuilt by a walk."""
+        tally = self._tally
+        now = time.monotonic()
+        if tally.sizes is None or now - tally.synced_at > FULL_RESYNC_SECONDS:
+            self._sync()
+            return True
+        watched: list[str] | set[str] = chain
+        if now - tally.checked_at > DIR_CHECK_SECONDS:
+            watched = set(chain).union(tally.dirs)
+            tally.checked_at = now
+        if any(_mtime(directory) != tally.dirs.get(directory) for directory in watched):
+            self._sync()
+            return True
+        return False
+
+    def _settle(self, chain: list[str]) -> None:
+        """Record the mtimes of the directories this store's own operation just changed."""
+        dirs = self._tally.dirs
+        for directory in chain:
+            mtime = _mtime(directory)
+            if mtime is None:
+                dirs.pop(directory, None)
+            else:
+                dirs[directory] = mtime
+
+    def _admit(
+        self, key: str, echo: str, new_size: int, old_size: int | None, chain: list[str]
+    ) -> None:
         """Raise unless writing `new_size` bytes at `key` keeps the store within its bounds."""
         tally = self._tally
-        fresh = False
-        if (
-            tally.sizes is None
-            or time.monotonic() - tally.synced_at > RESYNC_SECONDS
-            or tally.sizes.get(key) != old_size
-        ):
+        fresh = self._trust(chain)
+        assert tally.sizes is not None
+        if not fresh and tally.sizes.get(key) != old_size:
             self._sync()
             fresh = True
         problem = self._over(echo, new_size, old_size)
@@ -484,28 +552,38 @@ class WorkspaceAgentFileSystem:
             finally:
                 os.close(directory)
 
-    def _touch(self) -> None:
-        """Mark the store as just used (the provider evicts the least recently used first)."""
+    def _touch(self, chain: list[str]) -> None:
+        """Mark the store as just written (the provider evicts the least recently written first)
+        and record the directory mtimes the operation changed."""
         try:
             os.utime(self._root)
         except OSError:
             pass
+        self._settle(chain)
 
     @staticmethod
     def _read_bytes(path: str, limit: int) -> bytes | None:
-        """The bytes of `path`, or `None` if it holds more than `limit` bytes."""
+        """The bytes of `path`, or `None` if it holds more than `limit` bytes.
+
+        One read of the size `fstat` reports (plus one byte, to notice a file still growing)
+        instead of a `limit`-sized buffer per file.
+        """
         fd = os.open(path, _READ_FLAGS)
         try:
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                chunk = os.read(fd, limit + 1 - size)
-                if not chunk:
-                    return b"".join(chunks)
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > limit:
+            size = os.fstat(fd).st_size
+            if size > limit:
+                return None
+            chunks = [os.read(fd, size + 1)]
+            total = len(chunks[0])
+            while total > size:  # it grew since fstat: read on to the end, or past the limit
+                if total > limit:
                     return None
+                chunk = os.read(fd, limit + 1 - total)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         finally:
             os.close(fd)
 
@@ -564,10 +642,11 @@ class WorkspaceAgentFileSystem:
             raise FileSystemError(f"Cannot write {echo}: it is a directory")
         old_size = info.st_size if info is not None and stat.S_ISREG(info.st_mode) else None
         key = self._key(target)
-        self._admit(key, echo, len(data), old_size)
+        chain = self._chain(target)
+        self._admit(key, echo, len(data), old_size, chain)
         self._store(target, data, echo)
         self._tally.put(key, len(data))
-        self._touch()
+        self._touch(chain)
 
     def _edit(self, rel: str, echo: str, old: str, new: str, replace_all: bool) -> int:
         target, info = self._resolve(rel, echo, follow=True)
@@ -587,10 +666,11 @@ class WorkspaceAgentFileSystem:
             data = updated.encode("utf-8")
             self._check_size(echo, len(data))
             key = self._key(target)
-            self._admit(key, echo, len(data), info.st_size)
+            chain = self._chain(target)
+            self._admit(key, echo, len(data), info.st_size, chain)
             self._store(target, data, echo)
             self._tally.put(key, len(data))
-            self._touch()
+            self._touch(chain)
         return count if replace_all else 1
 
     def _glob(self, pattern: str, matcher: re.Pattern[str]) -> list[str]:
@@ -623,14 +703,11 @@ class WorkspaceAgentFileSystem:
                 data = self._read_bytes(entry.path, max_bytes)
             except OSError:
                 continue
-            if data is None:
-                continue
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                continue
-            for number, line in search_text(pattern, text, limit - len(hits), deadline):
-                hits.append(GrepHit(path, number, clip(line)))
+            found = (
+                None if data is None else search_file(pattern, data, limit - len(hits), deadline)
+            )
+            if found:
+                hits.extend(GrepHit(path, number, clip(line)) for number, line in found)
             if len(hits) >= limit:
                 break
         return hits
@@ -639,15 +716,17 @@ class WorkspaceAgentFileSystem:
         target, info = self._resolve(rel, echo, follow=False)
         if info is None:
             raise FileSystemError(f"Not found: {echo}")
-        if self._tally.sizes is None:
-            self._sync()
+        chain = self._chain(target)
+        self._trust(chain)
         key = self._key(target)
         if stat.S_ISDIR(info.st_mode):
             shutil.rmtree(target)
+            for directory in [d for d in self._tally.dirs if _inside(d, target)]:
+                del self._tally.dirs[directory]
         else:
             os.unlink(target)
         self._tally.drop_under(key)
-        self._touch()
+        self._touch(chain)
 
     def _rename(self, old_rel: str, old_echo: str, new_rel: str, new_echo: str) -> None:
         source, info = self._resolve(old_rel, old_echo, follow=False)
@@ -662,11 +741,14 @@ class WorkspaceAgentFileSystem:
         old_key, new_key = self._key(source), self._key(destination)
         if is_under(new_key, old_key):
             raise FileSystemError(f"Cannot move {old_echo} into itself ({new_echo})")
-        if self._tally.sizes is None:
-            self._sync()
+        chains = self._chain(source) + self._chain(destination)
+        self._trust(chains)
         parent = destination.rsplit("/", 1)[0]
         if not os.path.isdir(parent):
             self._make_dirs(parent, new_echo)
         os.rename(source, destination)
-        self._tally.move(old_key, new_key)
-        self._touch()
+        if stat.S_ISDIR(info.st_mode):
+            self._tally.sizes = None  # a moved tree: the next write re-walks
+        else:
+            self._tally.move(old_key, new_key)
+        self._touch(chains)

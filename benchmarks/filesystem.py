@@ -1,0 +1,345 @@
+"""Filesystem benchmark: `WorkspaceAgentFileSystem` vs deepagents `FilesystemBackend`, and raw `rg`.
+
+Workload (deterministic, seed 1234, the one of the deepagents peer study): 200 files of 50 KiB
+(800 lines of exactly 64 bytes) in `pkg{0..9}/sub{0,1}/`, even indices `mod_XXX.py`, odd
+`doc_XXX.md`; `needle_token` on every 50th line (3,200 hits), one `UNIQUE_SENTINEL_XYZ` line (a
+full scan, 1 hit), one `EDIT_ANCHOR_<i>` line per file.
+
+Each repeat runs every op on both stores in the same process, alternating which goes first, with
+a fresh empty store per repeat. Grep is the same literal for both (deepagents greps literals
+only). `rg` on the same tree is the floor: a compiled, parallel searcher with no Python around it.
+`write_all_fsync` is our write with `fsync=True`, the figure behind the default `fsync=False`.
+
+    python benchmarks/filesystem.py --repeats 7 > result.json
+
+Prints one JSON document: per-op medians (ms), the ratio ours / deepagents and ours / rg, and
+`peer: null` with the reason when deepagents is not installed (`pip install '.[bench]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
+from atmosphere_harness.filesystem.tools import read_window
+
+# fmt: off
+WORDS = [
+    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
+    "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi",
+    "psi", "omega", "def", "class", "return", "import", "self", "value", "result", "config",
+    "data", "path", "file", "async", "await", "yield", "lambda", "none", "true",
+]
+# fmt: on
+LINE_LEN = 63
+OPS = (
+    "write_all",
+    "read_all_full",
+    "read_all_window",
+    "ls_root",
+    "glob_py",
+    "grep_common_all",
+    "grep_common_cap",
+    "grep_rare",
+    "edit_once",
+)
+RG_FLOOR = {"grep_common_all": "common", "grep_common_cap": "common", "grep_rare": "rare"}
+
+
+def _line(rng: random.Random, tag: str = "") -> str:
+    parts = [tag] if tag else []
+    while len(" ".join(parts)) < LINE_LEN:
+        parts.append(rng.choice(WORDS))
+    return " ".join(parts)[:LINE_LEN].ljust(LINE_LEN) + "\n"
+
+
+def make_workload(
+    n_files: int = 200, size_kib: int = 50, seed: int = 1234
+) -> list[tuple[str, str]]:
+    """`(relative path, content)` pairs, byte for byte the peer study's workload."""
+    n_lines = (size_kib * 1024) // (LINE_LEN + 1)
+    rare = n_files // 2
+    files = []
+    for i in range(n_files):
+        rng = random.Random(seed + i)
+        name = f"mod_{i:03d}.py" if i % 2 == 0 else f"doc_{i:03d}.md"
+        lines = []
+        for n in range(n_lines):
+            if n == 3:
+                lines.append(_line(rng, f"EDIT_ANCHOR_{i}"))
+            elif i == rare and n == n_lines - 2:
+                lines.append(_line(rng, "UNIQUE_SENTINEL_XYZ"))
+            elif n % 50 == 10:
+                lines.append(_line(rng, "needle_token"))
+            else:
+                lines.append(_line(rng))
+        files.append((f"pkg{i % 10}/sub{(i // 10) % 2}/{name}", "".join(lines)))
+    return files
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    out = fn()
+    return (time.perf_counter() - start) * 1000.0, out
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)
+
+
+class Ours:
+    """One repeat on a fresh `WorkspaceAgentFileSystem`, every op awaited as a tool would."""
+
+    name = "ours"
+
+    def __init__(self, root: Path, files: list[tuple[str, str]]) -> None:
+        self.files = files
+        self.root = root
+        self.loop = asyncio.new_event_loop()
+
+    def close(self) -> None:
+        self.loop.close()
+
+    def run(self, repeat: int) -> dict[str, tuple[float, Any]]:
+        return self.loop.run_until_complete(self._run(repeat))
+
+    async def _run(self, repeat: int) -> dict[str, tuple[float, Any]]:
+        root = self.root / f"ours-{repeat}"
+        fs = WorkspaceAgentFileSystem(root)
+        fs_all = WorkspaceAgentFileSystem(root, FileSystemLimits(max_grep_hits=10_000))
+        fs_cap = WorkspaceAgentFileSystem(root, FileSystemLimits(max_grep_hits=1000))
+        durable = WorkspaceAgentFileSystem(self.root / f"ours-fsync-{repeat}", fsync=True)
+        files = self.files
+        out: dict[str, tuple[float, Any]] = {}
+
+        async def measure(name: str, work: Any) -> Any:
+            start = time.perf_counter()
+            value = await work()
+            out[name] = ((time.perf_counter() - start) * 1000.0, value)
+            return value
+
+        async def write_all(store: WorkspaceAgentFileSystem) -> None:
+            for path, content in files:
+                await store.write(path, content)
+
+        async def read_all() -> list[str]:
+            return [await fs.read(path) for path, _ in files]
+
+        async def read_window_all() -> list[str]:
+            return [read_window(await fs.read(path), path, 0, 100, 0) for path, _ in files]
+
+        await measure("write_all", lambda: write_all(fs))
+        texts = await measure("read_all_full", read_all)
+        check(texts == [content for _, content in files], "ours: read-back differs")
+        await measure("read_all_window", read_window_all)
+        await measure("ls_root", fs.ls)
+        check(len(await measure("glob_py", lambda: fs.glob("**/*.py"))) == 100, "ours: glob")
+        hits = await measure("grep_common_all", lambda: fs_all.grep("needle_token"))
+        check(len(hits) == 3200, f"ours: {len(hits)} common hits")
+        hits = await measure("grep_common_cap", lambda: fs_cap.grep("needle_token"))
+        check(len(hits) == 1000, "ours: capped hits")
+        hits = await measure("grep_rare", lambda: fs.grep("UNIQUE_SENTINEL_XYZ"))
+        check(len(hits) == 1, "ours: rare hit")
+        i = repeat % len(files)
+        path = files[i][0]
+        await measure(
+            "edit_once", lambda: fs.edit(path, f"EDIT_ANCHOR_{i} ", f"EDITED_ANCHOR_{i} ")
+        )
+        await measure("write_all_fsync", lambda: write_all(durable))
+        return out
+
+
+class Peer:
+    """One repeat on a fresh deepagents `FilesystemBackend(virtual_mode=True)`."""
+
+    def __init__(self, root: Path, files: list[tuple[str, str]], *, ripgrep: bool) -> None:
+        from deepagents.backends import FilesystemBackend
+        from deepagents.backends import filesystem as module
+
+        self.module = module
+        self.backend_class = FilesystemBackend
+        self.root = root
+        self.files = [("/" + path, content) for path, content in files]
+        self.ripgrep = ripgrep
+        self.name = "deepagents" if ripgrep else "deepagents_pygrep"
+
+    def close(self) -> None:
+        pass
+
+    def run(self, repeat: int) -> dict[str, tuple[float, Any]]:
+        original = self.module._resolve_ripgrep_path
+        if not self.ripgrep:
+            self.module._resolve_ripgrep_path = lambda: None
+        else:
+            original.cache_clear()
+        try:
+            return self._run(repeat)
+        finally:
+            self.module._resolve_ripgrep_path = original
+
+    def _run(self, repeat: int) -> dict[str, tuple[float, Any]]:
+        directory = self.root / f"{self.name}-{repeat}"
+        directory.mkdir()
+        backend = self.backend_class(root_dir=str(directory), virtual_mode=True)
+        files = self.files
+        out: dict[str, tuple[float, Any]] = {}
+        out["write_all"] = timed(lambda: [backend.write(path, content) for path, content in files])
+        out["read_all_full"] = timed(lambda: [backend.read(path, 0, 10**9) for path, _ in files])
+        check(all(result.error is None for result in out["read_all_full"][1]), "peer: read")
+        out["read_all_window"] = timed(lambda: [backend.read(path, 0, 100) for path, _ in files])
+        out["ls_root"] = timed(lambda: backend.ls("/"))
+        out["glob_py"] = timed(lambda: backend.glob("**/*.py"))
+        check(len(out["glob_py"][1].matches) == 100, "peer: glob")
+        out["grep_common_all"] = timed(lambda: backend.grep("needle_token", "/", max_count=None))
+        check(len(out["grep_common_all"][1].matches) == 3200, "peer: common hits")
+        out["grep_common_cap"] = timed(lambda: backend.grep("needle_token", "/", max_count=1000))
+        out["grep_rare"] = timed(lambda: backend.grep("UNIQUE_SENTINEL_XYZ", "/"))
+        check(len(out["grep_rare"][1].matches) == 1, "peer: rare hit")
+        i = repeat % len(files)
+        path = files[i][0]
+        out["edit_once"] = timed(
+            lambda: backend.edit(path, f"EDIT_ANCHOR_{i} ", f"EDITED_ANCHOR_{i} ")
+        )
+        check(out["edit_once"][1].error is None, "peer: edit")
+        return out
+
+
+def rg_floor(tree: Path, rg: str) -> dict[str, tuple[float, Any]]:
+    out = {}
+    for name, literal, expected in (
+        ("common", "needle_token", 3200),
+        ("rare", "UNIQUE_SENTINEL_XYZ", 1),
+    ):
+        command = [rg, "-n", "--no-heading", "-F", literal, str(tree)]
+        ms, done = timed(lambda command=command: subprocess.run(command, capture_output=True))
+        check(len(done.stdout.splitlines()) == expected, f"rg {name}")
+        out[name] = (ms, None)
+    return out
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    return {
+        "median_ms": round(statistics.median(samples), 3),
+        "min_ms": round(min(samples), 3),
+        "max_ms": round(max(samples), 3),
+        "n": len(samples),
+    }
+
+
+def version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--files", type=int, default=200)
+    parser.add_argument("--size-kib", type=int, default=50)
+    args = parser.parse_args()
+
+    files = make_workload(args.files, args.size_kib)
+    base = Path(tempfile.mkdtemp(prefix="fs-bench-"))
+    runners: list[Any] = [Ours(base, files)]
+    peer_reason = None
+    try:
+        runners.append(Peer(base, files, ripgrep=True))
+        runners.append(Peer(base, files, ripgrep=False))
+    except ImportError as exc:
+        peer_reason = f"deepagents is not installed ({exc}); pip install '.[bench]'"
+    rg = shutil.which("rg")
+    samples: dict[str, dict[str, list[float]]] = {runner.name: {} for runner in runners}
+    samples["rg"] = {}
+    try:
+        for repeat in range(args.repeats):
+            order = runners if repeat % 2 == 0 else list(reversed(runners))
+            for runner in order:
+                for op, (ms, _) in runner.run(repeat).items():
+                    samples[runner.name].setdefault(op, []).append(ms)
+            if rg:
+                for name, (ms, _) in rg_floor(base / f"ours-{repeat}", rg).items():
+                    samples["rg"].setdefault(name, []).append(ms)
+    finally:
+        for runner in runners:
+            runner.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+    results = {name: {op: summary(v) for op, v in ops.items()} for name, ops in samples.items()}
+    ours = results["ours"]
+    peer = results.get("deepagents")
+
+    def ratio(a: float, b: float) -> float:
+        return round(a / b, 3) if b else float("inf")
+
+    ratios: dict[str, dict[str, float]] = {}
+    for op in OPS:
+        entry: dict[str, float] = {}
+        if peer is not None:
+            entry["vs_deepagents"] = ratio(ours[op]["median_ms"], peer[op]["median_ms"])
+            pygrep = results["deepagents_pygrep"][op]["median_ms"]
+            entry["vs_deepagents_pygrep"] = ratio(ours[op]["median_ms"], pygrep)
+        if op in RG_FLOOR and results["rg"]:
+            entry["vs_rg"] = ratio(ours[op]["median_ms"], results["rg"][RG_FLOOR[op]]["median_ms"])
+        ratios[op] = entry
+    document = {
+        "benchmark": "filesystem",
+        "env": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "ripgrep": subprocess.run(
+                [rg, "--version"], capture_output=True, text=True
+            ).stdout.split("\n")[0]
+            if rg
+            else None,
+            "atmosphere-harness": version("atmosphere-harness"),
+            "deepagents": version("deepagents"),
+            "regex": version("regex"),
+        },
+        "workload": {
+            "files": args.files,
+            "size_kib": args.size_kib,
+            "total_mib": round(sum(len(c) for _, c in files) / 2**20, 3),
+            "repeats": args.repeats,
+            "seed": 1234,
+        },
+        "ours": ours,
+        "peer": peer,
+        "peer_reason": peer_reason,
+        "peer_variants": {"deepagents_pygrep": results.get("deepagents_pygrep")},
+        "rg": results["rg"] or None,
+        "ratios": ratios,
+        "goals": {
+            "no_op_slower_than_deepagents": None
+            if peer is None
+            else all(ratios[op]["vs_deepagents"] <= 1.0 for op in OPS),
+            "grep_within_3x_of_rg": None
+            if not results["rg"]
+            else all(ratios[op]["vs_rg"] <= 3.0 for op in RG_FLOOR),
+        },
+    }
+    json.dump(document, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
