@@ -63,6 +63,9 @@ FULL_RESYNC_SECONDS = 30.0
 DIR_CHECK_SECONDS = 0.25
 """How often a write also checks every directory's mtime, not only those on its own path."""
 
+TOUCH_SECONDS = 1.0
+"""Granularity of the root's mtime as the store's last-write time (the provider's LRU order)."""
+
 ORPHAN_SECONDS = 60.0
 """Temporary files older than this, left by a crash mid-write, are removed by the next walk."""
 
@@ -88,7 +91,17 @@ class _Tally:
     `dirs` maps every directory (real path) to the mtime seen by the last walk or write.
     """
 
-    __slots__ = ("__weakref__", "checked_at", "dirs", "lock", "sizes", "synced_at", "total")
+    __slots__ = (
+        "__weakref__",
+        "checked_at",
+        "dirs",
+        "lock",
+        "made_dirs",
+        "sizes",
+        "synced_at",
+        "total",
+        "touched_at",
+    )
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -97,6 +110,8 @@ class _Tally:
         self.total = 0
         self.synced_at = 0.0
         self.checked_at = 0.0
+        self.touched_at = 0.0
+        self.made_dirs = False
 
     def put(self, key: str, size: int) -> None:
         assert self.sizes is not None
@@ -465,7 +480,7 @@ class WorkspaceAgentFileSystem:
             return True
         return False
 
-    def _settle(self, chain: list[str]) -> None:
+    def _settle(self, chain: list[str] | set[str]) -> None:
         """Record the mtimes of the directories this store's own operation just changed."""
         dirs = self._tally.dirs
         for directory in chain:
@@ -513,6 +528,7 @@ class WorkspaceAgentFileSystem:
     def _make_dirs(self, directory: str, echo: str) -> None:
         if self._on_create is not None and not os.path.isdir(self._root):
             self._on_create()
+        self._tally.made_dirs = True
         try:
             os.makedirs(directory, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
@@ -552,14 +568,23 @@ class WorkspaceAgentFileSystem:
             finally:
                 os.close(directory)
 
-    def _touch(self, chain: list[str]) -> None:
-        """Mark the store as just written (the provider evicts the least recently written first)
-        and record the directory mtimes the operation changed."""
-        try:
-            os.utime(self._root)
-        except OSError:
-            pass
-        self._settle(chain)
+    def _touch(self, *targets: str) -> None:
+        """After this store changed `targets`: record the mtimes of the directories that changed,
+        and mark the store as written (the root's mtime, at most once per `TOUCH_SECONDS`)."""
+        tally = self._tally
+        changed = {target.rsplit("/", 1)[0] for target in targets}
+        if tally.made_dirs:
+            changed.update(directory for target in targets for directory in self._chain(target))
+            tally.made_dirs = False
+        now = time.monotonic()
+        if now - tally.touched_at > TOUCH_SECONDS:
+            try:
+                os.utime(self._root)
+            except OSError:
+                pass
+            tally.touched_at = now
+            changed.add(self._real())
+        self._settle(changed)
 
     @staticmethod
     def _read_bytes(path: str, limit: int) -> bytes | None:
@@ -646,7 +671,7 @@ class WorkspaceAgentFileSystem:
         self._admit(key, echo, len(data), old_size, chain)
         self._store(target, data, echo)
         self._tally.put(key, len(data))
-        self._touch(chain)
+        self._touch(target)
 
     def _edit(self, rel: str, echo: str, old: str, new: str, replace_all: bool) -> int:
         target, info = self._resolve(rel, echo, follow=True)
@@ -670,7 +695,7 @@ class WorkspaceAgentFileSystem:
             self._admit(key, echo, len(data), info.st_size, chain)
             self._store(target, data, echo)
             self._tally.put(key, len(data))
-            self._touch(chain)
+            self._touch(target)
         return count if replace_all else 1
 
     def _glob(self, pattern: str, matcher: re.Pattern[str]) -> list[str]:
@@ -726,7 +751,7 @@ class WorkspaceAgentFileSystem:
         else:
             os.unlink(target)
         self._tally.drop_under(key)
-        self._touch(chain)
+        self._touch(target)
 
     def _rename(self, old_rel: str, old_echo: str, new_rel: str, new_echo: str) -> None:
         source, info = self._resolve(old_rel, old_echo, follow=False)
@@ -751,4 +776,4 @@ class WorkspaceAgentFileSystem:
             self._tally.sizes = None  # a moved tree: the next write re-walks
         else:
             self._tally.move(old_key, new_key)
-        self._touch(chains)
+        self._touch(source, destination)
