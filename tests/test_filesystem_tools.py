@@ -16,6 +16,8 @@ from atmosphere_harness.filesystem import workspace as workspace_module
 from atmosphere_harness.filesystem.tools import (
     FILE_TOOL_NAMES,
     UNAVAILABLE,
+    _span,
+    _span_by_lines,
     file_tools,
     read_window,
 )
@@ -271,3 +273,16 @@ def test_paging_with_any_window_rebuilds_the_text(
     assert "".join(pages) == text
     total = len(re.findall(r"\r\n|\r|\n", text)) + (1 if text and text[-1] not in "\r\n" else 0)
     assert len(pages) <= max(total, 1)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.text(alphabet="ab\né", max_size=60),
+    st.integers(min_value=0, max_value=12),
+    st.one_of(st.none(), st.integers(min_value=1, max_value=6)),
+    st.integers(min_value=-1, max_value=15),
+)
+def test_the_fast_window_equals_the_line_by_line_one(
+    text: str, start: int, limit: int | None, budget: int
+) -> None:
+    assert _span(text, start, limit, budget) == _span_by_lines(text, start, limit, budget)

@@ -58,43 +58,64 @@ def _optional_int(arguments: Mapping[str, Any], name: str, minimum: int) -> int 
 def _line_ends(text: str) -> Iterator[int]:
     """The offset just past each line (`\\n`, `\\r\\n` or `\\r`, as grep counts them)."""
     pos = 0
-    if "\r" not in text:
-        find = text.find
-        while (newline := find("\n", pos)) >= 0:
-            pos = newline + 1
-            yield pos
-    else:
-        for match in _EOL.finditer(text):
-            pos = match.end()
-            yield pos
+    for match in _EOL.finditer(text):
+        pos = match.end()
+        yield pos
     if pos < len(text):
         yield len(text)
 
 
-def _count_lines(text: str) -> int:
-    ends = text.count("\n") if "\r" not in text else len(_EOL.findall(text))
-    return ends + (1 if text and not text.endswith(("\n", "\r")) else 0)
+def _span_by_lines(
+    text: str, start: int, limit: int | None, budget: int
+) -> tuple[int, int, int, int]:
+    """`(begin, stop, end line, total lines)` of a window, walking line by line (any newline)."""
+    ends = list(_line_ends(text))
+    if start >= len(ends):
+        return len(text), len(text), len(ends), len(ends)
+    begin = ends[start - 1] if start else 0
+    end = start
+    stop = begin
+    for position in ends[start:]:
+        if limit is not None and end - start >= limit:
+            break
+        if limit is None and budget > 0 and end > start and position - begin > budget:
+            break
+        stop, end = position, end + 1
+    return begin, stop, end, len(ends)
+
+
+def _span(text: str, start: int, limit: int | None, budget: int) -> tuple[int, int, int, int]:
+    """The same window as `_span_by_lines`, with C-level string calls when lines end in `\\n`."""
+    if "\r" in text:
+        return _span_by_lines(text, start, limit, budget)
+    size = len(text)
+    total = text.count("\n") + (1 if text and text[-1] != "\n" else 0)
+    if start >= total:
+        return size, size, total, total
+    cut = start + (limit or 0)
+    parts = text.split("\n", cut)
+    begin = sum(map(len, parts[:start])) + start
+    if limit is not None:
+        stop = size if len(parts) <= cut else sum(map(len, parts[:cut])) + cut
+    elif budget <= 0 or size - begin <= budget:
+        stop = size
+    else:
+        newline = text.rfind("\n", begin, begin + budget)
+        if newline < 0:
+            newline = text.find("\n", begin)
+        stop = size if newline < 0 else newline + 1
+    end = start + text.count("\n", begin, stop) + (1 if stop == size and text[-1] != "\n" else 0)
+    return begin, stop, end, total
 
 
 def read_window(text: str, path: str, offset: int | None, limit: int | None, budget: int) -> str:
     """The part of `text` that `read_file` returns (see the module docstring)."""
     if offset is None and limit is None and (budget <= 0 or len(text) <= budget):
         return text
-    total = _count_lines(text)
     start = offset or 0
+    begin, stop, end, total = _span(text, start, limit, budget)
     if start and start >= total:
         raise FileSystemError(f"offset {start} is past the end of {path} ({total} lines)")
-    ends = _line_ends(text)
-    begin = 0
-    for _ in range(start):
-        begin = next(ends)
-    stop, end = begin, start
-    for position in ends:
-        if limit is not None and end - start >= limit:
-            break
-        if limit is None and budget > 0 and end > start and position - begin > budget:
-            break
-        stop, end = position, end + 1
     body = text[begin:stop]
     if end >= total:
         return body
