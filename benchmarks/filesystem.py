@@ -166,9 +166,15 @@ class Ours:
 
 
 class Peer:
-    """One repeat on a fresh deepagents `FilesystemBackend(virtual_mode=True)`."""
+    """One repeat on a fresh deepagents `FilesystemBackend(virtual_mode=True)`.
 
-    def __init__(self, root: Path, files: list[tuple[str, str]], *, ripgrep: bool) -> None:
+    `asynchronous` calls its `a*` methods (thread-hop wrappers, what an async server pays),
+    otherwise the sync ones the peer study timed; `ripgrep=False` forces its Python grep.
+    """
+
+    def __init__(
+        self, root: Path, files: list[tuple[str, str]], *, ripgrep: bool, asynchronous: bool
+    ) -> None:
         from deepagents.backends import FilesystemBackend
         from deepagents.backends import filesystem as module
 
@@ -177,10 +183,14 @@ class Peer:
         self.root = root
         self.files = [("/" + path, content) for path, content in files]
         self.ripgrep = ripgrep
-        self.name = "deepagents" if ripgrep else "deepagents_pygrep"
+        self.asynchronous = asynchronous
+        self.name = (
+            "deepagents" + ("_async" if asynchronous else "") + ("" if ripgrep else "_pygrep")
+        )
+        self.loop = asyncio.new_event_loop()
 
     def close(self) -> None:
-        pass
+        self.loop.close()
 
     def run(self, repeat: int) -> dict[str, tuple[float, Any]]:
         original = self.module._resolve_ripgrep_path
@@ -189,34 +199,55 @@ class Peer:
         else:
             original.cache_clear()
         try:
-            return self._run(repeat)
+            return self.loop.run_until_complete(self._run(repeat))
         finally:
             self.module._resolve_ripgrep_path = original
 
-    def _run(self, repeat: int) -> dict[str, tuple[float, Any]]:
+    async def _run(self, repeat: int) -> dict[str, tuple[float, Any]]:
         directory = self.root / f"{self.name}-{repeat}"
         directory.mkdir()
         backend = self.backend_class(root_dir=str(directory), virtual_mode=True)
+
+        async def call(method: str, *args: Any, **kwargs: Any) -> Any:
+            if self.asynchronous:
+                return await getattr(backend, "a" + method)(*args, **kwargs)
+            return getattr(backend, method)(*args, **kwargs)
+
         files = self.files
         out: dict[str, tuple[float, Any]] = {}
-        out["write_all"] = timed(lambda: [backend.write(path, content) for path, content in files])
-        out["read_all_full"] = timed(lambda: [backend.read(path, 0, 10**9) for path, _ in files])
-        check(all(result.error is None for result in out["read_all_full"][1]), "peer: read")
-        out["read_all_window"] = timed(lambda: [backend.read(path, 0, 100) for path, _ in files])
-        out["ls_root"] = timed(lambda: backend.ls("/"))
-        out["glob_py"] = timed(lambda: backend.glob("**/*.py"))
-        check(len(out["glob_py"][1].matches) == 100, "peer: glob")
-        out["grep_common_all"] = timed(lambda: backend.grep("needle_token", "/", max_count=None))
-        check(len(out["grep_common_all"][1].matches) == 3200, "peer: common hits")
-        out["grep_common_cap"] = timed(lambda: backend.grep("needle_token", "/", max_count=1000))
-        out["grep_rare"] = timed(lambda: backend.grep("UNIQUE_SENTINEL_XYZ", "/"))
-        check(len(out["grep_rare"][1].matches) == 1, "peer: rare hit")
+
+        async def measure(name: str, work: Any) -> Any:
+            start = time.perf_counter()
+            value = await work()
+            out[name] = ((time.perf_counter() - start) * 1000.0, value)
+            return value
+
+        async def each(method: str, *args: Any) -> list[Any]:
+            return [await call(method, path, *args) for path, _ in files]
+
+        async def write_all() -> list[Any]:
+            return [await call("write", path, content) for path, content in files]
+
+        await measure("write_all", write_all)
+        read = await measure("read_all_full", lambda: each("read", 0, 10**9))
+        check(all(result.error is None for result in read), "peer: read")
+        await measure("read_all_window", lambda: each("read", 0, 100))
+        await measure("ls_root", lambda: call("ls", "/"))
+        check(
+            len((await measure("glob_py", lambda: call("glob", "**/*.py"))).matches) == 100, "glob"
+        )
+        hits = await measure(
+            "grep_common_all", lambda: call("grep", "needle_token", "/", max_count=None)
+        )
+        check(len(hits.matches) == 3200, "peer: common hits")
+        await measure("grep_common_cap", lambda: call("grep", "needle_token", "/", max_count=1000))
+        hits = await measure("grep_rare", lambda: call("grep", "UNIQUE_SENTINEL_XYZ", "/"))
+        check(len(hits.matches) == 1, "peer: rare hit")
         i = repeat % len(files)
         path = files[i][0]
-        out["edit_once"] = timed(
-            lambda: backend.edit(path, f"EDIT_ANCHOR_{i} ", f"EDITED_ANCHOR_{i} ")
-        )
-        check(out["edit_once"][1].error is None, "peer: edit")
+        old, new = f"EDIT_ANCHOR_{i} ", f"EDITED_ANCHOR_{i} "
+        edited = await measure("edit_once", lambda: call("edit", path, old, new))
+        check(edited.error is None, "peer: edit")
         return out
 
 
@@ -261,8 +292,8 @@ def main() -> int:
     runners: list[Any] = [Ours(base, files)]
     peer_reason = None
     try:
-        runners.append(Peer(base, files, ripgrep=True))
-        runners.append(Peer(base, files, ripgrep=False))
+        for ripgrep, asynchronous in ((True, False), (True, True), (False, False)):
+            runners.append(Peer(base, files, ripgrep=ripgrep, asynchronous=asynchronous))
     except ImportError as exc:
         peer_reason = f"deepagents is not installed ({exc}); pip install '.[bench]'"
     rg = shutil.which("rg")
@@ -294,8 +325,10 @@ def main() -> int:
         entry: dict[str, float] = {}
         if peer is not None:
             entry["vs_deepagents"] = ratio(ours[op]["median_ms"], peer[op]["median_ms"])
-            pygrep = results["deepagents_pygrep"][op]["median_ms"]
-            entry["vs_deepagents_pygrep"] = ratio(ours[op]["median_ms"], pygrep)
+            for variant in ("deepagents_async", "deepagents_pygrep"):
+                entry[f"vs_{variant}"] = ratio(
+                    ours[op]["median_ms"], results[variant][op]["median_ms"]
+                )
         if op in RG_FLOOR and results["rg"]:
             entry["vs_rg"] = ratio(ours[op]["median_ms"], results["rg"][RG_FLOOR[op]]["median_ms"])
         ratios[op] = entry
@@ -324,13 +357,18 @@ def main() -> int:
         "ours": ours,
         "peer": peer,
         "peer_reason": peer_reason,
-        "peer_variants": {"deepagents_pygrep": results.get("deepagents_pygrep")},
+        "peer_variants": {
+            variant: results.get(variant) for variant in ("deepagents_async", "deepagents_pygrep")
+        },
         "rg": results["rg"] or None,
         "ratios": ratios,
         "goals": {
             "no_op_slower_than_deepagents": None
             if peer is None
             else all(ratios[op]["vs_deepagents"] <= 1.0 for op in OPS),
+            "no_op_slower_than_deepagents_async": None
+            if peer is None
+            else all(ratios[op]["vs_deepagents_async"] <= 1.0 for op in OPS),
             "grep_within_3x_of_rg": None
             if not results["rg"]
             else all(ratios[op]["vs_rg"] <= 3.0 for op in RG_FLOOR),
