@@ -39,5 +39,17 @@ pytest: $(VENV)/.installed-dev
 docs: $(VENV)/.installed-dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
+# Benchmarks print JSON comparing ours with the peer in the same run; the peer (deepagents) lives
+# in its own venv so the test environment stays as users install it.
+BENCH_VENV := .venv-bench
+
+$(BENCH_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet -e '.[bench]'
+	touch $@
+
+bench: $(BENCH_VENV)/.installed
+	for script in benchmarks/*.py; do $(BENCH_VENV)/bin/python $$script || exit 1; done
+
 clean:
-	rm -rf $(VENV) .site .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) .site .mypy_cache .pytest_cache .ruff_cache

@@ -103,6 +103,17 @@ def check(condition: bool, message: str) -> None:
         raise AssertionError(message)
 
 
+def expected_counts(files: list[tuple[str, str]]) -> dict[str, int]:
+    """What every store must find in this workload (checked on every repeat)."""
+    common = sum(content.count("needle_token") for _, content in files)
+    return {
+        "glob_py": sum(path.endswith(".py") for path, _ in files),
+        "grep_common_all": common,
+        "grep_common_cap": min(common, 1000),
+        "grep_rare": 1,
+    }
+
+
 class Ours:
     """One repeat on a fresh `WorkspaceAgentFileSystem`, every op awaited as a tool would."""
 
@@ -110,6 +121,7 @@ class Ours:
 
     def __init__(self, root: Path, files: list[tuple[str, str]]) -> None:
         self.files = files
+        self.expected = expected_counts(files)
         self.root = root
         self.loop = asyncio.new_event_loop()
 
@@ -149,13 +161,15 @@ class Ours:
         check(texts == [content for _, content in files], "ours: read-back differs")
         await measure("read_all_window", read_window_all)
         await measure("ls_root", fs.ls)
-        check(len(await measure("glob_py", lambda: fs.glob("**/*.py"))) == 100, "ours: glob")
+        expected = self.expected
+        globbed = await measure("glob_py", lambda: fs.glob("**/*.py"))
+        check(len(globbed) == expected["glob_py"], "ours: glob")
         hits = await measure("grep_common_all", lambda: fs_all.grep("needle_token"))
-        check(len(hits) == 3200, f"ours: {len(hits)} common hits")
+        check(len(hits) == expected["grep_common_all"], f"ours: {len(hits)} common hits")
         hits = await measure("grep_common_cap", lambda: fs_cap.grep("needle_token"))
-        check(len(hits) == 1000, "ours: capped hits")
+        check(len(hits) == expected["grep_common_cap"], "ours: capped hits")
         hits = await measure("grep_rare", lambda: fs.grep("UNIQUE_SENTINEL_XYZ"))
-        check(len(hits) == 1, "ours: rare hit")
+        check(len(hits) == expected["grep_rare"], "ours: rare hit")
         i = repeat % len(files)
         path = files[i][0]
         await measure(
@@ -182,6 +196,7 @@ class Peer:
         self.backend_class = FilesystemBackend
         self.root = root
         self.files = [("/" + path, content) for path, content in files]
+        self.expected = expected_counts(files)
         self.ripgrep = ripgrep
         self.asynchronous = asynchronous
         self.name = (
@@ -233,16 +248,16 @@ class Peer:
         check(all(result.error is None for result in read), "peer: read")
         await measure("read_all_window", lambda: each("read", 0, 100))
         await measure("ls_root", lambda: call("ls", "/"))
-        check(
-            len((await measure("glob_py", lambda: call("glob", "**/*.py"))).matches) == 100, "glob"
-        )
+        expected = self.expected
+        globbed = await measure("glob_py", lambda: call("glob", "**/*.py"))
+        check(len(globbed.matches) == expected["glob_py"], "peer: glob")
         hits = await measure(
             "grep_common_all", lambda: call("grep", "needle_token", "/", max_count=None)
         )
-        check(len(hits.matches) == 3200, "peer: common hits")
+        check(len(hits.matches) == expected["grep_common_all"], "peer: common hits")
         await measure("grep_common_cap", lambda: call("grep", "needle_token", "/", max_count=1000))
         hits = await measure("grep_rare", lambda: call("grep", "UNIQUE_SENTINEL_XYZ", "/"))
-        check(len(hits.matches) == 1, "peer: rare hit")
+        check(len(hits.matches) == expected["grep_rare"], "peer: rare hit")
         i = repeat % len(files)
         path = files[i][0]
         old, new = f"EDIT_ANCHOR_{i} ", f"EDITED_ANCHOR_{i} "
@@ -251,15 +266,15 @@ class Peer:
         return out
 
 
-def rg_floor(tree: Path, rg: str) -> dict[str, tuple[float, Any]]:
+def rg_floor(tree: Path, rg: str, expected: dict[str, int]) -> dict[str, tuple[float, Any]]:
     out = {}
-    for name, literal, expected in (
-        ("common", "needle_token", 3200),
-        ("rare", "UNIQUE_SENTINEL_XYZ", 1),
+    for name, literal, count in (
+        ("common", "needle_token", expected["grep_common_all"]),
+        ("rare", "UNIQUE_SENTINEL_XYZ", expected["grep_rare"]),
     ):
         command = [rg, "-n", "--no-heading", "-F", literal, str(tree)]
         ms, done = timed(lambda command=command: subprocess.run(command, capture_output=True))
-        check(len(done.stdout.splitlines()) == expected, f"rg {name}")
+        check(len(done.stdout.splitlines()) == count, f"rg {name}")
         out[name] = (ms, None)
     return out
 
@@ -306,7 +321,8 @@ def main() -> int:
                 for op, (ms, _) in runner.run(repeat).items():
                     samples[runner.name].setdefault(op, []).append(ms)
             if rg:
-                for name, (ms, _) in rg_floor(base / f"ours-{repeat}", rg).items():
+                floor = rg_floor(base / f"ours-{repeat}", rg, expected_counts(files))
+                for name, (ms, _) in floor.items():
                     samples["rg"].setdefault(name, []).append(ms)
     finally:
         for runner in runners:
