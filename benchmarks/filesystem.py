@@ -103,6 +103,19 @@ def check(condition: bool, message: str) -> None:
         raise AssertionError(message)
 
 
+class Timings:
+    """`await measure(name, work)` times one awaited op and keeps `(ms, result)` under `name`."""
+
+    def __init__(self) -> None:
+        self.out: dict[str, tuple[float, Any]] = {}
+
+    async def __call__(self, name: str, work: Callable[[], Any]) -> Any:
+        start = time.perf_counter()
+        value = await work()
+        self.out[name] = ((time.perf_counter() - start) * 1000.0, value)
+        return value
+
+
 def expected_counts(files: list[tuple[str, str]]) -> dict[str, int]:
     """What every store must find in this workload (checked on every repeat)."""
     common = sum(content.count("needle_token") for _, content in files)
@@ -138,13 +151,8 @@ class Ours:
         fs_cap = WorkspaceAgentFileSystem(root, FileSystemLimits(max_grep_hits=1000))
         durable = WorkspaceAgentFileSystem(self.root / f"ours-fsync-{repeat}", fsync=True)
         files = self.files
-        out: dict[str, tuple[float, Any]] = {}
-
-        async def measure(name: str, work: Any) -> Any:
-            start = time.perf_counter()
-            value = await work()
-            out[name] = ((time.perf_counter() - start) * 1000.0, value)
-            return value
+        measure = Timings()
+        out = measure.out
 
         async def write_all(store: WorkspaceAgentFileSystem) -> None:
             for path, content in files:
@@ -229,13 +237,8 @@ class Peer:
             return getattr(backend, method)(*args, **kwargs)
 
         files = self.files
-        out: dict[str, tuple[float, Any]] = {}
-
-        async def measure(name: str, work: Any) -> Any:
-            start = time.perf_counter()
-            value = await work()
-            out[name] = ((time.perf_counter() - start) * 1000.0, value)
-            return value
+        measure = Timings()
+        out = measure.out
 
         async def each(method: str, *args: Any) -> list[Any]:
             return [await call(method, path, *args) for path, _ in files]
