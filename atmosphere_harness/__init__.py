@@ -20,6 +20,13 @@ from .cache import CacheHint, PromptCache
 from .events import Event
 from .filesystem import AgentFileSystem, FileSystemLimits
 from .harness import Harness
+from .memory import (
+    ConversationMemory,
+    InMemoryLongTermMemory,
+    LongTermMemory,
+    LongTermMemoryInterceptor,
+    SqliteLongTermMemory,
+)
 from .registry import agent, ai_endpoint, coordinator, prompt, skill
 from .runtimes.base import (
     AgentRuntime,
@@ -34,7 +41,13 @@ from .runtimes.scripted import ScriptedRuntime
 from .session import StreamingSession
 from .settings import HarnessSettings
 from .tools.base import Tool, ToolContext, ToolKind, tool
-from .web.deps import HarnessDep, get_harness, get_user_id
+from .web.deps import (
+    HarnessDep,
+    LongTermMemoryDep,
+    get_harness,
+    get_long_term_memory,
+    get_user_id,
+)
 from .web.router import create_harness_router, harness_router
 
 __all__ = [
@@ -42,16 +55,22 @@ __all__ = [
     "AgentRuntime",
     "AiCapability",
     "CacheHint",
+    "ConversationMemory",
     "Event",
     "FileSystemLimits",
     "Harness",
     "HarnessDep",
     "HarnessSettings",
+    "InMemoryLongTermMemory",
+    "LongTermMemory",
+    "LongTermMemoryDep",
+    "LongTermMemoryInterceptor",
     "Message",
     "ModelRequest",
     "ModelResponse",
     "PromptCache",
     "ScriptedRuntime",
+    "SqliteLongTermMemory",
     "StreamingSession",
     "Tool",
     "ToolCall",
@@ -64,6 +83,7 @@ __all__ = [
     "coordinator",
     "create_harness_router",
     "get_harness",
+    "get_long_term_memory",
     "get_user_id",
     "harness_router",
     "prompt",

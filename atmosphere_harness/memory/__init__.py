@@ -1,0 +1,30 @@
+"""Memory: conversation history with compaction, and durable long-term memory about users."""
+
+from .compaction import (
+    CompactionStrategy,
+    SlidingWindowCompaction,
+    SummarizingCompaction,
+    TokenWindowCompaction,
+)
+from .conversation import ConversationMemory
+from .history import HistoryBackend, InMemoryHistory, SqliteHistory
+from .interceptor import LongTermMemoryInterceptor
+from .long_term import InMemoryLongTermMemory, LongTermMemory, SqliteLongTermMemory
+from .providers import ENTRY_POINT_GROUP, LongTermMemoryProvider
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "CompactionStrategy",
+    "ConversationMemory",
+    "HistoryBackend",
+    "InMemoryHistory",
+    "InMemoryLongTermMemory",
+    "LongTermMemory",
+    "LongTermMemoryInterceptor",
+    "LongTermMemoryProvider",
+    "SlidingWindowCompaction",
+    "SqliteHistory",
+    "SqliteLongTermMemory",
+    "SummarizingCompaction",
+    "TokenWindowCompaction",
+]
