@@ -1,0 +1,186 @@
+"""ConversationMemory over both history backends: storage, isolation, compaction, the stored form."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from atmosphere_harness import ConversationMemory, Message, ToolCall
+from atmosphere_harness.memory import codec
+from atmosphere_harness.memory.compaction import SummarizingCompaction
+from atmosphere_harness.memory.history import (
+    ConversationKey,
+    HistoryBackend,
+    InMemoryHistory,
+    SqliteHistory,
+)
+from atmosphere_harness.memory.sqlite import SqliteDatabase
+
+
+class FakeRun:
+    """The two attributes ConversationMemory reads from a run."""
+
+    def __init__(self, conversation_id: str, user_id: str | None = None) -> None:
+        self.conversation_id = conversation_id
+        self.user_id = user_id
+
+
+def run(conversation_id: str, user_id: str | None = None) -> Any:
+    return FakeRun(conversation_id, user_id)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[HistoryBackend]:
+    if request.param == "memory":
+        yield InMemoryHistory()
+        return
+    database = SqliteDatabase(tmp_path / "history.db")
+    yield SqliteHistory(database)
+    await database.aclose()
+
+
+def turn(i: int) -> list[Message]:
+    return [Message.user(f"q{i}"), Message.assistant(f"a{i}")]
+
+
+async def test_turns_round_trip_in_order(backend: HistoryBackend) -> None:
+    memory = ConversationMemory(backend, endpoint="/e")
+    call = ToolCall("write_file", {"path": "a.md", "content": "é" * 2000}, id="c1")
+    stored = [
+        Message.user("save it"),
+        Message.assistant("", [call]),
+        Message.tool(call, "Wrote a.md"),
+        Message.assistant("Saved."),
+    ]
+    await memory.append(run("c"), stored)
+    assert await memory.load(run("c")) == stored
+    assert await memory.messages("c") == stored
+
+
+async def test_conversations_are_isolated(backend: HistoryBackend) -> None:
+    memory = ConversationMemory(backend, endpoint="/e")
+    await memory.append(run("one"), turn(1))
+    await memory.append(run("two"), turn(2))
+    assert await memory.load(run("one")) == turn(1)
+    assert await memory.load(run("two")) == turn(2)
+    assert await memory.load(run("three")) == []
+
+
+async def test_users_and_endpoints_are_isolated(backend: HistoryBackend) -> None:
+    alice = ConversationMemory(backend, endpoint="/e")
+    other_endpoint = ConversationMemory(backend, endpoint="/f")
+    await alice.append(run("c", "alice"), turn(1))
+    assert await alice.load(run("c", "bob")) == [], "same id, other user: another conversation"
+    assert await alice.load(run("c")) == [], "anonymous is another user too"
+    assert await other_endpoint.load(run("c", "alice")) == []
+    assert await alice.load(run("c", "alice")) == turn(1)
+
+
+async def test_clear_forgets_one_conversation(backend: HistoryBackend) -> None:
+    memory = ConversationMemory(backend, endpoint="/e")
+    await memory.append(run("one"), turn(1))
+    await memory.append(run("two"), turn(2))
+    await memory.clear("one")
+    assert await memory.load(run("one")) == []
+    assert await memory.load(run("two")) == turn(2)
+
+
+async def test_the_view_is_compacted_but_storage_keeps_everything(backend: HistoryBackend) -> None:
+    memory = ConversationMemory(backend, endpoint="/e", max_messages=4)
+    for i in range(10):
+        await memory.append(run("c"), turn(i))
+    assert await memory.load(run("c")) == [*turn(8), *turn(9)]
+    assert len(await memory.messages("c")) == 20
+
+
+def test_default_is_twenty_and_two_is_the_minimum() -> None:
+    assert ConversationMemory().max_messages == 20
+    ConversationMemory(max_messages=2)
+    with pytest.raises(ValueError, match="maxMessages must be >= 2, got 1"):
+        ConversationMemory(max_messages=1)
+
+
+async def test_loaded_lists_are_copies(backend: HistoryBackend) -> None:
+    memory = ConversationMemory(backend, endpoint="/e")
+    await memory.append(run("c"), turn(1))
+    view = await memory.load(run("c"))
+    view.append(Message.user("mutated"))
+    assert await memory.load(run("c")) == turn(1)
+
+
+async def test_summaries_are_checkpointed_and_absorb_each_other(backend: HistoryBackend) -> None:
+    memory = ConversationMemory(
+        backend, endpoint="/e", max_messages=6, strategy=SummarizingCompaction(recent_window=2)
+    )
+    for i in range(12):
+        await memory.append(run("c"), turn(i))
+        view = await memory.load(run("c"))
+        assert len(view) <= 6
+        assert sum(1 for m in view if m.role == "system") <= 1
+    summary, *recent = await memory.load(run("c"))
+    assert summary.role == "system"
+    assert summary.content.startswith("[Conversation summary of 22 earlier messages]")
+    assert "user: q0" in summary.content, "the first summary was absorbed, not dropped"
+    assert recent == turn(11)
+    assert len(await memory.messages("c")) == 24
+
+
+async def test_close_and_extraction_bookkeeping(backend: HistoryBackend) -> None:
+    key = ConversationKey("/e", "alice", "c")
+    assert not await backend.close(key), "unknown conversations are not closed"
+    await backend.append(key, turn(1))
+    assert await backend.idle(float("inf"), 10) == [key]
+    assert await backend.close(key)
+    assert await backend.idle(float("inf"), 10) == []
+    fresh, last = await backend.unextracted(key, 100)
+    assert (fresh, last) == (turn(1), 2)
+    await backend.mark_extracted(key, last)
+    await backend.append(key, turn(2))
+    assert await backend.idle(float("inf"), 10) == [key], "a new turn re-opens it"
+    assert await backend.unextracted(key, 100) == (turn(2), 4)
+
+
+def test_large_payloads_are_compressed_and_round_trip() -> None:
+    call = ToolCall("write_file", {"path": "big.md", "content": "line of text\n" * 4000})
+    message = Message.assistant("", [call])
+    kind, payload = codec.encode(message)
+    assert kind == codec.ZLIB
+    assert len(payload) < 2000
+    assert codec.decode(kind, payload) == message
+    small = Message.user("hi")
+    assert codec.encode(small)[0] == codec.PLAIN
+    assert codec.decode(*codec.encode(small)) == small
+
+
+async def test_sqlite_history_survives_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    first = SqliteDatabase(path)
+    await ConversationMemory(SqliteHistory(first), endpoint="/e").append(run("c"), turn(1))
+    await first.aclose()
+    assert not (tmp_path / "history.db-wal").exists() or (
+        (tmp_path / "history.db-wal").stat().st_size == 0
+    ), "closing checkpoints the WAL"
+    second = SqliteDatabase(path)
+    try:
+        assert await ConversationMemory(SqliteHistory(second), endpoint="/e").load(run("c")) == turn(
+            1
+        )
+    finally:
+        await second.aclose()
+    connection = sqlite3.connect(path)
+    try:
+        assert connection.execute("SELECT count(*) FROM memory_messages").fetchone()[0] == 2
+    finally:
+        connection.close()
+
+
+async def test_a_closed_database_refuses_work(tmp_path: Path) -> None:
+    database = SqliteDatabase(tmp_path / "x.db")
+    await database.open()
+    await database.aclose()
+    with pytest.raises(RuntimeError, match="closed"):
+        await database.open()
