@@ -1,4 +1,4 @@
-"""Compaction strategies: what each keeps, that tool pairs never split, and the summary model path."""
+"""Compaction strategies: what each keeps, that tool pairs never split, the summary model."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from atmosphere_harness import Message, ModelRequest, ScriptedRuntime, ToolCall
 from atmosphere_harness.memory.compaction import (
     SUMMARIZER_SYSTEM_PROMPT,
     SlidingWindowCompaction,
-    Summary,
     SummarizingCompaction,
+    Summary,
     TokenWindowCompaction,
     build_strategy,
     estimate_tokens,
@@ -27,9 +27,7 @@ from atmosphere_harness.settings import Compaction, HarnessSettings
 
 def chat(n: int) -> list[Message]:
     """`n` alternating user/assistant messages: u0, a1, u2, ..."""
-    return [
-        Message.user(f"u{i}") if i % 2 == 0 else Message.assistant(f"a{i}") for i in range(n)
-    ]
+    return [Message.user(f"u{i}") if i % 2 == 0 else Message.assistant(f"a{i}") for i in range(n)]
 
 
 def tool_turn(tag: str, calls: int = 1) -> list[Message]:
@@ -120,7 +118,9 @@ async def test_summarizing_keeps_the_recent_window_of_six_by_default() -> None:
     summary, *recent = result.messages
     assert summary.role == "system"
     assert summary.content.startswith("[Conversation summary of 24 earlier messages]\n")
-    assert [m.content for m in recent] == [f"{'u' if i % 2 == 0 else 'a'}{i}" for i in range(24, 30)]
+    assert [m.content for m in recent] == [
+        f"{'u' if i % 2 == 0 else 'a'}{i}" for i in range(24, 30)
+    ]
     assert result.summary == Summary(summary.content.split("\n", 1)[1], 24)
     assert result.absorbed == 24
 
@@ -259,8 +259,7 @@ def histories(draw: st.DrawFn) -> list[Message]:
             messages.append(Message.assistant("a"))
         elif kind in "tx":
             calls = [
-                ToolCall("f", {}, id=f"c{next(_call_ids)}")
-                for _ in range(draw(st.integers(1, 3)))
+                ToolCall("f", {}, id=f"c{next(_call_ids)}") for _ in range(draw(st.integers(1, 3)))
             ]
             messages.append(Message.assistant("", calls))
             answered = calls if kind == "t" else calls[: draw(st.integers(0, len(calls) - 1))]

@@ -1,4 +1,4 @@
-"""ConversationMemory over both history backends: storage, isolation, compaction, the stored form."""
+"""ConversationMemory on both history backends: storage, isolation, compaction, stored form."""
 
 from __future__ import annotations
 
@@ -166,9 +166,9 @@ async def test_sqlite_history_survives_a_reopen(tmp_path: Path) -> None:
     ), "closing checkpoints the WAL"
     second = SqliteDatabase(path)
     try:
-        assert await ConversationMemory(SqliteHistory(second), endpoint="/e").load(run("c")) == turn(
-            1
-        )
+        assert await ConversationMemory(SqliteHistory(second), endpoint="/e").load(
+            run("c")
+        ) == turn(1)
     finally:
         await second.aclose()
     connection = sqlite3.connect(path)

@@ -83,7 +83,10 @@ async def test_search_ranks_the_best_match_first(store: LongTermMemory) -> None:
         ],
     )
     hits = await store.search("alice", "What should I buy for Max the retriever?", 2)
-    assert set(hits) == {"Has a golden retriever named Max", "Her retriever Max is afraid of thunder"}
+    assert set(hits) == {
+        "Has a golden retriever named Max",
+        "Her retriever Max is afraid of thunder",
+    }
     assert await store.search("alice", "coffee", 5) == ["Prefers tea over coffee"]
     assert await store.search("alice", "   ", 5) == []
 
@@ -94,7 +97,9 @@ async def test_search_treats_fts_syntax_as_words(store: LongTermMemory) -> None:
 
 
 @pytest.mark.parametrize("bad", ["", "   ", "x" * (MAX_FACT_CHARS + 1)])
-async def test_bad_facts_are_rejected_and_nothing_is_stored(store: LongTermMemory, bad: str) -> None:
+async def test_bad_facts_are_rejected_and_nothing_is_stored(
+    store: LongTermMemory, bad: str
+) -> None:
     await store.save_fact("alice", "kept")
     with pytest.raises(ValueError, match="fact"):
         await store.save_facts("alice", ["fine", bad])
