@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,13 +13,9 @@ import pytest
 from atmosphere_harness import ConversationMemory, Message, ToolCall
 from atmosphere_harness.memory import codec
 from atmosphere_harness.memory.compaction import SummarizingCompaction
-from atmosphere_harness.memory.history import (
-    ConversationKey,
-    HistoryBackend,
-    InMemoryHistory,
-    SqliteHistory,
-)
+from atmosphere_harness.memory.history import ConversationKey, HistoryBackend, InMemoryHistory
 from atmosphere_harness.memory.sqlite import SqliteDatabase
+from atmosphere_harness.memory.sqlite_history import SqliteHistory
 
 
 class FakeRun:
@@ -39,7 +36,9 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         yield InMemoryHistory()
         return
     database = SqliteDatabase(tmp_path / "history.db")
-    yield SqliteHistory(database)
+    history = SqliteHistory(database)
+    yield history
+    await history.aclose()
     await database.aclose()
 
 
@@ -144,38 +143,80 @@ async def test_close_and_extraction_bookkeeping(backend: HistoryBackend) -> None
     assert await backend.unextracted(key, 100) == (turn(2), 4)
 
 
-def test_large_payloads_are_compressed_and_round_trip() -> None:
+def test_large_payloads_pack_and_round_trip() -> None:
     call = ToolCall("write_file", {"path": "big.md", "content": "line of text\n" * 4000})
     message = Message.assistant("", [call])
-    kind, payload = codec.encode(message)
-    assert kind == codec.ZLIB
-    assert len(payload) < 2000
-    assert codec.decode(kind, payload) == message
-    small = Message.user("hi")
-    assert codec.encode(small)[0] == codec.PLAIN
-    assert codec.decode(*codec.encode(small)) == small
+    plain = codec.encode(message)
+    packed = codec.pack(plain)
+    assert packed is not None
+    assert len(packed) < len(plain) / 10
+    assert codec.decode(codec.BZ2, packed) == message
+    assert codec.decode(codec.PLAIN, plain) == message
+    assert codec.pack(codec.encode(Message.user("hi"))) is None, "small payloads stay plain"
+    assert codec.pack(os.urandom(4096)) is None, "incompressible payloads stay plain"
 
 
 async def test_sqlite_history_survives_a_reopen(tmp_path: Path) -> None:
     path = tmp_path / "history.db"
     first = SqliteDatabase(path)
-    await ConversationMemory(SqliteHistory(first), endpoint="/e").append(run("c"), turn(1))
+    history = SqliteHistory(first)
+    await ConversationMemory(history, endpoint="/e").append(run("c"), turn(1))
+    await history.aclose()
     await first.aclose()
-    assert not (tmp_path / "history.db-wal").exists() or (
-        (tmp_path / "history.db-wal").stat().st_size == 0
-    ), "closing checkpoints the WAL"
+    wal = tmp_path / "history.db-wal"
+    assert not wal.exists() or wal.stat().st_size == 0, "closing checkpoints the WAL"
     second = SqliteDatabase(path)
     try:
-        assert await ConversationMemory(SqliteHistory(second), endpoint="/e").load(
-            run("c")
-        ) == turn(1)
+        memory = ConversationMemory(SqliteHistory(second), endpoint="/e")
+        assert await memory.load(run("c")) == turn(1)
     finally:
         await second.aclose()
+
+
+async def test_large_payloads_are_packed_in_the_background(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    database = SqliteDatabase(path)
+    history = SqliteHistory(database)
+    memory = ConversationMemory(history, endpoint="/e")
+    content = "a line the model wrote into a file\n" * 2000
+    call = ToolCall("write_file", {"path": "big.md", "content": content}, id="c1")
+    stored = [Message.user("write"), Message.assistant("", [call]), Message.tool(call, "Wrote")]
+    await memory.append(run("c"), stored)
+    await history.aclose()  # finishes the packing backlog
+    await database.aclose()
     connection = sqlite3.connect(path)
     try:
-        assert connection.execute("SELECT count(*) FROM memory_messages").fetchone()[0] == 2
+        rows = connection.execute(
+            "SELECT codec, length(payload) FROM memory_messages ORDER BY seq"
+        ).fetchall()
     finally:
         connection.close()
+    assert [kind for kind, _size in rows] == [1, codec.BZ2, 1]
+    assert rows[1][1] < len(content) / 20
+    reopened = SqliteDatabase(path)
+    try:
+        assert await ConversationMemory(SqliteHistory(reopened), endpoint="/e").messages("c") == (
+            stored
+        )
+    finally:
+        await reopened.aclose()
+
+
+async def test_a_second_writer_is_seen_not_served_stale(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    one, two = SqliteDatabase(path), SqliteDatabase(path)
+    try:
+        first = ConversationMemory(SqliteHistory(one), endpoint="/e")
+        second = ConversationMemory(SqliteHistory(two), endpoint="/e")
+        await first.append(run("c"), turn(1))
+        assert await first.load(run("c")) == turn(1)  # now cached in `first`
+        await second.append(run("c"), turn(2))
+        assert await first.load(run("c")) == [*turn(1), *turn(2)]
+        await second.clear("c")
+        assert await first.load(run("c")) == []
+    finally:
+        await one.aclose()
+        await two.aclose()
 
 
 async def test_a_closed_database_refuses_work(tmp_path: Path) -> None:

@@ -7,10 +7,11 @@ from .compaction import (
     TokenWindowCompaction,
 )
 from .conversation import ConversationMemory
-from .history import HistoryBackend, InMemoryHistory, SqliteHistory
+from .history import HistoryBackend, InMemoryHistory
 from .interceptor import LongTermMemoryInterceptor
 from .long_term import InMemoryLongTermMemory, LongTermMemory, SqliteLongTermMemory
 from .providers import ENTRY_POINT_GROUP, LongTermMemoryProvider
+from .sqlite_history import SqliteHistory
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -1,4 +1,4 @@
-"""Where conversation messages are stored: `InMemoryHistory` (tests) and `SqliteHistory`.
+"""Where conversation messages are stored: the `HistoryBackend` protocol and `InMemoryHistory`.
 
 A conversation is keyed by endpoint path, user and conversation id: the same conversation id
 used by another user is another conversation, so nobody continues (or reads) someone else's
@@ -9,7 +9,6 @@ how far long-term-memory extraction has read.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -17,9 +16,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from ..runtimes.base import Message
-from . import codec
 from .compaction import Summary
-from .sqlite import SqliteDatabase, Transaction
 
 
 class ConversationKey(NamedTuple):
@@ -71,6 +68,10 @@ class HistoryBackend(Protocol):
 
     async def idle(self, before: float, limit: int) -> list[ConversationKey]:
         """Open conversations whose last activity is older than `before` (epoch seconds)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Finish background work (the primitive calls it at shutdown)."""
         ...
 
 
@@ -166,219 +167,5 @@ class InMemoryHistory:
         ]
         return found[:limit]
 
-
-# --- SQLite --------------------------------------------------------------------------------
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS memory_conversations (
-    id INTEGER PRIMARY KEY,
-    endpoint TEXT NOT NULL,
-    user_key TEXT NOT NULL,
-    conversation_id TEXT NOT NULL,
-    updated_at REAL NOT NULL,
-    closed_at REAL,
-    last_seq INTEGER NOT NULL DEFAULT 0,
-    extracted_seq INTEGER NOT NULL DEFAULT 0,
-    summary TEXT,
-    summary_covered INTEGER NOT NULL DEFAULT 0,
-    summary_seq INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (endpoint, user_key, conversation_id)
-);
-CREATE INDEX IF NOT EXISTS memory_conversations_open
-    ON memory_conversations (updated_at) WHERE closed_at IS NULL;
-CREATE TABLE IF NOT EXISTS memory_messages (
-    conversation INTEGER NOT NULL REFERENCES memory_conversations (id) ON DELETE CASCADE,
-    seq INTEGER NOT NULL,
-    codec INTEGER NOT NULL,
-    payload BLOB NOT NULL,
-    PRIMARY KEY (conversation, seq)
-);
-"""
-
-_FIND = (
-    "SELECT id FROM memory_conversations "
-    "WHERE endpoint = ? AND user_key = ? AND conversation_id = ?"
-)
-
-
-def _find(connection: sqlite3.Connection, key: ConversationKey) -> int | None:
-    row = connection.execute(_FIND, (key.endpoint, key.user_key, key.conversation_id)).fetchone()
-    return None if row is None else int(row[0])
-
-
-def _decoded(rows: list[tuple[int, int, bytes]]) -> list[tuple[int, Message]]:
-    return [(seq, codec.decode(kind, payload)) for seq, kind, payload in rows]
-
-
-class SqliteHistory:
-    """Histories in the harness's SQLite file; payloads are stored in `codec` form."""
-
-    def __init__(self, database: SqliteDatabase) -> None:
-        self.database = database
-        database.add_schema(SCHEMA)
-
-    async def append(self, key: ConversationKey, messages: Sequence[Message]) -> None:
-        encoded = [codec.encode(message) for message in messages]
-        now = time.time()
-
-        def work(connection: sqlite3.Connection) -> None:
-            with Transaction(connection):
-                row = connection.execute(
-                    "INSERT INTO memory_conversations (endpoint, user_key, conversation_id, "
-                    "updated_at) VALUES (?, ?, ?, ?) ON CONFLICT (endpoint, user_key, "
-                    "conversation_id) DO UPDATE SET updated_at = excluded.updated_at, "
-                    "closed_at = NULL RETURNING id, last_seq",
-                    (key.endpoint, key.user_key, key.conversation_id, now),
-                ).fetchone()
-                conversation, last = int(row[0]), int(row[1])
-                connection.executemany(
-                    "INSERT INTO memory_messages (conversation, seq, codec, payload) "
-                    "VALUES (?, ?, ?, ?)",
-                    [
-                        (conversation, last + offset, kind, payload)
-                        for offset, (kind, payload) in enumerate(encoded, start=1)
-                    ],
-                )
-                connection.execute(
-                    "UPDATE memory_conversations SET last_seq = ? WHERE id = ?",
-                    (last + len(encoded), conversation),
-                )
-
-        await self.database.run(work)
-
-    async def tail(self, key: ConversationKey, limit: int) -> list[Message]:
-        def work(connection: sqlite3.Connection) -> list[tuple[int, int, bytes]]:
-            conversation = _find(connection, key)
-            if conversation is None or limit <= 0:
-                return []
-            rows = connection.execute(
-                "SELECT seq, codec, payload FROM memory_messages WHERE conversation = ? "
-                "ORDER BY seq DESC LIMIT ?",
-                (conversation, limit),
-            ).fetchall()
-            rows.reverse()
-            return rows
-
-        return [message for _seq, message in _decoded(await self.database.run(work))]
-
-    async def since_summary(
-        self, key: ConversationKey, limit: int
-    ) -> tuple[Summary | None, list[tuple[int, Message]]]:
-        def work(
-            connection: sqlite3.Connection,
-        ) -> tuple[Summary | None, list[tuple[int, int, bytes]]]:
-            row = connection.execute(
-                "SELECT id, summary, summary_covered, summary_seq FROM memory_conversations "
-                "WHERE endpoint = ? AND user_key = ? AND conversation_id = ?",
-                (key.endpoint, key.user_key, key.conversation_id),
-            ).fetchone()
-            if row is None:
-                return None, []
-            summary = Summary(row[1], int(row[2])) if row[1] is not None else None
-            rows = connection.execute(
-                "SELECT seq, codec, payload FROM memory_messages WHERE conversation = ? "
-                "AND seq > ? ORDER BY seq DESC LIMIT ?",
-                (row[0], row[3], limit),
-            ).fetchall()
-            rows.reverse()
-            return summary, rows
-
-        summary, rows = await self.database.run(work)
-        return summary, _decoded(rows)
-
-    async def save_summary(self, key: ConversationKey, summary: Summary, upto_seq: int) -> None:
-        await self.database.run(
-            lambda connection: connection.execute(
-                "UPDATE memory_conversations SET summary = ?, summary_covered = ?, "
-                "summary_seq = ? WHERE endpoint = ? AND user_key = ? AND conversation_id = ? "
-                "AND summary_seq < ?",
-                (
-                    summary.text,
-                    summary.covered,
-                    upto_seq,
-                    key.endpoint,
-                    key.user_key,
-                    key.conversation_id,
-                    upto_seq,
-                ),
-            )
-        )
-
-    async def messages(self, key: ConversationKey) -> list[Message]:
-        def work(connection: sqlite3.Connection) -> list[tuple[int, int, bytes]]:
-            conversation = _find(connection, key)
-            if conversation is None:
-                return []
-            return connection.execute(
-                "SELECT seq, codec, payload FROM memory_messages WHERE conversation = ? "
-                "ORDER BY seq",
-                (conversation,),
-            ).fetchall()
-
-        return [message for _seq, message in _decoded(await self.database.run(work))]
-
-    async def clear(self, key: ConversationKey) -> None:
-        def work(connection: sqlite3.Connection) -> None:
-            with Transaction(connection):
-                conversation = _find(connection, key)
-                if conversation is not None:
-                    connection.execute(
-                        "DELETE FROM memory_messages WHERE conversation = ?", (conversation,)
-                    )
-                    connection.execute(
-                        "DELETE FROM memory_conversations WHERE id = ?", (conversation,)
-                    )
-
-        await self.database.run(work)
-
-    async def close(self, key: ConversationKey) -> bool:
-        now = time.time()
-
-        def work(connection: sqlite3.Connection) -> bool:
-            cursor = connection.execute(
-                "UPDATE memory_conversations SET closed_at = ? WHERE endpoint = ? AND "
-                "user_key = ? AND conversation_id = ?",
-                (now, key.endpoint, key.user_key, key.conversation_id),
-            )
-            return cursor.rowcount > 0
-
-        return await self.database.run(work)
-
-    async def unextracted(self, key: ConversationKey, limit: int) -> tuple[list[Message], int]:
-        def work(connection: sqlite3.Connection) -> tuple[list[tuple[int, int, bytes]], int]:
-            row = connection.execute(
-                "SELECT id, extracted_seq, last_seq FROM memory_conversations "
-                "WHERE endpoint = ? AND user_key = ? AND conversation_id = ?",
-                (key.endpoint, key.user_key, key.conversation_id),
-            ).fetchone()
-            if row is None:
-                return [], 0
-            rows = connection.execute(
-                "SELECT seq, codec, payload FROM memory_messages WHERE conversation = ? "
-                "AND seq > ? ORDER BY seq DESC LIMIT ?",
-                (row[0], row[1], limit),
-            ).fetchall()
-            rows.reverse()
-            return rows, int(row[2])
-
-        rows, last = await self.database.run(work)
-        return [message for _seq, message in _decoded(rows)], last
-
-    async def mark_extracted(self, key: ConversationKey, upto_seq: int) -> None:
-        await self.database.run(
-            lambda connection: connection.execute(
-                "UPDATE memory_conversations SET extracted_seq = max(extracted_seq, ?) "
-                "WHERE endpoint = ? AND user_key = ? AND conversation_id = ?",
-                (upto_seq, key.endpoint, key.user_key, key.conversation_id),
-            )
-        )
-
-    async def idle(self, before: float, limit: int) -> list[ConversationKey]:
-        rows = await self.database.run(
-            lambda connection: connection.execute(
-                "SELECT endpoint, user_key, conversation_id FROM memory_conversations "
-                "WHERE closed_at IS NULL AND updated_at < ? ORDER BY updated_at LIMIT ?",
-                (before, limit),
-            ).fetchall()
-        )
-        return [ConversationKey(row[0], row[1] or None, row[2]) for row in rows]
+    async def aclose(self) -> None:
+        return None

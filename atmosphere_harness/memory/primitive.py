@@ -22,11 +22,12 @@ from ..log import get_logger
 from ..preset import ACTIVE, COMPACTION, CONVERSATION_MEMORY, LONG_TERM_MEMORY
 from .compaction import build_strategy
 from .conversation import ConversationMemory
-from .history import ConversationKey, HistoryBackend, InMemoryHistory, SqliteHistory
+from .history import ConversationKey, HistoryBackend, InMemoryHistory
 from .interceptor import LongTermMemoryInterceptor
 from .long_term import LongTermMemory, SqliteLongTermMemory
 from .providers import LongTermMemoryProvider, load_providers, resolve_provider
 from .sqlite import DATABASE_FILE, SqliteDatabase
+from .sqlite_history import SqliteHistory
 
 if TYPE_CHECKING:
     from ..endpoint import HostedEndpoint
@@ -163,6 +164,7 @@ class MemoryPrimitive(Primitive):
         elif timeout > 0:
             await self.reap(time.time() - timeout)
         await host.drain()
+        await self.history.aclose()
         if self._owned_store is not None:
             await self._owned_store.aclose()
         if self.database is not None:
