@@ -3,10 +3,10 @@
 Three things keep it off the request path's critical costs:
 
 - a turn is written as plain JSON in one transaction (no compression while the client waits);
-- a *packer*, on its own connection and thread, later rewrites large payloads in bz2 form
-  (`codec.pack`), so the file ends up holding about a fifth of what the model wrote a second
-  time; it only ever replaces a payload with the packed form of the same bytes, and it finishes
-  the backlog at shutdown;
+- a *packer* later rewrites large payloads in bz2 form (`codec.pack`) in the background, so the
+  file ends up holding about a fifth of what the model wrote a second time; it only ever
+  replaces a payload with the packed form of the same bytes, returns the freed pages to the file
+  system, and finishes its backlog at shutdown;
 - the newest messages of recent conversations stay decoded in memory (bounded by count and
   bytes); a load costs one small query that checks the cached copy is still current, so another
   process writing the same file is seen, never served stale.
@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import math
 import sqlite3
 import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..log import get_logger
@@ -69,7 +72,10 @@ CACHE_MESSAGES = 512
 CACHE_BYTES = 64 * 1024 * 1024
 """Stored bytes the decoded cache may stand for, over all conversations."""
 PACK_BATCH = 8
+PACK_AFTER_QUIET = 1.0
+"""Seconds without a new turn before the packer starts."""
 PACK_DRAIN_SECONDS = 30.0
+"""How long shutdown may spend packing what is left (the rest stays plain, still correct)."""
 
 _KEY = "endpoint = ? AND user_key = ? AND conversation_id = ?"
 
@@ -145,15 +151,24 @@ class _TailCache:
 
 
 class _Packer:
-    """Rewrites large plain payloads in packed form, on its own connection, in the background."""
+    """Rewrites large plain payloads in packed form, in the background.
 
-    def __init__(self, path: str) -> None:
-        self.database = SqliteDatabase(path)
+    Reads and writes go through the history's own database thread (short statements, so the
+    file keeps a single writer and nobody waits on a lock); compression runs on a thread of its
+    own (bz2 releases the GIL while it works).
+    """
+
+    def __init__(self, database: SqliteDatabase) -> None:
+        self.database = database
+        self._executor: ThreadPoolExecutor | None = None
         self._wanted: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._last_wake = 0.0
 
     def wake(self) -> None:
+        self._last_wake = time.monotonic()
         if self._task is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="atmosphere-packer")
             self._wanted = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._run(), name="memory-packer")
         assert self._wanted is not None
@@ -164,50 +179,76 @@ class _Packer:
         while True:
             await self._wanted.wait()
             self._wanted.clear()
+            # Pack in the pauses between turns, not while the turns are coming.
+            while (quiet := time.monotonic() - self._last_wake) < PACK_AFTER_QUIET:  # noqa: ASYNC110
+                await asyncio.sleep(PACK_AFTER_QUIET - quiet)
             try:
-                while await self.database.run(_pack_batch):
-                    pass
+                await self.drain(math.inf, yield_to_writes=True)
             except Exception as exc:
                 log.warning("history packing failed; payloads stay plain", error=str(exc))
 
+    async def drain(self, seconds: float, *, yield_to_writes: bool = False) -> None:
+        """Pack until nothing is left or `seconds` have passed; then give free pages back.
+
+        With `yield_to_writes`, a new turn arriving stops the drain (the next pause resumes it).
+        """
+        deadline = time.monotonic() + seconds
+        loop = asyncio.get_running_loop()
+        packed_any = False
+        started = time.monotonic()
+        while time.monotonic() < deadline:
+            if yield_to_writes and self._last_wake > started:
+                break
+            rows = await self.database.run(_unpacked)
+            if not rows:
+                break
+            updates = []
+            for rowid, payload in rows:
+                packed = await loop.run_in_executor(self._executor, codec.pack, payload)
+                kind = PLAIN_FINAL if packed is None else codec.BZ2
+                updates.append((kind, payload if packed is None else packed, rowid, payload))
+            await self.database.run(functools.partial(_store_packed, updates=updates))
+            packed_any = True
+        if packed_any:
+            await self.database.run(_vacuum)
+
     async def aclose(self) -> None:
-        """Pack what is left (bounded in time), then close the connection."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            deadline = time.monotonic() + PACK_DRAIN_SECONDS
-            try:
-                while time.monotonic() < deadline and await self.database.run(_pack_batch):
-                    pass
-            except Exception as exc:
-                log.warning("history packing failed at shutdown", error=str(exc))
-        await self.database.aclose()
+        """Pack what is left (bounded in time) and stop."""
+        if self._task is None:
+            return
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        try:
+            await self.drain(PACK_DRAIN_SECONDS)
+        except Exception as exc:
+            log.warning("history packing failed at shutdown", error=str(exc))
+        assert self._executor is not None
+        self._executor.shutdown(wait=True)
 
 
-def _pack_batch(connection: sqlite3.Connection) -> bool:
-    """Pack up to `PACK_BATCH` payloads; returns whether there was anything to pack."""
-    rows = connection.execute(
+def _unpacked(connection: sqlite3.Connection) -> list[tuple[int, bytes]]:
+    rows: list[tuple[int, bytes]] = connection.execute(
         "SELECT rowid, payload FROM memory_messages WHERE codec = 0 LIMIT ?", (PACK_BATCH,)
     ).fetchall()
-    if not rows:
-        return False
-    # Compression runs outside the write transaction (bz2 releases the GIL while it works).
-    updates = []
-    for rowid, payload in rows:
-        packed = codec.pack(payload)
-        if packed is None:
-            updates.append((PLAIN_FINAL, payload, rowid, payload))
-        else:
-            updates.append((codec.BZ2, packed, rowid, payload))
+    return rows
+
+
+def _store_packed(
+    connection: sqlite3.Connection, updates: list[tuple[int, bytes, int, bytes]]
+) -> None:
     with Transaction(connection):
-        # Matching the original bytes makes a concurrently deleted (or reused) row safe.
+        # Matching the original bytes makes a row deleted (or reused) meanwhile safe.
         connection.executemany(
             "UPDATE memory_messages SET codec = ?, payload = ? "
             "WHERE rowid = ? AND codec = 0 AND payload = ?",
             updates,
         )
-    return True
+
+
+def _vacuum(connection: sqlite3.Connection) -> None:
+    # `execute` would run one step of this pragma (one page); a script runs it to the end.
+    connection.executescript("PRAGMA incremental_vacuum;")
 
 
 class SqliteHistory:
@@ -217,7 +258,7 @@ class SqliteHistory:
         self.database = database
         database.add_schema(SCHEMA)
         self._cache = _TailCache()
-        self._packer = _Packer(str(database.path)) if pack else None
+        self._packer = _Packer(database) if pack else None
 
     async def append(self, key: ConversationKey, messages: Sequence[Message]) -> None:
         now = time.time()
