@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 from collections.abc import AsyncIterator
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import ConversationMemory, Message, ToolCall
-from atmosphere_harness.memory import codec
+from atmosphere_harness.memory import codec, sqlite_history
 from atmosphere_harness.memory.compaction import SummarizingCompaction
 from atmosphere_harness.memory.history import ConversationKey, HistoryBackend, InMemoryHistory
 from atmosphere_harness.memory.sqlite import SqliteDatabase
@@ -225,3 +226,32 @@ async def test_a_closed_database_refuses_work(tmp_path: Path) -> None:
     await database.aclose()
     with pytest.raises(RuntimeError, match="closed"):
         await database.open()
+
+
+async def test_the_packer_works_in_the_pause_after_a_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_history, "PACK_AFTER_QUIET", 0.05)
+    database = SqliteDatabase(tmp_path / "history.db")
+    history = SqliteHistory(database)
+    memory = ConversationMemory(history, endpoint="/e")
+    big = Message.user("notes " * 1000)
+    await memory.append(run("c"), [big, Message.assistant("ok")])
+
+    async def codecs() -> list[int]:
+        rows = await database.run(
+            lambda connection: connection.execute(
+                "SELECT codec FROM memory_messages ORDER BY seq"
+            ).fetchall()
+        )
+        return [row[0] for row in rows]
+
+    assert await codecs() == [sqlite_history.UNPACKED, sqlite_history.PLAIN_FINAL]
+    for _ in range(200):
+        if await codecs() == [codec.BZ2, sqlite_history.PLAIN_FINAL]:
+            break
+        await asyncio.sleep(0.02)
+    assert await codecs() == [codec.BZ2, sqlite_history.PLAIN_FINAL]
+    assert await memory.messages("c") == [big, Message.assistant("ok")]
+    await history.aclose()
+    await database.aclose()

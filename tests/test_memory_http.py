@@ -185,7 +185,7 @@ async def test_truth_reports_what_attached(workspace: Path) -> None:
     for truth in (body["harness"], endpoint_truth(body, KEEPER)):
         assert truth["conversation-memory"] == "ACTIVE"
         assert truth["long-term-memory"] == (
-            "ACTIVE(atmosphere_harness.memory.long_term.SqliteLongTermMemory)"
+            "ACTIVE(atmosphere_harness.memory.SqliteLongTermMemory)"
         )
         assert truth["compaction"] == "sliding-window"
 
@@ -195,7 +195,7 @@ async def test_truth_names_the_store_passed_to_the_router(workspace: Path) -> No
     async with client_for(app) as client:
         body = await info(client)
     assert body["harness"]["long-term-memory"] == (
-        "ACTIVE(atmosphere_harness.memory.long_term.InMemoryLongTermMemory)"
+        "ACTIVE(atmosphere_harness.memory.InMemoryLongTermMemory)"
     )
 
 

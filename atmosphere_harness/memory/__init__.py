@@ -13,6 +13,10 @@ from .long_term import InMemoryLongTermMemory, LongTermMemory, SqliteLongTermMem
 from .providers import ENTRY_POINT_GROUP, LongTermMemoryProvider
 from .sqlite_history import SqliteHistory
 
+# Runtime truth and reprs show the import path users know, not the defining module.
+for _public in (LongTermMemory, InMemoryLongTermMemory, SqliteLongTermMemory):
+    _public.__module__ = __name__
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "CompactionStrategy",
