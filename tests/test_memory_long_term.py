@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import InMemoryLongTermMemory, LongTermMemory, SqliteLongTermMemory
-from atmosphere_harness.memory.long_term import MAX_FACT_CHARS
+from atmosphere_harness.memory.long_term import MAX_FACT_CHARS, scoped_terms
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -140,11 +140,18 @@ async def test_sqlite_uses_wal_and_keeps_the_index_in_step(tmp_path: Path) -> No
     try:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert connection.execute("SELECT count(*) FROM memory_facts").fetchone()[0] == 2
-        # The evicted fact is gone from the full-text index too.
-        hits = connection.execute(
-            "SELECT count(*) FROM memory_facts_fts WHERE memory_facts_fts MATCH 'alpha'"
-        ).fetchone()[0]
-        assert hits == 0
+
+        # The evicted fact is gone from the full-text index too; the others are in it.
+        def hits(word: str) -> int:
+            token = scoped_terms("alice", [word])[0]
+            return int(
+                connection.execute(
+                    "SELECT count(*) FROM memory_facts_fts WHERE memory_facts_fts MATCH ?",
+                    (f'"{token}"',),
+                ).fetchone()[0]
+            )
+
+        assert (hits("alpha"), hits("beta"), hits("gamma")) == (0, 1, 1)
     finally:
         connection.close()
 

@@ -25,7 +25,8 @@ MAX_FACT_CHARS = 1000
 MAX_USER_ID_CHARS = 256
 MAX_QUERY_TERMS = 32
 
-_WORD = re.compile(r"\w+", re.UNICODE)
+_WORD = re.compile(r"[^\W_]+")
+"""Letters and digits: what SQLite's unicode61 tokenizer keeps as one token."""
 
 
 def check_user(user_id: str) -> str:
@@ -156,37 +157,54 @@ FACTS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS memory_facts (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     user_id TEXT NOT NULL,
-    owner TEXT NOT NULL,
     fact TEXT NOT NULL,
+    terms TEXT NOT NULL,
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS memory_facts_user ON memory_facts (user_id, id);
 CREATE VIRTUAL TABLE IF NOT EXISTS memory_facts_fts USING fts5 (
-    owner, fact, content = 'memory_facts', content_rowid = 'id',
+    terms, content = 'memory_facts', content_rowid = 'id',
     tokenize = 'unicode61 remove_diacritics 2'
 );
 CREATE TRIGGER IF NOT EXISTS memory_facts_ai AFTER INSERT ON memory_facts BEGIN
-    INSERT INTO memory_facts_fts (rowid, owner, fact) VALUES (new.id, new.owner, new.fact);
+    INSERT INTO memory_facts_fts (rowid, terms) VALUES (new.id, new.terms);
 END;
 CREATE TRIGGER IF NOT EXISTS memory_facts_ad AFTER DELETE ON memory_facts BEGIN
-    INSERT INTO memory_facts_fts (memory_facts_fts, rowid, owner, fact)
-    VALUES ('delete', old.id, old.owner, old.fact);
+    INSERT INTO memory_facts_fts (memory_facts_fts, rowid, terms)
+    VALUES ('delete', old.id, old.terms);
 END;
 """
 
 
-def owner_token(user_id: str) -> str:
-    """The user as one FTS token, so a search reads only that user's postings."""
-    return "u" + hashlib.blake2b(user_id.encode(), digest_size=12).hexdigest()
+def owner_prefix(user_id: str) -> str:
+    """A fixed-length token prefix standing for the user."""
+    return "u" + hashlib.blake2b(user_id.encode(), digest_size=8).hexdigest()
+
+
+def scoped_terms(user_id: str, words: Iterable[str]) -> list[str]:
+    """Words as the user's own index tokens (`u<hash>jazz`).
+
+    Every user has their own vocabulary in the full-text index, so a search reads only that
+    user's postings (a handful) instead of every fact containing a common word, and BM25 weighs
+    words by how rare they are among that user's facts.
+    """
+    prefix = owner_prefix(user_id)
+    return [prefix + word for word in words]
+
+
+def _indexed(user_id: str, fact: str) -> str:
+    return " ".join(scoped_terms(user_id, query_terms(fact)))
 
 
 def _fts_query(user_id: str, terms: Iterable[str]) -> str:
-    words = " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
-    return f'owner : "{owner_token(user_id)}" AND fact : ({words})'
+    return " OR ".join(f'"{token}"' for token in scoped_terms(user_id, terms))
 
 
 class SqliteLongTermMemory(LongTermMemory):
     """Facts in SQLite (WAL), ranked by FTS5 (BM25) for `search`; per-user cap, oldest evicted.
+
+    The full-text index holds each user's words as that user's own tokens (see
+    `scoped_terms`), so search time depends on the user's facts, not on everyone's.
 
     `SqliteLongTermMemory("facts.db")` opens its own file; the harness's default store shares
     the workspace database (`database=`).
@@ -217,15 +235,15 @@ class SqliteLongTermMemory(LongTermMemory):
         if not cleaned:
             return
         now = time.time()
-        owner = owner_token(user_id)
+        rows = [(user_id, fact, _indexed(user_id, fact), now) for fact in cleaned]
         cap = self.max_facts_per_user
 
         def work(connection: sqlite3.Connection) -> None:
             with Transaction(connection):
                 connection.executemany(
-                    "INSERT INTO memory_facts (user_id, owner, fact, created_at) "
+                    "INSERT INTO memory_facts (user_id, fact, terms, created_at) "
                     "VALUES (?, ?, ?, ?)",
-                    [(user_id, owner, fact, now) for fact in cleaned],
+                    rows,
                 )
                 connection.execute(
                     "DELETE FROM memory_facts WHERE user_id = ? AND id <= (SELECT id FROM "
@@ -255,7 +273,7 @@ class SqliteLongTermMemory(LongTermMemory):
             lambda connection: connection.execute(
                 "SELECT f.fact FROM memory_facts_fts JOIN memory_facts AS f "
                 "ON f.id = memory_facts_fts.rowid WHERE memory_facts_fts MATCH ? "
-                "AND f.user_id = ? ORDER BY bm25(memory_facts_fts, 0.0, 1.0), f.id DESC "
+                "AND f.user_id = ? ORDER BY bm25(memory_facts_fts), f.id DESC "
                 "LIMIT ?",
                 (match, user_id, limit),
             ).fetchall()
@@ -281,15 +299,15 @@ class SqliteLongTermMemory(LongTermMemory):
         check_user(user_id)
         cleaned = [clean_fact(fact) for fact in facts][-self.max_facts_per_user :]
         now = time.time()
-        owner = owner_token(user_id)
+        rows = [(user_id, fact, _indexed(user_id, fact), now) for fact in cleaned]
 
         def work(connection: sqlite3.Connection) -> None:
             with Transaction(connection):
                 connection.execute("DELETE FROM memory_facts WHERE user_id = ?", (user_id,))
                 connection.executemany(
-                    "INSERT INTO memory_facts (user_id, owner, fact, created_at) "
+                    "INSERT INTO memory_facts (user_id, fact, terms, created_at) "
                     "VALUES (?, ?, ?, ?)",
-                    [(user_id, owner, fact, now) for fact in cleaned],
+                    rows,
                 )
 
         await self.database.run(work)

@@ -36,9 +36,9 @@ class SqliteDatabase:
 
     def add_schema(self, script: str) -> None:
         """Register DDL (idempotent `CREATE ... IF NOT EXISTS`) to run when the file opens."""
+        if self._connection is not None or self._closed:
+            raise RuntimeError(f"database {self.path} is already open: add schemas before")
         self._schemas.append(script)
-        if self._connection is not None:
-            self._connection.executescript(script)
 
     async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run `work(connection)` on the database thread and return its result."""
