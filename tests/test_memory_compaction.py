@@ -290,3 +290,16 @@ def test_no_strategy_ever_orphans_a_tool_message(
             # Over the cap only when the newest unit alone is (it is never cut).
             talk = [u for u in units(result.messages) if u.messages[0].role != "system"]
             assert len(result.messages) <= max_messages or len(talk) == 1
+
+
+def test_the_token_budget_setting_reaches_the_strategy() -> None:
+    settings_ = HarnessSettings(compaction="token-window", context_window_tokens=500)
+    strategy = build_strategy(
+        settings_.compaction,
+        runtime=None,
+        model_timeout=1,
+        recent_window=6,
+        context_tokens=settings_.context_window_tokens,
+    )
+    assert isinstance(strategy, TokenWindowCompaction)
+    assert strategy.budget_tokens == 500

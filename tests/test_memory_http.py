@@ -646,3 +646,73 @@ def test_a_new_process_recalls_facts_extracted_before(workspace: Path, tmp_path:
 
     assert phase("learn") == [[]]
     assert phase("recall") == [["Known facts about this user:\n- I keep bees"]]
+
+
+async def test_summarizing_asks_the_endpoint_model_once_per_overflow(workspace: Path) -> None:
+    def turn(request: ModelRequest) -> str:
+        if request.metadata.get("purpose") == "memory-summary":
+            return "They counted upwards."
+        return memory_model(request)
+
+    runtime = model(turn)
+    app = app_for([Keeper], workspace, runtime, compaction="summarizing")
+    async with client_for(app) as client:
+        for index in range(14):
+            await say(client, f"number {index}", "c")
+    summaries = [r for r in runtime.requests if r.metadata.get("purpose") == "memory-summary"]
+    assert len(summaries) == 1, "the summary is stored, not rewritten on every turn"
+    last = chat_requests(runtime)[-1]
+    assert last.messages[0].role == "system"
+    assert last.messages[0].content.endswith("They counted upwards.")
+    assert len(last.messages) <= 21
+    assert sum(1 for m in last.messages if m.role == "system") == 1
+
+
+class Recorder:
+    """A plain user interceptor: it must run before the built-in long-term memory one."""
+
+    def __init__(self) -> None:
+        self.contexts: list[tuple[str, ...]] = []
+
+    async def before_request(self, run: Any, request: ModelRequest) -> ModelRequest:
+        self.contexts.append(request.context)
+        return request
+
+    async def after_turn(self, run: Any, messages: Any) -> None:
+        return None
+
+
+RECORDER = Recorder()
+
+
+@agent(name="ordered")
+class Ordered:
+    interceptors = [RECORDER]
+
+    @prompt
+    async def chat(self, message: str, session: StreamingSession) -> None:
+        await session.stream(message)
+
+
+async def test_user_interceptors_run_before_the_built_in_one(workspace: Path) -> None:
+    store = InMemoryLongTermMemory()
+    await store.save_fact("alice", "Likes order")
+    runtime = model()
+    app = app_for([Ordered], workspace, runtime, long_term_memory=store)
+    async with client_for(app) as client:
+        await say(client, "hi", "c", "alice", path="/atmosphere/agent/ordered")
+    assert RECORDER.contexts == [()], "the user's interceptor saw the request first"
+    assert chat_requests(runtime)[0].context == ("Known facts about this user:\n- Likes order",)
+
+
+async def test_anonymous_and_empty_conversations_extract_nothing(workspace: Path) -> None:
+    runtime = model()
+    async with client_for(app_for([Keeper], workspace, runtime)) as client:
+        await say(client, "remember that nobody knows me", "anon")
+        assert (await close(client, "anon")).status_code == 200
+        await say(client, "remember that I exist", "c", "alice")
+        assert (await close(client, "c", "alice")).status_code == 200
+        await eventually(lambda: _facts(client, "alice", 1))
+        assert (await close(client, "c", "alice")).status_code == 200, "closing again is fine"
+    extraction = [r for r in runtime.requests if r.metadata.get("purpose") == "memory-extraction"]
+    assert len(extraction) == 1, "no model call for anonymous or already-extracted messages"
