@@ -576,69 +576,45 @@ async def test_the_router_option_beats_providers(
 # --- a real restart ------------------------------------------------------------------------
 
 RESTART_APP = """
-import asyncio, json, re, sys
+import asyncio, json, sys
 from pathlib import Path
-import uvicorn
-from fastapi import FastAPI
+
 import httpx2
-from atmosphere_harness import (HarnessSettings, ScriptedRuntime, StreamingSession, agent,
-                                create_harness_router, get_user_id, prompt)
-from atmosphere_harness.web.deps import user_id_from_header
 
-def turn(request):
-    if request.metadata.get("purpose") == "memory-extraction":
-        text = request.messages[0].content
-        return json.dumps(re.findall(r"^user: remember that (.+)$", text, re.M))
-    return "ok"
+from tests.support import serve
+from tests.test_memory_http import KEEPER, Keeper, app_for, chat_requests, model
 
-@agent(name="keeper")
-class Keeper:
-    @prompt
-    async def chat(self, message: str, session: StreamingSession) -> None:
-        await session.stream(message)
 
-async def main(workspace, phase):
-    runtime = ScriptedRuntime((), default=turn)
-    app = FastAPI()
-    app.include_router(create_harness_router(HarnessSettings(workspace_root=workspace),
-                                             agents=[Keeper], runtime=runtime))
-    app.dependency_overrides[get_user_id] = user_id_from_header
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
+async def main(workspace: Path, phase: str) -> None:
+    runtime = model()
     headers = {"X-User-Id": "alice"}
-    async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-        path = "/atmosphere/agent/keeper"
-        if phase == "learn":
-            body = {"message": "remember that I keep bees", "conversationId": "c1"}
-            assert (await client.post(path, json=body, headers=headers)).status_code == 200
-            closed = await client.post(path + "/conversations/c1/close", headers=headers)
-            assert closed.status_code == 200
-        else:
-            body = {"message": "hello again", "conversationId": "c2"}
-            assert (await client.post(path, json=body, headers=headers)).status_code == 200
-    server.should_exit = True
-    await task  # shutdown drains the pending extraction
-    print(json.dumps([list(r.context) for r in runtime.requests if "purpose" not in r.metadata]))
+    async with serve(app_for([Keeper], workspace, runtime)) as base:
+        async with httpx2.AsyncClient(base_url=base, timeout=30) as client:
+            if phase == "learn":
+                body = {"message": "remember that I keep bees", "conversationId": "c1"}
+                assert (await client.post(KEEPER, json=body, headers=headers)).status_code == 200
+                closed = await client.post(KEEPER + "/conversations/c1/close", headers=headers)
+                assert closed.status_code == 200
+            else:
+                body = {"message": "hello again", "conversationId": "c2"}
+                assert (await client.post(KEEPER, json=body, headers=headers)).status_code == 200
+    # Leaving `serve` shut the app down, which waited for the pending extraction.
+    print(json.dumps([list(request.context) for request in chat_requests(runtime)]))
+
 
 asyncio.run(main(Path(sys.argv[1]), sys.argv[2]))
 """
 
 
-def test_a_new_process_recalls_facts_extracted_before(workspace: Path, tmp_path: Path) -> None:
-    script = tmp_path / "restart_app.py"
-    script.write_text(RESTART_APP)
-
+def test_a_new_process_recalls_facts_extracted_before(workspace: Path) -> None:
     def phase(name: str) -> list[list[str]]:
         done = subprocess.run(
-            [sys.executable, str(script), str(workspace), name],
+            [sys.executable, "-c", RESTART_APP, str(workspace), name],
             capture_output=True,
             text=True,
             timeout=120,
             check=False,
+            cwd=Path(__file__).resolve().parents[1],
         )
         assert done.returncode == 0, done.stderr
         result: list[list[str]] = json.loads(done.stdout.strip().splitlines()[-1])

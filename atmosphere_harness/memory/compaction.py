@@ -16,15 +16,15 @@ by storage (a request whose results are missing) is repaired before any strategy
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..log import get_logger
-from ..runtimes.base import AgentRuntime, Message, ModelRequest
+from ..runtimes.base import AgentRuntime, Message
 from ..settings import Compaction
+from .oneshot import ask
 
 log = get_logger(__name__)
 
@@ -242,24 +242,17 @@ def model_summarizer(runtime: AgentRuntime, timeout: float) -> Summarizer:
         conversation = transcript(messages)
         if previous is not None and previous.text:
             conversation = f"(summary so far) {previous.text}\n{conversation}"
-        request = ModelRequest(
+        answer = await ask(
+            runtime,
             system_prompt=SUMMARIZER_SYSTEM_PROMPT,
-            messages=(Message.user(SUMMARIZER_PROMPT.format(conversation=conversation)),),
+            prompt=SUMMARIZER_PROMPT.format(conversation=conversation),
+            purpose="memory-summary",
             conversation_id="memory-summary",
-            metadata={"purpose": "memory-summary"},
+            timeout=timeout,
         )
-        try:
-            async with asyncio.timeout(timeout):
-                response = await runtime.complete(request)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            reason = "timed out" if isinstance(exc, TimeoutError) else str(exc)
-            log.warning("summary model call failed, using the local summary", reason=reason)
-            return local_summary(previous, messages)
-        text = response.text.strip()
+        text = (answer or "").strip()
         if not text:
-            log.warning("summary model returned nothing, using the local summary")
+            log.warning("no summary from the model, using the local summary")
             return local_summary(previous, messages)
         return _bounded(text)
 

@@ -10,15 +10,15 @@ against the user's existing facts so a fact learned twice is stored once.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Iterable, Sequence
 
 from ..log import get_logger
-from ..runtimes.base import AgentRuntime, Message, ModelRequest
+from ..runtimes.base import AgentRuntime, Message
 from .compaction import transcript
 from .long_term import MAX_FACT_CHARS
+from .oneshot import ask
 
 log = get_logger(__name__)
 
@@ -162,19 +162,14 @@ async def extract_facts(
     text = conversation_text(messages)
     if not text:
         return []
-    request = ModelRequest(
+    answer = await ask(
+        runtime,
         system_prompt=EXTRACTION_SYSTEM_PROMPT,
-        messages=(Message.user(EXTRACTION_PROMPT.format(conversation=text)),),
+        prompt=EXTRACTION_PROMPT.format(conversation=text),
+        purpose="memory-extraction",
         conversation_id=f"memory-extraction:{conversation_id}",
-        metadata={"purpose": "memory-extraction"},
+        timeout=timeout,
     )
-    try:
-        async with asyncio.timeout(timeout):
-            response = await runtime.complete(request)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        reason = "timed out" if isinstance(exc, TimeoutError) else str(exc)
-        log.warning("fact extraction failed; nothing stored", reason=reason)
+    if answer is None:
         return []
-    return screen_facts(parse_fact_array(response.text))[:MAX_EXTRACTED_FACTS]
+    return screen_facts(parse_fact_array(answer))[:MAX_EXTRACTED_FACTS]
