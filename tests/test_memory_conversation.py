@@ -215,6 +215,12 @@ async def test_a_second_writer_is_seen_not_served_stale(tmp_path: Path) -> None:
         assert await first.load(run("c")) == [*turn(1), *turn(2)]
         await second.clear("c")
         assert await first.load(run("c")) == []
+        # Cleared and started again elsewhere, reaching the same length as the cached copy.
+        await first.append(run("c"), turn(3))
+        assert await first.load(run("c")) == turn(3)
+        await second.clear("c")
+        await second.append(run("c"), turn(4))
+        assert await first.load(run("c")) == turn(4)
     finally:
         await one.aclose()
         await two.aclose()

@@ -32,6 +32,9 @@ class ConversationKey(NamedTuple):
 class HistoryBackend(Protocol):
     """Storage for `ConversationMemory`; every method is safe to call concurrently."""
 
+    durable: bool
+    """Whether histories survive a restart (a volatile one is closed, and extracted, at stop)."""
+
     async def append(self, key: ConversationKey, messages: Sequence[Message]) -> None:
         """Store a finished turn (re-opens a closed conversation)."""
         ...
@@ -91,6 +94,8 @@ class _Conversation:
 
 class InMemoryHistory:
     """Histories in a dict, for tests and throwaway apps; the least recently used are evicted."""
+
+    durable = False
 
     def __init__(self, max_conversations: int = 10_000) -> None:
         if max_conversations <= 0:

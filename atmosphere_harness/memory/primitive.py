@@ -21,7 +21,7 @@ from ..harness import Harness
 from ..log import get_logger
 from ..preset import ACTIVE, COMPACTION, CONVERSATION_MEMORY, LONG_TERM_MEMORY
 from .compaction import build_strategy
-from .conversation import ConversationMemory
+from .conversation import DEFAULT_MAX_HISTORY, ConversationMemory
 from .history import ConversationKey, HistoryBackend, InMemoryHistory
 from .interceptor import LongTermMemoryInterceptor
 from .long_term import LongTermMemory, SqliteLongTermMemory
@@ -124,7 +124,7 @@ class MemoryPrimitive(Primitive):
         memory = ConversationMemory(
             self.history,
             endpoint=endpoint.path,
-            max_messages=spec.max_history_messages if spec is not None else 20,
+            max_messages=spec.max_history_messages if spec is not None else DEFAULT_MAX_HISTORY,
             strategy=strategy,
         )
         endpoint.history = memory
@@ -158,8 +158,7 @@ class MemoryPrimitive(Primitive):
         # A history that dies with the process closes every conversation now; a durable one
         # closes those already idle (the others may continue after a restart).
         timeout = host.settings.conversation_idle_timeout
-        durable = isinstance(self.history, SqliteHistory)
-        if not durable:
+        if not self.history.durable:
             await self.reap(math.inf)
         elif timeout > 0:
             await self.reap(time.time() - timeout)

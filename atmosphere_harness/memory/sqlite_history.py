@@ -36,7 +36,7 @@ log = get_logger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS memory_conversations (
-    id INTEGER PRIMARY KEY,
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
     endpoint TEXT NOT NULL,
     user_key TEXT NOT NULL,
     conversation_id TEXT NOT NULL,
@@ -90,8 +90,13 @@ def _decoded(rows: Sequence[tuple[int, int, bytes]]) -> list[tuple[int, Message,
 
 @dataclass
 class _Tail:
-    """A contiguous run of a conversation's newest messages, ending at `last_seq`."""
+    """A contiguous run of a conversation's newest messages, ending at `last_seq`.
 
+    `row` is the conversation's row id (never reused), so a conversation cleared and started
+    again elsewhere is not mistaken for the cached one.
+    """
+
+    row: int
     last_seq: int
     items: deque[tuple[int, Message, int]] = field(default_factory=deque)
     size: int = 0
@@ -100,8 +105,8 @@ class _Tail:
     def first_seq(self) -> int:
         return self.items[0][0] if self.items else self.last_seq + 1
 
-    def covers(self, last_seq: int, wanted_from: int) -> bool:
-        return self.last_seq == last_seq and self.first_seq <= wanted_from
+    def covers(self, row: int, last_seq: int, wanted_from: int) -> bool:
+        return self.row == row and self.last_seq == last_seq and self.first_seq <= wanted_from
 
     def since(self, wanted_from: int) -> list[tuple[int, Message]]:
         return [(seq, message) for seq, message, _size in self.items if seq >= wanted_from]
@@ -120,12 +125,19 @@ class _TailCache:
             self._tails.move_to_end(key)
         return tail
 
-    def put(self, key: ConversationKey, items: list[tuple[int, Message, int]], last: int) -> None:
+    def put(
+        self, key: ConversationKey, row: int, items: list[tuple[int, Message, int]], last: int
+    ) -> None:
         """Record that `items` (contiguous, ending at `last`) are the conversation's newest."""
         tail = self._tails.get(key)
-        if tail is None or (items and items[0][0] != tail.last_seq + 1) or tail.last_seq > last:
+        if (
+            tail is None
+            or tail.row != row
+            or (items and items[0][0] != tail.last_seq + 1)
+            or tail.last_seq > last
+        ):
             self.drop(key)
-            tail = _Tail(last)
+            tail = _Tail(row, last)
             self._tails[key] = tail
         for item in items:
             tail.items.append(item)
@@ -254,6 +266,8 @@ def _vacuum(connection: sqlite3.Connection) -> None:
 class SqliteHistory:
     """Histories in the harness's SQLite file (see the module docstring for how it stays fast)."""
 
+    durable = True
+
     def __init__(self, database: SqliteDatabase, *, pack: bool = True) -> None:
         self.database = database
         database.add_schema(SCHEMA)
@@ -264,7 +278,7 @@ class SqliteHistory:
         now = time.time()
         encoded = [codec.encode(message) for message in messages]
 
-        def work(connection: sqlite3.Connection) -> int:
+        def work(connection: sqlite3.Connection) -> tuple[int, int]:
             with Transaction(connection):
                 row = connection.execute(
                     "INSERT INTO memory_conversations (endpoint, user_key, conversation_id, "
@@ -291,14 +305,14 @@ class SqliteHistory:
                     "UPDATE memory_conversations SET last_seq = ? WHERE id = ?",
                     (last + len(encoded), conversation),
                 )
-                return last
+                return conversation, last
 
-        last = await self.database.run(work)
+        row, last = await self.database.run(work)
         items = [
             (last + offset, message, len(payload))
             for offset, (message, payload) in enumerate(zip(messages, encoded, strict=True), 1)
         ]
-        self._cache.put(key, items, last + len(items))
+        self._cache.put(key, row, items, last + len(items))
         if self._packer is not None and any(len(p) >= codec.PACK_FROM for p in encoded):
             self._packer.wake()
 
@@ -307,12 +321,12 @@ class SqliteHistory:
     ) -> tuple[Summary | None, list[tuple[int, Message]]]:
         """Up to `limit` newest messages after `after_seq` (`None`: after the summary)."""
         tail = self._cache.get(key)
-        cached_last = tail.last_seq if tail is not None else -1
-        cached_first = tail.first_seq if tail is not None else 0
+        # A snapshot: the cache belongs to the event loop, the query runs on the database thread.
+        cached = (tail.row, tail.last_seq, tail.first_seq) if tail is not None else None
 
         def work(
             connection: sqlite3.Connection,
-        ) -> tuple[Summary | None, int, int, list[tuple[int, int, bytes]] | None] | None:
+        ) -> tuple[Summary | None, int, int, int, list[tuple[int, int, bytes]] | None] | None:
             row = connection.execute(
                 "SELECT id, last_seq, summary, summary_covered, summary_seq "
                 f"FROM memory_conversations WHERE {_KEY}",
@@ -324,14 +338,18 @@ class SqliteHistory:
             summary = Summary(row[2], int(row[3])) if row[2] is not None else None
             after = int(row[4]) if after_seq is None else after_seq
             wanted_from = max(after + 1, last_seq - limit + 1, 1)
-            if cached_last == last_seq and cached_first <= wanted_from:
-                return summary, last_seq, wanted_from, None
+            if (
+                cached is not None
+                and cached[:2] == (conversation, last_seq)
+                and cached[2] <= wanted_from
+            ):
+                return summary, conversation, last_seq, wanted_from, None
             rows = connection.execute(
                 "SELECT seq, codec, payload FROM memory_messages WHERE conversation = ? "
                 "AND seq >= ? ORDER BY seq",
                 (conversation, wanted_from),
             ).fetchall()
-            return summary, last_seq, wanted_from, rows
+            return summary, conversation, last_seq, wanted_from, rows
 
         if limit <= 0:
             return None, []
@@ -339,14 +357,15 @@ class SqliteHistory:
         if found is None:
             self._cache.drop(key)
             return None, []
-        summary, last_seq, wanted_from, rows = found
+        summary, row, last_seq, wanted_from, rows = found
         if rows is None:
             current = self._cache.get(key)
-            if current is not None and current.covers(last_seq, wanted_from):
+            if current is not None and current.covers(row, last_seq, wanted_from):
                 return summary, current.since(wanted_from)
+            # The cached copy changed while the query ran: read again.
             return await self._newest(key, after_seq, limit)
         items = _decoded(rows)
-        self._cache.put(key, items, last_seq)
+        self._cache.put(key, row, items, last_seq)
         return summary, [(seq, message) for seq, message, _size in items]
 
     async def tail(self, key: ConversationKey, limit: int) -> list[Message]:
