@@ -67,6 +67,9 @@ class Compacted:
 
 class CompactionStrategy(Protocol):
     name: str
+    summarizes: bool
+    """Whether it keeps a running summary (then it is given the stored one, and the messages
+    after it, instead of the newest `max_messages`)."""
 
     async def compact(
         self, messages: Sequence[Message], max_messages: int, summary: Summary | None = None
@@ -167,6 +170,7 @@ class SlidingWindowCompaction:
     """Keep the newest units within `max_messages`; system messages are kept first."""
 
     name = Compaction.SLIDING_WINDOW.value
+    summarizes = False
 
     async def compact(
         self, messages: Sequence[Message], max_messages: int, summary: Summary | None = None
@@ -191,6 +195,7 @@ class TokenWindowCompaction:
     """Keep the newest units that fit `budget_tokens` (and `max_messages`)."""
 
     name = Compaction.TOKEN_WINDOW.value
+    summarizes = False
 
     def __init__(self, budget_tokens: int) -> None:
         if budget_tokens <= 0:
@@ -263,6 +268,7 @@ class SummarizingCompaction:
     """Fold all but the newest `recent_window` messages into one summary message."""
 
     name = Compaction.SUMMARIZING.value
+    summarizes = True
 
     def __init__(
         self, summarizer: Summarizer | None = None, recent_window: int = DEFAULT_RECENT_WINDOW

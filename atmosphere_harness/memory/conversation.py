@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..injection import register_injectable
 from ..runtimes.base import Message
-from .compaction import CompactionStrategy, SlidingWindowCompaction, SummarizingCompaction
+from .compaction import CompactionStrategy, SlidingWindowCompaction
 from .history import ConversationKey, HistoryBackend, InMemoryHistory
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class ConversationMemory:
     async def view(self, conversation_id: str, user_id: str | None = None) -> list[Message]:
         """What the model is sent for this conversation: the compacted history."""
         key = self.key(conversation_id, user_id)
-        if isinstance(self.strategy, SummarizingCompaction):
+        if self.strategy.summarizes:
             summary, stored = await self.backend.since_summary(key, MAX_UNSUMMARIZED)
             messages = [message for _seq, message in stored]
             result = await self.strategy.compact(messages, self.max_messages, summary)
