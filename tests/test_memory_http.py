@@ -340,7 +340,7 @@ async def test_recall_prefers_facts_matching_the_message(workspace: Path) -> Non
 
 async def test_a_failing_store_does_not_fail_the_prompt(workspace: Path) -> None:
     class Broken(InMemoryLongTermMemory):
-        async def fact_count(self, user_id: str) -> int:
+        async def get_facts(self, user_id: str, limit: int = 20) -> list[str]:
             raise OSError("disk gone")
 
     runtime = model()

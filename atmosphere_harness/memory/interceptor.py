@@ -96,12 +96,11 @@ class LongTermMemoryInterceptor:
 
     async def recall(self, user_id: str, message: str) -> list[str]:
         """The facts to show for `message`: all of them if they fit, else best matches first."""
-        total = await self.store.fact_count(user_id)
-        if total == 0:
-            return []
-        newest = await self.store.get_facts(user_id, self.recall_limit)
-        if total <= self.recall_limit:
+        # One more than fits tells whether they all fit, without a separate count.
+        newest = await self.store.get_facts(user_id, self.recall_limit + 1)
+        if len(newest) <= self.recall_limit:
             return newest
+        newest = newest[1:]
         hits = await self.store.search(user_id, message, self.recall_limit)
         return [*hits, *reconcile(hits, reversed(newest))][: self.recall_limit]
 
