@@ -20,6 +20,7 @@ from .cache import CacheHint, PromptCache
 from .events import Event
 from .filesystem import AgentFileSystem, FileSystemLimits
 from .harness import Harness
+from .planning import AgentPlan, PlanStatus, PlanStep, PlanStore
 from .registry import agent, ai_endpoint, coordinator, prompt, skill
 from .runtimes.base import (
     AgentRuntime,
@@ -35,10 +36,12 @@ from .session import StreamingSession
 from .settings import HarnessSettings
 from .tools.base import Tool, ToolContext, ToolKind, tool
 from .web.deps import HarnessDep, get_harness, get_user_id
+from .web.planning import PlanStoreDep, get_plan_store
 from .web.router import create_harness_router, harness_router
 
 __all__ = [
     "AgentFileSystem",
+    "AgentPlan",
     "AgentRuntime",
     "AiCapability",
     "CacheHint",
@@ -50,6 +53,10 @@ __all__ = [
     "Message",
     "ModelRequest",
     "ModelResponse",
+    "PlanStatus",
+    "PlanStep",
+    "PlanStore",
+    "PlanStoreDep",
     "PromptCache",
     "ScriptedRuntime",
     "StreamingSession",
@@ -64,6 +71,7 @@ __all__ = [
     "coordinator",
     "create_harness_router",
     "get_harness",
+    "get_plan_store",
     "get_user_id",
     "harness_router",
     "prompt",
