@@ -266,7 +266,7 @@ async def test_the_bus_is_app_wide_and_closed_at_shutdown(workspace: Path) -> No
     assert {id(e.services[BUS_SERVICE]) for e in host.endpoints.values()} == {id(bus)}
     async with bus.subscribe("plain-planner", "c") as subscription:
         await host.stop()
-        assert [event async for event in subscription] == []
+        assert [batch async for batch in subscription] == []
     assert BUS_SERVICE not in host.services
 
 

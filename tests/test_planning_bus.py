@@ -17,10 +17,11 @@ def plan(n: int, pad: int = 0) -> dict[str, object]:
 
 
 async def take(subscription, count: int) -> list:
-    events = []
-    async for event in subscription:
-        events.append(event)
-        if len(events) == count:
+    events: list = []
+    async for batch in subscription:
+        assert batch, "batches are never empty"
+        events.extend(batch)
+        if len(events) >= count:
             break
     return events
 
@@ -148,9 +149,9 @@ async def test_close_ends_every_subscription_after_what_was_queued() -> None:
     async with bus.subscribe("o", "c") as subscription:
         event = await bus.publish("o", "c", plan(0))
         await bus.aclose()
-        assert [e async for e in subscription] == [event]
+        assert [batch async for batch in subscription] == [[event]]
     async with bus.subscribe("o", "c") as late:
-        assert [e async for e in late] == []
+        assert [batch async for batch in late] == []
 
 
 async def test_subscribers_per_conversation_are_bounded() -> None:
@@ -173,3 +174,13 @@ async def test_a_conversation_nobody_published_to_is_forgotten_when_its_viewers_
 def test_bounds_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         InProcessPlanBus(queue_size=0)
+
+
+async def test_updates_that_accumulated_arrive_as_one_ordered_batch() -> None:
+    bus = InProcessPlanBus()
+    async with bus.subscribe("o", "c") as subscription:
+        published = [await bus.publish("o", "c", plan(n)) for n in range(3)]
+        batches = aiter(subscription)
+        assert await anext(batches) == published
+        later = await bus.publish("o", "c", plan(3))
+        assert await anext(batches) == [later]

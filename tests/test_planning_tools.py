@@ -291,7 +291,7 @@ async def test_the_same_payload_is_published_on_the_bus(tmp_path: Path) -> None:
     harness = Harnessed(tmp_path, bus=bus)
     async with bus.subscribe("planner", "conv-1") as subscription:
         await harness.call({"todos": TWO_STEPS, "goal": "g"})
-        event = await anext(aiter(subscription))
+        (event,) = await anext(aiter(subscription))
     assert event.data == harness.plan_updates()[0]
     assert json.loads(event.json) == harness.plan_updates()[0]
 

@@ -66,7 +66,9 @@ class PlanSubscription(Protocol):
 
     `replay` holds the updates published after the `last_event_id` given to `subscribe`, or is
     `None` when that id was absent or unknown (then send a snapshot, with id `cursor`). Iterating
-    yields every update published after the subscription began, until the bus closes.
+    yields every update published after the subscription began, in order, until the bus closes:
+    each item is a non-empty batch of whatever accumulated since the previous one, so a viewer
+    that fell behind catches up in one write instead of one write per update.
     """
 
     @property
@@ -75,7 +77,7 @@ class PlanSubscription(Protocol):
     @property
     def cursor(self) -> str: ...
 
-    def __aiter__(self) -> AsyncIterator[PlanEvent]: ...
+    def __aiter__(self) -> AsyncIterator[Sequence[PlanEvent]]: ...
 
 
 class PlanEventBus(Protocol):
@@ -120,13 +122,16 @@ class _Subscriber:
         self.closed = True
         self.wakeup.set()
 
-    def __aiter__(self) -> AsyncIterator[PlanEvent]:
-        return self._events()
+    def __aiter__(self) -> AsyncIterator[Sequence[PlanEvent]]:
+        return self._batches()
 
-    async def _events(self) -> AsyncIterator[PlanEvent]:
+    async def _batches(self) -> AsyncIterator[Sequence[PlanEvent]]:
         while True:
-            while self.pending:
-                yield self.pending.popleft()
+            if self.pending:
+                batch = list(self.pending)
+                self.pending.clear()
+                yield batch
+                continue
             if self.closed:
                 return
             self.wakeup.clear()

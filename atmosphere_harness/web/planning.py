@@ -100,10 +100,11 @@ def plan_event_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[Route
                         data = plan.to_wire(conversation_id=conversation_id, agent_id=agent_id)
                         yield sse_event(PLAN_SNAPSHOT, subscription.cursor, encode(data))
                     else:
-                        for event in subscription.replay:
-                            yield sse_event(PLAN_UPDATE, event.id, event.json)
-                    async for event in subscription:
-                        yield sse_event(PLAN_UPDATE, event.id, event.json)
+                        yield b"".join(
+                            sse_event(PLAN_UPDATE, e.id, e.json) for e in subscription.replay
+                        )
+                    async for batch in subscription:
+                        yield b"".join(sse_event(PLAN_UPDATE, e.id, e.json) for e in batch)
             except PlanBusFull as exc:
                 yield sse_event("error", None, encode({"message": str(exc)}))
 
