@@ -21,6 +21,8 @@ from atmosphere_harness import (
     ScriptedRuntime,
     StreamingSession,
     Tool,
+    ToolCall,
+    ToolContext,
     agent,
     ai_endpoint,
     coordinator,
@@ -333,3 +335,46 @@ async def test_plan_store_is_injected_into_prompt_methods(workspace: Path) -> No
         )
         assert [endpoint.services[STORE_SERVICE]] == SEEN
         assert run.resolve(PlanStore) is SEEN[0]
+
+
+@tool
+async def count_steps(plans: PlanStore, context: ToolContext) -> str:
+    """How many steps the current plan has."""
+    plan = await plans.get(context.run.endpoint.owner, context.conversation_id)
+    return f"{0 if plan is None else len(plan.steps)} steps"
+
+
+@agent(name="step-counter")
+class StepCounter:
+    tools = [count_steps]
+
+    @prompt
+    async def chat(self, message: str, session: StreamingSession) -> None:
+        await session.stream(message)
+
+
+async def test_plan_store_is_injected_into_tools_and_hidden_from_the_model(
+    workspace: Path,
+) -> None:
+    from atmosphere_harness.run import execute_prompt
+
+    runtime = ScriptedRuntime(
+        [
+            [ToolCall("write_todos", {"todos": [{"content": "a"}, {"content": "b"}]})],
+            [ToolCall("count_steps", {})],
+            "done",
+        ]
+    )
+    async with hosted(StepCounter, workspace, runtime=runtime) as host:
+        endpoint = only(host)
+        assert endpoint.tools["count_steps"].parameters["properties"] == {}
+        frames: list[Any] = []
+
+        async def sink(frame: Any) -> None:
+            frames.append(frame)
+
+        await execute_prompt(
+            host, endpoint, message="count", conversation_id="c", user_id=None, sink=sink
+        )
+    results = [frame.data["result"] for frame in frames if frame.event == "tool-result"]
+    assert results == ["- [ ] a\n- [ ] b", "2 steps"]

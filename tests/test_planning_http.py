@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 from fastapi import FastAPI
 
 from atmosphere_harness import (
@@ -343,3 +344,15 @@ async def test_the_demo_model_plans_and_completes_every_step(workspace: Path) ->
     assert frames[-1]["data"]["summary"].startswith("Done: I planned the task in three steps")
     results = [f["data"]["result"] for f in of_type(frames, "tool-result")]
     assert results[-1].endswith("- [x] Review the result")
+
+
+async def test_an_idle_plan_stream_is_kept_alive_with_pings(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("atmosphere_harness.web.planning.PING_SECONDS", 0.2)
+    app = make_app([Planner], runtime=ScriptedRuntime(), workspace=workspace)
+    async with client_for(app) as client, plan_stream(client, "idle") as stream:
+        assert (await stream.next())["event"] == "plan-snapshot"
+        ping = await stream.next(timeout=5)
+    assert list(ping) == ["comments"]
+    assert ping["comments"][0].startswith(": ping")

@@ -173,13 +173,16 @@ async def record_plan(run: RunContext, plan: AgentPlan, *, store: PlanStore | No
     agent_id = agent_id_for(run.endpoint)
     await store.put(agent_id, run.conversation_id, plan)
     payload = plan.to_wire(conversation_id=run.conversation_id, agent_id=agent_id)
-    await run.session.emit(events.PLAN_UPDATE, payload)
+    # Viewers first: if the prompt's own client is gone (its run is being cancelled), the
+    # people watching the plan still learn what is now on disk.
     bus: PlanEventBus | None = run.endpoint.services.get(BUS_SERVICE)
-    if bus is None:
-        return
-    try:
-        await bus.publish(run.endpoint.owner, run.conversation_id, payload)
-    except Exception:
-        # The plan is saved and the prompt's own stream has it; a broken broker must not turn a
-        # successful call into a failure the model would retry.
-        log.warning("could not publish the plan update", owner=run.endpoint.owner, exc_info=True)
+    if bus is not None:
+        try:
+            await bus.publish(run.endpoint.owner, run.conversation_id, payload)
+        except Exception:
+            # The plan is saved and the prompt's stream carries it; a broken broker must not
+            # turn a successful call into a failure the model would retry.
+            log.warning(
+                "could not publish the plan update", owner=run.endpoint.owner, exc_info=True
+            )
+    await run.session.emit(events.PLAN_UPDATE, payload)
