@@ -194,9 +194,12 @@ class FilePlanStore:
             if not agent_dir.is_dir(follow_symlinks=False):
                 continue
             for entry in _scan(agent_dir.path):
-                if not entry.is_file(follow_symlinks=False):
+                try:
+                    if not entry.is_file(follow_symlinks=False):
+                        continue
+                    modified = entry.stat(follow_symlinks=False).st_mtime
+                except OSError:  # removed meanwhile (another process sharing the root)
                     continue
-                modified = entry.stat(follow_symlinks=False).st_mtime
                 if entry.name.endswith(".json"):
                     documents.append((modified, entry.path))
                 elif entry.name.startswith(_TEMP_PREFIX) and modified < stale_before:

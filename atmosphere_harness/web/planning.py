@@ -85,7 +85,7 @@ def plan_event_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[Route
             check_conversation_id(conversation_id)
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
-        bus: PlanEventBus | None = host.services.get(BUS_SERVICE)
+        bus: PlanEventBus | None = endpoint.services.get(BUS_SERVICE)
         if bus is None:
             raise HTTPException(503, "the plan event bus is not running")
 
@@ -99,7 +99,7 @@ def plan_event_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[Route
                         plan = await store.get(agent_id, conversation_id) or AgentPlan()
                         data = plan.to_wire(conversation_id=conversation_id, agent_id=agent_id)
                         yield sse_event(PLAN_SNAPSHOT, subscription.cursor, encode(data))
-                    else:
+                    elif subscription.replay:
                         yield b"".join(
                             sse_event(PLAN_UPDATE, e.id, e.json) for e in subscription.replay
                         )
