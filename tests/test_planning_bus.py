@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from atmosphere_harness.planning import InProcessPlanBus, PlanEventBus
+from atmosphere_harness.planning import InProcessPlanBus
 from atmosphere_harness.planning.bus import PlanBusFull
 
 
@@ -24,11 +24,6 @@ async def take(subscription, count: int) -> list:
         if len(events) >= count:
             break
     return events
-
-
-def test_in_process_bus_satisfies_the_protocol() -> None:
-    bus: PlanEventBus = InProcessPlanBus()
-    assert bus is not None
 
 
 async def test_every_subscriber_of_a_conversation_gets_every_update_in_order() -> None:

@@ -66,7 +66,7 @@ class PlanningPrimitive(Primitive):
     def attach(self, endpoint: HostedEndpoint, host: HarnessHost) -> None:
         if not endpoint.has(Harness.PLANNING):
             return
-        store = FilePlanStore(endpoint.root)
+        store: PlanStore = FilePlanStore(endpoint.root)
         endpoint.services[STORE_SERVICE] = store
         if self._bus is not None:
             endpoint.services[BUS_SERVICE] = self._bus
