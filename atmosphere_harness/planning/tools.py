@@ -153,7 +153,7 @@ def parse_todos(todos: object, goal: object = None) -> AgentPlan | str:
 
 def plan_store_of(run: RunContext) -> PlanStore | None:
     """The run's plan store, if its endpoint has one."""
-    return run.resolve(PlanStore)  # type: ignore[type-abstract]  # a Protocol is a fine key
+    return run.resolve(PlanStore)
 
 
 def agent_id_for(endpoint: HostedEndpoint) -> str:
