@@ -27,6 +27,7 @@ from .memory import (
     LongTermMemoryInterceptor,
     SqliteLongTermMemory,
 )
+from .planning import AgentPlan, PlanStatus, PlanStep, PlanStore
 from .registry import agent, ai_endpoint, coordinator, prompt, skill
 from .runtimes.base import (
     AgentRuntime,
@@ -41,17 +42,14 @@ from .runtimes.scripted import ScriptedRuntime
 from .session import StreamingSession
 from .settings import HarnessSettings
 from .tools.base import Tool, ToolContext, ToolKind, tool
-from .web.deps import (
-    HarnessDep,
-    LongTermMemoryDep,
-    get_harness,
-    get_long_term_memory,
-    get_user_id,
-)
+from .web.deps import HarnessDep, get_harness, get_user_id
+from .web.memory import LongTermMemoryDep, get_long_term_memory
+from .web.planning import PlanStoreDep, get_plan_store
 from .web.router import create_harness_router, harness_router
 
 __all__ = [
     "AgentFileSystem",
+    "AgentPlan",
     "AgentRuntime",
     "AiCapability",
     "CacheHint",
@@ -68,6 +66,10 @@ __all__ = [
     "Message",
     "ModelRequest",
     "ModelResponse",
+    "PlanStatus",
+    "PlanStep",
+    "PlanStore",
+    "PlanStoreDep",
     "PromptCache",
     "ScriptedRuntime",
     "SqliteLongTermMemory",
@@ -84,6 +86,7 @@ __all__ = [
     "create_harness_router",
     "get_harness",
     "get_long_term_memory",
+    "get_plan_store",
     "get_user_id",
     "harness_router",
     "prompt",

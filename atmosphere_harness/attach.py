@@ -32,5 +32,6 @@ class Primitive:
 def default_primitives() -> list[Primitive]:
     """The built-in primitives, in attach order."""
     from .memory.primitive import MemoryPrimitive
+    from .planning import PlanningPrimitive
 
-    return [MemoryPrimitive()]
+    return [MemoryPrimitive(), PlanningPrimitive()]

@@ -13,7 +13,6 @@ from fastapi import Depends, HTTPException
 from starlette.requests import HTTPConnection
 
 from ..host import HarnessHost
-from ..memory.long_term import LongTermMemory
 
 STATE_KEY = "atmosphere_harness"
 
@@ -61,14 +60,3 @@ async def user_id_from_header(connection: HTTPConnection) -> str | None:
             400, f"{USER_ID_HEADER} must be 1-128 letters, digits or . _ @ : + - characters"
         )
     return value
-
-
-def get_long_term_memory(connection: HTTPConnection) -> LongTermMemory:
-    """The app's long-term memory store (503 when the memory primitive is not running)."""
-    store = get_harness(connection).services.get("long_term_memory")
-    if not isinstance(store, LongTermMemory):
-        raise HTTPException(503, "long-term memory is not configured")
-    return store
-
-
-LongTermMemoryDep = Annotated[LongTermMemory, Depends(get_long_term_memory)]

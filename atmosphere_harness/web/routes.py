@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException
+from fastapi import Depends
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
 
@@ -18,6 +18,8 @@ from ..endpoint import HostedEndpoint
 from ..host import HarnessHost
 from ..run import check_conversation_id, new_conversation_id
 from .deps import get_user_id
+from .memory import close_routes
+from .planning import plan_event_routes
 from .sse import stream_prompt
 
 MAX_MESSAGE_CHARS = 1_000_000
@@ -80,30 +82,5 @@ def prompt_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec
     ]
 
 
-def close_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
-    """`POST P/conversations/{id}/close`: the conversation ends; extraction runs in background."""
-
-    async def close_conversation(
-        conversation_id: str,
-        user_id: Annotated[str | None, Depends(get_user_id)],
-    ) -> dict[str, Any]:
-        try:
-            check_conversation_id(conversation_id)
-        except ValueError as exc:
-            raise HTTPException(400, str(exc)) from None
-        if not await host.close_conversation(endpoint.path, conversation_id, user_id):
-            raise HTTPException(404, f"unknown conversation {conversation_id!r}")
-        return {"conversationId": conversation_id, "closed": True}
-
-    return [
-        RouteSpec(
-            endpoint.path + "/conversations/{conversation_id}/close",
-            close_conversation,
-            methods=("POST",),
-            options={"summary": f"Close a conversation of {endpoint.owner}"},
-        )
-    ]
-
-
-ROUTE_BUILDERS: list[RouteBuilder] = [prompt_routes, close_routes]
+ROUTE_BUILDERS: list[RouteBuilder] = [prompt_routes, plan_event_routes, close_routes]
 """Every per-endpoint route builder, in mount order."""
