@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import re
 import sqlite3
-import types
 from pathlib import Path
 
 import pytest
 
-from tests.support import client_for, parse_sse
+from tests.support import client_for, doc_example, parse_sse
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "memory.md"
 PATH = "/atmosphere/agent/assistant"
-
-
-def example_module() -> types.ModuleType:
-    code = re.search(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.DOTALL)
-    assert code is not None, "docs/memory.md has a python example"
-    module = types.ModuleType("memory_app")
-    exec(compile(code.group(1), str(DOC), "exec"), module.__dict__)
-    return module
 
 
 async def test_the_documented_example_keeps_and_closes_a_conversation(
@@ -28,7 +18,7 @@ async def test_the_documented_example_keeps_and_closes_a_conversation(
 ) -> None:
     monkeypatch.setenv("ATMOSPHERE_WORKSPACE_ROOT", str(workspace))
     headers = {"X-User-Id": "alice"}
-    async with client_for(example_module().app) as client:
+    async with client_for(doc_example(DOC, "memory_app").app) as client:
         for message in ("I live in Montreal and my dog is called Max", "What should I buy?"):
             response = await client.post(
                 PATH, json={"message": message, "conversationId": "c1"}, headers=headers
