@@ -25,6 +25,14 @@ from .filesystem import (
     WorkspaceAgentFileSystem,
 )
 from .harness import Harness
+from .memory import (
+    ConversationMemory,
+    InMemoryLongTermMemory,
+    LongTermMemory,
+    LongTermMemoryInterceptor,
+    SqliteLongTermMemory,
+)
+from .planning import AgentPlan, PlanStatus, PlanStep, PlanStore
 from .registry import agent, ai_endpoint, coordinator, prompt, skill
 from .runtimes.base import (
     AgentRuntime,
@@ -41,25 +49,38 @@ from .settings import HarnessSettings
 from .tools.base import Tool, ToolContext, ToolKind, tool
 from .web.deps import HarnessDep, get_harness, get_user_id
 from .web.files import AgentFileSystemDep, get_file_system
+from .web.memory import LongTermMemoryDep, get_long_term_memory
+from .web.planning import PlanStoreDep, get_plan_store
 from .web.router import create_harness_router, harness_router
 
 __all__ = [
     "AgentFileSystem",
     "AgentFileSystemDep",
+    "AgentPlan",
     "AgentRuntime",
     "AiCapability",
     "CacheHint",
     "CompositeAgentFileSystem",
+    "ConversationMemory",
     "Event",
     "FileSystemLimits",
     "Harness",
     "HarnessDep",
     "HarnessSettings",
+    "InMemoryLongTermMemory",
+    "LongTermMemory",
+    "LongTermMemoryDep",
+    "LongTermMemoryInterceptor",
     "Message",
     "ModelRequest",
     "ModelResponse",
+    "PlanStatus",
+    "PlanStep",
+    "PlanStore",
+    "PlanStoreDep",
     "PromptCache",
     "ScriptedRuntime",
+    "SqliteLongTermMemory",
     "StreamingSession",
     "Tool",
     "ToolCall",
@@ -74,6 +95,8 @@ __all__ = [
     "create_harness_router",
     "get_file_system",
     "get_harness",
+    "get_long_term_memory",
+    "get_plan_store",
     "get_user_id",
     "harness_router",
     "prompt",

@@ -32,5 +32,7 @@ class Primitive:
 def default_primitives() -> list[Primitive]:
     """The built-in primitives, in attach order."""
     from .filesystem.primitive import FilesystemPrimitive
+    from .memory.primitive import MemoryPrimitive
+    from .planning import PlanningPrimitive
 
-    return [FilesystemPrimitive()]
+    return [MemoryPrimitive(), PlanningPrimitive(), FilesystemPrimitive()]

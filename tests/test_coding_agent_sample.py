@@ -24,6 +24,7 @@ async def test_the_coding_agent_fixes_the_bug_and_keeps_a_shared_lesson(
     results = {
         frame["data"]["tool"]: frame["data"]["result"] for frame in of_type(frames, "tool-result")
     }
+    assert "write_todos" in results, "the planning primitive plans the work first"
     assert results["write_file"] == "Wrote memory/lessons.md"
     assert "src/calc.py:6:     # TODO: guard against division by zero" in results["grep"]
     assert results["glob"] == "src/calc.py\ntests/test_calc.py"

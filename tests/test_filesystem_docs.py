@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from tests.support import client_for
+from tests.support import client_for, doc_example
 from tests.support import prompt as post_prompt
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "filesystem.md"
@@ -18,11 +17,8 @@ async def test_the_docs_example_serves_and_its_route_reads_the_workspace(
 ) -> None:
     monkeypatch.setenv("ATMOSPHERE_WORKSPACE_ROOT", str(workspace))
     monkeypatch.setenv("LLM_RUNTIME", "scripted")
-    source = re.search(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL)
-    assert source is not None
-    namespace: dict[str, object] = {"__name__": "docs_filesystem_example"}
-    exec(compile(source.group(1), str(DOC), "exec"), namespace)
-    async with client_for(namespace["app"]) as client:  # type: ignore[arg-type]
+    example = doc_example(DOC, "docs_filesystem_example")
+    async with client_for(example.app) as client:
         frames = await post_prompt(client, "/atmosphere/agent/writer", "hello there", "c1")
         drafts = await client.get("/drafts", params={"conversationId": "c1"})
     assert frames[-1]["event"] == "complete"

@@ -171,16 +171,8 @@ async def test_get_file_system_can_be_overridden(workspace: Path, tmp_path: Path
         assert (await client.get("/hello")).json() == "from the override"
 
 
-@tool
-async def write_todos(todos: list[dict], goal: str | None = None) -> str:
-    """Stand-in for the planning primitive's tool (built on another branch)."""
-    return "plan updated"
-
-
 @agent(name="demo")
 class Demo:
-    tools = [write_todos]
-
     @prompt
     async def chat(self, message: str, session: StreamingSession) -> None:
         await session.stream(message)
@@ -195,7 +187,9 @@ async def test_the_demo_model_saves_its_result_to_a_file(workspace: Path) -> Non
             "plan a short task and save the result to a file",
             conversation_id="demo-1",
         )
-    assert results(frames) == ["plan updated", "Wrote notes/task.md", "plan updated"]
+    tools = [frame["data"]["tool"] for frame in of_type(frames, "tool-result")]
+    assert tools == ["write_todos", "write_file", "write_todos"]
+    assert results(frames)[1] == "Wrote notes/task.md"
     saved = workspace / "agents" / "demo" / "files" / "demo-1" / "notes" / "task.md"
     assert saved.read_text().startswith("# plan a short task and save the result to a file\n")
     assert frames[-1]["data"]["summary"].endswith(

@@ -35,7 +35,7 @@ Operation = Callable[[AgentFileSystem, Mapping[str, Any]], Awaitable[str]]
 
 def bound_file_system(run: RunContext) -> AgentFileSystem | None:
     """The run's conversation-scoped filesystem, if the primitive (or the host) bound one."""
-    found: AgentFileSystem | None = run.resolve(AgentFileSystem)  # type: ignore[type-abstract]
+    found: AgentFileSystem | None = run.resolve(AgentFileSystem)
     return found
 
 
