@@ -12,6 +12,7 @@ import pytest
 from atmosphere_harness import AiCapability, CacheHint, Message, ModelRequest, ToolCall
 from atmosphere_harness.attach import Primitive
 from atmosphere_harness.filesystem.base import AgentFileSystem
+from atmosphere_harness.runtimes import provider
 from atmosphere_harness.runtimes.anthropic import AnthropicRuntime
 from atmosphere_harness.runtimes.base import ModelError, ToolSpec
 from atmosphere_harness.runtimes.memory_tool import memory_tool
@@ -360,3 +361,19 @@ def test_system_messages_in_history_become_user_text() -> None:
         }
     ]
     assert body["system"] == [{"type": "text", "text": SYSTEM}], "the system prompt is untouched"
+
+
+async def test_a_huge_retry_after_cannot_hold_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The Anthropic SDK obeys any Retry-After; the harness bounds the start of every call.
+    monkeypatch.setattr(provider, "RETRY_WAIT_SECONDS", 1.0)
+    limited = {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}
+    fake = fake_anthropic().script(Status(429, limited, {"retry-after": "86400"}))
+    async with serve(fake.app) as base:
+        runtime = runtime_for(base, max_retries=1, timeout=1.0)
+        with pytest.raises(ModelError) as caught:
+            await runtime.complete(ModelRequest("", (Message.user("x"),)))
+    assert str(caught.value) == (
+        "Anthropic did not start answering within 3s, retries included "
+        "(see LLM_TIMEOUT and LLM_MAX_RETRIES)"
+    )
+    assert len(fake.requests) == 1

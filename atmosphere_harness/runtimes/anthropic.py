@@ -43,7 +43,7 @@ from .base import (
     new_call_id,
 )
 from .memory_tool import memory_tool
-from .provider import context_text, paired, parse_arguments, sdk_error
+from .provider import context_text, paired, parse_arguments, stream_turn
 
 DEFAULT_MAX_TOKENS = 8192
 LOCAL_API_KEY = "unused"
@@ -144,25 +144,17 @@ class AnthropicRuntime:
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
         turn = _Turn()
-        try:
-            stream = await self.client.messages.create(**self.wire_request(request))
-            # `async with` closes the HTTP response on every exit, cancellation included.
-            async with stream:
-                async for event in stream:
-                    text = turn.add(event)
-                    if text and on_text is not None:
-                        await on_text(text)
-        except anthropic.AnthropicError as exc:
-            error = sdk_error(
-                anthropic,
-                exc,
-                provider="Anthropic",
-                base_url=self.base_url,
-                retries=self.max_retries,
-            )
-            if error is None:
-                raise
-            raise error from exc
+        body = self.wire_request(request)
+        await stream_turn(
+            lambda: self.client.messages.create(**body),
+            turn.add,
+            on_text,
+            sdk=anthropic,
+            provider="Anthropic",
+            base_url=self.base_url,
+            retries=self.max_retries,
+            timeout=self.client.timeout,
+        )
         return turn.response()
 
     def wire_request(self, request: ModelRequest) -> dict[str, Any]:

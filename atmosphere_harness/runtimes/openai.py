@@ -37,7 +37,7 @@ from .base import (
     Usage,
     new_call_id,
 )
-from .provider import arguments_json, context_text, paired, parse_arguments, sdk_error
+from .provider import arguments_json, context_text, paired, parse_arguments, stream_turn
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 LOCAL_API_KEY = "unused"
@@ -141,22 +141,17 @@ class OpenAIRuntime:
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
         turn = _Turn()
-        try:
-            stream = await self.client.chat.completions.create(**self.wire_request(request))
-            # `async with` closes the HTTP response on every exit, cancellation included, so a
-            # client that disconnects stops the provider's generation too.
-            async with stream:
-                async for chunk in stream:
-                    text = turn.add(chunk)
-                    if text and on_text is not None:
-                        await on_text(text)
-        except openai.OpenAIError as exc:
-            error = sdk_error(
-                openai, exc, provider="OpenAI", base_url=self.base_url, retries=self.max_retries
-            )
-            if error is None:
-                raise
-            raise error from exc
+        body = self.wire_request(request)
+        await stream_turn(
+            lambda: self.client.chat.completions.create(**body),
+            turn.add,
+            on_text,
+            sdk=openai,
+            provider="OpenAI",
+            base_url=self.base_url,
+            retries=self.max_retries,
+            timeout=self.client.timeout,
+        )
         return turn.response()
 
     def wire_request(self, request: ModelRequest) -> dict[str, Any]:

@@ -7,12 +7,76 @@ message tells the user what to fix.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from .base import Message, ModelError, ModelRequest
+from .base import Message, ModelError, ModelRequest, TextSink
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+RETRY_WAIT_SECONDS = 120.0
+"""The longest wait one retry may add (a server's `Retry-After` included)."""
+
+
+class EventStream(Protocol[T_co]):
+    """An SDK stream: iterable, and closed by leaving its `async with`."""
+
+    def __aiter__(self) -> AsyncIterator[T_co]: ...
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(self, *exc_info: object) -> None: ...
+
+
+def start_deadline(timeout: object, retries: int) -> float:
+    """How long a call may take to *start* streaming, every try and retry wait included.
+
+    The OpenAI SDK caps one `Retry-After` wait at two minutes, the Anthropic SDK obeys any value
+    (a proxy answering `Retry-After: 86400` would hold the run for a day); this bounds both the
+    same way: `(retries + 1)` tries of `timeout` each, plus `RETRY_WAIT_SECONDS` per retry.
+    """
+    seconds = float(timeout) if isinstance(timeout, int | float) else 600.0
+    return (retries + 1) * seconds + retries * RETRY_WAIT_SECONDS
+
+
+async def stream_turn(
+    open_stream: Callable[[], Awaitable[EventStream[T]]],
+    accumulate: Callable[[T], str],
+    on_text: TextSink | None,
+    *,
+    sdk: ModuleType,
+    provider: str,
+    base_url: str,
+    retries: int,
+    timeout: object,
+) -> None:
+    """Open a provider stream and feed every event to `accumulate`, streaming its text.
+
+    SDK errors become a `ModelError`; the stream is closed on every exit, cancellation
+    included, so a client that disconnects stops the provider's generation too.
+    """
+    deadline = start_deadline(timeout, retries)
+    try:
+        try:
+            async with asyncio.timeout(deadline):
+                stream = await open_stream()
+        except TimeoutError:
+            raise ModelError(
+                f"{provider} did not start answering within {deadline:g}s, retries included "
+                "(see LLM_TIMEOUT and LLM_MAX_RETRIES)"
+            ) from None
+        async with stream:
+            async for event in stream:
+                text = accumulate(event)
+                if text and on_text is not None:
+                    await on_text(text)
+    except sdk.APIError as exc:
+        raise sdk_error(sdk, exc, provider=provider, base_url=base_url, retries=retries) from exc
+
 
 MISSING_RESULT = json.dumps(
     {
@@ -88,8 +152,8 @@ _RETRIED = frozenset({408, 409, 429})
 
 def sdk_error(
     sdk: ModuleType, exc: Exception, *, provider: str, base_url: str, retries: int
-) -> ModelError | None:
-    """A clear `ModelError` for an `openai`/`anthropic` SDK error; `None` for anything else."""
+) -> ModelError:
+    """A clear `ModelError` for an `openai`/`anthropic` SDK `APIError`."""
     if isinstance(exc, sdk.APIStatusError):
         status = int(exc.status_code)
         detail = _detail(exc.body) or exc.message
@@ -108,9 +172,7 @@ def sdk_error(
         cause = exc.__cause__ or exc.__context__
         reason = f": {cause}" if cause else ""
         return ModelError(f"cannot reach {provider} at {base_url}{reason}")
-    if isinstance(exc, sdk.APIError):
-        return ModelError(f"{provider} error: {exc.message}")
-    return None
+    return ModelError(f"{provider} error: {getattr(exc, 'message', None) or exc}")
 
 
 def _detail(body: object) -> str:
