@@ -1,0 +1,40 @@
+"""The Python examples of docs/runtimes.md and docs/prompt-cache.md run as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from atmosphere_harness import Message, ModelRequest
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def examples(page: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(), flags=re.DOTALL)
+
+
+@pytest.mark.parametrize("page", ["runtimes.md", "prompt-cache.md"])
+async def test_examples_run(page: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    blocks = examples(page)
+    assert blocks, f"{page} has runnable examples"
+    for block in blocks:
+        namespace: dict[str, object] = {}
+        exec(compile(block, f"{page} example", "exec"), namespace)
+        echo = namespace.get("EchoRuntime")
+        if isinstance(echo, type):
+            seen: list[str] = []
+            response = await echo().complete(
+                ModelRequest("", (Message.user("hi"),)), on_text=_collect(seen)
+            )
+            assert response.text == seen[0] == "You said: hi"
+
+
+def _collect(into: list[str]):
+    async def sink(text: str) -> None:
+        into.append(text)
+
+    return sink
