@@ -146,7 +146,7 @@ class AnthropicRuntime:
         turn = _Turn()
         body = self.wire_request(request)
         await stream_turn(
-            lambda: self.client.messages.create(**body),
+            lambda: self.client.messages.with_raw_response.create(**body),
             turn.add,
             on_text,
             sdk=anthropic,
@@ -268,7 +268,7 @@ class _Block:
 
 
 class _Turn:
-    """Accumulates one streamed message from the raw events.
+    """Accumulates one streamed message from its JSON events.
 
     Hand-rolled rather than the SDK's `MessageStream`, which re-parses a tool call's whole
     partial JSON on every delta (quadratic for a large `create` of a file).
@@ -279,36 +279,43 @@ class _Turn:
         self.counts: dict[str, int] = {}
         self.stop_reason: str | None = None
 
-    def add(self, event: Any) -> str:
+    def add(self, event: Mapping[str, Any]) -> str:
         """Take one stream event; returns its text delta."""
-        kind = event.type
+        kind = event.get("type")
         if kind == "message_start":
-            self._count(event.message.usage)
+            self._count((event.get("message") or {}).get("usage"))
         elif kind == "content_block_start":
-            block = event.content_block
-            if block.type == "tool_use":
-                self.blocks[event.index] = _Block("tool_use", block.id, block.name, block.input)
-            elif block.type == "text":
-                self.blocks[event.index] = _Block("text")
-                if block.text:
-                    self.blocks[event.index].parts.append(block.text)
-                    return str(block.text)
+            block = event.get("content_block") or {}
+            index = event.get("index", len(self.blocks))
+            if block.get("type") == "tool_use":
+                self.blocks[index] = _Block(
+                    "tool_use", block.get("id", ""), block.get("name", ""), block.get("input")
+                )
+            elif block.get("type") == "text":
+                self.blocks[index] = _Block("text")
+                text = block.get("text") or ""
+                if text:
+                    self.blocks[index].parts.append(text)
+                return str(text)
         elif kind == "content_block_delta":
-            target = self.blocks.get(event.index)
-            delta = event.delta
-            if target is not None and delta.type == "text_delta" and target.kind == "text":
-                target.parts.append(delta.text)
-                return str(delta.text)
-            if target is not None and delta.type == "input_json_delta":
-                target.parts.append(delta.partial_json)
+            target = self.blocks.get(event.get("index", -1))
+            delta = event.get("delta") or {}
+            if target is None:
+                return ""
+            if delta.get("type") == "text_delta" and target.kind == "text":
+                text = delta.get("text") or ""
+                target.parts.append(text)
+                return str(text)
+            if delta.get("type") == "input_json_delta":
+                target.parts.append(delta.get("partial_json") or "")
         elif kind == "message_delta":
-            self.stop_reason = event.delta.stop_reason or self.stop_reason
-            self._count(event.usage)
+            self.stop_reason = (event.get("delta") or {}).get("stop_reason") or self.stop_reason
+            self._count(event.get("usage"))
         return ""
 
     def _count(self, usage: Any) -> None:
         """Usage fields are cumulative: the latest value of each wins."""
-        if usage is None:
+        if not isinstance(usage, Mapping):
             return
         for name in (
             "input_tokens",
@@ -316,9 +323,9 @@ class _Turn:
             "cache_read_input_tokens",
             "cache_creation_input_tokens",
         ):
-            value = getattr(usage, name, None)
-            if value is not None:
-                self.counts[name] = int(value)
+            value = usage.get(name)
+            if isinstance(value, int):
+                self.counts[name] = value
 
     def response(self) -> ModelResponse:
         text: list[str] = []

@@ -143,7 +143,7 @@ class OpenAIRuntime:
         turn = _Turn()
         body = self.wire_request(request)
         await stream_turn(
-            lambda: self.client.chat.completions.create(**body),
+            lambda: self.client.chat.completions.with_raw_response.create(**body),
             turn.add,
             on_text,
             sdk=openai,
@@ -233,7 +233,7 @@ class _PartialCall:
 
 
 class _Turn:
-    """Accumulates one streamed completion.
+    """Accumulates one streamed completion from its JSON chunks.
 
     Hand-rolled rather than the SDK's `ChatCompletionStreamState`, which re-serializes its whole
     snapshot on every chunk (quadratic in the answer's length) and assumes OpenAI's exact chunk
@@ -246,43 +246,42 @@ class _Turn:
         self.usage = Usage()
         self.finish_reason: str | None = None
 
-    def add(self, chunk: Any) -> str:
+    def add(self, chunk: Mapping[str, Any]) -> str:
         """Take one chunk; returns its text delta."""
-        usage = getattr(chunk, "usage", None)
-        if usage is not None:
+        usage = chunk.get("usage")
+        if isinstance(usage, Mapping):
             self.usage = _usage(usage)
         delta_text = ""
-        for choice in getattr(chunk, "choices", None) or ():
-            if getattr(choice, "index", 0) != 0:
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
                 continue
-            delta = choice.delta
-            content = getattr(delta, "content", None)
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
             if content:
                 self.text.append(content)
                 delta_text += content
-            for part in getattr(delta, "tool_calls", None) or ():
+            for part in delta.get("tool_calls") or ():
                 self._add_call(part)
-            if choice.finish_reason:
-                self.finish_reason = choice.finish_reason
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
         return delta_text
 
-    def _add_call(self, part: Any) -> None:
-        index = getattr(part, "index", None)
-        call_id = getattr(part, "id", None)
-        if index is None:
+    def _add_call(self, part: Mapping[str, Any]) -> None:
+        index = part.get("index")
+        call_id = part.get("id")
+        if not isinstance(index, int):
             # No index: a new id opens a new call, no id continues the last one.
             index = len(self.calls) if call_id or not self.calls else max(self.calls)
         slot = self.calls.setdefault(index, _PartialCall())
         if call_id and not slot.id:
             slot.id = call_id
-        function = getattr(part, "function", None)
-        if function is not None:
-            name = getattr(function, "name", None)
-            if name and not slot.name:
-                slot.name = name
-            fragment = getattr(function, "arguments", None)
-            if fragment:
-                slot.arguments.append(fragment)
+        function = part.get("function") or {}
+        name = function.get("name")
+        if name and not slot.name:
+            slot.name = name
+        fragment = function.get("arguments")
+        if fragment:
+            slot.arguments.append(fragment)
 
     def response(self) -> ModelResponse:
         calls = tuple(
@@ -301,11 +300,11 @@ class _Turn:
         )
 
 
-def _usage(usage: Any) -> Usage:
-    details = getattr(usage, "prompt_tokens_details", None)
+def _usage(usage: Mapping[str, Any]) -> Usage:
+    details = usage.get("prompt_tokens_details") or {}
     return Usage(
-        input_tokens=getattr(usage, "prompt_tokens", None) or 0,
-        output_tokens=getattr(usage, "completion_tokens", None) or 0,
-        cache_read_tokens=getattr(details, "cached_tokens", None) or 0,
-        cache_write_tokens=getattr(details, "cache_write_tokens", None) or 0,
+        input_tokens=usage.get("prompt_tokens") or 0,
+        output_tokens=usage.get("completion_tokens") or 0,
+        cache_read_tokens=details.get("cached_tokens") or 0,
+        cache_write_tokens=details.get("cache_write_tokens") or 0,
     )

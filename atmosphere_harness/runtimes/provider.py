@@ -1,4 +1,4 @@
-"""What the provider adapters share: history repair, per-turn context, and SDK error translation.
+"""What the provider adapters share: streaming, history repair, per-turn context, SDK errors.
 
 Both official SDKs (`openai`, `anthropic`) are generated from the same template, so their error
 classes have the same names and attributes; `sdk_error` turns either into a `ModelError` whose
@@ -11,25 +11,23 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import ModuleType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
+
+import httpx2
 
 from .base import Message, ModelError, ModelRequest, TextSink
-
-T = TypeVar("T")
-T_co = TypeVar("T_co", covariant=True)
 
 RETRY_WAIT_SECONDS = 120.0
 """The longest wait one retry may add (a server's `Retry-After` included)."""
 
+Event = dict[str, Any]
 
-class EventStream(Protocol[T_co]):
-    """An SDK stream: iterable, and closed by leaving its `async with`."""
 
-    def __aiter__(self) -> AsyncIterator[T_co]: ...
+class RawResponse(Protocol):
+    """What the SDKs' `with_raw_response` calls return: the unread HTTP response."""
 
-    async def __aenter__(self) -> Any: ...
-
-    async def __aexit__(self, *exc_info: object) -> None: ...
+    @property
+    def http_response(self) -> httpx2.Response: ...
 
 
 def start_deadline(timeout: object, retries: int) -> float:
@@ -44,8 +42,8 @@ def start_deadline(timeout: object, retries: int) -> float:
 
 
 async def stream_turn(
-    open_stream: Callable[[], Awaitable[EventStream[T]]],
-    accumulate: Callable[[T], str],
+    open_stream: Callable[[], Awaitable[RawResponse]],
+    accumulate: Callable[[Event], str],
     on_text: TextSink | None,
     *,
     sdk: ModuleType,
@@ -56,26 +54,69 @@ async def stream_turn(
 ) -> None:
     """Open a provider stream and feed every event to `accumulate`, streaming its text.
 
-    SDK errors become a `ModelError`; the stream is closed on every exit, cancellation
-    included, so a client that disconnects stops the provider's generation too.
+    The SDK sends the request (auth, headers, retries with backoff, status errors); the events
+    are then read as plain JSON rather than through the SDK's models, which cost most of the
+    client's CPU per chunk (about three quarters on Chat Completions, see
+    `benchmarks/bench_runtimes.py`). SDK and transport errors become a `ModelError`; the
+    response is closed on every exit, cancellation included, so a client that disconnects stops
+    the provider's generation too.
     """
     deadline = start_deadline(timeout, retries)
     try:
-        try:
-            async with asyncio.timeout(deadline):
-                stream = await open_stream()
-        except TimeoutError:
-            raise ModelError(
-                f"{provider} did not start answering within {deadline:g}s, retries included "
-                "(see LLM_TIMEOUT and LLM_MAX_RETRIES)"
-            ) from None
-        async with stream:
-            async for event in stream:
-                text = accumulate(event)
-                if text and on_text is not None:
-                    await on_text(text)
+        async with asyncio.timeout(deadline):
+            raw = await open_stream()
+    except TimeoutError:
+        raise ModelError(
+            f"{provider} did not start answering within {deadline:g}s, retries included "
+            "(see LLM_TIMEOUT and LLM_MAX_RETRIES)"
+        ) from None
     except sdk.APIError as exc:
         raise sdk_error(sdk, exc, provider=provider, base_url=base_url, retries=retries) from exc
+    response = raw.http_response
+    try:
+        async for event in sse_events(response):
+            failure = event.get("error")
+            if failure is not None:
+                raise ModelError(f"{provider} stream failed: {_detail(event) or failure}")
+            text = accumulate(event)
+            if text and on_text is not None:
+                await on_text(text)
+    except httpx2.TimeoutException:
+        raise ModelError(
+            f"{provider} at {base_url} went silent mid-answer (raise LLM_TIMEOUT if it is slow)"
+        ) from None
+    except httpx2.TransportError as exc:
+        raise ModelError(f"{provider} at {base_url} broke off mid-answer: {exc}") from exc
+    finally:
+        await response.aclose()
+
+
+async def sse_events(response: httpx2.Response) -> AsyncIterator[Event]:
+    """The JSON payload of every server-sent event, until the stream ends or `[DONE]`."""
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if line.startswith("data:"):
+            data.append(line[6:] if line.startswith("data: ") else line[5:])
+            continue
+        if line or not data:
+            continue  # `event:`/`id:` fields and comments: the payload carries its own type
+        payload = "\n".join(data)
+        data.clear()
+        if payload.strip() == "[DONE]":
+            return
+        yield _decode(payload)
+    if data and "\n".join(data).strip() != "[DONE]":
+        yield _decode("\n".join(data))
+
+
+def _decode(payload: str) -> Event:
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        raise ModelError(f"the model server sent malformed JSON: {payload[:200]!r}") from None
+    if not isinstance(event, dict):
+        raise ModelError(f"the model server sent an unexpected event: {payload[:200]!r}")
+    return event
 
 
 MISSING_RESULT = json.dumps(
@@ -157,9 +198,6 @@ def sdk_error(
     if isinstance(exc, sdk.APIStatusError):
         status = int(exc.status_code)
         detail = _detail(exc.body) or exc.message
-        if status < 400:
-            # An `error` event inside a 200 stream (e.g. Anthropic's mid-stream overload).
-            return ModelError(f"{provider} stream failed: {detail}")
         if status in _RETRIED or status >= 500:
             tries = f" after {retries} {'retry' if retries == 1 else 'retries'}"
             return ModelError(f"{provider} failed (HTTP {status}){tries}: {detail}")
