@@ -33,6 +33,8 @@ class Stream:
     events: list[tuple[str | None, Any]]
     hold: asyncio.Event | None = None
     hold_after: int = 1
+    break_after: int | None = None
+    """Drop the connection after this many events, without ending the body."""
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Status:
 class Recorded:
     body: dict[str, Any]
     headers: dict[str, str]
+    client_port: int | None = None
 
 
 class FakeProvider:
@@ -69,7 +72,8 @@ class FakeProvider:
         return [request.body for request in self.requests]
 
     async def _handle(self, request: Request) -> Response:
-        self.requests.append(Recorded(await request.json(), dict(request.headers)))
+        port = request.client.port if request.client else None
+        self.requests.append(Recorded(await request.json(), dict(request.headers), port))
         if not self.replies:
             return JSONResponse({"error": {"message": "fake provider: no reply scripted"}}, 500)
         reply = self.replies.pop(0)
@@ -81,6 +85,8 @@ class FakeProvider:
         finished = False
         try:
             for index, (name, payload) in enumerate(reply.events):
+                if index == reply.break_after:
+                    raise ConnectionAbortedError("the fake provider drops the connection")
                 if reply.hold is not None and index == reply.hold_after:
                     while not reply.hold.is_set():
                         yield ": keep-alive\n\n"

@@ -107,6 +107,30 @@ async def test_streams_text_and_sends_the_exact_body() -> None:
     assert fake.requests[0].headers["authorization"] == "Bearer sk-test"
 
 
+@pytest.mark.parametrize("runtime_kind", ["openai", "anthropic"])
+async def test_finished_streams_leave_the_connection_reusable(runtime_kind: str) -> None:
+    from atmosphere_harness.runtimes.anthropic import AnthropicRuntime
+    from tests.fake_providers import anthropic_text, fake_anthropic
+
+    if runtime_kind == "openai":
+        fake = fake_openai().script(Stream(openai_text("a")), Stream(openai_text("b")))
+    else:
+        fake = fake_anthropic().script(Stream(anthropic_text("a")), Stream(anthropic_text("b")))
+    async with serve(fake.app) as base:
+        runtime = (
+            runtime_for(base)
+            if runtime_kind == "openai"
+            else AnthropicRuntime("claude-fake", base_url=base, api_key="k")
+        )
+        first = await runtime.complete(ModelRequest("", (Message.user("x"),)))
+        second = await runtime.complete(ModelRequest("", (Message.user("y"),)))
+        await runtime.aclose()
+    assert (first.text, second.text) == ("a", "b")
+    ports = [request.client_port for request in fake.requests]
+    assert ports[0] is not None
+    assert ports[0] == ports[1], "the second call reused the first call's connection"
+
+
 async def test_context_after_tool_results_is_a_trailing_user_message() -> None:
     fake = fake_openai().script(Stream(openai_text("ok")))
     messages = (
@@ -261,6 +285,15 @@ async def test_unreachable_server_is_a_clear_error() -> None:
     with pytest.raises(ModelError) as caught:
         await runtime.complete(ModelRequest("", (Message.user("x"),)))
     assert str(caught.value).startswith(f"cannot reach OpenAI at {dead}/v1")
+
+
+async def test_a_stream_that_breaks_off_is_an_error_frame(workspace: Path) -> None:
+    fake = fake_openai().script(Stream(openai_text("half ", "an ", "answer"), break_after=3))
+    async with agent_client(fake, runtime_for, workspace) as client:
+        frames = await post_prompt(client, PATH, "hi")
+    assert [frame["event"] for frame in frames] == ["text", "text", "error"]
+    assert frames[-1]["data"]["message"].startswith("OpenAI at http://127.0.0.1:")
+    assert "broke off mid-answer" in frames[-1]["data"]["message"]
 
 
 async def test_client_disconnect_closes_the_provider_stream(workspace: Path) -> None:

@@ -8,6 +8,7 @@ message tells the user what to fix.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import ModuleType
@@ -19,6 +20,9 @@ from .base import Message, ModelError, ModelRequest, TextSink
 
 RETRY_WAIT_SECONDS = 120.0
 """The longest wait one retry may add (a server's `Retry-After` included)."""
+
+DRAIN_SECONDS = 1.0
+"""How long to read past the end of a finished stream, so its connection can be reused."""
 
 Event = dict[str, Any]
 
@@ -81,6 +85,7 @@ async def stream_turn(
             text = accumulate(event)
             if text and on_text is not None:
                 await on_text(text)
+        await _drain(response)
     except httpx2.TimeoutException:
         raise ModelError(
             f"{provider} at {base_url} went silent mid-answer (raise LLM_TIMEOUT if it is slow)"
@@ -107,6 +112,18 @@ async def sse_events(response: httpx2.Response) -> AsyncIterator[Event]:
         yield _decode(payload)
     if data and "\n".join(data).strip() != "[DONE]":
         yield _decode("\n".join(data))
+
+
+async def _drain(response: httpx2.Response) -> None:
+    """Read what follows `[DONE]` (the end of the chunked body), bounded in time.
+
+    An HTTP/1.1 connection closed with unread body bytes cannot go back to the pool, and a new
+    TLS connection per model call costs a round trip or two.
+    """
+    with contextlib.suppress(httpx2.HTTPError, httpx2.StreamError, TimeoutError):
+        async with asyncio.timeout(DRAIN_SECONDS):
+            async for _ in response.stream:  # type: ignore[union-attr]
+                pass
 
 
 def _decode(payload: str) -> Event:
