@@ -19,7 +19,7 @@ from atmosphere_harness import (
     tool,
 )
 from atmosphere_harness.attach import Primitive
-from atmosphere_harness.runtimes.base import AgentRuntime
+from atmosphere_harness.runtimes.base import AgentRuntime, ModelRequest, ModelResponse
 from tests.fake_providers import FakeProvider
 from tests.support import client_for, serve
 
@@ -105,3 +105,27 @@ async def agent_client(
         client_for(harness_app(make_runtime(base), workspace, **options)) as client,
     ):
         yield client
+
+
+async def complete_streaming(
+    fake: FakeProvider, make_runtime: Callable[[str], Any], request: ModelRequest
+) -> tuple[ModelResponse, list[str]]:
+    """One `complete` against the served fake: the response and the text deltas streamed."""
+    deltas: list[str] = []
+
+    async def sink(text: str) -> None:
+        deltas.append(text)
+
+    async with serve(fake.app) as base:
+        runtime = make_runtime(base)
+        response = await runtime.complete(request, on_text=sink)
+        await runtime.aclose()
+    return response, deltas
+
+
+async def hang_up_after_first_text(client: httpx2.AsyncClient) -> None:
+    """Start a prompt and disconnect as soon as its first `text` frame arrives."""
+    async with client.stream("POST", PATH, json={"message": "talk"}) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data:") and '"text"' in line:
+                return

@@ -24,7 +24,14 @@ from tests.fake_providers import (
     fake_anthropic,
 )
 from tests.memory_fs import DictFileSystem
-from tests.runtime_support import ADD_SCHEMA, PATH, SYSTEM, agent_client
+from tests.runtime_support import (
+    ADD_SCHEMA,
+    PATH,
+    SYSTEM,
+    agent_client,
+    complete_streaming,
+    hang_up_after_first_text,
+)
 from tests.support import of_type, parse_sse, serve
 from tests.support import prompt as post_prompt
 
@@ -77,15 +84,7 @@ async def test_streams_text_and_sends_the_exact_body() -> None:
         context=("Known facts: the user likes short answers.",),
         cache_hint=CacheHint.conservative(),
     )
-    deltas: list[str] = []
-
-    async def sink(text: str) -> None:
-        deltas.append(text)
-
-    async with serve(fake.app) as base:
-        runtime = runtime_for(base)
-        response = await runtime.complete(request, on_text=sink)
-        await runtime.aclose()
+    response, deltas = await complete_streaming(fake, runtime_for, request)
     assert deltas == ["5 and ", "9."]
     assert response.text == "5 and 9."
     assert response.stop_reason == "end_turn"
@@ -318,10 +317,7 @@ async def test_client_disconnect_closes_the_provider_stream(workspace: Path) -> 
         Stream(anthropic_text("first ", "second"), hold=release, hold_after=5)
     )
     async with agent_client(fake, runtime_for, workspace) as client:
-        async with client.stream("POST", PATH, json={"message": "talk"}) as response:
-            async for line in response.aiter_lines():
-                if line.startswith("data:") and '"text"' in line:
-                    break
+        await hang_up_after_first_text(client)
         await asyncio.wait_for(fake.disconnected.wait(), 10)
         release.set()
 

@@ -22,7 +22,15 @@ from tests.fake_providers import (
     openai_tool_calls,
     port_of,
 )
-from tests.runtime_support import ADD_SCHEMA, PATH, SHOUT_SCHEMA, SYSTEM, agent_client
+from tests.runtime_support import (
+    ADD_SCHEMA,
+    PATH,
+    SHOUT_SCHEMA,
+    SYSTEM,
+    agent_client,
+    complete_streaming,
+    hang_up_after_first_text,
+)
 from tests.support import of_type, parse_sse, serve
 from tests.support import prompt as post_prompt
 
@@ -50,15 +58,7 @@ async def test_streams_text_and_sends_the_exact_body() -> None:
         context=("Known facts: the user likes short answers.", "  "),
         cache_hint=CacheHint.conservative(),
     )
-    deltas: list[str] = []
-
-    async def sink(text: str) -> None:
-        deltas.append(text)
-
-    async with serve(fake.app) as base:
-        runtime = runtime_for(base)
-        response = await runtime.complete(request, on_text=sink)
-        await runtime.aclose()
+    response, deltas = await complete_streaming(fake, runtime_for, request)
     assert deltas == ["Hel", "lo ", "there."]
     assert response.text == "Hello there."
     assert response.tool_calls == ()
@@ -300,10 +300,7 @@ async def test_client_disconnect_closes_the_provider_stream(workspace: Path) -> 
     release = asyncio.Event()
     fake = fake_openai().script(Stream(openai_text("first ", "second"), hold=release, hold_after=2))
     async with agent_client(fake, runtime_for, workspace) as client:
-        async with client.stream("POST", PATH, json={"message": "talk"}) as response:
-            async for line in response.aiter_lines():
-                if line.startswith("data:") and '"text"' in line:
-                    break
+        await hang_up_after_first_text(client)
         # The SSE client is gone: the run is cancelled and the SDK stream closed, which the
         # fake sees as its response being dropped mid-stream.
         await asyncio.wait_for(fake.disconnected.wait(), 10)

@@ -21,7 +21,7 @@ Wire decisions:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -36,21 +36,20 @@ from .base import (
     Message,
     ModelRequest,
     ModelResponse,
-    TextSink,
     ToolCall,
     ToolSpec,
     Usage,
     new_call_id,
 )
 from .memory_tool import memory_tool
-from .provider import context_text, paired, parse_arguments, stream_turn
+from .provider import RawResponse, SdkRuntime, context_text, paired, parse_arguments
 
 DEFAULT_MAX_TOKENS = 8192
 LOCAL_API_KEY = "unused"
 """Sent to a non-Anthropic base URL (a proxy or a test server) when no key is configured."""
 
 
-class AnthropicRuntime:
+class AnthropicRuntime(SdkRuntime):
     """Claude through the Anthropic Messages API.
 
     Example:
@@ -73,6 +72,8 @@ class AnthropicRuntime:
     """
 
     name = "anthropic"
+    provider = "Anthropic"
+    sdk = anthropic
     capabilities = frozenset(
         {
             AiCapability.TOOL_CALLING,
@@ -101,7 +102,7 @@ class AnthropicRuntime:
             raise ValueError(
                 "AnthropicRuntime needs a model name: set LLM_MODEL (e.g. claude-sonnet-4-5)"
             )
-        self._owns_client = client is None
+        owns_client = client is None
         if client is None:
             root = _api_root(base_url)
             has_env_key = os.environ.get("ANTHROPIC_API_KEY") or os.environ.get(
@@ -116,10 +117,8 @@ class AnthropicRuntime:
                 timeout=timeout,
                 http_client=http_client,
             )
-        self.client = client
-        self.model = model.strip()
-        self.base_url = str(client.base_url)
-        self.max_retries = client.max_retries
+        super().__init__(client, model, owns_client=owns_client)
+        self.client: anthropic.AsyncAnthropic = client
         self.max_tokens = max_tokens
 
     @classmethod
@@ -139,23 +138,6 @@ class AnthropicRuntime:
         if capability is AiCapability.VIRTUAL_FILESYSTEM:
             return [memory_tool()]
         return []
-
-    async def complete(
-        self, request: ModelRequest, *, on_text: TextSink | None = None
-    ) -> ModelResponse:
-        turn = _Turn()
-        body = self.wire_request(request)
-        await stream_turn(
-            lambda: self.client.messages.with_raw_response.create(**body),
-            turn.add,
-            on_text,
-            sdk=anthropic,
-            provider="Anthropic",
-            base_url=self.base_url,
-            retries=self.max_retries,
-            timeout=self.client.timeout,
-        )
-        return turn.response()
 
     def wire_request(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of `messages.create`, i.e. the JSON body sent."""
@@ -189,9 +171,11 @@ class AnthropicRuntime:
         body["messages"] = messages
         return body
 
-    async def aclose(self) -> None:
-        if self._owns_client:
-            await self.client.close()
+    def send(self, body: dict[str, Any]) -> Awaitable[RawResponse]:
+        return self.client.messages.with_raw_response.create(**body)
+
+    def new_turn(self) -> _Turn:
+        return _Turn()
 
 
 def _api_root(base_url: str | None) -> str | None:

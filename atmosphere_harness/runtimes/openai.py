@@ -18,7 +18,7 @@ Wire decisions:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -32,19 +32,25 @@ from .base import (
     Message,
     ModelRequest,
     ModelResponse,
-    TextSink,
     ToolCall,
     Usage,
     new_call_id,
 )
-from .provider import arguments_json, context_text, paired, parse_arguments, stream_turn
+from .provider import (
+    RawResponse,
+    SdkRuntime,
+    arguments_json,
+    context_text,
+    paired,
+    parse_arguments,
+)
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 LOCAL_API_KEY = "unused"
 """Sent to servers that need no key (Ollama, vLLM): the SDK insists on having one."""
 
 
-class OpenAIRuntime:
+class OpenAIRuntime(SdkRuntime):
     """A model behind an OpenAI-compatible Chat Completions endpoint.
 
     Example:
@@ -68,6 +74,8 @@ class OpenAIRuntime:
     """
 
     name = "openai"
+    provider = "OpenAI"
+    sdk = openai
 
     def __init__(
         self,
@@ -87,7 +95,7 @@ class OpenAIRuntime:
             raise ValueError(
                 "OpenAIRuntime needs a model name: set LLM_MODEL (e.g. gpt-4.1-mini, llama3.1)"
             )
-        self._owns_client = client is None
+        owns_client = client is None
         if client is None:
             target = base_url or os.environ.get("OPENAI_BASE_URL") or OPENAI_BASE_URL
             key = api_key or os.environ.get("OPENAI_API_KEY")
@@ -105,10 +113,8 @@ class OpenAIRuntime:
                 timeout=timeout,
                 http_client=http_client,
             )
-        self.client = client
-        self.model = model.strip()
-        self.base_url = str(client.base_url)
-        self.max_retries = client.max_retries
+        super().__init__(client, model, owns_client=owns_client)
+        self.client: openai.AsyncOpenAI = client
         self.max_tokens = max_tokens
         self.parallel_tool_calls = parallel_tool_calls
         self.cache_key_mode = PromptCacheKeyMode.parse(prompt_cache_key)
@@ -136,23 +142,6 @@ class OpenAIRuntime:
             max_tokens=settings.llm_max_tokens,
             prompt_cache_key=settings.prompt_cache_key,
         )
-
-    async def complete(
-        self, request: ModelRequest, *, on_text: TextSink | None = None
-    ) -> ModelResponse:
-        turn = _Turn()
-        body = self.wire_request(request)
-        await stream_turn(
-            lambda: self.client.chat.completions.with_raw_response.create(**body),
-            turn.add,
-            on_text,
-            sdk=openai,
-            provider="OpenAI",
-            base_url=self.base_url,
-            retries=self.max_retries,
-            timeout=self.client.timeout,
-        )
-        return turn.response()
 
     def wire_request(self, request: ModelRequest) -> dict[str, Any]:
         """The keyword arguments of `chat.completions.create`, i.e. the JSON body sent."""
@@ -185,9 +174,11 @@ class OpenAIRuntime:
                 body["prompt_cache_key"] = key
         return body
 
-    async def aclose(self) -> None:
-        if self._owns_client:
-            await self.client.close()
+    def send(self, body: dict[str, Any]) -> Awaitable[RawResponse]:
+        return self.client.chat.completions.with_raw_response.create(**body)
+
+    def new_turn(self) -> _Turn:
+        return _Turn()
 
 
 def wire_messages(request: ModelRequest) -> list[dict[str, Any]]:

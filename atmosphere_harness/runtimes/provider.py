@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import httpx2
 
-from .base import Message, ModelError, ModelRequest, TextSink
+from .base import Message, ModelError, ModelRequest, ModelResponse, TextSink
 
 RETRY_WAIT_SECONDS = 120.0
 """The longest wait one retry may add (a server's `Retry-After` included)."""
@@ -32,6 +32,69 @@ class RawResponse(Protocol):
 
     @property
     def http_response(self) -> httpx2.Response: ...
+
+
+class Turn(Protocol):
+    """Accumulates the events of one streamed model turn."""
+
+    def add(self, event: Event) -> str:
+        """Take one event; returns its text delta."""
+        ...
+
+    def response(self) -> ModelResponse: ...
+
+
+class SdkRuntime:
+    """What the SDK-backed runtimes share: the client, one streamed call, shutdown.
+
+    A subclass says how to build the request body (`wire_request`), how to send it
+    (`send`, returning the SDK's raw response) and how to read the events (`new_turn`).
+    """
+
+    provider = ""
+    """The provider's name in error messages (`OpenAI`, `Anthropic`)."""
+
+    sdk: ModuleType
+    """The SDK module, whose error classes `sdk_error` translates."""
+
+    def __init__(self, client: Any, model: str, *, owns_client: bool) -> None:
+        self.client = client
+        self.model = model.strip()
+        self.base_url = str(client.base_url)
+        self.max_retries: int = client.max_retries
+        self._owns_client = owns_client
+
+    def wire_request(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body of one model call."""
+        raise NotImplementedError
+
+    def send(self, body: dict[str, Any]) -> Awaitable[RawResponse]:
+        raise NotImplementedError
+
+    def new_turn(self) -> Turn:
+        raise NotImplementedError
+
+    async def complete(
+        self, request: ModelRequest, *, on_text: TextSink | None = None
+    ) -> ModelResponse:
+        turn = self.new_turn()
+        body = self.wire_request(request)
+        await stream_turn(
+            lambda: self.send(body),
+            turn.add,
+            on_text,
+            sdk=self.sdk,
+            provider=self.provider,
+            base_url=self.base_url,
+            retries=self.max_retries,
+            timeout=self.client.timeout,
+        )
+        return turn.response()
+
+    async def aclose(self) -> None:
+        """Close the SDK client, unless the caller passed it in (then it is theirs)."""
+        if self._owns_client:
+            await self.client.close()
 
 
 def start_deadline(timeout: object, retries: int) -> float:
