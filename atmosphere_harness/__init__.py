@@ -22,6 +22,7 @@ from .cache import CacheHint, PromptCache
 from .events import Event
 from .filesystem import AgentFileSystem, FileSystemLimits
 from .harness import Harness
+from .planning import AgentPlan, PlanStatus, PlanStep, PlanStore
 from .registry import agent, ai_endpoint, coordinator, prompt, skill
 from .runtimes.base import (
     AgentRuntime,
@@ -37,6 +38,7 @@ from .session import StreamingSession
 from .settings import HarnessSettings
 from .tools.base import Tool, ToolContext, ToolKind, tool
 from .web.deps import HarnessDep, get_harness, get_user_id
+from .web.planning import PlanStoreDep, get_plan_store
 from .web.router import create_harness_router, harness_router
 
 if TYPE_CHECKING:
@@ -69,6 +71,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AgentFileSystem",
+    "AgentPlan",
     "AgentRuntime",
     "AiCapability",
     "AnthropicRuntime",
@@ -82,6 +85,10 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "OpenAIRuntime",
+    "PlanStatus",
+    "PlanStep",
+    "PlanStore",
+    "PlanStoreDep",
     "PromptCache",
     "ScriptedRuntime",
     "StreamingSession",
@@ -96,6 +103,7 @@ __all__ = [
     "coordinator",
     "create_harness_router",
     "get_harness",
+    "get_plan_store",
     "get_user_id",
     "harness_router",
     "prompt",

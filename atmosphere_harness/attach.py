@@ -31,4 +31,6 @@ class Primitive:
 
 def default_primitives() -> list[Primitive]:
     """The built-in primitives, in attach order."""
-    return []
+    from .planning import PlanningPrimitive
+
+    return [PlanningPrimitive()]

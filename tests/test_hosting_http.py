@@ -88,7 +88,7 @@ async def test_tool_round_trip_streams_frames_in_order(workspace: Path) -> None:
     second = runtime.requests[1]
     assert [m.role for m in second.messages] == ["user", "assistant", "tool"]
     assert second.messages[2].content == "5"
-    assert {t.name for t in second.tools} == {"add", "explode", "whoami"}
+    assert {"add", "explode", "whoami"} <= {t.name for t in second.tools}
 
 
 async def test_raising_tool_yields_error_result_and_the_run_completes(workspace: Path) -> None:

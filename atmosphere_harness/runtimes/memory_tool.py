@@ -80,7 +80,7 @@ def memory_tool() -> Tool:
 
 async def handle(arguments: Mapping[str, Any], context: ToolContext) -> str:
     """Run one memory command; every outcome is a message the model can act on."""
-    fs = context.get(AgentFileSystem)  # type: ignore[type-abstract]  # a Protocol, on purpose
+    fs = context.get(AgentFileSystem)
     if fs is None:
         return UNAVAILABLE
     command = arguments.get("command")

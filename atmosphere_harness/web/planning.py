@@ -1,0 +1,129 @@
+"""`GET P/plan/events` (the live plan of a conversation) and `get_plan_store` for host routes.
+
+The stream, for `?conversationId=c` (optionally resuming with `Last-Event-ID`):
+
+1. `retry: 3000` (reconnect after 3 s);
+2. a resumable id the bus still knows -> only the `plan-update`s published after it;
+   otherwise one `plan-snapshot` event (the stored plan, or an empty one) whose id is the
+   conversation's current position;
+3. every later `plan-update` as it is published; a `: ping` comment every 15 s.
+
+Every event's `data:` is the plan in its wire shape
+(`{"steps", "goal", "conversationId", "agentId"}`) and its `id:` resumes the stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import Depends, Header, HTTPException, Query
+from sse_starlette import EventSourceResponse
+
+from ..endpoint import HostedEndpoint
+from ..host import HarnessHost
+from ..log import get_logger
+from ..planning.attach import SURFACE
+from ..planning.bus import PlanBusFull, PlanEventBus, encode
+from ..planning.model import AgentPlan
+from ..planning.store import OwnerPlanStores, PlanStore
+from ..planning.tools import BUS_SERVICE, STORE_SERVICE, agent_id_for
+from ..run import check_conversation_id
+from .deps import HarnessDep
+from .sse import PING_SECONDS, SEND_TIMEOUT
+
+if TYPE_CHECKING:
+    from .routes import RouteSpec
+
+log = get_logger(__name__)
+
+PLAN_SNAPSHOT = "plan-snapshot"
+PLAN_UPDATE = "plan-update"
+RETRY_MS = 3000
+_SEP = "\r\n"
+
+
+def get_plan_store(host: HarnessDep) -> PlanStore:
+    """Every owner's plans, for the host's own routes: `agentId` is the agent (owner) name.
+
+    `await plans.get("assistant", conversation_id)` reads what the `assistant` agent planned
+    in that conversation. Override it like any dependency:
+    `app.dependency_overrides[get_plan_store] = lambda: my_store`.
+    """
+    return OwnerPlanStores(lambda owner: host.surface(SURFACE, owner))
+
+
+PlanStoreDep = Annotated[PlanStore, Depends(get_plan_store)]
+
+
+def sse_event(event: str, event_id: str | None, data: str) -> bytes:
+    """One SSE event; `data` is compact JSON, which never contains a line break."""
+    head = f"id: {event_id}{_SEP}" if event_id is not None else ""
+    return f"{head}event: {event}{_SEP}data: {data}{_SEP}{_SEP}".encode()
+
+
+def plan_event_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
+    from .routes import RouteSpec  # routes.py lists this builder, so import it late
+
+    store: PlanStore | None = endpoint.services.get(STORE_SERVICE)
+    if store is None:
+        return []
+    agent_id = agent_id_for(endpoint)
+
+    async def plan_events(
+        conversation_id: Annotated[str, Query(alias="conversationId")],
+        last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+        resume_from: Annotated[
+            str | None,
+            Query(
+                alias="lastEventId",
+                description="Resume after this id (for clients that cannot set the header).",
+            ),
+        ] = None,
+    ) -> EventSourceResponse:
+        try:
+            check_conversation_id(conversation_id)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        bus: PlanEventBus | None = endpoint.services.get(BUS_SERVICE)
+        if bus is None:
+            raise HTTPException(503, "the plan event bus is not running")
+
+        async def stream() -> AsyncIterator[bytes]:
+            yield f"retry: {RETRY_MS}{_SEP}{_SEP}".encode()
+            try:
+                async with bus.subscribe(
+                    endpoint.owner, conversation_id, last_event_id=last_event_id or resume_from
+                ) as subscription:
+                    if subscription.replay is None:
+                        plan = await store.get(agent_id, conversation_id) or AgentPlan()
+                        data = plan.to_wire(conversation_id=conversation_id, agent_id=agent_id)
+                        yield sse_event(PLAN_SNAPSHOT, subscription.cursor, encode(data))
+                    elif subscription.replay:
+                        yield b"".join(
+                            sse_event(PLAN_UPDATE, e.id, e.json) for e in subscription.replay
+                        )
+                    async for batch in subscription:
+                        yield b"".join(sse_event(PLAN_UPDATE, e.id, e.json) for e in batch)
+            except PlanBusFull as exc:
+                yield sse_event("error", None, encode({"message": str(exc)}))
+
+        return EventSourceResponse(stream(), ping=PING_SECONDS, send_timeout=SEND_TIMEOUT)
+
+    return [
+        RouteSpec(
+            f"{endpoint.path}/plan/events",
+            plan_events,
+            methods=("GET",),
+            options={
+                "summary": f"Live plan of {endpoint.owner}",
+                "response_class": EventSourceResponse,
+                "responses": {
+                    200: {
+                        "content": {"text/event-stream": {}},
+                        "description": "plan-snapshot, then plan-update events",
+                    }
+                },
+            },
+        )
+    ]
