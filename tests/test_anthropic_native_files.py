@@ -72,12 +72,11 @@ async def test_memory_tool_writes_into_the_workspace(workspace: Path) -> None:
         "old_str": "1. add",
         "new_str": "1. add (done)",
     }
+    view = {"command": "view", "path": "/memories"}
     fake = fake_anthropic().script(
         Stream(anthropic_tool_uses([("tu_1", "memory", json.dumps(create))])),
         Stream(anthropic_tool_uses([("tu_2", "memory", json.dumps(edit))])),
-        Stream(
-            anthropic_tool_uses([("tu_3", "memory", '{"command": "view", "path": "/memories"}')])
-        ),
+        Stream(anthropic_tool_uses([("tu_3", "memory", json.dumps(view))])),
         Stream(anthropic_text("Noted.")),
     )
     async with serve(fake.app) as base, client_for(app_for(base, workspace)) as client:
