@@ -22,6 +22,13 @@ from .cache import CacheHint, PromptCache
 from .events import Event
 from .filesystem import AgentFileSystem, FileSystemLimits
 from .harness import Harness
+from .memory import (
+    ConversationMemory,
+    InMemoryLongTermMemory,
+    LongTermMemory,
+    LongTermMemoryInterceptor,
+    SqliteLongTermMemory,
+)
 from .planning import AgentPlan, PlanStatus, PlanStep, PlanStore
 from .registry import agent, ai_endpoint, coordinator, prompt, skill
 from .runtimes.base import (
@@ -38,6 +45,7 @@ from .session import StreamingSession
 from .settings import HarnessSettings
 from .tools.base import Tool, ToolContext, ToolKind, tool
 from .web.deps import HarnessDep, get_harness, get_user_id
+from .web.memory import LongTermMemoryDep, get_long_term_memory
 from .web.planning import PlanStoreDep, get_plan_store
 from .web.router import create_harness_router, harness_router
 
@@ -76,11 +84,16 @@ __all__ = [
     "AiCapability",
     "AnthropicRuntime",
     "CacheHint",
+    "ConversationMemory",
     "Event",
     "FileSystemLimits",
     "Harness",
     "HarnessDep",
     "HarnessSettings",
+    "InMemoryLongTermMemory",
+    "LongTermMemory",
+    "LongTermMemoryDep",
+    "LongTermMemoryInterceptor",
     "Message",
     "ModelRequest",
     "ModelResponse",
@@ -91,6 +104,7 @@ __all__ = [
     "PlanStoreDep",
     "PromptCache",
     "ScriptedRuntime",
+    "SqliteLongTermMemory",
     "StreamingSession",
     "Tool",
     "ToolCall",
@@ -103,6 +117,7 @@ __all__ = [
     "coordinator",
     "create_harness_router",
     "get_harness",
+    "get_long_term_memory",
     "get_plan_store",
     "get_user_id",
     "harness_router",

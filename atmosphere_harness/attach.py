@@ -31,6 +31,7 @@ class Primitive:
 
 def default_primitives() -> list[Primitive]:
     """The built-in primitives, in attach order."""
+    from .memory.primitive import MemoryPrimitive
     from .planning import PlanningPrimitive
 
-    return [PlanningPrimitive()]
+    return [MemoryPrimitive(), PlanningPrimitive()]

@@ -46,6 +46,12 @@ class HistoryStore(Protocol):
     async def append(self, run: RunContext, messages: Sequence[Message]) -> None: ...
 
 
+class CloseHook(Protocol):
+    """Told when a conversation closes; returns whether it knew the conversation."""
+
+    async def __call__(self, conversation_id: str, user_id: str | None) -> bool: ...
+
+
 DEFAULT_SYSTEM_PROMPT = (
     "You are {name}, a capable assistant. Work through the user's request step by step, "
     "use your tools when they help, and finish with a clear answer."
@@ -94,6 +100,7 @@ class HostedEndpoint:
         self.providers: dict[type, Provider] = {}
         self.interceptors: list[RunInterceptor] = []
         self.history: HistoryStore | None = None
+        self.close_hooks: list[CloseHook] = []
         self.admission_hooks: list[AdmissionHook] = []
         self.approval_hook: ApprovalHook | None = None
         self.result_hooks: list[ResultHook] = []
@@ -170,6 +177,8 @@ class HostedEndpoint:
             truth=truth,
         )
         endpoint.prompt_parameters = _prompt_parameters(spec)
+        # Interceptors the class declares run before the ones primitives append.
+        endpoint.interceptors.extend(getattr(spec.cls, "interceptors", None) or ())
         return endpoint
 
 

@@ -203,6 +203,25 @@ class HarnessHost:
         if still:
             log.warning("background tasks cancelled at shutdown", count=len(still))
 
+    async def close_conversation(
+        self, path: str, conversation_id: str, user_id: str | None = None
+    ) -> bool:
+        """Close a conversation of the endpoint at `path` (close route, WebSocket disconnect).
+
+        Every close hook of the endpoint is told (memory schedules its fact extraction in the
+        background); returns whether any of them knew the conversation. Hooks never raise here.
+        """
+        endpoint = self.endpoints.get(path)
+        if endpoint is None:
+            return False
+        known = False
+        for hook in endpoint.close_hooks:
+            try:
+                known = await hook(conversation_id, user_id) or known
+            except Exception:
+                log.exception("close hook failed", endpoint=path, conversation=conversation_id)
+        return known
+
     # --- lookups --------------------------------------------------------------------------
 
     def endpoint(self, path: str) -> HostedEndpoint | None:

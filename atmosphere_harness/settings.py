@@ -125,6 +125,26 @@ class HarnessSettings(BaseSettings):
     compaction: Compaction = Field(
         Compaction.SLIDING_WINDOW, validation_alias=_env("ATMOSPHERE_AI_HARNESS_COMPACTION")
     )
+    compaction_recent_window: int = Field(
+        6, ge=1, validation_alias=_env("ATMOSPHERE_AI_HARNESS_COMPACTION_RECENT_WINDOW")
+    )
+    """Messages `summarizing` keeps verbatim after its summary."""
+    context_window_tokens: int = Field(
+        128_000, ge=256, validation_alias=_env("ATMOSPHERE_AI_CONTEXT_WINDOW_TOKENS")
+    )
+    """The history budget of `token-window` compaction (tokens estimated as chars/4)."""
+    conversation_idle_timeout: float = Field(
+        1800.0, validation_alias=_env("ATMOSPHERE_AI_CONVERSATION_IDLE_TIMEOUT")
+    )
+    """Seconds without a prompt after which a conversation closes; `<= 0` disables the reaper."""
+    memory_model_timeout: float = Field(
+        30.0, gt=0, validation_alias=_env("ATMOSPHERE_AI_MEMORY_MODEL_TIMEOUT")
+    )
+    """Seconds a summary or fact-extraction model call may take before it fails open."""
+    memory_max_facts: int = Field(
+        100, ge=1, validation_alias=_env("ATMOSPHERE_AI_MEMORY_MAX_FACTS")
+    )
+    """Facts the default long-term memory keeps per user (the oldest are evicted)."""
     prompt_cache_default: PromptCache | None = Field(
         None, validation_alias=_env("ATMOSPHERE_AI_HARNESS_PROMPT_CACHE_DEFAULT")
     )

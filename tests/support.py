@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import types
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -108,3 +110,12 @@ def require_service(name: str, reason: str) -> None:
     if os.environ.get("ATMOSPHERE_REQUIRE_SERVICES") == "1":
         pytest.fail(f"{name} is required in CI but unavailable: {reason}")
     pytest.skip(f"{name} unavailable: {reason}")
+
+
+def doc_example(doc: Path, name: str) -> types.ModuleType:
+    """The first python code block of a docs page, executed as module `name`."""
+    code = re.search(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), re.DOTALL)
+    assert code is not None, f"{doc.name} has a python example"
+    module = types.ModuleType(name)
+    exec(compile(code.group(1), str(doc), "exec"), module.__dict__)
+    return module

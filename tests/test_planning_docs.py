@@ -2,31 +2,21 @@
 
 from __future__ import annotations
 
-import re
-import types
 from pathlib import Path
 
 import pytest
 
-from tests.support import client_for
+from tests.support import client_for, doc_example
 from tests.support import prompt as post_prompt
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "planning.md"
-
-
-def example_module() -> types.ModuleType:
-    code = re.search(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.DOTALL)
-    assert code is not None, "docs/planning.md has a python example"
-    module = types.ModuleType("planning_app")
-    exec(compile(code.group(1), str(DOC), "exec"), module.__dict__)
-    return module
 
 
 async def test_the_documented_example_plans_and_serves_the_plan(
     workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ATMOSPHERE_WORKSPACE_ROOT", str(workspace))
-    app = example_module().app
+    app = doc_example(DOC, "planning_app").app
     async with client_for(app) as client:
         frames = await post_prompt(
             client,

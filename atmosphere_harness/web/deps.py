@@ -6,9 +6,10 @@ Override any of them in tests or to plug in your auth:
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
-from fastapi import Depends
+from fastapi import Depends, HTTPException
 from starlette.requests import HTTPConnection
 
 from ..host import HarnessHost
@@ -39,3 +40,23 @@ async def get_user_id(connection: HTTPConnection) -> str | None:
 
 
 UserIdDep = Annotated[str | None, Depends(get_user_id)]
+
+USER_ID_HEADER = "X-User-Id"
+_USER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:+-]{0,127}$")
+
+
+async def user_id_from_header(connection: HTTPConnection) -> str | None:
+    """Trust the `X-User-Id` header as the user: for demos and trusted gateways only.
+
+    Anyone who can reach the app can claim any id with it, so install it only behind a proxy
+    that sets the header itself: `app.dependency_overrides[get_user_id] = user_id_from_header`.
+    No header means anonymous; a malformed one is rejected (400).
+    """
+    value = connection.headers.get(USER_ID_HEADER)
+    if value is None or not value.strip():
+        return None
+    if not _USER_ID.match(value):
+        raise HTTPException(
+            400, f"{USER_ID_HEADER} must be 1-128 letters, digits or . _ @ : + - characters"
+        )
+    return value

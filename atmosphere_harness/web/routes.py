@@ -18,6 +18,7 @@ from ..endpoint import HostedEndpoint
 from ..host import HarnessHost
 from ..run import check_conversation_id, new_conversation_id
 from .deps import get_user_id
+from .memory import close_routes
 from .planning import plan_event_routes
 from .sse import stream_prompt
 
@@ -81,5 +82,5 @@ def prompt_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec
     ]
 
 
-ROUTE_BUILDERS: list[RouteBuilder] = [prompt_routes, plan_event_routes]
+ROUTE_BUILDERS: list[RouteBuilder] = [prompt_routes, plan_event_routes, close_routes]
 """Every per-endpoint route builder, in mount order."""

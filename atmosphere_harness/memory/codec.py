@@ -1,0 +1,62 @@
+"""The stored form of one conversation message: compact JSON, packed with bz2 when that pays.
+
+The history keeps every message in full (a `write_file` call holds the whole file it wrote), so
+the bytes it adds per byte the model wrote decide how much disk a long session costs. A turn is
+stored as plain JSON first (fast, on the request path); large payloads are packed afterwards, off
+the request path (see `SqliteHistory`). bz2 is the codec because, on model-written text and
+code, it stores the fewest bytes of the standard library's codecs (about a fifth of the input,
+where zlib keeps about a quarter); its slower reads are rare, since recent messages are served
+from memory.
+"""
+
+from __future__ import annotations
+
+import bz2
+import json
+from typing import Any
+
+from ..runtimes.base import Message, ToolCall
+
+PLAIN = 0
+BZ2 = 2
+
+PACK_FROM = 1024
+"""Payloads shorter than this (bytes) stay plain: packing them would save next to nothing."""
+
+
+def dump_message(message: Message) -> dict[str, Any]:
+    """A message as a JSON-ready dict with short keys (only the fields it uses)."""
+    data: dict[str, Any] = {"r": message.role, "c": message.content}
+    if message.tool_calls:
+        data["t"] = [[call.id, call.name, dict(call.arguments)] for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        data["i"] = message.tool_call_id
+    if message.name is not None:
+        data["n"] = message.name
+    return data
+
+
+def load_message(data: dict[str, Any]) -> Message:
+    calls = tuple(ToolCall(name, arguments, id) for id, name, arguments in data.get("t", ()))
+    return Message(
+        data["r"], data.get("c", ""), calls, tool_call_id=data.get("i"), name=data.get("n")
+    )
+
+
+def encode(message: Message) -> bytes:
+    """The plain stored form (UTF-8 JSON)."""
+    return json.dumps(dump_message(message), ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def pack(payload: bytes) -> bytes | None:
+    """The bz2 form of a plain payload, or `None` when it would not save a tenth."""
+    if len(payload) < PACK_FROM:
+        return None
+    packed = bz2.compress(payload, 9)
+    return packed if len(packed) * 10 <= len(payload) * 9 else None
+
+
+def decode(codec: int, payload: bytes) -> Message:
+    raw = bz2.decompress(payload) if codec == BZ2 else payload
+    data: dict[str, Any] = json.loads(raw)
+    return load_message(data)

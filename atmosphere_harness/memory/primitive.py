@@ -1,0 +1,242 @@
+"""The memory attach engine: conversation memory, compaction and long-term memory.
+
+On start it opens the workspace database (`{workspace_root}/atmosphere.db`), resolves the one
+long-term memory store the app uses and starts the idle reaper. On each endpoint that gets
+memory it installs a `ConversationMemory` as the loop's history and, with `Harness.MEMORY`, the
+long-term-memory interceptor. A conversation closes through `HarnessHost.close_conversation`
+(the close route, a WebSocket disconnect), the idle reaper, or shutdown; closing schedules fact
+extraction in the background and returns at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from typing import TYPE_CHECKING
+
+from ..attach import Primitive
+from ..harness import Harness
+from ..log import get_logger
+from ..preset import ACTIVE, COMPACTION, CONVERSATION_MEMORY, LONG_TERM_MEMORY
+from .compaction import build_strategy
+from .conversation import DEFAULT_MAX_HISTORY, ConversationMemory
+from .history import ConversationKey, HistoryBackend, InMemoryHistory
+from .interceptor import LongTermMemoryInterceptor
+from .long_term import LongTermMemory, SqliteLongTermMemory
+from .providers import LongTermMemoryProvider, load_providers, resolve_provider
+from .sqlite import DATABASE_FILE, SqliteDatabase
+from .sqlite_history import SqliteHistory
+
+if TYPE_CHECKING:
+    from ..endpoint import HostedEndpoint
+    from ..host import HarnessHost
+
+log = get_logger(__name__)
+
+MAX_EXTRACTION_MESSAGES = 200
+REAP_BATCH = 256
+
+
+def qualified_name(value: object) -> str:
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+class MemoryPrimitive(Primitive):
+    """Attaches `Harness.MEMORY` (and explicit `conversation_memory=True`).
+
+    `history=` and `long_term_memory=` replace the SQLite defaults (tests pass in-memory ones);
+    `providers=` replaces entry-point discovery.
+    """
+
+    name = "memory"
+
+    def __init__(
+        self,
+        *,
+        history: HistoryBackend | None = None,
+        long_term_memory: LongTermMemory | None = None,
+        providers: list[LongTermMemoryProvider] | None = None,
+    ) -> None:
+        self._given_history = history
+        self._given_store = long_term_memory
+        self._providers = providers
+        self.database: SqliteDatabase | None = None
+        self.history: HistoryBackend = history or InMemoryHistory()
+        self.store: LongTermMemory | None = None
+        self._owned_store: LongTermMemory | None = None
+        self._interceptors: dict[str, LongTermMemoryInterceptor] = {}
+        self._extracting: set[ConversationKey] = set()
+        self._reaper: asyncio.Task[None] | None = None
+        self._host: HarnessHost | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, host: HarnessHost) -> None:
+        self._host = host
+        settings = host.settings
+        option = host.options.get("long_term_memory")
+        store = option if option is not None else self._given_store
+        if self._given_history is None or store is None:
+            self.database = SqliteDatabase(settings.workspace_root / DATABASE_FILE)
+        if self._given_history is None:
+            assert self.database is not None
+            self.history = SqliteHistory(self.database)
+        if store is None:
+            providers = self._providers if self._providers is not None else load_providers()
+            found = resolve_provider(settings, providers)
+            if found is not None:
+                provider, store = found
+                self._owned_store = store
+                log.info("long-term memory from provider", provider=provider.name)
+        if store is None:
+            assert self.database is not None
+            store = SqliteLongTermMemory(
+                database=self.database, max_facts_per_user=settings.memory_max_facts
+            )
+        if not isinstance(store, LongTermMemory):
+            raise TypeError(f"long_term_memory must be a LongTermMemory, got {store!r}")
+        self.store = store
+        if self.database is not None:
+            await self.database.open()
+        host.services["memory"] = self
+        host.services["long_term_memory"] = store
+        if settings.conversation_idle_timeout > 0:
+            self._reaper = asyncio.get_running_loop().create_task(
+                self._reap_forever(settings.conversation_idle_timeout), name="memory-idle-reaper"
+            )
+
+    def attach(self, endpoint: HostedEndpoint, host: HarnessHost) -> None:
+        spec = endpoint.spec
+        explicit = spec is not None and spec.conversation_memory
+        if not (endpoint.has(Harness.MEMORY) or explicit):
+            return
+        settings = host.settings
+        strategy = build_strategy(
+            settings.compaction,
+            runtime=endpoint.runtime,
+            model_timeout=settings.memory_model_timeout,
+            recent_window=settings.compaction_recent_window,
+            context_tokens=settings.context_window_tokens,
+        )
+        memory = ConversationMemory(
+            self.history,
+            endpoint=endpoint.path,
+            max_messages=spec.max_history_messages if spec is not None else DEFAULT_MAX_HISTORY,
+            strategy=strategy,
+        )
+        endpoint.history = memory
+        endpoint.services["conversation_memory"] = memory
+        endpoint.provide(ConversationMemory, lambda run: memory)
+        endpoint.close_hooks.append(
+            lambda conversation, user: self.close(endpoint, conversation, user)
+        )
+        if not endpoint.has(Harness.MEMORY):
+            return
+        endpoint.report(CONVERSATION_MEMORY, ACTIVE)
+        endpoint.report(COMPACTION, strategy.name)
+        interceptor = next(
+            (i for i in endpoint.interceptors if isinstance(i, LongTermMemoryInterceptor)), None
+        )
+        if interceptor is None:
+            assert self.store is not None
+            interceptor = LongTermMemoryInterceptor(self.store)
+            endpoint.interceptors.append(interceptor)
+            endpoint.report(LONG_TERM_MEMORY, f"{ACTIVE}({qualified_name(self.store)})")
+        self._interceptors[endpoint.path] = interceptor
+        store = interceptor.store
+        endpoint.provide(LongTermMemory, lambda run: store)
+
+    async def stop(self, host: HarnessHost) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+            self._reaper = None
+        # A history that dies with the process closes every conversation now; a durable one
+        # closes those already idle (the others may continue after a restart).
+        timeout = host.settings.conversation_idle_timeout
+        if not self.history.durable:
+            await self.reap(math.inf)
+        elif timeout > 0:
+            await self.reap(time.time() - timeout)
+        await host.drain()
+        await self.history.aclose()
+        if self._owned_store is not None:
+            await self._owned_store.aclose()
+        if self.database is not None:
+            await self.database.aclose()
+
+    # --- closing conversations ------------------------------------------------------------
+
+    async def close(
+        self, endpoint: HostedEndpoint, conversation_id: str, user_id: str | None
+    ) -> bool:
+        """Close one conversation; extraction (when there is a user) runs in the background."""
+        key = ConversationKey(endpoint.path, user_id, conversation_id)
+        if not await self.history.close(key):
+            return False
+        interceptor = self._interceptors.get(endpoint.path)
+        if user_id and interceptor is not None and key not in self._extracting and self._host:
+            self._extracting.add(key)
+            self._host.spawn(
+                self._extract(endpoint, interceptor, key, user_id),
+                name=f"memory-extraction:{endpoint.path}:{conversation_id}",
+            )
+        return True
+
+    async def _extract(
+        self,
+        endpoint: HostedEndpoint,
+        interceptor: LongTermMemoryInterceptor,
+        key: ConversationKey,
+        user_id: str,
+    ) -> None:
+        assert self._host is not None
+        try:
+            messages, last_seq = await self.history.unextracted(key, MAX_EXTRACTION_MESSAGES)
+            if not messages:
+                return
+            stored = await interceptor.extract(
+                user_id,
+                messages,
+                runtime=endpoint.runtime,
+                timeout=self._host.settings.memory_model_timeout,
+                conversation_id=key.conversation_id,
+            )
+            await self.history.mark_extracted(key, last_seq)
+            log.info("long-term memory extracted", endpoint=endpoint.path, facts=len(stored))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning(
+                "long-term memory extraction failed", endpoint=endpoint.path, error=str(exc)
+            )
+        finally:
+            self._extracting.discard(key)
+
+    async def reap(self, before: float) -> int:
+        """Close every open conversation idle since before `before`; returns how many."""
+        closed = 0
+        while True:
+            keys = await self.history.idle(before, REAP_BATCH)
+            if not keys:
+                return closed
+            for key in keys:
+                endpoint = self._host.endpoint(key.endpoint) if self._host else None
+                if endpoint is None:
+                    await self.history.close(key)
+                else:
+                    await self.close(endpoint, key.conversation_id, key.user_id)
+                closed += 1
+
+    async def _reap_forever(self, timeout: float) -> None:
+        interval = min(max(timeout / 4, 1.0), 60.0)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.reap(time.time() - timeout)
+            except Exception as exc:
+                log.warning("idle conversation reaper failed", error=str(exc))

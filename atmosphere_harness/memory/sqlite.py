@@ -1,0 +1,115 @@
+"""`SqliteDatabase`: one embedded SQLite file, used from asyncio without blocking the loop.
+
+Every operation hops to one dedicated worker thread that owns the connection, so operations run
+one at a time in submission order (SQLite allows a single writer anyway) and the event loop never
+waits on disk. This is what `aiosqlite` does, in the few lines the harness needs, without the
+dependency. The file runs in WAL mode with `synchronous=NORMAL`: a crash of the process loses
+nothing committed; a power cut can lose the last transactions, never corrupt the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+DATABASE_FILE = "atmosphere.db"
+"""The harness's embedded database, directly under `workspace_root`."""
+
+
+class SqliteDatabase:
+    """A lazily opened SQLite file with its own thread; `schema` scripts run once on open."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._schemas: list[str] = []
+        self._connection: sqlite3.Connection | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._guard = threading.Lock()
+        self._closed = False
+
+    def add_schema(self, script: str) -> None:
+        """Register DDL (idempotent `CREATE ... IF NOT EXISTS`) to run when the file opens."""
+        if self._connection is not None or self._closed:
+            raise RuntimeError(f"database {self.path} is already open: add schemas before")
+        self._schemas.append(script)
+
+    async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `work(connection)` on the database thread and return its result."""
+        if self._closed:
+            raise RuntimeError(f"database {self.path} is closed")
+        if self._executor is None:
+            with self._guard:
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(1, thread_name_prefix="atmosphere-sqlite")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._call, work)
+
+    async def open(self) -> None:
+        """Create the file and its tables now (otherwise the first operation does)."""
+        await self.run(lambda connection: None)
+
+    def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        if self._connection is None:
+            self._connection = self._connect()
+        return work(self._connection)
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        # Both only take effect on a new file. Small pages waste less of the last page of each
+        # large payload (the history's rows are mostly that); incremental auto-vacuum lets the
+        # history give the pages of packed-away payloads back to the file system.
+        connection.execute("PRAGMA page_size=1024")
+        connection.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=NORMAL")
+        connection.execute("PRAGMA busy_timeout=5000")
+        connection.execute("PRAGMA foreign_keys=ON")
+        # After a checkpoint the WAL file is cut back to this size instead of staying large.
+        connection.execute("PRAGMA journal_size_limit=1048576")
+        for script in self._schemas:
+            connection.executescript(script)
+        return connection
+
+    async def aclose(self) -> None:
+        """Checkpoint the WAL into the main file and close; later calls raise."""
+        if self._closed:
+            return
+        executor = self._executor
+        if executor is not None:
+            await asyncio.get_running_loop().run_in_executor(executor, self._close_connection)
+            executor.shutdown(wait=True)
+        self._closed = True
+
+    def _close_connection(self) -> None:
+        if self._connection is None:
+            return
+        try:
+            self._connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            self._connection.close()
+            self._connection = None
+
+
+class Transaction:
+    """`with Transaction(connection):` — BEGIN IMMEDIATE, COMMIT, or ROLLBACK on error."""
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self.connection = connection
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.connection.execute("BEGIN IMMEDIATE")
+        return self.connection
+
+    def __exit__(self, kind: object, value: object, traceback: object) -> None:
+        if kind is None:
+            self.connection.execute("COMMIT")
+        else:
+            self.connection.execute("ROLLBACK")

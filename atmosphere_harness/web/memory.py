@@ -1,0 +1,57 @@
+"""`POST P/conversations/{id}/close` and `get_long_term_memory` for host routes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Depends, HTTPException
+from starlette.requests import HTTPConnection
+
+from ..endpoint import HostedEndpoint
+from ..host import HarnessHost
+from ..memory.long_term import LongTermMemory
+from ..run import check_conversation_id
+from .deps import get_harness, get_user_id
+
+if TYPE_CHECKING:
+    from .routes import RouteSpec
+
+
+def close_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
+    """`POST P/conversations/{id}/close`: the conversation ends; extraction runs in background.
+
+    404 when no primitive knows the conversation for this user (another user's id included).
+    """
+    from .routes import RouteSpec  # routes.py lists this builder, so import it late
+
+    async def close_conversation(
+        conversation_id: str,
+        user_id: Annotated[str | None, Depends(get_user_id)],
+    ) -> dict[str, Any]:
+        try:
+            check_conversation_id(conversation_id)
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        if not await host.close_conversation(endpoint.path, conversation_id, user_id):
+            raise HTTPException(404, f"unknown conversation {conversation_id!r}")
+        return {"conversationId": conversation_id, "closed": True}
+
+    return [
+        RouteSpec(
+            endpoint.path + "/conversations/{conversation_id}/close",
+            close_conversation,
+            methods=("POST",),
+            options={"summary": f"Close a conversation of {endpoint.owner}"},
+        )
+    ]
+
+
+def get_long_term_memory(connection: HTTPConnection) -> LongTermMemory:
+    """The app's long-term memory store (503 when the memory primitive is not running)."""
+    store = get_harness(connection).services.get("long_term_memory")
+    if not isinstance(store, LongTermMemory):
+        raise HTTPException(503, "long-term memory is not configured")
+    return store
+
+
+LongTermMemoryDep = Annotated[LongTermMemory, Depends(get_long_term_memory)]
