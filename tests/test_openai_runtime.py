@@ -324,6 +324,16 @@ async def test_malformed_tool_arguments_reach_the_model_as_invalid_arguments(
     assert sent_back == '{"a": 2, "b": ', "the model's own text goes back unchanged"
 
 
+def test_a_leading_summary_joins_the_system_prompt_after_it() -> None:
+    runtime = OpenAIRuntime("m", base_url="http://127.0.0.1:9/v1")
+    history = (Message.system("Summary of 12 earlier messages: ..."), Message.user("and now?"))
+    wire = runtime.wire_request(ModelRequest(SYSTEM, history))["messages"]
+    assert wire == [
+        {"role": "system", "content": f"{SYSTEM}\n\nSummary of 12 earlier messages: ..."},
+        {"role": "user", "content": "and now?"},
+    ]
+
+
 async def test_unpaired_history_is_repaired_before_sending() -> None:
     fake = fake_openai().script(Stream(openai_text("ok")))
     broken = (

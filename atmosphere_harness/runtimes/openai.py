@@ -6,7 +6,8 @@ v1 API): streaming, tools, parallel tool calls, usage with cached tokens. Retrie
 honoured), bounded by `max_retries`.
 
 Wire decisions:
-- the system prompt is the first message and never changes, so provider prefix caches hit;
+- the system prompt is the first message and never changes, so provider prefix caches hit; a
+  leading system message of the history (a compaction summary) is appended to it;
 - per-turn context (`ModelRequest.context`) goes at the very end of the request: appended to the
   final user message, or as a trailing user message after tool results. Nothing already sent is
   rewritten, so the prefix stays byte-identical from round to round, and the role order stays one
@@ -184,9 +185,15 @@ class OpenAIRuntime(SdkRuntime):
 def wire_messages(request: ModelRequest) -> list[dict[str, Any]]:
     """Our history as Chat Completions messages, context last (see the module docstring)."""
     out: list[dict[str, Any]] = []
-    if request.system_prompt:
-        out.append({"role": "system", "content": request.system_prompt})
-    out.extend(_wire_message(message) for message in paired(request.messages))
+    system = [request.system_prompt] if request.system_prompt else []
+    history = paired(request.messages)
+    # Leading system messages (a compaction summary) join the system prompt, after it: many
+    # chat templates accept one system message, first, and the stable prefix stays in front.
+    while history and history[0].role == "system":
+        system.append(history.pop(0).content)
+    if system:
+        out.append({"role": "system", "content": "\n\n".join(system)})
+    out.extend(_wire_message(message) for message in history)
     context = context_text(request)
     if context:
         last = out[-1] if out else None
