@@ -194,7 +194,9 @@ class HarnessSettings(BaseSettings):
     llm_max_retries: int = Field(2, ge=0, le=10, validation_alias=_env("LLM_MAX_RETRIES"))
     """Retries of a model call on 408/409/429/5xx and connection errors, with the SDK's backoff."""
 
-    llm_timeout: float = Field(DEFAULT_LLM_TIMEOUT, gt=0, validation_alias=_env("LLM_TIMEOUT"))
+    llm_timeout: float = Field(
+        DEFAULT_LLM_TIMEOUT, gt=0, allow_inf_nan=False, validation_alias=_env("LLM_TIMEOUT")
+    )
     """Seconds a model call may wait to connect, or between two streamed chunks."""
 
     llm_max_tokens: int | None = Field(None, ge=1, validation_alias=_env("LLM_MAX_TOKENS"))

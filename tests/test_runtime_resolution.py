@@ -81,7 +81,13 @@ def test_anthropic_from_settings() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("LLM_MAX_RETRIES", "-1"), ("LLM_TIMEOUT", "0"), ("LLM_MAX_TOKENS", "x")]
+    ("name", "value"),
+    [
+        ("LLM_MAX_RETRIES", "-1"),
+        ("LLM_TIMEOUT", "0"),
+        ("LLM_TIMEOUT", "inf"),
+        ("LLM_MAX_TOKENS", "x"),
+    ],
 )
 def test_bad_provider_settings_fail_start_up(monkeypatch, name: str, value: str) -> None:
     monkeypatch.setenv(name, value)

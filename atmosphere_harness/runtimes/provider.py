@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -20,6 +20,9 @@ from .base import Message, ModelError, ModelRequest, ModelResponse, TextSink
 
 RETRY_WAIT_SECONDS = 120.0
 """The longest wait one retry may add (a server's `Retry-After` included)."""
+
+DEFAULT_SDK_TIMEOUT = 600.0
+"""Both SDKs' default, assumed for a client whose timeout says nothing."""
 
 DRAIN_SECONDS = 1.0
 """How long to read past the end of a finished stream, so its connection can be reused."""
@@ -77,18 +80,49 @@ class SdkRuntime:
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
+        """One streamed model call.
+
+        The SDK sends the request (auth, headers, retries with backoff, status errors); the
+        events are then read as plain JSON rather than through the SDK's models, which cost most
+        of the client's CPU per chunk (about three quarters on Chat Completions, see
+        `benchmarks/bench_runtimes.py`). SDK and transport errors become a `ModelError`; the
+        response is closed on every exit, cancellation included, so a client that disconnects
+        stops the provider's generation too.
+        """
         turn = self.new_turn()
         body = self.wire_request(request)
-        await stream_turn(
-            lambda: self.send(body),
-            turn.add,
-            on_text,
-            sdk=self.sdk,
-            provider=self.provider,
-            base_url=self.base_url,
-            retries=self.max_retries,
-            timeout=self.client.timeout,
-        )
+        deadline = start_deadline(self.client.timeout, self.max_retries)
+        try:
+            async with asyncio.timeout(deadline):
+                raw = await self.send(body)
+        except TimeoutError:
+            raise ModelError(
+                f"{self.provider} did not start answering within {deadline:g}s, retries "
+                "included (see LLM_TIMEOUT and LLM_MAX_RETRIES)"
+            ) from None
+        except self.sdk.APIError as exc:
+            raise sdk_error(self, exc) from exc
+        response = raw.http_response
+        try:
+            async for event in sse_events(response):
+                failure = event.get("error")
+                if failure is not None:
+                    raise ModelError(f"{self.provider} stream failed: {_detail(event) or failure}")
+                text = turn.add(event)
+                if text and on_text is not None:
+                    await on_text(text)
+            await _drain(response)
+        except httpx2.TimeoutException:
+            raise ModelError(
+                f"{self.provider} at {self.base_url} went silent mid-answer "
+                "(raise LLM_TIMEOUT if it is slow)"
+            ) from None
+        except httpx2.TransportError as exc:
+            raise ModelError(
+                f"{self.provider} at {self.base_url} broke off mid-answer: {exc}"
+            ) from exc
+        finally:
+            await response.aclose()
         return turn.response()
 
     async def aclose(self) -> None:
@@ -104,59 +138,11 @@ def start_deadline(timeout: object, retries: int) -> float:
     (a proxy answering `Retry-After: 86400` would hold the run for a day); this bounds both the
     same way: `(retries + 1)` tries of `timeout` each, plus `RETRY_WAIT_SECONDS` per retry.
     """
-    seconds = float(timeout) if isinstance(timeout, int | float) else 600.0
+    if isinstance(timeout, httpx2.Timeout):
+        phases = (timeout.connect, timeout.read, timeout.write, timeout.pool)
+        timeout = max((phase for phase in phases if phase is not None), default=None)
+    seconds = float(timeout) if isinstance(timeout, int | float) else DEFAULT_SDK_TIMEOUT
     return (retries + 1) * seconds + retries * RETRY_WAIT_SECONDS
-
-
-async def stream_turn(
-    open_stream: Callable[[], Awaitable[RawResponse]],
-    accumulate: Callable[[Event], str],
-    on_text: TextSink | None,
-    *,
-    sdk: ModuleType,
-    provider: str,
-    base_url: str,
-    retries: int,
-    timeout: object,
-) -> None:
-    """Open a provider stream and feed every event to `accumulate`, streaming its text.
-
-    The SDK sends the request (auth, headers, retries with backoff, status errors); the events
-    are then read as plain JSON rather than through the SDK's models, which cost most of the
-    client's CPU per chunk (about three quarters on Chat Completions, see
-    `benchmarks/bench_runtimes.py`). SDK and transport errors become a `ModelError`; the
-    response is closed on every exit, cancellation included, so a client that disconnects stops
-    the provider's generation too.
-    """
-    deadline = start_deadline(timeout, retries)
-    try:
-        async with asyncio.timeout(deadline):
-            raw = await open_stream()
-    except TimeoutError:
-        raise ModelError(
-            f"{provider} did not start answering within {deadline:g}s, retries included "
-            "(see LLM_TIMEOUT and LLM_MAX_RETRIES)"
-        ) from None
-    except sdk.APIError as exc:
-        raise sdk_error(sdk, exc, provider=provider, base_url=base_url, retries=retries) from exc
-    response = raw.http_response
-    try:
-        async for event in sse_events(response):
-            failure = event.get("error")
-            if failure is not None:
-                raise ModelError(f"{provider} stream failed: {_detail(event) or failure}")
-            text = accumulate(event)
-            if text and on_text is not None:
-                await on_text(text)
-        await _drain(response)
-    except httpx2.TimeoutException:
-        raise ModelError(
-            f"{provider} at {base_url} went silent mid-answer (raise LLM_TIMEOUT if it is slow)"
-        ) from None
-    except httpx2.TransportError as exc:
-        raise ModelError(f"{provider} at {base_url} broke off mid-answer: {exc}") from exc
-    finally:
-        await response.aclose()
 
 
 async def sse_events(response: httpx2.Response) -> AsyncIterator[Event]:
@@ -271,10 +257,9 @@ _STATUS_HINTS = {
 _RETRIED = frozenset({408, 409, 429})
 
 
-def sdk_error(
-    sdk: ModuleType, exc: Exception, *, provider: str, base_url: str, retries: int
-) -> ModelError:
+def sdk_error(runtime: SdkRuntime, exc: Exception) -> ModelError:
     """A clear `ModelError` for an `openai`/`anthropic` SDK `APIError`."""
+    sdk, provider, retries = runtime.sdk, runtime.provider, runtime.max_retries
     if isinstance(exc, sdk.APIStatusError):
         status = int(exc.status_code)
         detail = _detail(exc.body) or exc.message
@@ -285,11 +270,13 @@ def sdk_error(
         suffix = f" ({hint})" if hint else ""
         return ModelError(f"{provider} rejected the request (HTTP {status}): {detail}{suffix}")
     if isinstance(exc, sdk.APITimeoutError):
-        return ModelError(f"{provider} at {base_url} timed out (raise LLM_TIMEOUT if it is slow)")
+        return ModelError(
+            f"{provider} at {runtime.base_url} timed out (raise LLM_TIMEOUT if it is slow)"
+        )
     if isinstance(exc, sdk.APIConnectionError):
         cause = exc.__cause__ or exc.__context__
         reason = f": {cause}" if cause else ""
-        return ModelError(f"cannot reach {provider} at {base_url}{reason}")
+        return ModelError(f"cannot reach {provider} at {runtime.base_url}{reason}")
     return ModelError(f"{provider} error: {getattr(exc, 'message', None) or exc}")
 
 
