@@ -169,6 +169,8 @@ async def _drain(response: httpx2.Response) -> None:
     An HTTP/1.1 connection closed with unread body bytes cannot go back to the pool, and a new
     TLS connection per model call costs a round trip or two.
     """
+    if response.is_closed:
+        return  # the body was read to its end: nothing left to drain
     with contextlib.suppress(httpx2.HTTPError, httpx2.StreamError, TimeoutError):
         async with asyncio.timeout(DRAIN_SECONDS):
             async for _ in response.stream:  # type: ignore[union-attr]
