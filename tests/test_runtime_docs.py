@@ -38,3 +38,17 @@ def _collect(into: list[str]):
         into.append(text)
 
     return sink
+
+
+async def test_the_prompt_cache_example_sends_its_hint(workspace: Path) -> None:
+    from atmosphere_harness import CacheHint, ScriptedRuntime
+    from tests.runtime_support import harness_app
+    from tests.support import client_for, doc_example
+    from tests.support import prompt as post_prompt
+
+    module = doc_example(DOCS / "prompt-cache.md", "prompt_cache_doc")
+    runtime = ScriptedRuntime(["ok"])
+    async with client_for(harness_app(runtime, workspace, agents=[module.Support])) as client:
+        frames = await post_prompt(client, "/atmosphere/agent/support", "hello")
+    assert frames[-1]["event"] == "complete"
+    assert runtime.requests[0].cache_hint == CacheHint.aggressive(key="tenant-anonymous")
