@@ -15,6 +15,8 @@ app.include_router(harness_router)
 ```
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
 from .cache import CacheHint, PromptCache
 from .events import Event
@@ -53,12 +55,41 @@ from .web.memory import LongTermMemoryDep, get_long_term_memory
 from .web.planning import PlanStoreDep, get_plan_store
 from .web.router import create_harness_router, harness_router
 
+if TYPE_CHECKING:
+    from .runtimes.anthropic import AnthropicRuntime
+    from .runtimes.openai import OpenAIRuntime
+
+_PROVIDER_RUNTIMES = {
+    "OpenAIRuntime": ("openai", "atmosphere_harness.runtimes.openai"),
+    "AnthropicRuntime": ("anthropic", "atmosphere_harness.runtimes.anthropic"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The provider runtimes load on first use: their SDKs are optional extras."""
+    if name not in _PROVIDER_RUNTIMES:
+        raise AttributeError(f"module 'atmosphere_harness' has no attribute {name!r}")
+    extra, module = _PROVIDER_RUNTIMES[name]
+    import importlib
+
+    try:
+        loaded = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != extra:
+            raise
+        raise ImportError(
+            f"{name} needs the {extra} SDK: pip install 'atmosphere-harness[{extra}]'"
+        ) from exc
+    return getattr(loaded, name)
+
+
 __all__ = [
     "AgentFileSystem",
     "AgentFileSystemDep",
     "AgentPlan",
     "AgentRuntime",
     "AiCapability",
+    "AnthropicRuntime",
     "CacheHint",
     "CompositeAgentFileSystem",
     "ConversationMemory",
@@ -74,6 +105,7 @@ __all__ = [
     "Message",
     "ModelRequest",
     "ModelResponse",
+    "OpenAIRuntime",
     "PlanStatus",
     "PlanStep",
     "PlanStore",

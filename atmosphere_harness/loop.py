@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .cache import CacheHint
+from .cache import CacheHint, PromptCache
 from .runtimes.base import Message, ModelError, ModelRequest
 from .tools.executor import execute_calls
 
@@ -23,14 +23,19 @@ class LoopLimitExceeded(ModelError):
     """The model kept calling tools past `max_tool_rounds`."""
 
 
-async def run_loop(run: RunContext, message: str) -> str:
-    """Run the loop for one user message; returns the model's final answer."""
+async def run_loop(run: RunContext, message: str, *, cache_hint: CacheHint | None = None) -> str:
+    """Run the loop for one user message; returns the model's final answer.
+
+    `cache_hint` is the caller's: it wins over the endpoint's effective policy (a
+    `CacheHint.none()` switches caching off for this prompt).
+    """
     endpoint = run.endpoint
     history = await endpoint.history.load(run) if endpoint.history is not None else []
     user = Message.user(message)
     working: list[Message] = [*history, user]
     turn: list[Message] = [user]
-    cache_hint = CacheHint(endpoint.cache_policy) if endpoint.cache_policy.value != "none" else None
+    if cache_hint is None and endpoint.cache_policy is not PromptCache.NONE:
+        cache_hint = CacheHint(endpoint.cache_policy)
     try:
         for _ in range(endpoint.max_rounds):
             request = ModelRequest(

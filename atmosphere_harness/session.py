@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import events
+from .cache import CacheHint
 from .events import Event, Frame
 from .injection import register_injectable
 
@@ -47,11 +48,15 @@ class StreamingSession:
     def closed(self) -> bool:
         return self._closed
 
-    async def stream(self, message: str) -> str:
-        """Run the model loop on `message`; returns the final answer (also streamed as text)."""
+    async def stream(self, message: str, *, cache_hint: CacheHint | None = None) -> str:
+        """Run the model loop on `message`; returns the final answer (also streamed as text).
+
+        `cache_hint` overrides the endpoint's prompt-cache policy for this prompt (its key, ttl,
+        or `CacheHint.none()` to switch caching off).
+        """
         from .loop import run_loop
 
-        self.last_text = await run_loop(self._run, message)
+        self.last_text = await run_loop(self._run, message, cache_hint=cache_hint)
         return self.last_text
 
     async def send(self, text: str) -> None:

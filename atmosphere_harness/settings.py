@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .cache import PromptCache
+from .cache import PromptCache, cache_key_host_allowed
 from .filesystem.base import FileSystemLimits
 from .log import get_logger
 
@@ -71,6 +71,12 @@ class PromptCacheKeyMode(enum.Enum):
             return cls.DISABLED
         return cls.AUTO
 
+    def allows(self, base_url: str | None) -> bool:
+        """Whether a request to `base_url` may carry `prompt_cache_key` under this mode."""
+        if self is PromptCacheKeyMode.AUTO:
+            return cache_key_host_allowed(base_url)
+        return self is PromptCacheKeyMode.ENABLED
+
 
 class RuntimeChoice(enum.Enum):
     """Which model runtime the router uses when none is passed explicitly."""
@@ -87,6 +93,7 @@ def _env(*names: str) -> Any:
 
 DEFAULT_OFFLOAD_THRESHOLD = 8000
 DEFAULT_TOOL_TIMEOUT = 120.0
+DEFAULT_LLM_TIMEOUT = 120.0
 
 
 class HarnessSettings(BaseSettings):
@@ -194,6 +201,16 @@ class HarnessSettings(BaseSettings):
     llm_model: str | None = Field(None, validation_alias=_env("LLM_MODEL"))
     llm_base_url: str | None = Field(None, validation_alias=_env("LLM_BASE_URL"))
     llm_api_key: str | None = Field(None, validation_alias=_env("LLM_API_KEY"), repr=False)
+    llm_max_retries: int = Field(2, ge=0, le=10, validation_alias=_env("LLM_MAX_RETRIES"))
+    """Retries of a model call on 408/409/429/5xx and connection errors, with the SDK's backoff."""
+
+    llm_timeout: float = Field(
+        DEFAULT_LLM_TIMEOUT, gt=0, allow_inf_nan=False, validation_alias=_env("LLM_TIMEOUT")
+    )
+    """Seconds a model call may wait to connect, or between two streamed chunks."""
+
+    llm_max_tokens: int | None = Field(None, ge=1, validation_alias=_env("LLM_MAX_TOKENS"))
+    """Output-token cap per model turn (Anthropic requires one: 8192 when unset)."""
 
     admin_token: str | None = Field(
         None, validation_alias=_env("ATMOSPHERE_ADMIN_TOKEN"), repr=False

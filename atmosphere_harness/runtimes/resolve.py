@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from ..log import get_logger
 from ..settings import HarnessSettings, RuntimeChoice
@@ -19,14 +21,39 @@ FACTORIES: dict[RuntimeChoice, RuntimeFactory] = {
 """Runtime factories by choice; provider runtimes register themselves here when importable."""
 
 
+def _openai(settings: HarnessSettings) -> AgentRuntime:
+    from .openai import OpenAIRuntime
+
+    return OpenAIRuntime.from_settings(settings)
+
+
+def _anthropic(settings: HarnessSettings) -> AgentRuntime:
+    from .anthropic import AnthropicRuntime
+
+    return AnthropicRuntime.from_settings(settings)
+
+
+# A provider runtime is registered only when its SDK is installed (the `openai` / `anthropic`
+# extras), and imported only when chosen: the SDKs take a while to import.
+if importlib.util.find_spec("openai") is not None:
+    FACTORIES[RuntimeChoice.OPENAI] = _openai
+if importlib.util.find_spec("anthropic") is not None:
+    FACTORIES[RuntimeChoice.ANTHROPIC] = _anthropic
+
+
 def configured_provider(settings: HarnessSettings) -> RuntimeChoice | None:
-    """The provider a configured model points at, if any (`auto` mode)."""
+    """The provider a configured model points at, if any (`auto` mode).
+
+    A base URL decides when there is one (a `claude-*` model behind an OpenAI-compatible proxy
+    such as LiteLLM is still spoken to as OpenAI); otherwise the model name does.
+    """
     if not (settings.llm_model or settings.llm_base_url):
         return None
-    hint = f"{settings.llm_base_url or ''} {settings.llm_model or ''}".lower()
-    if "anthropic" in hint or "claude" in hint:
-        return RuntimeChoice.ANTHROPIC
-    return RuntimeChoice.OPENAI
+    if settings.llm_base_url:
+        host = urlsplit(settings.llm_base_url.strip()).hostname or settings.llm_base_url
+        return RuntimeChoice.ANTHROPIC if "anthropic" in host.lower() else RuntimeChoice.OPENAI
+    model = (settings.llm_model or "").lower()
+    return RuntimeChoice.ANTHROPIC if "claude" in model else RuntimeChoice.OPENAI
 
 
 def resolve_runtime(settings: HarnessSettings) -> AgentRuntime:
