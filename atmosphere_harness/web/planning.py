@@ -62,6 +62,43 @@ def sse_event(event: str, event_id: str | None, data: str) -> bytes:
     return f"{head}event: {event}{_SEP}data: {data}{_SEP}{_SEP}".encode()
 
 
+def plan_event_response(
+    bus: PlanEventBus,
+    store: PlanStore,
+    *,
+    owner: str,
+    agent_id: str,
+    conversation_id: str,
+    last_event_id: str | None,
+) -> EventSourceResponse:
+    """The live plan of one owner's conversation as SSE (this module's docstring gives the order).
+
+    Shared by `GET P/plan/events` and the admin API's `GET .../plan/events`, so both streams
+    are the same bytes. `conversation_id` must already be validated.
+    """
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield f"retry: {RETRY_MS}{_SEP}{_SEP}".encode()
+        try:
+            async with bus.subscribe(
+                owner, conversation_id, last_event_id=last_event_id
+            ) as subscription:
+                if subscription.replay is None:
+                    plan = await store.get(agent_id, conversation_id) or AgentPlan()
+                    data = plan.to_wire(conversation_id=conversation_id, agent_id=agent_id)
+                    yield sse_event(PLAN_SNAPSHOT, subscription.cursor, encode(data))
+                elif subscription.replay:
+                    yield b"".join(
+                        sse_event(PLAN_UPDATE, e.id, e.json) for e in subscription.replay
+                    )
+                async for batch in subscription:
+                    yield b"".join(sse_event(PLAN_UPDATE, e.id, e.json) for e in batch)
+        except PlanBusFull as exc:
+            yield sse_event("error", None, encode({"message": str(exc)}))
+
+    return EventSourceResponse(stream(), ping=PING_SECONDS, send_timeout=SEND_TIMEOUT)
+
+
 def plan_event_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
     from .routes import RouteSpec  # routes.py lists this builder, so import it late
 
@@ -88,27 +125,14 @@ def plan_event_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[Route
         bus: PlanEventBus | None = endpoint.services.get(BUS_SERVICE)
         if bus is None:
             raise HTTPException(503, "the plan event bus is not running")
-
-        async def stream() -> AsyncIterator[bytes]:
-            yield f"retry: {RETRY_MS}{_SEP}{_SEP}".encode()
-            try:
-                async with bus.subscribe(
-                    endpoint.owner, conversation_id, last_event_id=last_event_id or resume_from
-                ) as subscription:
-                    if subscription.replay is None:
-                        plan = await store.get(agent_id, conversation_id) or AgentPlan()
-                        data = plan.to_wire(conversation_id=conversation_id, agent_id=agent_id)
-                        yield sse_event(PLAN_SNAPSHOT, subscription.cursor, encode(data))
-                    elif subscription.replay:
-                        yield b"".join(
-                            sse_event(PLAN_UPDATE, e.id, e.json) for e in subscription.replay
-                        )
-                    async for batch in subscription:
-                        yield b"".join(sse_event(PLAN_UPDATE, e.id, e.json) for e in batch)
-            except PlanBusFull as exc:
-                yield sse_event("error", None, encode({"message": str(exc)}))
-
-        return EventSourceResponse(stream(), ping=PING_SECONDS, send_timeout=SEND_TIMEOUT)
+        return plan_event_response(
+            bus,
+            store,
+            owner=endpoint.owner,
+            agent_id=agent_id,
+            conversation_id=conversation_id,
+            last_event_id=last_event_id or resume_from,
+        )
 
     return [
         RouteSpec(

@@ -21,6 +21,8 @@ from ..registry import registered_agents, spec_of
 from ..runtimes.base import AgentRuntime
 from ..runtimes.resolve import resolve_runtime
 from ..settings import HarnessSettings
+from .admin import admin_router, warn_admin_posture
+from .console import console_router
 from .console_info import console_info_router
 from .deps import STATE_KEY
 from .routes import ROUTE_BUILDERS, RouteSpec
@@ -60,6 +62,7 @@ def create_harness_router(
             options={"long_term_memory": long_term_memory, "policies": tuple(policies)},
         )
         await host.start()
+        warn_admin_posture(resolved)
         mounted: list[BaseRoute] = []
         try:
             mounted = _mount(app, host)
@@ -72,6 +75,8 @@ def create_harness_router(
 
     router = APIRouter(lifespan=lifespan)
     router.include_router(console_info_router())
+    router.include_router(admin_router())
+    router.include_router(console_router())
     return router
 
 

@@ -17,10 +17,12 @@ from sse_starlette import EventSourceResponse
 from ..endpoint import HostedEndpoint
 from ..host import HarnessHost
 from ..run import check_conversation_id, new_conversation_id
+from .agui import agui_routes
 from .deps import get_user_id
 from .memory import close_routes
 from .planning import plan_event_routes
 from .sse import stream_prompt
+from .websocket import websocket_routes
 
 MAX_MESSAGE_CHARS = 1_000_000
 
@@ -82,5 +84,11 @@ def prompt_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec
     ]
 
 
-ROUTE_BUILDERS: list[RouteBuilder] = [prompt_routes, plan_event_routes, close_routes]
+ROUTE_BUILDERS: list[RouteBuilder] = [
+    prompt_routes,
+    plan_event_routes,
+    close_routes,
+    websocket_routes,
+    agui_routes,
+]
 """Every per-endpoint route builder, in mount order."""

@@ -8,7 +8,8 @@ that stops reading for `SEND_TIMEOUT` seconds, or disconnects, cancels the run.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -27,6 +28,44 @@ def frame_event(frame: Frame) -> ServerSentEvent:
     return ServerSentEvent(data=frame.to_json(), event=frame.event, id=str(frame.seq))
 
 
+async def run_frames(
+    host: HarnessHost,
+    endpoint: HostedEndpoint,
+    *,
+    message: str,
+    conversation_id: str,
+    user_id: str | None,
+) -> AsyncGenerator[Frame, None]:
+    """One prompt run as the frames it streams; closing the iterator early cancels the run.
+
+    Every transport (SSE, WebSocket, AG-UI) reads a run through this, so back-pressure and
+    cancellation behave the same on all of them.
+    """
+    queue: asyncio.Queue[Frame | None] = asyncio.Queue(maxsize=QUEUE_FRAMES)
+    task = asyncio.create_task(
+        execute_prompt(
+            host,
+            endpoint,
+            message=message,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            sink=queue.put,
+        ),
+        name=f"prompt:{endpoint.path}:{conversation_id}",
+    )
+    task.add_done_callback(lambda _: _close(queue))
+    try:
+        while True:
+            frame = await queue.get()
+            if frame is None:
+                break
+            yield frame
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
 def stream_prompt(
     host: HarnessHost,
     endpoint: HostedEndpoint,
@@ -35,31 +74,13 @@ def stream_prompt(
     conversation_id: str,
     user_id: str | None,
 ) -> EventSourceResponse:
-    queue: asyncio.Queue[Frame | None] = asyncio.Queue(maxsize=QUEUE_FRAMES)
-
     async def events() -> AsyncIterator[ServerSentEvent]:
-        task = asyncio.create_task(
-            execute_prompt(
-                host,
-                endpoint,
-                message=message,
-                conversation_id=conversation_id,
-                user_id=user_id,
-                sink=queue.put,
-            ),
-            name=f"prompt:{endpoint.path}:{conversation_id}",
+        frames = run_frames(
+            host, endpoint, message=message, conversation_id=conversation_id, user_id=user_id
         )
-        task.add_done_callback(lambda _: _close(queue))
-        try:
-            while True:
-                frame = await queue.get()
-                if frame is None:
-                    break
+        async with contextlib.aclosing(frames):
+            async for frame in frames:
                 yield frame_event(frame)
-        finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
 
     return EventSourceResponse(
         events(),

@@ -1,0 +1,643 @@
+// atmosphere-harness console: plain JavaScript, no build step, no third-party code.
+// It talks only to this app: /api/console/info, the admin API and each endpoint's routes.
+// Every value from the server is written with textContent, never parsed as HTML.
+"use strict";
+
+(() => {
+  const TOKEN_KEY = "atmosphere-admin-token";
+  const ENDPOINT_KEY = "atmosphere-console-endpoint";
+  const AUTH_HEADER = "X-Atmosphere-Auth";
+  const BASE = new URL("../../", window.location.href);
+  const OFFLOAD = /Full output saved to (\S+?) —/;
+
+  const state = {
+    token: null,
+    info: null,
+    endpoint: null,
+    conversation: "",
+    socket: null,
+    socketKey: "",
+    pending: [],
+    busy: false,
+    bubble: null,
+    tools: new Map(),
+    subagents: new Map(),
+    planEvents: null,
+    filesPath: "",
+    owners: [],
+  };
+
+  const $ = (selector) => document.querySelector(selector);
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (key === "class") node.className = value;
+      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+      else node.setAttribute(key, value === true ? "" : String(value));
+    }
+    for (const child of children) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  // --- ids, urls and the admin token -------------------------------------------------------
+
+  function newId() {
+    // A v4 UUID from getRandomValues (randomUUID needs a secure context; this does not).
+    const bytes = crypto.getRandomValues(new Uint8Array(16));
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    const hex = Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+    return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
+  }
+
+  function url(path, params) {
+    const target = new URL(path.replace(/^\//, ""), BASE);
+    for (const [key, value] of Object.entries(params || {})) {
+      if (value !== undefined && value !== null && value !== "") target.searchParams.set(key, value);
+    }
+    return target;
+  }
+
+  function readToken() {
+    const fragment = new URLSearchParams(window.location.hash.slice(1));
+    const given = fragment.get("token");
+    if (given) {
+      sessionStorage.setItem(TOKEN_KEY, given);
+      // Keep the token out of the address bar, the history and screenshots.
+      history.replaceState(null, "", window.location.pathname + window.location.search);
+    }
+    return sessionStorage.getItem(TOKEN_KEY);
+  }
+
+  async function getJson(path, params, admin) {
+    const headers = { Accept: "application/json" };
+    if (admin && state.token) headers[AUTH_HEADER] = state.token;
+    const response = await fetch(url(path, params), { headers });
+    let body = null;
+    try {
+      body = await response.json();
+    } catch (_) {
+      body = null;
+    }
+    return { status: response.status, body };
+  }
+
+  function errorText(result) {
+    const body = result.body || {};
+    return body.error || (typeof body.detail === "string" ? body.detail : `HTTP ${result.status}`);
+  }
+
+  // --- tabs and status ---------------------------------------------------------------------
+
+  function showTab(name) {
+    for (const tab of document.querySelectorAll("[role=tab]")) {
+      tab.setAttribute("aria-selected", String(tab.dataset.tab === name));
+    }
+    for (const panel of document.querySelectorAll(".tab")) panel.hidden = panel.id !== `tab-${name}`;
+    if (name === "workspace") refreshWorkspace();
+  }
+
+  function setStatus(kind, text) {
+    const status = $("#status");
+    status.dataset.state = kind;
+    status.textContent = text;
+  }
+
+  // --- endpoints and conversations ---------------------------------------------------------
+
+  function selectEndpoint(path) {
+    state.endpoint = state.info.endpoints.find((endpoint) => endpoint.path === path) || null;
+    if (state.endpoint) sessionStorage.setItem(ENDPOINT_KEY, path);
+    newConversation();
+  }
+
+  function newConversation() {
+    setConversation(newId());
+    const transcript = $("#transcript");
+    transcript.replaceChildren(el("p", { class: "hint" }, "New conversation ", el("code", {}, state.conversation)));
+    state.tools.clear();
+    state.subagents.clear();
+    state.bubble = null;
+  }
+
+  function setConversation(id) {
+    state.conversation = id;
+    $("#conversation").value = id;
+    state.filesPath = "";
+    renderPlan($("#plan-live"), null, "No plan yet in this conversation.");
+    $("#plan-stored").replaceChildren(el("p", { class: "empty" }, "Nothing loaded."));
+    $("#viewer").textContent = "";
+    $("#viewer-path").textContent = "";
+    watchPlan();
+    if (!$("#tab-workspace").hidden) refreshWorkspace();
+  }
+
+  // --- the socket --------------------------------------------------------------------------
+
+  function socketUrl() {
+    const target = url(`${state.endpoint.path}/ws`, { conversationId: state.conversation });
+    target.protocol = target.protocol === "https:" ? "wss:" : "ws:";
+    return target;
+  }
+
+  function ensureSocket() {
+    const key = `${state.endpoint.path} ${state.conversation}`;
+    if (state.socket && state.socketKey === key && state.socket.readyState <= WebSocket.OPEN) {
+      return state.socket;
+    }
+    if (state.socket) state.socket.close();
+    const socket = new WebSocket(socketUrl());
+    state.socket = socket;
+    state.socketKey = key;
+    setStatus("connecting", "connecting…");
+    socket.addEventListener("open", () => {
+      if (state.socket !== socket) return;
+      setStatus("live", "connected");
+      for (const text of state.pending.splice(0)) socket.send(text);
+    });
+    socket.addEventListener("message", (message) => {
+      if (state.socket !== socket) return;
+      try {
+        onFrame(JSON.parse(message.data));
+      } catch (error) {
+        console.error("unreadable frame", error);
+      }
+    });
+    socket.addEventListener("close", () => {
+      if (state.socket !== socket) return;
+      state.socket = null;
+      setStatus("idle", "disconnected");
+      if (state.busy) finishRun("The connection closed before the run ended.", true);
+    });
+    return socket;
+  }
+
+  function sendPrompt(text) {
+    if (!state.endpoint || state.busy) return;
+    const message = text.trim();
+    if (!message) return;
+    addBubble("user", message);
+    state.busy = true;
+    $("#send").disabled = true;
+    const socket = ensureSocket();
+    const payload = JSON.stringify({ message, conversationId: state.conversation });
+    if (socket.readyState === WebSocket.OPEN) socket.send(payload);
+    else state.pending.push(payload);
+  }
+
+  function finishRun(note, failed) {
+    state.busy = false;
+    state.bubble = null;
+    $("#send").disabled = false;
+    if (note) $("#transcript").append(el("p", { class: failed ? "run-end failed" : "run-end" }, note));
+    scrollTranscript();
+    refreshWorkspace();
+  }
+
+  // --- frames ------------------------------------------------------------------------------
+
+  function onFrame(frame) {
+    const data = frame.data || {};
+    switch (frame.event) {
+      case "heartbeat":
+        setStatus("live", `connected · heartbeat ${new Date().toLocaleTimeString()}`);
+        return;
+      case "text":
+        appendText(data.text || "");
+        break;
+      case "tool-start":
+        state.bubble = null;
+        toolStarted(data);
+        break;
+      case "tool-result":
+        toolFinished(data);
+        break;
+      case "plan-update":
+        planUpdated(data);
+        break;
+      case "approval-required":
+        approvalRequired(data);
+        break;
+      case "subagent-start":
+        subagentStarted(data);
+        break;
+      case "subagent-end":
+        subagentEnded(data);
+        break;
+      case "complete":
+        finishRun(usageNote(data.usage), false);
+        return;
+      case "error":
+        if (frame.sessionId) finishRun(`Error: ${data.message || "the run failed"}`, true);
+        else $("#transcript").append(el("p", { class: "run-end failed" }, data.message || "error"));
+        return;
+      default:
+        $("#transcript").append(card("event", frame.event, el("pre", {}, pretty(data))));
+    }
+    scrollTranscript();
+  }
+
+  function usageNote(usage) {
+    if (!usage) return "Done.";
+    return `Done · ${usage.inputTokens || 0} tokens in, ${usage.outputTokens || 0} out`;
+  }
+
+  function scrollTranscript() {
+    const transcript = $("#transcript");
+    transcript.scrollTop = transcript.scrollHeight;
+  }
+
+  function addBubble(role, text) {
+    const bubble = el("div", { class: `bubble ${role}` }, text);
+    $("#transcript").append(bubble);
+    scrollTranscript();
+    return bubble;
+  }
+
+  function appendText(text) {
+    if (!state.bubble) state.bubble = addBubble("assistant", "");
+    state.bubble.textContent += text;
+  }
+
+  function pretty(value) {
+    return typeof value === "string" ? value : JSON.stringify(value, null, 2);
+  }
+
+  function card(kind, title, ...body) {
+    return el("div", { class: `card ${kind}` }, el("div", { class: "card-title" }, title), ...body);
+  }
+
+  function toolStarted(data) {
+    const status = el("span", { class: "badge running" }, "running");
+    const result = el("pre", { class: "result" }, "…");
+    const node = card(
+      "tool",
+      el("span", {}, el("strong", {}, data.tool), " ", status),
+      el("details", { class: "arguments" }, el("summary", {}, "arguments"), el("pre", {}, pretty(data.arguments))),
+      result,
+    );
+    node.dataset.tool = data.tool;
+    node.dataset.toolCallId = data.toolCallId;
+    state.tools.set(data.toolCallId, { node, status, result });
+    $("#transcript").append(node);
+  }
+
+  function toolFinished(data) {
+    let entry = state.tools.get(data.toolCallId);
+    if (!entry) {
+      toolStarted({ ...data, arguments: {} });
+      entry = state.tools.get(data.toolCallId);
+    }
+    const text = String(data.result ?? "");
+    const failed = text.startsWith("Error:") || text.startsWith('{"error"');
+    entry.status.textContent = failed ? "error" : "done";
+    entry.status.className = `badge ${failed ? "failed" : "done"}`;
+    entry.result.textContent = text;
+    const offloaded = OFFLOAD.exec(text);
+    if (offloaded) {
+      entry.node.append(
+        el(
+          "p",
+          { class: "offload" },
+          "Full output offloaded to ",
+          el("button", { type: "button", class: "link", onclick: () => openFile(offloaded[1]) }, offloaded[1]),
+        ),
+      );
+    }
+  }
+
+  async function openFile(path) {
+    showTab("workspace");
+    await showFile(path);
+  }
+
+  function approvalRequired(data) {
+    const outcome = el("span", { class: "badge running" }, "waiting");
+    const buttons = el("div", { class: "actions" });
+    const answer = async (approve) => {
+      for (const button of buttons.querySelectorAll("button")) button.disabled = true;
+      try {
+        const response = await fetch(url(`${state.endpoint.path}/approvals/${encodeURIComponent(data.approvalId)}`), {
+          method: "POST",
+          headers: { "Content-Type": "application/json" },
+          body: JSON.stringify({ approve }),
+        });
+        if (response.ok) {
+          outcome.textContent = approve ? "approved" : "denied";
+          outcome.className = `badge ${approve ? "done" : "failed"}`;
+        } else {
+          outcome.textContent = response.status === 404 ? "expired" : response.status === 409 ? "already answered" : `HTTP ${response.status}`;
+          outcome.className = "badge failed";
+        }
+      } catch (error) {
+        outcome.textContent = "not sent";
+        outcome.className = "badge failed";
+        for (const button of buttons.querySelectorAll("button")) button.disabled = false;
+      }
+    };
+    buttons.append(
+      el("button", { type: "button", class: "approve", onclick: () => answer(true) }, "Approve"),
+      el("button", { type: "button", class: "deny", onclick: () => answer(false) }, "Deny"),
+    );
+    const node = card(
+      "approval",
+      el("span", {}, "Approval needed: ", el("strong", {}, data.tool), " ", outcome),
+      el("pre", {}, pretty(data.arguments)),
+      data.expiresAt ? el("p", { class: "muted" }, `expires ${new Date(data.expiresAt).toLocaleString()}`) : null,
+      buttons,
+    );
+    node.dataset.approvalId = data.approvalId;
+    $("#transcript").append(node);
+  }
+
+  function subagentStarted(data) {
+    const status = el("span", { class: "badge running" }, "running");
+    const plan = el("div", { class: "plan mini" });
+    const report = el("div", { class: "report" });
+    const node = card(
+      "subagent",
+      el("span", {}, "Sub-agent ", el("strong", {}, data.agentId || "task"), " ", status),
+      el("p", { class: "muted" }, data.description || ""),
+      plan,
+      report,
+    );
+    node.dataset.subagentId = data.subagentId;
+    state.subagents.set(data.subagentId, { node, status, plan, report });
+    $("#transcript").append(node);
+  }
+
+  function subagentEnded(data) {
+    const entry = state.subagents.get(data.subagentId);
+    if (!entry) return;
+    const failed = Boolean(data.error) || ["error", "failed", "timeout", "denied", "cancelled"].includes(String(data.status));
+    entry.status.textContent = data.status || (failed ? "failed" : "completed");
+    entry.status.className = `badge ${failed ? "failed" : "done"}`;
+    entry.report.replaceChildren(el("pre", {}, data.error || data.report || ""));
+  }
+
+  // --- plans -------------------------------------------------------------------------------
+
+  const MARKERS = { pending: "○", in_progress: "◐", completed: "✓", abandoned: "✕" };
+
+  function renderPlan(target, plan, emptyText) {
+    const steps = (plan && plan.steps) || [];
+    if (!plan || (!steps.length && !plan.goal)) {
+      target.replaceChildren(el("p", { class: "empty" }, emptyText || "No plan."));
+      return;
+    }
+    const items = steps.map((step) => {
+      const label = step.status === "in_progress" && step.activeForm ? step.activeForm : step.content;
+      return el(
+        "li",
+        { class: `step ${step.status}`, "data-status": step.status },
+        el("span", { class: "marker", "aria-hidden": "true" }, MARKERS[step.status] || "•"),
+        el("span", { class: "content" }, label),
+      );
+    });
+    const done = steps.filter((step) => step.status === "completed").length;
+    target.replaceChildren(
+      plan.goal ? el("p", { class: "goal" }, plan.goal) : "",
+      el("ol", { class: "steps" }, ...items),
+      el("p", { class: "muted progress" }, `${done} of ${steps.length} completed`),
+    );
+  }
+
+  function planUpdated(plan) {
+    if (plan.subagentId) {
+      const entry = state.subagents.get(plan.subagentId);
+      if (entry) renderPlan(entry.plan, plan);
+      return;
+    }
+    if (plan.conversationId && plan.conversationId !== state.conversation) return;
+    renderPlan($("#plan-live"), plan);
+    $("#plan-live-source").textContent = "from the chat stream";
+  }
+
+  function watchPlan() {
+    if (state.planEvents) state.planEvents.close();
+    state.planEvents = null;
+    if (!state.token || !state.endpoint || !ownerHas("plan")) return;
+    const source = new EventSource(
+      url(`/api/admin/agents/${encodeURIComponent(state.endpoint.owner)}/plan/events`, {
+        sessionId: state.conversation,
+        [AUTH_HEADER]: state.token,
+      }),
+    );
+    const show = (message) => {
+      const plan = JSON.parse(message.data);
+      renderPlan($("#plan-live"), plan, "No plan yet in this conversation.");
+      $("#plan-live-source").textContent = "from the plan event stream";
+    };
+    source.addEventListener("plan-snapshot", show);
+    source.addEventListener("plan-update", show);
+    state.planEvents = source;
+  }
+
+  // --- the workspace tab -------------------------------------------------------------------
+
+  function ownerHas(surface) {
+    const owners = state.owners || [];
+    const entry = owners.find((owner) => owner.owner === (state.endpoint && state.endpoint.owner));
+    return Boolean(entry && entry[surface]);
+  }
+
+  function notice(text) {
+    const box = $("#workspace-notice");
+    box.hidden = !text;
+    box.textContent = text || "";
+  }
+
+  async function refreshWorkspace() {
+    if (!state.endpoint || $("#tab-workspace").hidden) return;
+    if (!state.token) {
+      notice("Workspace reads need the admin token: open the console as /atmosphere/console/#token=<ATMOSPHERE_ADMIN_TOKEN>.");
+      return;
+    }
+    if (!ownerHas("plan") && !ownerHas("filesystem")) {
+      notice(`${state.endpoint.owner} has no plan store or filesystem attached.`);
+      return;
+    }
+    notice("");
+    await Promise.all([loadStoredPlan(), loadFiles()]);
+  }
+
+  async function loadStoredPlan() {
+    const target = $("#plan-stored");
+    if (!ownerHas("plan")) {
+      target.replaceChildren(el("p", { class: "empty" }, "No plan store attached."));
+      return;
+    }
+    const result = await getJson(
+      `/api/admin/agents/${encodeURIComponent(state.endpoint.owner)}/plan`,
+      { sessionId: state.conversation },
+      true,
+    );
+    if (result.status === 200) renderPlan(target, result.body);
+    else if (result.status === 404) target.replaceChildren(el("p", { class: "empty" }, "No plan stored for this conversation."));
+    else showDenied(result, target);
+  }
+
+  function showDenied(result, target) {
+    if (result.status === 401) notice(`${errorText(result)}. ${(result.body && result.body.hint) || ""}`);
+    target.replaceChildren(el("p", { class: "empty" }, errorText(result)));
+  }
+
+  async function loadFiles() {
+    const list = $("#files");
+    $("#files-path").textContent = state.filesPath || ".";
+    if (!ownerHas("filesystem")) {
+      list.replaceChildren(el("li", { class: "empty" }, "No filesystem attached."));
+      return;
+    }
+    const result = await getJson(
+      `/api/admin/agents/${encodeURIComponent(state.endpoint.owner)}/files`,
+      { sessionId: state.conversation, path: state.filesPath },
+      true,
+    );
+    if (result.status === 404) {
+      list.replaceChildren(el("li", { class: "empty" }, "No files in this conversation yet."));
+      return;
+    }
+    if (result.status !== 200) {
+      showDenied(result, list);
+      return;
+    }
+    const entries = result.body.entries;
+    if (!entries.length) {
+      list.replaceChildren(el("li", { class: "empty" }, "(empty directory)"));
+      return;
+    }
+    list.replaceChildren(
+      ...entries.map((entry) =>
+        el(
+          "li",
+          { class: entry.directory ? "dir" : "file" },
+          el(
+            "button",
+            {
+              type: "button",
+              class: "link",
+              "data-path": entry.path,
+              onclick: () => (entry.directory ? openDirectory(entry.path) : showFile(entry.path)),
+            },
+            entry.directory ? `${entry.path}/` : entry.path,
+          ),
+          entry.directory ? "" : el("span", { class: "muted size" }, `${entry.size} B`),
+        ),
+      ),
+    );
+  }
+
+  function openDirectory(path) {
+    state.filesPath = path;
+    loadFiles();
+  }
+
+  async function showFile(path) {
+    $("#viewer-path").textContent = path;
+    const viewer = $("#viewer");
+    viewer.textContent = "loading…";
+    const result = await getJson(
+      `/api/admin/agents/${encodeURIComponent(state.endpoint.owner)}/files/content`,
+      { sessionId: state.conversation, path },
+      true,
+    );
+    viewer.textContent = result.status === 200 ? result.body.content : errorText(result);
+    viewer.dataset.path = path;
+  }
+
+  // --- the harness tab ---------------------------------------------------------------------
+
+  function truthTable(truth) {
+    const rows = Object.keys(truth || {})
+      .sort()
+      .map((key) => {
+        const value = truth[key];
+        const kind = value.startsWith("ACTIVE") ? "active" : value.startsWith("INACTIVE") ? "inactive" : "setting";
+        return el("tr", {}, el("th", { scope: "row" }, key), el("td", {}, el("span", { class: `state ${kind}` }, value)));
+      });
+    return el("table", { class: "truth" }, el("tbody", {}, ...rows));
+  }
+
+  function renderHarness(info) {
+    const blocks = [
+      el("p", { class: "muted" }, `atmosphere-harness ${info.version} · runtime `, el("strong", {}, info.runtime.name), ` (${info.runtime.capabilities.join(", ")})`),
+      el("h2", {}, "App-wide runtime truth"),
+      info.harness ? truthTable(info.harness) : el("p", { class: "empty" }, "No endpoint resolved the harness."),
+    ];
+    for (const endpoint of info.endpoints) {
+      blocks.push(
+        el(
+          "div",
+          { class: "panel endpoint" },
+          el("h2", {}, el("code", {}, endpoint.path), " ", el("span", { class: "badge" }, endpoint.kind)),
+          el("p", {}, "owner ", el("strong", {}, endpoint.owner), " · features ", endpoint.features.length ? endpoint.features.join(", ") : "none"),
+          truthTable(endpoint.harness),
+          el("p", { class: "muted tools" }, `tools: ${endpoint.tools.join(", ") || "none"}`),
+        ),
+      );
+    }
+    $("#harness").replaceChildren(...blocks);
+  }
+
+  // --- start -------------------------------------------------------------------------------
+
+  async function start() {
+    state.token = readToken();
+    for (const tab of document.querySelectorAll("[role=tab]")) tab.addEventListener("click", () => showTab(tab.dataset.tab));
+    $("#composer").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const box = $("#message");
+      sendPrompt(box.value);
+      box.value = "";
+    });
+    $("#message").addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey) {
+        event.preventDefault();
+        $("#composer").requestSubmit();
+      }
+    });
+    $("#endpoint").addEventListener("change", (event) => selectEndpoint(event.target.value));
+    $("#new-conversation").addEventListener("click", newConversation);
+    $("#conversation").addEventListener("change", (event) => {
+      const value = event.target.value.trim();
+      if (value) setConversation(value);
+    });
+    $("#plan-refresh").addEventListener("click", loadStoredPlan);
+    $("#files-refresh").addEventListener("click", loadFiles);
+    $("#files-up").addEventListener("click", () => {
+      openDirectory(state.filesPath.includes("/") ? state.filesPath.slice(0, state.filesPath.lastIndexOf("/")) : "");
+    });
+
+    const info = await getJson("/api/console/info");
+    if (info.status !== 200) {
+      setStatus("failed", `console info: HTTP ${info.status}`);
+      return;
+    }
+    state.info = info.body;
+    const owners = await getJson("/api/admin/workspace/owners", {}, true);
+    state.owners = owners.status === 200 ? owners.body : [];
+    renderHarness(state.info);
+    const select = $("#endpoint");
+    select.replaceChildren(
+      ...state.info.endpoints.map((endpoint) => el("option", { value: endpoint.path }, `${endpoint.owner} · ${endpoint.path}`)),
+    );
+    if (!state.info.endpoints.length) {
+      setStatus("failed", "no endpoint is hosted");
+      $("#send").disabled = true;
+      return;
+    }
+    const remembered = sessionStorage.getItem(ENDPOINT_KEY);
+    const initial = state.info.endpoints.some((endpoint) => endpoint.path === remembered) ? remembered : state.info.endpoints[0].path;
+    select.value = initial;
+    selectEndpoint(initial);
+    document.body.dataset.ready = "true";
+  }
+
+  document.addEventListener("DOMContentLoaded", start);
+})();
