@@ -49,6 +49,7 @@ from .runtimes.scripted import ScriptedRuntime
 from .session import StreamingSession
 from .settings import HarnessSettings
 from .tools.base import Tool, ToolContext, ToolKind, tool
+from .web.admin import get_admin_principal
 from .web.deps import HarnessDep, get_harness, get_user_id
 from .web.files import AgentFileSystemDep, get_file_system
 from .web.memory import LongTermMemoryDep, get_long_term_memory
@@ -125,6 +126,7 @@ __all__ = [
     "ai_endpoint",
     "coordinator",
     "create_harness_router",
+    "get_admin_principal",
     "get_file_system",
     "get_harness",
     "get_long_term_memory",
