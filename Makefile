@@ -18,7 +18,8 @@ $(VENV)/.installed-dev: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(VENV)/.installed $@
 
-# The demo runs offline on the scripted model and keeps its workspace in ./.workspace.
+# The demo runs offline on the scripted model and keeps its workspace in ./.workspace; it prints
+# the console URL with a fresh admin token (#token=...) unless ATMOSPHERE_ADMIN_TOKEN is set.
 demo: $(VENV)/.installed
 	LLM_RUNTIME=$${LLM_RUNTIME:-scripted} \
 	ATMOSPHERE_WORKSPACE_ROOT=$${ATMOSPHERE_WORKSPACE_ROOT:-$(CURDIR)/.workspace} \
