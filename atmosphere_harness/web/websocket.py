@@ -102,7 +102,8 @@ class _Socket:
         while True:
             text = await self.outbox.get()
             try:
-                await asyncio.wait_for(self.websocket.send_text(text), SEND_TIMEOUT)
+                async with asyncio.timeout(SEND_TIMEOUT):
+                    await self.websocket.send_text(text)
             except TimeoutError:
                 log.warning(
                     "websocket client stopped reading; disconnecting it",
