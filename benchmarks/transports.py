@@ -144,37 +144,31 @@ def run_input(thread: str) -> dict[str, Any]:
     }
 
 
-def agui_text(body: str) -> str:
+def streamed_text(body: str, kind: str) -> str:
+    """The answer an SSE body carried: AG-UI `TEXT_MESSAGE_CONTENT` deltas or `text` frames."""
     text = []
     for line in body.splitlines():
-        if line.startswith("data:"):
-            event = json.loads(line[5:])
-            if event.get("type") == "TEXT_MESSAGE_CONTENT":
-                text.append(event["delta"])
-    return "".join(text)
-
-
-def sse_text(body: str) -> str:
-    text = []
-    for line in body.splitlines():
-        if line.startswith("data:"):
-            frame = json.loads(line[5:])
-            if frame.get("event") == "text":
-                text.append(frame["data"]["text"])
+        if not line.startswith("data:"):
+            continue
+        event = json.loads(line[5:])
+        if kind == "agui" and event.get("type") == "TEXT_MESSAGE_CONTENT":
+            text.append(event["delta"])
+        elif kind == "frames" and event.get("event") == "text":
+            text.append(event["data"]["text"])
     return "".join(text)
 
 
 async def one_agui(client: httpx2.AsyncClient, url: str) -> str:
     response = await client.post(url, json=run_input(str(uuid.uuid4())))
     response.raise_for_status()
-    return agui_text(response.text)
+    return streamed_text(response.text, "agui")
 
 
 async def one_sse(client: httpx2.AsyncClient, url: str) -> str:
     body = {"message": "Write the notes.", "conversationId": str(uuid.uuid4())}
     response = await client.post(url, json=body)
     response.raise_for_status()
-    return sse_text(response.text)
+    return streamed_text(response.text, "frames")
 
 
 async def one_ws(url: str) -> str:

@@ -133,6 +133,14 @@ def check_session_id(session_id: str | None) -> str:
         raise AdminProblem(400, f"sessionId is invalid: {exc}") from None
 
 
+def workspace_read(
+    host: HarnessHost, principal: str | None, name: str, session_id: str | None
+) -> tuple[str, str]:
+    """Gate and validate one workspace read: the checked owner name and conversation id."""
+    require_principal(principal, host.settings)
+    return check_agent_name(name), check_session_id(session_id)
+
+
 def plan_store_of(host: HarnessHost, name: str) -> PlanStore:
     store = host.surface(PLAN_SURFACE, name)
     if not isinstance(store, PlanStore):
@@ -177,8 +185,7 @@ def admin_router() -> APIRouter:
     async def plan(
         name: str, host: HarnessDep, principal: AdminPrincipalDep, session_id: SessionQuery = None
     ) -> Any:
-        require_principal(principal, host.settings)
-        name, session_id = check_agent_name(name), check_session_id(session_id)
+        name, session_id = workspace_read(host, principal, name, session_id)
         found = await plan_store_of(host, name).get(name, session_id)
         if found is None:
             raise AdminProblem(404, f"no plan for agent {name!r} in conversation {session_id!r}")
@@ -202,8 +209,7 @@ def admin_router() -> APIRouter:
         session_id: SessionQuery = None,
         last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
     ) -> Response:
-        require_principal(principal, host.settings)
-        name, session_id = check_agent_name(name), check_session_id(session_id)
+        name, session_id = workspace_read(host, principal, name, session_id)
         store = plan_store_of(host, name)
         bus: PlanEventBus | None = host.services.get(BUS_SERVICE)
         if bus is None:
@@ -226,8 +232,7 @@ def admin_router() -> APIRouter:
         session_id: SessionQuery = None,
         path: PathQuery = None,
     ) -> Any:
-        require_principal(principal, host.settings)
-        name, session_id = check_agent_name(name), check_session_id(session_id)
+        name, session_id = workspace_read(host, principal, name, session_id)
         fs = conversation_files(host, name, session_id)
         try:
             entries = await fs.ls(path)
@@ -252,8 +257,7 @@ def admin_router() -> APIRouter:
         session_id: SessionQuery = None,
         path: PathQuery = None,
     ) -> Any:
-        require_principal(principal, host.settings)
-        name, session_id = check_agent_name(name), check_session_id(session_id)
+        name, session_id = workspace_read(host, principal, name, session_id)
         fs = conversation_files(host, name, session_id)
         try:
             content = await fs.read(path or "")
