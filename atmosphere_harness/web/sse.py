@@ -1,4 +1,5 @@
-"""Server-sent events: a prompt run as a `text/event-stream`.
+"""Server-sent events: a prompt run as a `text/event-stream`, and `run_frames`, the one way
+every transport (SSE, WebSocket, AG-UI) reads a run.
 
 The run executes in its own task and pushes frames into a bounded queue that the response drains.
 A slow client therefore slows the run down (back-pressure) instead of growing memory; a client

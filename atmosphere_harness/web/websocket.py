@@ -44,8 +44,8 @@ log = get_logger(__name__)
 HEARTBEAT_SECONDS = 15.0
 SEND_TIMEOUT = 30.0
 MAX_QUEUED_PROMPTS = 16
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-"""Largest client message read (a prompt is at most 1,000,000 characters)."""
+MAX_TEXT_CHARS = 4 * 1024 * 1024
+"""Longest client message parsed, in characters (a prompt is at most 1,000,000 of them)."""
 
 SLOW_CLIENT = 1008
 """Close code sent to a client that stopped reading (policy violation)."""
@@ -127,7 +127,7 @@ class _Socket:
             except KeyError:  # a binary message: receive_text() finds no "text"
                 self._tell(_notice("send prompts as JSON text messages", "invalid_request"))
                 continue
-            if len(text) > MAX_MESSAGE_BYTES:
+            if len(text) > MAX_TEXT_CHARS:
                 self._tell(_notice("message too large", "invalid_request"))
                 continue
             prompt = self._parse(text)
