@@ -218,6 +218,12 @@ class HarnessSettings(BaseSettings):
     admin_http_read_auth_required: bool = Field(
         False, validation_alias=_env("ATMOSPHERE_ADMIN_HTTP_READ_AUTH_REQUIRED")
     )
+    websocket_allowed_origins: Annotated[frozenset[str], NoDecode] = Field(
+        frozenset(), validation_alias=_env("ATMOSPHERE_WEBSOCKET_ALLOWED_ORIGINS")
+    )
+    """Browser origins (`https://app.example.com`) that may open `P/ws` besides the app's own;
+    `*` allows any. Browsers apply no CORS to WebSockets, so this is what stops another site's
+    page from talking to an agent with its visitor's cookies."""
 
     redis_url: str | None = Field(None, validation_alias=_env("ATMOSPHERE_REDIS_URL"), repr=False)
     postgres_url: str | None = Field(
@@ -245,7 +251,7 @@ class HarnessSettings(BaseSettings):
             )
         return False
 
-    @field_validator("exclude_paths", mode="before")
+    @field_validator("exclude_paths", "websocket_allowed_origins", mode="before")
     @classmethod
     def _parse_paths(cls, value: object) -> object:
         if isinstance(value, str):

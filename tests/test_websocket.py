@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus
 
 from atmosphere_harness import ScriptedRuntime, StreamingSession, ToolCall, ai_endpoint
 from atmosphere_harness import prompt as prompt_method
@@ -121,6 +122,33 @@ async def test_an_invalid_conversation_in_the_url_is_refused(workspace: Path) ->
             async with connect(ws_url(base, KEEPER, conversationId="..")) as socket:
                 await socket.recv()
     assert "403" in str(refused.value) or "1008" in str(refused.value)
+
+
+async def test_only_same_origin_or_listed_browsers_may_connect(workspace: Path) -> None:
+    app = make_app(
+        [Keeper],
+        runtime=tool_script(),
+        workspace=workspace,
+        websocket_allowed_origins="https://app.example.com, https://other.example.com/",
+    )
+    async with serve(app) as base:
+        url = ws_url(base, KEEPER)
+        for origin in (base, "https://app.example.com", "https://other.example.com"):
+            async with connect(url, origin=origin) as socket:
+                assert (await run_over(socket, {"message": "hi"}))[-1]["event"] == "complete"
+        for origin in ("https://evil.example", "http://127.0.0.1:1", "null"):
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(url, origin=origin):
+                    pass
+            assert refused.value.response.status_code == 403, origin
+
+
+async def test_any_origin_when_star_is_listed(workspace: Path) -> None:
+    app = make_app(
+        [Keeper], runtime=tool_script(), workspace=workspace, websocket_allowed_origins="*"
+    )
+    async with serve(app) as base, connect(ws_url(base, KEEPER), origin="https://x.test") as ws:
+        assert (await run_over(ws, {"message": "hi"}))[-1]["event"] == "complete"
 
 
 async def test_heartbeats_keep_an_idle_socket_visibly_alive(

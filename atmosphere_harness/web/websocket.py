@@ -11,6 +11,11 @@ Besides run frames, the server sends two messages that belong to no run (no `ses
 live socket from a dead one, and `{"event": "error", "data": {"message", "type"}}` for a client
 message that is not a prompt (the socket stays open).
 
+Origins: browsers apply no CORS to WebSockets and send the site's cookies along, so a handshake
+whose `Origin` is neither the app's own nor listed in `websocket_allowed_origins`
+(`ATMOSPHERE_WEBSOCKET_ALLOWED_ORIGINS`) is refused (HTTP 403). Clients that are not browsers
+send no `Origin` and are not affected.
+
 Flow control: each socket has its own bounded send queue and sender task. A client that reads
 slowly slows only its own run (the run waits for room, as over SSE); one whose pending send does
 not complete within `SEND_TIMEOUT` seconds is disconnected. A disconnect, either way, cancels the
@@ -86,8 +91,14 @@ class _Socket:
             asyncio.create_task(self._heartbeat(), name="ws-heartbeat"),
         ]
         try:
-            # The sender ends on a send failure or timeout, the receiver on a disconnect.
-            await asyncio.wait(tasks[:2], return_when=asyncio.FIRST_COMPLETED)
+            # The sender ends on a send failure or timeout, the receiver on a disconnect; the
+            # prompt worker never ends unless something failed.
+            done, _ = await asyncio.wait(tasks[:3], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.error(
+                        "websocket task failed", task=task.get_name(), exc_info=task.exception()
+                    )
         finally:
             for task in tasks:
                 task.cancel()
@@ -190,6 +201,17 @@ def _reason(exc: Exception) -> str:
     return f"invalid prompt: not JSON ({exc})"
 
 
+def origin_allowed(websocket: WebSocket, allowed: frozenset[str]) -> bool:
+    """Same-origin (or listed) browsers only; clients that send no `Origin` are not browsers."""
+    origin = websocket.headers.get("origin")
+    if origin is None or "*" in allowed:
+        return True
+    if origin.rstrip("/") in {entry.rstrip("/") for entry in allowed}:
+        return True
+    host = websocket.headers.get("host", "")
+    return origin.split("://", 1)[-1].rstrip("/") == host
+
+
 def websocket_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
     from .routes import RouteSpec  # routes.py lists this builder, so import it late
 
@@ -197,6 +219,14 @@ def websocket_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteS
         websocket: WebSocket,
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> None:
+        if not origin_allowed(websocket, host.settings.websocket_allowed_origins):
+            log.warning(
+                "websocket from another origin refused",
+                origin=websocket.headers.get("origin"),
+                endpoint=endpoint.path,
+            )
+            await websocket.close(code=1008, reason="origin not allowed")
+            return
         requested = websocket.query_params.get("conversationId")
         try:
             conversation_id = (
