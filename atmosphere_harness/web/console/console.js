@@ -352,7 +352,9 @@
       buttons,
     );
     node.dataset.approvalId = data.approvalId;
-    $("#transcript").append(node);
+    const call = state.tools.get(data.toolCallId);
+    if (call) call.node.after(node);
+    else $("#transcript").append(node);
   }
 
   function subagentStarted(data) {
