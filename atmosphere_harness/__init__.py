@@ -26,6 +26,16 @@ from .filesystem import (
     FileSystemLimits,
     WorkspaceAgentFileSystem,
 )
+from .governance import (
+    Admit,
+    Deny,
+    GovernancePolicy,
+    PolicyContext,
+    PolicyRequest,
+    Prefer,
+    ToolApprovalPolicy,
+    Transform,
+)
 from .harness import Harness
 from .memory import (
     ConversationMemory,
@@ -85,6 +95,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Admit",
     "AgentFileSystem",
     "AgentFileSystemDep",
     "AgentPlan",
@@ -94,8 +105,10 @@ __all__ = [
     "CacheHint",
     "CompositeAgentFileSystem",
     "ConversationMemory",
+    "Deny",
     "Event",
     "FileSystemLimits",
+    "GovernancePolicy",
     "Harness",
     "HarnessDep",
     "HarnessSettings",
@@ -111,14 +124,19 @@ __all__ = [
     "PlanStep",
     "PlanStore",
     "PlanStoreDep",
+    "PolicyContext",
+    "PolicyRequest",
+    "Prefer",
     "PromptCache",
     "ScriptedRuntime",
     "SqliteLongTermMemory",
     "StreamingSession",
     "Tool",
+    "ToolApprovalPolicy",
     "ToolCall",
     "ToolContext",
     "ToolKind",
+    "Transform",
     "Usage",
     "WorkspaceAgentFileSystem",
     "__version__",

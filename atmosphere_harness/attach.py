@@ -31,8 +31,16 @@ class Primitive:
 
 def default_primitives() -> list[Primitive]:
     """The built-in primitives, in attach order."""
+    from .delegation.primitive import DelegationPrimitive
     from .filesystem.primitive import FilesystemPrimitive
+    from .governance.primitive import GovernancePrimitive
     from .memory.primitive import MemoryPrimitive
     from .planning import PlanningPrimitive
 
-    return [MemoryPrimitive(), PlanningPrimitive(), FilesystemPrimitive()]
+    return [
+        MemoryPrimitive(),
+        PlanningPrimitive(),
+        FilesystemPrimitive(),
+        GovernancePrimitive(),
+        DelegationPrimitive(),
+    ]

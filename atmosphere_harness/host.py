@@ -15,6 +15,7 @@ from typing import Any
 from .attach import Primitive
 from .endpoint import HostedEndpoint
 from .harness import Harness
+from .journal import LiveRuns
 from .log import get_logger
 from .preset import HarnessPreset, effective_cache_policy
 from .registry import AgentSpec, EndpointKind
@@ -58,6 +59,8 @@ class HarnessHost:
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started: list[Primitive] = []
+        self.runs = LiveRuns()
+        """Prompt runs started over HTTP, with their frame journals (see `journal`)."""
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -88,6 +91,7 @@ class HarnessHost:
         )
 
     async def stop(self) -> None:
+        await self.runs.aclose()
         await self.drain()
         for primitive in reversed(self._started):
             try:

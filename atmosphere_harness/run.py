@@ -92,11 +92,14 @@ async def execute_prompt(
     conversation_id: str,
     user_id: str | None,
     sink: FrameSink,
+    parent: RunContext | None = None,
+    state: dict[str, Any] | None = None,
 ) -> RunContext:
     """Call the endpoint's `@prompt` method for one message and finish its stream.
 
     The stream always ends with exactly one `complete` or `error` frame, whatever the method
-    does; prompts of one conversation run one at a time.
+    does; prompts of one conversation run one at a time. `parent` makes the run part of another
+    (a fleet member answering a coordinator); `state` seeds `run.state`.
     """
     run = RunContext(
         host=host,
@@ -104,7 +107,10 @@ async def execute_prompt(
         conversation_id=conversation_id,
         user_id=user_id,
         sink=sink,
+        parent=parent,
     )
+    if state:
+        run.state.update(state)
     session = run.session
     spec = endpoint.spec
     assert spec is not None

@@ -186,6 +186,29 @@ class HarnessSettings(BaseSettings):
     max_tool_rounds: int = Field(50, ge=1, validation_alias=_env("ATMOSPHERE_AI_MAX_TOOL_ROUNDS"))
     """Model turns one prompt may take before the loop stops it."""
 
+    approval_timeout: float = Field(
+        300.0, gt=0, allow_inf_nan=False, validation_alias=_env("ATMOSPHERE_AI_APPROVAL_TIMEOUT")
+    )
+    """Seconds a tool call waits for `POST P/approvals/{id}` before it answers `Approval timed
+    out`."""
+
+    subagent_max_depth: int = Field(
+        2, ge=0, le=8, validation_alias=_env("ATMOSPHERE_AI_SUBAGENT_MAX_DEPTH")
+    )
+    """How deep `task` sub-agents may nest (a sub-agent at this depth gets no `task` tool)."""
+    subagent_max_spawns: int = Field(
+        8, ge=0, le=1000, validation_alias=_env("ATMOSPHERE_AI_SUBAGENT_MAX_SPAWNS")
+    )
+    """`task` spawns one request may make, nested ones included."""
+    subagent_timeout: float = Field(
+        120.0, gt=0, allow_inf_nan=False, validation_alias=_env("ATMOSPHERE_AI_SUBAGENT_TIMEOUT")
+    )
+    """Seconds one `task` sub-agent may run before it is cancelled."""
+    subagent_workspace_dir: Path | None = Field(
+        None, validation_alias=_env("ATMOSPHERE_AI_SUBAGENT_WORKSPACE_DIR")
+    )
+    """Where per-spawn temporary workspaces are created; unset = the system temp directory."""
+
     workspace_root: Path = Field(
         Path("~/.atmosphere/workspace"), validation_alias=_env("ATMOSPHERE_WORKSPACE_ROOT")
     )

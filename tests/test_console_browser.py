@@ -10,7 +10,6 @@ also replace the images of `docs/console.md` (`docs/images/console-*.png`).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -22,15 +21,17 @@ from fastapi import FastAPI
 
 from atmosphere_harness import (
     HarnessSettings,
+    ModelRequest,
     ScriptedRuntime,
     StreamingSession,
     ToolCall,
     ToolContext,
-    agent,
+    coordinator,
     create_harness_router,
     prompt,
     tool,
 )
+from atmosphere_harness.delegation import SYSTEM_PROMPT as SUBAGENT_PROMPT
 from tests.support import require_service, serve
 
 pytestmark = pytest.mark.browser
@@ -173,8 +174,6 @@ async def test_the_demo_agent_plans_saves_a_file_and_the_workspace_shows_it(
 
 # --- tool cards, offload, approvals and sub-agents ----------------------------------------------
 
-APPROVALS: dict[str, asyncio.Future[bool]] = {}
-
 
 @tool
 async def long_report(context: ToolContext) -> str:
@@ -182,83 +181,53 @@ async def long_report(context: ToolContext) -> str:
     return "".join(f"line {index}: all systems nominal\n" for index in range(400))
 
 
-@tool
-async def send_email(to: str, context: ToolContext) -> str:
+@tool(requires_approval=True)
+async def send_email(to: str) -> str:
     """Send an email once a person approves it."""
-    approval = asyncio.get_running_loop().create_future()
-    APPROVALS["ap-1"] = approval
-    await context.run.session.emit(
-        "approval-required",
-        {
-            "approvalId": "ap-1",
-            "toolCallId": context.call.id,
-            "tool": "send_email",
-            "arguments": {"to": to},
-            "expiresAt": "2030-01-01T00:00:00Z",
-        },
-    )
-    return f"sent to {to}" if await approval else "the user denied it"
+    return f"sent to {to}"
 
 
-@tool
-async def research(topic: str, context: ToolContext) -> str:
-    """Run a sub-agent on a topic."""
-    session = context.run.session
-    await session.emit(
-        "subagent-start", {"subagentId": "sub-1", "agentId": "researcher", "description": topic}
-    )
-    for status in ("in_progress", "completed"):
-        await session.emit(
-            "plan-update",
-            {
-                "steps": [{"content": f"Read about {topic}", "status": status}],
-                "goal": None,
-                "conversationId": context.conversation_id,
-                "agentId": "researcher",
-                "subagentId": "sub-1",
-            },
-        )
-    report = f"{topic}: three sources agree."
-    await session.emit(
-        "subagent-end", {"subagentId": "sub-1", "status": "completed", "report": report}
-    )
-    return report
-
-
-@agent(name="clerk")
+@coordinator("clerk", fleet=())
 class Clerk:
-    tools = [long_report, send_email, research]
+    tools = [long_report, send_email]
 
     @prompt
     async def chat(self, message: str, session: StreamingSession) -> None:
         await session.stream(message)
 
 
+def clerk_turn(request: ModelRequest) -> Any:
+    """The clerk offloads a report, spawns a real `task` sub-agent, then asks to send an email;
+    the sub-agent plans one step, ticks it and reports."""
+    last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+    rounds = sum(1 for m in request.messages[last_user:] if m.role == "assistant")
+    if request.system_prompt == SUBAGENT_PROMPT:
+        if rounds < 2:
+            status = "in_progress" if rounds == 0 else "completed"
+            return [
+                ToolCall(
+                    "write_todos", {"todos": [{"content": "Read about tides", "status": status}]}
+                )
+            ]
+        return "tides: three sources agree."
+    script: list[Any] = [
+        [ToolCall("long_report", {})],
+        [ToolCall("task", {"description": "research tides"})],
+        [ToolCall("send_email", {"to": "ops@example.com"})],
+        "All three tasks are finished.",
+    ]
+    return script[min(rounds, len(script) - 1)]
+
+
 def clerk_app(workspace: Path) -> FastAPI:
-    runtime = ScriptedRuntime(
-        [
-            [ToolCall("long_report", {})],
-            [ToolCall("research", {"topic": "tides"})],
-            [ToolCall("send_email", {"to": "ops@example.com"})],
-            "All three tasks are finished.",
-        ]
-    )
     app = FastAPI()
     app.include_router(
         create_harness_router(
             HarnessSettings(workspace_root=workspace, admin_token=TOKEN),
             agents=[Clerk],
-            runtime=runtime,
+            runtime=ScriptedRuntime((), default=clerk_turn),
         )
     )
-
-    # A stand-in for the governance primitive's route, with the same contract.
-    @app.post("/atmosphere/agent/clerk/approvals/{approval_id}")
-    async def answer(approval_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        approval = APPROVALS.pop(approval_id)
-        approval.set_result(bool(body["approve"]))
-        return {"approvalId": approval_id, "approved": bool(body["approve"])}
-
     return app
 
 
@@ -280,7 +249,7 @@ async def test_tool_cards_offload_links_approvals_and_subagents(
         assert email == "sent to ops@example.com"
 
         subagent = await page.inner_text(".card.subagent")
-        assert "researcher" in subagent
+        assert "research tides" in subagent
         assert "tides: three sources agree." in subagent
         assert await page.inner_text(".card.subagent .badge") == "completed"
         assert await page.get_attribute(".card.subagent .step", "data-status") == "completed"

@@ -106,6 +106,7 @@ class ScriptedRuntime:
         - "plan ... and save ... to a file": `write_todos` -> `write_file` -> `write_todos`
           (all completed) -> a final report;
         - "use the task tool ...": a `task` spawn, then the sub-agent's report;
+        - "ask the <name> agent about ...": a `delegate_task` to that fleet member, then its reply;
         - anything else: a short echo.
         """
         return cls((), default=demo_turn)
@@ -125,6 +126,10 @@ def _usage(request: ModelRequest, output: str) -> Usage:
 # --- the demo model -------------------------------------------------------------------------
 
 _TASK_PROMPT = re.compile(r"\btask tool\b|\bspawn\b.*\bsub-?agent\b", re.IGNORECASE)
+_SUBTASK = re.compile(r"^.*?\b(?:sub-?agent|task tool)\s+to\s+", re.IGNORECASE)
+_DELEGATE_PROMPT = re.compile(
+    r"\bask (?:the |my )?([A-Za-z0-9][\w.-]*) agent (?:about|for|to) (.+)", re.IGNORECASE
+)
 _SUBAGENT_MARKER = "general-purpose subagent"
 
 
@@ -154,7 +159,7 @@ def demo_turn(request: ModelRequest) -> TurnResult:
 
     if _TASK_PROMPT.search(prompt) and "task" in tools and not is_subagent:
         if rounds == 0:
-            subtask = re.sub(r"(?i)^.*?\bto\b\s+", "", prompt, count=1).strip() or prompt
+            subtask = _SUBTASK.sub("", prompt, count=1).strip() or prompt
             description = (
                 f"{subtask.rstrip('.')}. Plan the work with write_todos, save your findings to "
                 "report.md, and reply with a short report."
@@ -162,6 +167,14 @@ def demo_turn(request: ModelRequest) -> TurnResult:
             return [ToolCall("task", {"description": description})]
         report = results[-1].content if results else "(no report)"
         return f"The sub-agent finished. Its report:\n\n{report}"
+
+    delegation = _DELEGATE_PROMPT.search(prompt)
+    if delegation and "delegate_task" in tools and not is_subagent:
+        if rounds == 0:
+            name, message = delegation.group(1), delegation.group(2).strip().rstrip(".?!")
+            return [ToolCall("delegate_task", {"agent": name, "message": message})]
+        reply = results[-1].content if results else "(no reply)"
+        return f"The {delegation.group(1)} agent replied:\n\n{reply}"
 
     wants_plan = "plan" in lowered and "file" in lowered
     if (wants_plan or is_subagent) and "write_todos" in tools:

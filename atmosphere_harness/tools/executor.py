@@ -4,7 +4,8 @@ Order of work for one call, the same for every tool and every runtime:
 
 1. unknown tool -> `unknown_tool` result;
 2. argument validation against the schema -> `invalid_arguments` result;
-3. admission hooks (governance) -> may answer instead of the tool, with no frames;
+3. admission hooks (governance) -> may answer instead of the tool, with no frames, or replace
+   the arguments (a policy's `Transform`; the new ones are validated again);
 4. `tool-start` frame (unknown tools and invalid arguments get their start and result frames
    too, so a client sees every call the model made);
 5. approval hook -> may answer instead of the tool, or replace the arguments;
@@ -46,11 +47,12 @@ def invalid_arguments(tool: str, details: Sequence[str]) -> str:
 
 
 class AdmissionHook(Protocol):
-    """Runs before `tool-start`; returning a string answers the call instead of the tool."""
+    """Runs before `tool-start`: a string answers the call instead of the tool, a mapping
+    replaces its arguments, `None` admits it as it is."""
 
     async def __call__(
         self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: RunContext
-    ) -> str | None: ...
+    ) -> str | Mapping[str, Any] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +122,12 @@ async def execute_call(call: ToolCall, run: RunContext) -> str:
         return await _rejected(session, call, invalid_arguments(tool.name, problems))
     for admit in endpoint.admission_hooks:
         answer = await admit(call, tool, arguments, run)
-        if answer is not None:
+        if isinstance(answer, str):
             return answer
+        if answer is not None:
+            arguments, problems = validate_arguments(tool.parameters, answer)
+            if problems:
+                return await _rejected(session, call, invalid_arguments(tool.name, problems))
     await session.emit(
         events.TOOL_START, {"toolCallId": call.id, "tool": tool.name, "arguments": arguments}
     )

@@ -15,6 +15,7 @@ from fastapi import APIRouter, FastAPI
 from starlette.routing import BaseRoute
 
 from ..attach import Primitive, default_primitives
+from ..governance.approval import ToolApprovalPolicy
 from ..host import HarnessHost
 from ..log import ensure_handler
 from ..registry import registered_agents, spec_of
@@ -35,6 +36,7 @@ def create_harness_router(
     runtime: AgentRuntime | None = None,
     long_term_memory: Any | None = None,
     policies: Sequence[Any] = (),
+    approval_policy: ToolApprovalPolicy | None = None,
     primitives: Sequence[Primitive] | None = None,
 ) -> APIRouter:
     """Build the harness router.
@@ -45,7 +47,10 @@ def create_harness_router(
         agents: The decorated classes to host; `None` hosts every decorated class.
         runtime: The model runtime; `None` resolves one from the settings.
         long_term_memory: A long-term memory store to use instead of the default one.
-        policies: Governance policies evaluated on every tool call.
+        policies: Governance policies evaluated on every tool call, `task` spawn and fleet
+            dispatch (before those of the `atmosphere_harness.policies` entry points).
+        approval_policy: Which tool calls wait for a person (default
+            `ToolApprovalPolicy.annotated()`; an agent class's `approval_policy` wins).
         primitives: Replace the built-in attach engines (advanced; tests use it).
     """
 
@@ -59,7 +64,11 @@ def create_harness_router(
             runtime=runtime if runtime is not None else resolve_runtime(resolved),
             specs=specs,
             primitives=list(primitives) if primitives is not None else default_primitives(),
-            options={"long_term_memory": long_term_memory, "policies": tuple(policies)},
+            options={
+                "long_term_memory": long_term_memory,
+                "policies": tuple(policies),
+                "approval_policy": approval_policy,
+            },
         )
         await host.start()
         warn_admin_posture(resolved)

@@ -18,9 +18,11 @@ from ..endpoint import HostedEndpoint
 from ..host import HarnessHost
 from ..run import check_conversation_id, new_conversation_id
 from .agui import agui_routes
+from .approvals import approval_routes
 from .deps import get_user_id
 from .memory import close_routes
 from .planning import plan_event_routes
+from .runs import run_event_routes
 from .sse import stream_prompt
 from .websocket import websocket_routes
 
@@ -90,5 +92,7 @@ ROUTE_BUILDERS: list[RouteBuilder] = [
     close_routes,
     websocket_routes,
     agui_routes,
+    approval_routes,
+    run_event_routes,
 ]
 """Every per-endpoint route builder, in mount order."""

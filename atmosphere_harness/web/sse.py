@@ -1,27 +1,30 @@
 """Server-sent events: a prompt run as a `text/event-stream`, and `run_frames`, the one way
 every transport (SSE, WebSocket, AG-UI) reads a run.
 
-The run executes in its own task and pushes frames into a bounded queue that the response drains.
-A slow client therefore slows the run down (back-pressure) instead of growing memory; a client
-that stops reading for `SEND_TIMEOUT` seconds, or disconnects, cancels the run.
+The run executes in its own task and writes its frames into a live-run journal
+(`atmosphere_harness.journal`) that the response follows. A slow client therefore slows the run
+down (back-pressure) instead of growing memory; a client that stops reading for `SEND_TIMEOUT`
+seconds, or disconnects, cancels the run, unless the run is waiting for an approval: then it
+outlives the connection and a client re-attaches with `GET P/conversations/{id}/events`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from ..endpoint import HostedEndpoint
 from ..events import Frame
 from ..host import HarnessHost
-from ..run import execute_prompt
+from ..journal import LiveRun
 
 SEND_TIMEOUT = 30.0
 PING_SECONDS = 15
 QUEUE_FRAMES = 256
+"""Frames a transport may buffer for one slow client (the WebSocket outbox)."""
 
 
 def frame_event(frame: Frame) -> ServerSentEvent:
@@ -37,33 +40,23 @@ async def run_frames(
     conversation_id: str,
     user_id: str | None,
 ) -> AsyncGenerator[Frame, None]:
-    """One prompt run as the frames it streams; closing the iterator early cancels the run.
+    """One prompt run as the frames it streams, read through its live-run journal.
 
-    Every transport (SSE, WebSocket, AG-UI) reads a run through this, so back-pressure and
-    cancellation behave the same on all of them.
+    Closing the iterator early cancels the run (and waits for it to unwind, so its turn is
+    persisted before the caller goes on), unless the run is held by a pending approval: then it
+    outlives the reader, as it does for SSE.
     """
-    queue: asyncio.Queue[Frame | None] = asyncio.Queue(maxsize=QUEUE_FRAMES)
-    task = asyncio.create_task(
-        execute_prompt(
-            host,
-            endpoint,
-            message=message,
-            conversation_id=conversation_id,
-            user_id=user_id,
-            sink=queue.put,
-        ),
-        name=f"prompt:{endpoint.path}:{conversation_id}",
+    live = host.runs.start(
+        host, endpoint, message=message, conversation_id=conversation_id, user_id=user_id
     )
-    task.add_done_callback(lambda _: _close(queue))
+    follower = live.follow(0)
     try:
-        while True:
-            frame = await queue.get()
-            if frame is None:
-                break
-            yield frame
+        async with contextlib.aclosing(follower):
+            async for frame in follower:
+                yield frame
     finally:
-        if not task.done():
-            task.cancel()
+        task = live.task
+        if task is not None and not task.done() and not live.held:
             await asyncio.gather(task, return_exceptions=True)
 
 
@@ -75,13 +68,28 @@ def stream_prompt(
     conversation_id: str,
     user_id: str | None,
 ) -> EventSourceResponse:
-    async def events() -> AsyncIterator[ServerSentEvent]:
-        frames = run_frames(
+    """Start one prompt run and stream it from its first frame."""
+
+    def start() -> LiveRun:
+        return host.runs.start(
             host, endpoint, message=message, conversation_id=conversation_id, user_id=user_id
         )
-        async with contextlib.aclosing(frames):
-            async for frame in frames:
-                yield frame_event(frame)
+
+    return _follow(start, 0, conversation_id)
+
+
+def follow_run(live: LiveRun, after: int) -> EventSourceResponse:
+    """Re-attach to a live (or recently finished) run: the frames after seq `after`, then live."""
+    return _follow(lambda: live, after, live.conversation_id)
+
+
+def _follow(
+    open_run: Callable[[], LiveRun], after: int, conversation_id: str
+) -> EventSourceResponse:
+    # The run starts inside the generator: a response that never streams never starts one.
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        async for frame in open_run().follow(after):
+            yield frame_event(frame)
 
     return EventSourceResponse(
         events(),
@@ -89,11 +97,3 @@ def stream_prompt(
         send_timeout=SEND_TIMEOUT,
         headers={"X-Conversation-Id": conversation_id},
     )
-
-
-def _close(queue: asyncio.Queue[Frame | None]) -> None:
-    """Wake the reader after the run ended, even if the queue is full."""
-    try:
-        queue.put_nowait(None)
-    except asyncio.QueueFull:
-        asyncio.get_running_loop().create_task(queue.put(None))

@@ -1,1 +1,1 @@
-"""The personal-assistant sample: one `@agent` with the full harness, on the scripted demo model."""
+"""The personal-assistant sample: a `@coordinator` with a fleet, and an opted-in `ai_endpoint`."""

@@ -1,0 +1,54 @@
+"""`DelegationPrimitive`: fleets validated at start-up; `delegate_task` and `task` on coordinators.
+
+DELEGATION resolved on a `@coordinator` registers both tools (a user tool of the same name wins)
+and reports `delegation` = `ACTIVE`, or `ACTIVE(user-tool)` when the user's `delegate_task` wins.
+On a plain `@agent` or `ai_endpoint` the feature has nothing to attach: its truth stays
+`INACTIVE(no-coordinator)` (seeded by the preset), as the reference reports it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..attach import Primitive
+from ..governance.primitive import policy_chain
+from ..harness import Harness
+from ..preset import ACTIVE, DELEGATION
+from ..registry import EndpointKind
+from .delegate import delegate_tool
+from .fleet import AgentFleet, resolve_fleets
+from .subagent import task_tool
+
+if TYPE_CHECKING:
+    from ..endpoint import HostedEndpoint
+    from ..host import HarnessHost
+
+USER_TOOL = "ACTIVE(user-tool)"
+FLEET_SERVICE = "fleet"
+"""`endpoint.services` key of a coordinator's `AgentFleet`."""
+
+
+class DelegationPrimitive(Primitive):
+    name = "delegation"
+
+    def __init__(self) -> None:
+        self.fleets: dict[str, AgentFleet] = {}
+
+    async def start(self, host: HarnessHost) -> None:
+        self.fleets = resolve_fleets(host)
+
+    def attach(self, endpoint: HostedEndpoint, host: HarnessHost) -> None:
+        spec = endpoint.spec
+        if spec is None or spec.kind is not EndpointKind.COORDINATOR:
+            return
+        if not endpoint.has(Harness.DELEGATION):
+            return
+        fleet = self.fleets.get(spec.name) or AgentFleet(spec.name, [])
+        chain = policy_chain(host)
+        endpoint.services[FLEET_SERVICE] = fleet
+        delegated = endpoint.add_builtin_tool(delegate_tool(host, fleet, chain))
+        endpoint.add_builtin_tool(task_tool(host.settings, chain))
+        endpoint.report(DELEGATION, ACTIVE if delegated else USER_TOOL)
+
+    async def stop(self, host: HarnessHost) -> None:
+        self.fleets = {}

@@ -1,0 +1,169 @@
+"""The hooks that put governance on every tool call (see `tools.executor` for their order).
+
+- `ToolCallAdmission` (an admission hook, before `tool-start`): the policy chain judges
+  `call_tool:<name>`. A denial answers the call with
+  `{"status":"cancelled","message":"Tool <name> denied by policy '<policy>': <reason>"}` and no
+  frames; a `Transform` whose `tool_args` differ replaces the arguments.
+- `PostResponse` (a result hook): every policy sees the result the model gets, so a stateful
+  policy can release what it took at admission.
+- `ApprovalGate` (the approval hook, after `tool-start`): a call the `ToolApprovalPolicy` gates
+  emits `approval-required` and waits for `POST P/approvals/{id}`; deny and timeout answer with
+  the reference's JSON, approve runs the tool (with the person's edited arguments, if any).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .. import events
+from ..journal import live_run_of
+from ..tools.executor import Approval, json_result
+from .approval import ToolApprovalPolicy
+from .approvals import ApprovalRegistry
+from .chain import PolicyChain, Verdict
+from .policy import PolicyContext, PolicyPhase, PolicyRequest
+
+if TYPE_CHECKING:
+    from ..run import RunContext
+    from ..runtimes.base import ToolCall
+    from ..tools.base import Tool
+
+PREVIEW_CHARS = 200
+_ADMITTED = "governance.admitted"
+"""`run.state` key: the request each admitted call id was judged on (for its post-response)."""
+
+DENIED_BY_APPROVAL_POLICY = json_result(
+    status="cancelled", message="Tool execution denied by policy"
+)
+CANCELLED_BY_USER = json_result(status="cancelled", message="Action cancelled by user")
+APPROVAL_TIMED_OUT = json_result(status="timeout", message="Approval timed out")
+TOO_MANY_APPROVALS = json_result(
+    status="cancelled",
+    message="Tool execution refused: too many approvals are already pending; try again later",
+)
+
+
+def policy_context(
+    run: RunContext, phase: PolicyPhase, request: PolicyRequest, response: str | None = None
+) -> PolicyContext:
+    """A context for `request` asked on behalf of `run`."""
+    return PolicyContext(
+        phase=phase,
+        request=request,
+        accumulated_response=response,
+        user_id=run.user_id,
+        conversation_id=run.conversation_id,
+        agent=run.endpoint.owner,
+    )
+
+
+def tool_call_request(tool: Tool, arguments: Mapping[str, Any]) -> PolicyRequest:
+    metadata: dict[str, Any] = {"tool_name": tool.name, "action": "call_tool"}
+    if arguments:
+        text = json.dumps(arguments, ensure_ascii=False, default=str)
+        metadata["tool_args_preview"] = (
+            text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "…"
+        )
+        metadata["tool_args"] = dict(arguments)
+    return PolicyRequest(f"call_tool:{tool.name}", metadata)
+
+
+def denial_reason(verdict: Verdict) -> str:
+    """The reason a tool-call denial shows (a failing policy is named by the caller)."""
+    if verdict.failure is not None:
+        return f"policy evaluation failed: {verdict.failure}"
+    return verdict.reason or "denied"
+
+
+class ToolCallAdmission:
+    """Admission hook: the policy chain on `call_tool:<name>`."""
+
+    def __init__(self, chain: PolicyChain) -> None:
+        self.chain = chain
+
+    async def __call__(
+        self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: RunContext
+    ) -> str | Mapping[str, Any] | None:
+        if not self.chain:
+            return None
+        request = tool_call_request(tool, arguments)
+        verdict = await self.chain.admit(policy_context(run, PolicyPhase.PRE_ADMISSION, request))
+        if not verdict.admitted:
+            return json_result(
+                status="cancelled",
+                message=(
+                    f"Tool {tool.name} denied by policy '{verdict.denied_by}': "
+                    f"{denial_reason(verdict)}"
+                ),
+            )
+        run.state.setdefault(_ADMITTED, {})[call.id] = verdict.request
+        rewritten = verdict.request.metadata.get("tool_args", arguments)
+        transformed = verdict.request is not request and isinstance(rewritten, Mapping)
+        if transformed and dict(rewritten) != arguments:
+            return dict(rewritten)
+        return None
+
+
+class PostResponse:
+    """Result hook: the post-response phase of every policy; never changes the result."""
+
+    def __init__(self, chain: PolicyChain) -> None:
+        self.chain = chain
+
+    async def __call__(self, call: ToolCall, tool: Tool, result: str, run: RunContext) -> str:
+        admitted: dict[str, PolicyRequest] = run.state.get(_ADMITTED, {})
+        request = admitted.pop(call.id, None)
+        if self.chain and request is not None:
+            await self.chain.release(
+                policy_context(run, PolicyPhase.POST_RESPONSE, request, response=result)
+            )
+        return result
+
+
+class ApprovalGate:
+    """Approval hook: ask a person before a gated call runs."""
+
+    def __init__(
+        self, policy: ToolApprovalPolicy, registry: ApprovalRegistry, timeout: float
+    ) -> None:
+        self.policy = policy
+        self.registry = registry
+        self.timeout = timeout
+
+    async def __call__(
+        self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: RunContext
+    ) -> Approval | None:
+        if not self.policy.requires_approval(tool):
+            return None
+        if self.policy.denies_all:
+            return Approval(False, result=DENIED_BY_APPROVAL_POLICY)
+        # The person answers on the request's own route: the top-level run's endpoint and
+        # conversation, also for a sub-agent's or a fleet member's call.
+        root = run.root
+        pending = self.registry.open(
+            path=root.endpoint.path,
+            conversation_id=root.conversation_id,
+            user_id=root.user_id,
+            tool=tool.name,
+            tool_call_id=call.id,
+            arguments=arguments,
+            timeout=self.timeout,
+        )
+        if pending is None:
+            return Approval(False, result=TOO_MANY_APPROVALS)
+        live = live_run_of(run)
+        with live.hold() if live is not None else contextlib.nullcontext():
+            try:
+                await run.session.emit(events.APPROVAL_REQUIRED, pending.to_wire())
+            except BaseException:
+                self.registry.discard(pending)
+                raise
+            answer = await self.registry.wait(pending, self.timeout)
+        if answer is None:
+            return Approval(False, result=APPROVAL_TIMED_OUT)
+        if not answer.approve:
+            return Approval(False, result=CANCELLED_BY_USER)
+        return Approval(True, arguments=answer.arguments)

@@ -1,0 +1,132 @@
+"""The live-run journal: replay after a seq, back-pressure, and who keeps a run alive."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from atmosphere_harness import journal
+from atmosphere_harness.events import Frame
+from atmosphere_harness.journal import LiveRun
+
+
+def frame(seq: int, event: str = "text") -> Frame:
+    return Frame(event, {"n": seq}, "session-1", "conv", seq)
+
+
+async def collect(live: LiveRun, after: int) -> list[int]:
+    return [f.seq async for f in live.follow(after)]
+
+
+async def test_a_reader_gets_every_frame_after_its_seq_then_stops_at_the_end() -> None:
+    live = LiveRun("/p", "conv", None)
+    for seq in range(1, 6):
+        await live.publish(frame(seq))
+    live.finish()
+    assert await collect(live, 0) == [1, 2, 3, 4, 5]
+    assert await collect(live, 3) == [4, 5]
+    assert await collect(live, 5) == []
+    assert live.session_id == "session-1"
+
+
+async def test_a_follower_sees_frames_published_while_it_waits() -> None:
+    live = LiveRun("/p", "conv", None)
+    reader = asyncio.create_task(collect(live, 0))
+    await asyncio.sleep(0)
+    for seq in range(1, 4):
+        await live.publish(frame(seq))
+        await asyncio.sleep(0)
+    live.finish()
+    assert await asyncio.wait_for(reader, 5) == [1, 2, 3]
+
+
+async def test_frames_older_than_the_journal_are_skipped() -> None:
+    live = LiveRun("/p", "conv", None, capacity=4)
+    for seq in range(1, 11):
+        await live.publish(frame(seq))
+    live.finish()
+    assert await collect(live, 0) == [7, 8, 9, 10]
+    assert await collect(live, 8) == [9, 10]
+
+
+async def test_the_journal_keeps_a_byte_budget_of_frames_already_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(journal, "JOURNAL_BYTES", 1000)
+    live = LiveRun("/p", "conv", None)
+    big = "x" * 300
+    follower = live.follow(0)
+    await live.publish(Frame("text", {"text": big}, "s", "conv", 1))
+    assert (await follower.__anext__()).seq == 1
+    for seq in range(2, 11):
+        await live.publish(Frame("text", {"text": big}, "s", "conv", seq))
+    # 3.6 KB are kept past the 1 KB budget: the attached reader has not read them yet.
+    assert [f.seq async for f in _take(follower, 9)] == list(range(2, 11))
+    await follower.aclose()
+    live.finish()
+    kept = await collect(live, 0)
+    assert kept == [9, 10], "once read, the oldest frames go past the budget"
+
+
+async def _take(follower: Any, count: int) -> Any:
+    for _ in range(count):
+        yield await follower.__anext__()
+
+
+async def test_back_pressure_blocks_until_the_reader_catches_up() -> None:
+    live = LiveRun("/p", "conv", None, capacity=3)
+    got: list[int] = []
+    gate = asyncio.Event()
+
+    async def slow_reader() -> None:
+        async for f in live.follow(0):
+            got.append(f.seq)
+            await gate.wait()
+
+    reader = asyncio.create_task(slow_reader())
+    await asyncio.sleep(0)
+    published: list[int] = []
+
+    async def writer() -> None:
+        for seq in range(1, 9):
+            await live.publish(frame(seq))
+            published.append(seq)
+
+    writing = asyncio.create_task(writer())
+    await asyncio.sleep(0.05)
+    # The reader took frame 1 (its batch) and is stuck on it: the writer may run at most a
+    # journal ahead of it, never to the end.
+    assert published
+    assert published[-1] < 8
+    gate.set()
+    await asyncio.wait_for(writing, 5)
+    live.finish()
+    await asyncio.wait_for(reader, 5)
+    assert got == list(range(1, 9))
+
+
+async def test_the_last_reader_leaving_cancels_the_run_unless_it_is_held() -> None:
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    for held in (False, True):
+        live = LiveRun("/p", "conv", None)
+        task = asyncio.create_task(forever())
+        live.task = task  # type: ignore[assignment]
+        await live.publish(frame(1))
+        follower = live.follow(0)
+        assert (await follower.__anext__()).seq == 1
+        if held:
+            with live.hold():
+                await follower.aclose()
+                await asyncio.sleep(0.01)
+                assert not task.done(), "a held run outlives its last reader"
+            await asyncio.sleep(0.01)
+            assert not task.done(), "once held past its connection, the run goes on"
+            task.cancel()
+        else:
+            await follower.aclose()
+            await asyncio.sleep(0.01)
+            assert task.cancelled()
