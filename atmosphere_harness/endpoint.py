@@ -19,6 +19,7 @@ from .log import get_logger
 from .registry import AgentSpec, EndpointKind, sanitize
 from .runtimes.base import AgentRuntime, Message, ModelRequest
 from .tools.base import Tool, as_tool
+from .tools.bounds import DEFAULT_MAX_ARGUMENT_CHARS, DEFAULT_MAX_TOOL_CALLS
 from .tools.executor import AdmissionHook, ApprovalHook, ResultHook
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ class HostedEndpoint:
         tools: Sequence[Tool] = (),
         cache_policy: PromptCache = PromptCache.NONE,
         truth: RuntimeTruth | None = None,
+        max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
+        max_tool_argument_chars: int = DEFAULT_MAX_ARGUMENT_CHARS,
     ) -> None:
         self.path = path
         self.kind = kind
@@ -88,6 +91,10 @@ class HostedEndpoint:
         self.root = root
         self.tool_timeout = tool_timeout
         self.max_rounds = max_rounds
+        self.max_tool_calls = max_tool_calls
+        """Tool calls one model message may ask for (see `tools.bounds`)."""
+        self.max_tool_argument_chars = max_tool_argument_chars
+        """Characters one tool call's arguments may hold (see `tools.bounds`)."""
         self.spec = spec
         self.instance = instance
         self.cache_policy = cache_policy
@@ -156,6 +163,8 @@ class HostedEndpoint:
         max_rounds: int,
         cache_policy: PromptCache,
         truth: RuntimeTruth,
+        max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
+        max_tool_argument_chars: int = DEFAULT_MAX_ARGUMENT_CHARS,
     ) -> HostedEndpoint:
         instance = spec.cls()
         tools = [as_tool(entry) for entry in getattr(spec.cls, "tools", None) or ()]
@@ -175,6 +184,8 @@ class HostedEndpoint:
             tools=tools,
             cache_policy=cache_policy,
             truth=truth,
+            max_tool_calls=max_tool_calls,
+            max_tool_argument_chars=max_tool_argument_chars,
         )
         endpoint.prompt_parameters = _prompt_parameters(spec)
         # Interceptors the class declares run before the ones primitives append.

@@ -7,6 +7,7 @@ Every transport (SSE, WebSocket, AG-UI) starts from the same frame:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,8 @@ COMPLETE = "complete"
 ERROR = "error"
 
 TERMINAL = frozenset({COMPLETE, ERROR})
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +55,18 @@ class Frame:
         }
 
     def to_json(self) -> str:
-        """Compact JSON on one line (safe as one SSE `data:` line)."""
-        return json.dumps(self.to_wire(), ensure_ascii=False, separators=(",", ":"), default=str)
+        """Compact JSON on one line (safe as one SSE `data:` line), always encodable as UTF-8.
+
+        Text stays as it is (no `\\u` escapes for non-ASCII), except when a model sent a lone
+        surrogate (JSON allows `"\\ud800"`; UTF-8 cannot carry it): then the frame is spelled
+        with ASCII escapes, which every JSON parser reads back as the same string, instead of
+        the transport failing mid-stream.
+        """
+        wire = self.to_wire()
+        text = json.dumps(wire, ensure_ascii=False, separators=(",", ":"), default=str)
+        if _SURROGATE.search(text) is None:
+            return text
+        return json.dumps(wire, ensure_ascii=True, separators=(",", ":"), default=str)
 
     @property
     def terminal(self) -> bool:

@@ -132,6 +132,8 @@ class HarnessHost:
             max_rounds=self.settings.max_tool_rounds,
             cache_policy=cache_policy,
             truth=self.truth,
+            max_tool_calls=self.settings.max_tool_calls_per_message,
+            max_tool_argument_chars=self.settings.max_tool_argument_chars,
         )
         self.truth.seed_endpoint(
             spec.path,

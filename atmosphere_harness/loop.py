@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from .cache import CacheHint, PromptCache
 from .runtimes.base import Message, ModelError, ModelRequest
+from .tools.bounds import screen_calls
 from .tools.executor import execute_calls
 
 if TYPE_CHECKING:
@@ -54,11 +55,18 @@ async def run_loop(run: RunContext, message: str, *, cache_hint: CacheHint | Non
                 working.append(answer)
                 turn.append(answer)
                 return response.text
-            asked = Message.assistant(response.text, response.tool_calls)
+            # Bounded before anything is stored or run: a flood of calls or a huge argument must
+            # not reach the history, the stream or the tools (see tools.bounds).
+            screened = screen_calls(
+                response.tool_calls,
+                max_calls=endpoint.max_tool_calls,
+                max_argument_chars=endpoint.max_tool_argument_chars,
+            )
+            asked = Message.assistant(response.text, screened.calls)
             working.append(asked)
             turn.append(asked)
-            results = await execute_calls(response.tool_calls, run)
-            for call, result in zip(response.tool_calls, results, strict=True):
+            results = await execute_calls(screened.calls, run, screened.answers)
+            for call, result in zip(screened.calls, results, strict=True):
                 answered = Message.tool(call, result)
                 working.append(answered)
                 turn.append(answered)

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from .cache import PromptCache, cache_key_host_allowed
 from .filesystem.base import FileSystemLimits
 from .log import get_logger
+from .tools.bounds import DEFAULT_MAX_ARGUMENT_CHARS, DEFAULT_MAX_TOOL_CALLS
 
 log = get_logger(__name__)
 
@@ -185,6 +186,22 @@ class HarnessSettings(BaseSettings):
 
     max_tool_rounds: int = Field(50, ge=1, validation_alias=_env("ATMOSPHERE_AI_MAX_TOOL_ROUNDS"))
     """Model turns one prompt may take before the loop stops it."""
+
+    max_tool_calls_per_message: int = Field(
+        DEFAULT_MAX_TOOL_CALLS,
+        ge=1,
+        validation_alias=_env("ATMOSPHERE_AI_MAX_TOOL_CALLS_PER_MESSAGE"),
+    )
+    """Tool calls one model message may ask for; a message with more runs none of them and the
+    model is told to send them in smaller batches (a flood never reaches the stream or history)."""
+
+    max_tool_argument_chars: int = Field(
+        DEFAULT_MAX_ARGUMENT_CHARS,
+        ge=1024,
+        validation_alias=_env("ATMOSPHERE_AI_MAX_TOOL_ARGUMENT_CHARS"),
+    )
+    """Characters one tool call's arguments may hold; a larger call does not run and its
+    arguments are not kept in the history (the model is told to send less per call)."""
 
     approval_timeout: float = Field(
         300.0, gt=0, allow_inf_nan=False, validation_alias=_env("ATMOSPHERE_AI_APPROVAL_TIMEOUT")

@@ -280,6 +280,8 @@ def subagent_endpoint(
         tool_timeout=parent.tool_timeout,
         max_rounds=parent.max_rounds,
         tools=tools,
+        max_tool_calls=parent.max_tool_calls,
+        max_tool_argument_chars=parent.max_tool_argument_chars,
     )
     plans: PlanStore = FilePlanStore(root)
     files: AgentFileSystem = WorkspaceAgentFileSystem(root / "files", settings.filesystem_limits)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bz2
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from ..runtimes.base import Message, ToolCall
@@ -25,15 +26,26 @@ PACK_FROM = 1024
 
 
 def dump_message(message: Message) -> dict[str, Any]:
-    """A message as a JSON-ready dict with short keys (only the fields it uses)."""
+    """A message as a JSON-ready dict with short keys (only the fields it uses).
+
+    A call's arguments are stored as the model sent them: usually an object, but a model that
+    emits malformed JSON leaves them as text (or another JSON value), which the executor answered
+    with `invalid_arguments`; the turn must still be stored, pairs intact.
+    """
     data: dict[str, Any] = {"r": message.role, "c": message.content}
     if message.tool_calls:
-        data["t"] = [[call.id, call.name, dict(call.arguments)] for call in message.tool_calls]
+        data["t"] = [
+            [call.id, call.name, _arguments(call.arguments)] for call in message.tool_calls
+        ]
     if message.tool_call_id is not None:
         data["i"] = message.tool_call_id
     if message.name is not None:
         data["n"] = message.name
     return data
+
+
+def _arguments(arguments: object) -> object:
+    return dict(arguments) if isinstance(arguments, Mapping) else arguments
 
 
 def load_message(data: dict[str, Any]) -> Message:
@@ -45,7 +57,13 @@ def load_message(data: dict[str, Any]) -> Message:
 
 def encode(message: Message) -> bytes:
     """The plain stored form (UTF-8 JSON)."""
-    return json.dumps(dump_message(message), ensure_ascii=False, separators=(",", ":")).encode()
+    data = dump_message(message)
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate from the model (valid JSON, not UTF-8): ASCII escapes keep it exactly.
+        return json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=str).encode()
 
 
 def pack(payload: bytes) -> bytes | None:

@@ -76,23 +76,33 @@ class ResultHook(Protocol):
     async def __call__(self, call: ToolCall, tool: Tool, result: str, run: RunContext) -> str: ...
 
 
-async def execute_calls(calls: Sequence[ToolCall], run: RunContext) -> list[str]:
+async def execute_calls(
+    calls: Sequence[ToolCall], run: RunContext, answers: Mapping[str, str] | None = None
+) -> list[str]:
     """Run one model message's tool calls; results come back in the order of `calls`.
 
     Calls run one after another in the model's order, so a `read_file` sees the `write_file`
     before it. Consecutive calls to tools marked `concurrent` (sub-agent spawns, delegations) run
-    together, and one failing never cancels the others.
+    together, and one failing never cancels the others. A call whose id is in `answers` (the
+    loop's bounds, `tools.bounds`) never runs: it gets its start and result frames with that
+    answer, like any rejected call.
     """
     tools = run.endpoint.tools
+    answers = answers or {}
     results: list[str] = [""] * len(calls)
     index = 0
     while index < len(calls):
+        answer = answers.get(calls[index].id)
+        if answer is not None:
+            results[index] = await _rejected(run.session, calls[index], answer)
+            index += 1
+            continue
         tool = tools.get(calls[index].name)
         if tool is not None and tool.concurrent:
             end = index
             while end < len(calls):
                 candidate = tools.get(calls[end].name)
-                if candidate is None or not candidate.concurrent:
+                if candidate is None or not candidate.concurrent or calls[end].id in answers:
                     break
                 end += 1
             batch = await asyncio.gather(*(execute_call(call, run) for call in calls[index:end]))
