@@ -1,0 +1,1 @@
+"""The reliability suite: fuzzing, load, faults and a hostile model against a real server."""
