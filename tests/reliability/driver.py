@@ -159,8 +159,10 @@ async def run_conversation(
     *,
     on_ack: Callable[[], None] = lambda: None,
 ) -> None:
-    """Send the conversation's remaining turns, one prompt each, checking every frame."""
+    """Send the conversation's remaining turns, one prompt each, checking every frame, then
+    close it (its long-term-memory extraction runs in the server's background)."""
     headers = {"X-User-Id": conversation.user}
+    conversation.sent = conversation.completed  # an interrupted turn is sent again
     while conversation.sent < conversation.turns:
         turn = conversation.sent + 1
         conversation.sent = turn
@@ -180,6 +182,14 @@ async def run_conversation(
         if last["data"].get("summary") != workload.answer(conversation.cid, turn):
             conversation.problems.append(f"{conversation.cid} turn {turn} answered {last}")
         conversation.completed = turn
+    try:
+        closed = await client.post(
+            f"{PATH}/conversations/{conversation.cid}/close", headers=headers
+        )
+    except httpx2.TransportError as exc:
+        raise StreamBroken(f"close: {type(exc).__name__}: {exc}") from exc
+    if closed.status_code != 200:
+        conversation.problems.append(f"{conversation.cid} close answered {closed.status_code}")
 
 
 def conversations(count: int, prefix: str) -> list[Conversation]:

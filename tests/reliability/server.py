@@ -173,7 +173,10 @@ def _serve(kind: str) -> None:
     from tests.reliability.apps import create
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY on accepted connections only
+    # when the socket says it is TCP, and without it every response waits ~40 ms (Nagle
+    # against the client's delayed ACK).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(

@@ -4,12 +4,12 @@ Each conversation plans, writes, reads, greps and lists its files over three tur
 every bound in its last one (see `workload`). Afterwards every plan and every file, read
 through the admin REST API and again from disk, must be exactly what its own conversation last
 wrote; nothing of one conversation may have appeared in another's stream; no store may hold
-more than its bounds; every history must hold exactly its own turns.
+more than its bounds; every history must hold exactly its own turns, and every user's
+long-term memory exactly the facts its conversations taught it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from pathlib import Path
@@ -20,11 +20,11 @@ from .driver import conversations, http_client, run_load
 from .server import running
 from .verify import (
     ADMIN_TOKEN,
-    admin_files,
-    admin_plan,
     disk_files,
     disk_plans,
+    facts,
     histories,
+    read_back,
 )
 
 CONVERSATIONS = 200
@@ -53,14 +53,9 @@ async def test_200_concurrent_conversations_keep_exactly_what_they_wrote(tmp_pat
         assert [conv.completed for conv in convs] == [workload.TURNS] * CONVERSATIONS
 
         async with http_client(server.url, 16) as client:
-            semaphore = asyncio.Semaphore(16)
-
-            async def read_back(cid: str) -> tuple[object, dict[str, str]]:
-                async with semaphore:
-                    return await admin_plan(client, cid), await admin_files(client, cid)
-
-            seen = await asyncio.gather(*(read_back(conv.cid) for conv in convs))
-        for conv, (plan, files) in zip(convs, seen, strict=True):
+            seen = await read_back(client, [conv.cid for conv in convs])
+        for conv in convs:
+            plan, files = seen[conv.cid]
             steps, goal = workload.todos(conv.cid, workload.TURNS, done=True)
             assert plan == {"agent": OWNER, "sessionId": conv.cid, "goal": goal, "steps": steps}
             assert files == workload.expected_files(conv.cid), conv.cid
@@ -76,3 +71,8 @@ async def test_200_concurrent_conversations_keep_exactly_what_they_wrote(tmp_pat
     assert disk_files(workspace) == {conv.cid: workload.expected_files(conv.cid) for conv in convs}
     turns = [workload.message(turn) for turn in range(1, workload.TURNS + 1)]
     assert histories(workspace) == {conv.cid: turns for conv in convs}
+    # Closing each conversation extracted its fact; shutdown waited for every extraction.
+    expected: dict[str, set[str]] = {}
+    for conv in convs:
+        expected.setdefault(conv.user, set()).add(workload.fact(conv.cid))
+    assert {user: set(found) for user, found in facts(workspace).items()} == expected

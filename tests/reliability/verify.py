@@ -7,6 +7,7 @@ history and facts) and that no bound was exceeded, whatever the API would say.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import httpx2
 
+from atmosphere_harness.filesystem.paths import TEMP_SUFFIX
 from atmosphere_harness.memory import codec
 from atmosphere_harness.planning.model import AgentPlan
 from atmosphere_harness.planning.store import MAX_PLAN_BYTES, MAX_STEPS
@@ -22,6 +24,8 @@ from . import workload
 from .apps import OWNER, PATH
 
 ADMIN_TOKEN = "reliability-admin-token"
+PLAN_TEMP_PREFIX = ".plan-"
+"""Temp files of the plan store's atomic writes (`planning.store._TEMP_PREFIX`)."""
 AUTH = {"X-Atmosphere-Auth": ADMIN_TOKEN}
 
 
@@ -65,10 +69,26 @@ async def admin_files(client: httpx2.AsyncClient, cid: str) -> dict[str, str]:
     return found
 
 
+async def read_back(
+    client: httpx2.AsyncClient, cids: list[str], concurrency: int = 16
+) -> dict[str, tuple[dict[str, Any] | None, dict[str, str]]]:
+    """`(plan, files)` of each conversation through the admin API, a few reads at a time."""
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(cid: str) -> tuple[dict[str, Any] | None, dict[str, str]]:
+        async with semaphore:
+            return await admin_plan(client, cid), await admin_files(client, cid)
+
+    found = await asyncio.gather(*(one(cid) for cid in cids))
+    return dict(zip(cids, found, strict=True))
+
+
 def disk_plans(workspace: Path) -> dict[str, AgentPlan]:
     """Every plan document of the owner, parsed (a torn or invalid one fails here), and bounded."""
     plans: dict[str, AgentPlan] = {}
     for document in sorted((owner_root(workspace) / "plans").glob("*/*")):
+        if document.name.startswith(PLAN_TEMP_PREFIX):
+            continue  # a write cut short by a kill: never read, removed by a later write
         data = document.read_bytes()
         assert document.suffix == ".json", f"a stray file among the plans: {document}"
         assert len(data) <= MAX_PLAN_BYTES, f"{document} holds {len(data)} bytes"
@@ -87,7 +107,7 @@ def disk_files(workspace: Path) -> dict[str, dict[str, str]]:
         files = {
             str(path.relative_to(store)): path.read_text(encoding="utf-8")
             for path in sorted(store.rglob("*"))
-            if path.is_file()
+            if path.is_file() and not path.name.endswith(TEMP_SUFFIX)  # (as for plans)
         }
         sizes = [len(text.encode()) for text in files.values()]
         assert len(files) <= limits.max_files, f"{store.name} holds {len(files)} files"

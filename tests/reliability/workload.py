@@ -10,7 +10,8 @@ One prompt is one turn (`"turn 2 of 3"`); within it the model takes these rounds
 one model message), chosen from what the loop already did since the user message:
 
 0. `write_todos`: the turn's draft plan (first step in progress);
-1. `write_file` x2 in one message: `notes/t{turn}.md` (new) and `latest.md` (overwritten);
+1. `write_file` x2 in one message: `notes/t{turn}.md` (new) and `latest.md` (overwritten),
+   about 300-3300 bytes each;
 2. `read_file latest.md`, `grep marker`, `ls` in one message (the client checks the results);
 3. `write_todos`: the same plan, every step completed;
 4. last turn only, every bound probed in one message: a file one byte over the per-file limit,
@@ -26,6 +27,7 @@ them would never open the gate, and the run would fail instead of passing slowly
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -55,14 +57,14 @@ def _seed(*parts: object) -> str:
     return hashlib.sha256("/".join(str(part) for part in parts).encode()).hexdigest()
 
 
+@functools.cache
 def content(cid: str, turn: int, name: str) -> str:
     """The text conversation `cid` writes to `name` in `turn`: unique, 300-3300 bytes, and
     only its first line contains `marker` (so `grep marker` finds one line per file)."""
     seed = _seed(cid, turn, name)
-    size = 300 + int(seed[:4], 16) % 3000
     lines = [f"{cid} turn={turn} file={name} marker"]
-    while sum(len(line) + 1 for line in lines) < size:
-        lines.append(_seed(seed, len(lines)))
+    # 64 hex digits and a newline per line after the header.
+    lines.extend(_seed(seed, index) for index in range(1, 5 + int(seed[:4], 16) % 47))
     return "\n".join(lines) + "\n"
 
 
@@ -124,29 +126,26 @@ def bound_probes(cid: str, turn: int) -> list[ToolCall]:
     return calls
 
 
-def rounds(cid: str, turn: int, last: int) -> list[list[ToolCall]]:
-    """The tool-call messages of one turn, in order."""
-    notes = f"notes/t{turn}.md"
-    draft, goal = todos(cid, turn, done=False)
-    done, done_goal = todos(cid, turn, done=True)
-    plan: list[list[ToolCall]] = [
-        [ToolCall("write_todos", {"todos": draft, "goal": goal})],
-        [
-            ToolCall("write_file", {"path": notes, "content": content(cid, turn, notes)}),
-            ToolCall(
-                "write_file", {"path": "latest.md", "content": content(cid, turn, "latest.md")}
-            ),
-        ],
-        [
+def step(cid: str, turn: int, last: int, index: int) -> list[ToolCall] | None:
+    """The tool calls of round `index` of a turn (see the module docstring); `None` when the
+    turn's rounds are over."""
+    if index == 0 or index == 3:
+        steps, goal = todos(cid, turn, done=index == 3)
+        return [ToolCall("write_todos", {"todos": steps, "goal": goal})]
+    if index == 1:
+        return [
+            ToolCall("write_file", {"path": path, "content": content(cid, turn, path)})
+            for path in (f"notes/t{turn}.md", "latest.md")
+        ]
+    if index == 2:
+        return [
             ToolCall("read_file", {"path": "latest.md"}),
             ToolCall("grep", {"pattern": "marker"}),
             ToolCall("ls", {}),
-        ],
-        [ToolCall("write_todos", {"todos": done, "goal": done_goal})],
-    ]
-    if turn == last:
-        plan.append(bound_probes(cid, turn))
-    return plan
+        ]
+    if index == 4 and turn == last:
+        return bound_probes(cid, turn)
+    return None
 
 
 def answer(cid: str, turn: int) -> str:
@@ -196,7 +195,8 @@ def runtime() -> ScriptedRuntime:
     async def turn(request: ModelRequest) -> str | list[ToolCall]:
         cid = request.conversation_id
         if request.system_prompt == EXTRACTION_SYSTEM_PROMPT:
-            return json.dumps([fact(cid)])
+            # Extraction calls carry `memory-extraction:{conversation id}`.
+            return json.dumps([fact(cid.rpartition(":")[2])])
         text, after = _since_user(request.messages)
         match = _TURN.match(text)
         if match is None:
@@ -205,8 +205,8 @@ def runtime() -> ScriptedRuntime:
         done = sum(1 for message in after if message.role == "assistant" and message.tool_calls)
         if gate is not None and number == 1 and done == 0:
             await gate.arrive()
-        script = rounds(cid, number, last)
-        return script[done] if done < len(script) else answer(cid, number)
+        calls = step(cid, number, last, done)
+        return calls if calls is not None else answer(cid, number)
 
     model = ScriptedRuntime((), default=turn)
     model.record_requests = False  # thousands of requests: keep none in memory
