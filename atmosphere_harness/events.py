@@ -24,7 +24,27 @@ ERROR = "error"
 
 TERMINAL = frozenset({COMPLETE, ERROR})
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+_LINE_UNSAFE = re.compile("[\x85\u2028\u2029\ud800-\udfff]")
+
+
+def line_safe(text: str) -> str:
+    """JSON text made safe for any line reader and for UTF-8, meaning unchanged.
+
+    Compact JSON never holds a CR or LF, but with `ensure_ascii=False` it keeps U+0085, U+2028
+    and U+2029 as they are: valid JSON, and not line breaks to SSE, yet Python's
+    `str.splitlines` (and so `httpx`'s `iter_lines`, which many SSE clients use) splits there
+    and the client loses the frame. A lone surrogate (a model may send `"\\ud800"`) cannot be
+    encoded as UTF-8 at all. All of these only ever occur inside JSON strings, where a `\\u`
+    escape means the same character, so each is spelled as one.
+    """
+    if _LINE_UNSAFE.search(text) is None:
+        return text
+    return _LINE_UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+
+
+def json_line(value: Any) -> str:
+    """Compact JSON on one line, non-ASCII text kept as is, safe for line readers and UTF-8."""
+    return line_safe(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str))
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,18 +75,8 @@ class Frame:
         }
 
     def to_json(self) -> str:
-        """Compact JSON on one line (safe as one SSE `data:` line), always encodable as UTF-8.
-
-        Text stays as it is (no `\\u` escapes for non-ASCII), except when a model sent a lone
-        surrogate (JSON allows `"\\ud800"`; UTF-8 cannot carry it): then the frame is spelled
-        with ASCII escapes, which every JSON parser reads back as the same string, instead of
-        the transport failing mid-stream.
-        """
-        wire = self.to_wire()
-        text = json.dumps(wire, ensure_ascii=False, separators=(",", ":"), default=str)
-        if _SURROGATE.search(text) is None:
-            return text
-        return json.dumps(wire, ensure_ascii=True, separators=(",", ":"), default=str)
+        """Compact JSON on one line (one SSE `data:` line for every reader; see `line_safe`)."""
+        return json_line(self.to_wire())
 
     @property
     def terminal(self) -> bool:

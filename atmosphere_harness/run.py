@@ -19,6 +19,8 @@ log = get_logger(__name__)
 T = TypeVar("T")
 
 _CONVERSATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+CONVERSATION_ID_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+"""What `check_conversation_id` accepts, as one (ECMA-262) pattern for API documents."""
 
 
 def new_conversation_id() -> str:

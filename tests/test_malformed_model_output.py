@@ -6,7 +6,8 @@ Found by the reliability suite's hostile model:
   executor to reject) made storing the turn raise, so the run ended in an `error` frame about
   "dictionary update sequence" and the turn was lost from the history;
 - a lone surrogate (`"\\ud800"` is valid JSON; UTF-8 cannot carry it) in any argument made the
-  SSE response fail while encoding its frame: the client's stream broke with no terminal frame.
+  SSE response fail while encoding its frame, and the AG-UI encoder refuse the event: the
+  client's stream broke with no terminal frame.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from atmosphere_harness.memory import codec
 from atmosphere_harness.runtimes.base import Message
 from tests.support import client_for, make_app, of_type
 from tests.support import prompt as post_prompt
+from tests.test_agui_http import run_agui, run_input
 
 
 @agent(name="awkward")
@@ -79,3 +81,41 @@ def test_frames_stay_unescaped_unless_they_must_not() -> None:
     odd = Frame("text", {"text": "a\udc00b"}, "s", "c", 2).to_json()
     odd.encode("utf-8")
     assert json.loads(odd)["data"]["text"] == "a\udc00b"
+
+
+async def test_a_lone_surrogate_reaches_an_ag_ui_client(workspace: Path) -> None:
+    odd = "lone \ud800 surrogate"
+    runtime = ScriptedRuntime([[ToolCall("write_file", {"path": "x.txt", "content": odd})], odd])
+    async with client_for(make_app([Awkward], runtime=runtime, workspace=workspace)) as client:
+        events = await run_agui(client, PATH, run_input("t-1", "go"))
+    assert events[-1]["type"] == "RUN_FINISHED", events[-1]
+    args = [event["delta"] for event in events if event["type"] == "TOOL_CALL_ARGS"]
+    assert json.loads("".join(args))["content"] == odd
+    text = [event["delta"] for event in events if event["type"] == "TEXT_MESSAGE_CONTENT"]
+    assert "".join(text) == odd
+
+
+async def test_line_separators_in_text_never_split_a_frame(workspace: Path) -> None:
+    """U+2028, U+2029 and U+0085 are not SSE line breaks, but `str.splitlines` (and so
+    `httpx`'s `aiter_lines`, which SSE clients commonly read with) breaks lines there."""
+    odd = "one\u2028two\u2029three\x85four"
+    plan = {"todos": [{"content": odd, "status": "pending"}]}
+    runtime = ScriptedRuntime([[ToolCall("write_todos", plan)], odd])
+    async with client_for(make_app([Awkward], runtime=runtime, workspace=workspace)) as client:
+        body = {"message": "go"}
+        async with client.stream("POST", PATH, json=body) as response:
+            data = [line async for line in response.aiter_lines() if line.startswith("data:")]
+        frames = [json.loads(line[5:]) for line in data]
+        cid = frames[0]["conversationId"]
+        params = {"conversationId": cid}
+        async with client.stream("GET", f"{PATH}/plan/events", params=params) as response:
+            async for line in response.aiter_lines():  # the stream never ends: its snapshot
+                if line.startswith("data:"):
+                    snapshot = json.loads(line[5:])
+                    break
+        events = await run_agui(client, PATH, run_input("t-2", "go"))
+    assert frames[-1]["event"] == "complete"
+    assert "".join(f["data"]["text"] for f in of_type(frames, "text")) == odd
+    assert of_type(frames, "plan-update")[0]["data"]["steps"][0]["content"] == odd
+    assert snapshot["steps"][0]["content"] == odd
+    assert events[-1]["type"] == "RUN_FINISHED"

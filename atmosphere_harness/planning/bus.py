@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import secrets
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -34,6 +33,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..events import json_line
 from ..log import get_logger
 
 log = get_logger(__name__)
@@ -95,7 +95,8 @@ class PlanEventBus(Protocol):
 
 
 def encode(data: Mapping[str, Any]) -> str:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
+    """A plan event's `data:` line (see `events.line_safe`)."""
+    return json_line(data)
 
 
 @dataclass(eq=False, slots=True)

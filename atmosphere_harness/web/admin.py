@@ -49,7 +49,7 @@ from ..planning.store import PlanStore
 from ..planning.tools import BUS_SERVICE
 from ..run import check_conversation_id
 from ..settings import HarnessSettings
-from .deps import HarnessDep, get_harness
+from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_harness
 from .files import SURFACE as FILE_SURFACE
 from .planning import plan_event_response
 
@@ -159,7 +159,12 @@ def conversation_files(host: HarnessHost, name: str, session_id: str) -> AgentFi
 
 
 SessionQuery = Annotated[
-    str | None, Query(alias="sessionId", description="The conversation id to read")
+    str | None,
+    Query(
+        alias="sessionId",
+        description="The conversation id to read",
+        json_schema_extra=CONVERSATION_ID_SCHEMA,
+    ),
 ]
 PathQuery = Annotated[str | None, Query(description="A path inside the conversation workspace")]
 

@@ -53,14 +53,16 @@ from ag_ui.core import (
 )
 from ag_ui.encoder import EventEncoder
 from fastapi import Depends, HTTPException
+from pydantic import Field
+from pydantic_core import PydanticSerializationError
 from sse_starlette import EventSourceResponse
 
 from .. import events
 from ..endpoint import HostedEndpoint
-from ..events import Frame
+from ..events import Frame, json_line, line_safe
 from ..host import HarnessHost
 from ..run import check_conversation_id
-from .deps import get_user_id
+from .deps import CONVERSATION_ID_SCHEMA, get_user_id
 from .sse import PING_SECONDS, SEND_TIMEOUT, run_frames
 
 if TYPE_CHECKING:
@@ -256,13 +258,31 @@ def prompt_of(run_input: RunAgentInput) -> str:
     raise HTTPException(422, "the run input has no user message with text")
 
 
+class AguiRunInput(RunAgentInput):
+    """AG-UI's `RunAgentInput`, with the shape of `threadId` (a conversation id) documented."""
+
+    thread_id: str = Field(json_schema_extra=CONVERSATION_ID_SCHEMA)
+
+
+def encode_event(encoder: EventEncoder, event: BaseEvent) -> str:
+    """One event as an SSE block that every line reader splits right and UTF-8 can carry.
+
+    See `events.line_safe`; a lone surrogate from the model (valid JSON, `"\\ud800"`) even
+    makes pydantic refuse to serialize the event, which would break the stream mid-run.
+    """
+    try:
+        return line_safe(encoder.encode(event))
+    except PydanticSerializationError:
+        return f"data: {json_line(event.model_dump(by_alias=True, mode='json'))}\n\n"
+
+
 def agui_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
     from .routes import MAX_MESSAGE_CHARS, RouteSpec  # routes.py lists this builder
 
     encoder = EventEncoder()
 
     async def post_agui(
-        run_input: RunAgentInput,
+        run_input: AguiRunInput,
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> EventSourceResponse:
         try:
@@ -276,7 +296,7 @@ def agui_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
 
         async def stream() -> AsyncIterator[bytes]:
             for event in translator.start():
-                yield encoder.encode(event).encode()
+                yield encode_event(encoder, event).encode()
             frames = run_frames(
                 host, endpoint, message=message, conversation_id=conversation_id, user_id=user_id
             )
@@ -284,7 +304,7 @@ def agui_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
                 async for frame in frames:
                     translated = translator.translate(frame)
                     if translated:
-                        yield "".join(encoder.encode(event) for event in translated).encode()
+                        yield "".join(encode_event(encoder, e) for e in translated).encode()
 
         return EventSourceResponse(
             stream(),

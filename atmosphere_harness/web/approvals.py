@@ -18,7 +18,7 @@ from ..governance.approvals import Answer, AnswerStatus, ApprovalRegistry
 from ..governance.primitive import APPROVALS_SERVICE
 from ..host import HarnessHost
 from ..run import check_conversation_id
-from .deps import get_user_id
+from .deps import CONVERSATION_ID_SCHEMA, get_user_id
 
 if TYPE_CHECKING:
     from .routes import RouteSpec
@@ -65,7 +65,9 @@ def approval_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSp
         return {"approvalId": approval_id, "status": "approved" if body.approve else "denied"}
 
     async def pending(
-        conversation_id: Annotated[str, Query(alias="conversationId")],
+        conversation_id: Annotated[
+            str, Query(alias="conversationId", json_schema_extra=CONVERSATION_ID_SCHEMA)
+        ],
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> dict[str, Any]:
         try:

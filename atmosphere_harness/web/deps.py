@@ -7,14 +7,22 @@ Override any of them in tests or to plug in your auth:
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException
 from starlette.requests import HTTPConnection
 
 from ..host import HarnessHost
+from ..run import CONVERSATION_ID_PATTERN
 
 STATE_KEY = "atmosphere_harness"
+
+CONVERSATION_ID_SCHEMA: dict[str, Any] = {"pattern": CONVERSATION_ID_PATTERN}
+"""The shape of a conversation id, for the OpenAPI document only (`json_schema_extra`).
+
+Routes keep checking ids themselves, with their own status and message (400 for a path, 422
+for a query or body); documenting the shape lets clients and API fuzzers send valid ones.
+"""
 
 
 def get_harness(connection: HTTPConnection) -> HarnessHost:

@@ -21,7 +21,7 @@ from fastapi import Depends, HTTPException, Query
 
 from ..filesystem.base import AgentFileSystem, FileSystemError
 from ..filesystem.provider import AgentFileSystemProvider
-from .deps import HarnessDep
+from .deps import CONVERSATION_ID_SCHEMA, HarnessDep
 
 SURFACE = "filesystem"
 
@@ -29,7 +29,12 @@ SURFACE = "filesystem"
 def get_file_system(
     host: HarnessDep,
     conversation_id: Annotated[
-        str, Query(alias="conversationId", description="The conversation whose files to use")
+        str,
+        Query(
+            alias="conversationId",
+            description="The conversation whose files to use",
+            json_schema_extra=CONVERSATION_ID_SCHEMA,
+        ),
     ],
     agent: Annotated[
         str | None,

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import Depends, HTTPException
+from fastapi import Depends, HTTPException, Path
 from starlette.requests import HTTPConnection
 
 from ..endpoint import HostedEndpoint
 from ..host import HarnessHost
 from ..memory.long_term import LongTermMemory
 from ..run import check_conversation_id
-from .deps import get_harness, get_user_id
+from .deps import CONVERSATION_ID_SCHEMA, get_harness, get_user_id
 
 if TYPE_CHECKING:
     from .routes import RouteSpec
@@ -25,7 +25,7 @@ def close_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]
     from .routes import RouteSpec  # routes.py lists this builder, so import it late
 
     async def close_conversation(
-        conversation_id: str,
+        conversation_id: Annotated[str, Path(json_schema_extra=CONVERSATION_ID_SCHEMA)],
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> dict[str, Any]:
         try:

@@ -29,7 +29,7 @@ from ..planning.model import AgentPlan
 from ..planning.store import OwnerPlanStores, PlanStore
 from ..planning.tools import BUS_SERVICE, STORE_SERVICE, agent_id_for
 from ..run import check_conversation_id
-from .deps import HarnessDep
+from .deps import CONVERSATION_ID_SCHEMA, HarnessDep
 from .sse import PING_SECONDS, SEND_TIMEOUT
 
 if TYPE_CHECKING:
@@ -108,7 +108,9 @@ def plan_event_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[Route
     agent_id = agent_id_for(endpoint)
 
     async def plan_events(
-        conversation_id: Annotated[str, Query(alias="conversationId")],
+        conversation_id: Annotated[
+            str, Query(alias="conversationId", json_schema_extra=CONVERSATION_ID_SCHEMA)
+        ],
         last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
         resume_from: Annotated[
             str | None,

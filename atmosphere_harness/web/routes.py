@@ -19,7 +19,7 @@ from ..host import HarnessHost
 from ..run import check_conversation_id, new_conversation_id
 from .agui import agui_routes
 from .approvals import approval_routes
-from .deps import get_user_id
+from .deps import CONVERSATION_ID_SCHEMA, get_user_id
 from .memory import close_routes
 from .planning import plan_event_routes
 from .runs import run_event_routes
@@ -50,7 +50,9 @@ class PromptRequest(BaseModel):
 
     message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
     conversationId: str | None = Field(  # noqa: N815 - the wire name is fixed
-        None, description="Continue this conversation; a new id is generated when absent."
+        None,
+        description="Continue this conversation; a new id is generated when absent.",
+        json_schema_extra=CONVERSATION_ID_SCHEMA,
     )
 
     @field_validator("conversationId")

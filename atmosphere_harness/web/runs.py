@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated
 
-from fastapi import Depends, Header, HTTPException, Query
+from fastapi import Depends, Header, HTTPException, Path, Query
 from sse_starlette import EventSourceResponse
 
 from ..endpoint import HostedEndpoint
 from ..host import HarnessHost
 from ..run import check_conversation_id
-from .deps import get_user_id
+from .deps import CONVERSATION_ID_SCHEMA, get_user_id
 from .sse import follow_run
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def run_event_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteS
     from .routes import SSE_RESPONSE, RouteSpec  # routes.py lists this builder, import late
 
     async def follow(
-        conversation_id: str,
+        conversation_id: Annotated[str, Path(json_schema_extra=CONVERSATION_ID_SCHEMA)],
         user_id: Annotated[str | None, Depends(get_user_id)],
         session_id: Annotated[str | None, Query(alias="sessionId")] = None,
         last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,

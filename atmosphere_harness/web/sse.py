@@ -90,6 +90,11 @@ def _follow(
     async def events() -> AsyncIterator[ServerSentEvent]:
         async for frame in open_run().follow(after):
             yield frame_event(frame)
+            # A replay (or a burst) is written without the loop ever running in between, so a
+            # client gone after its first frame would not be noticed until all were written
+            # into the dead socket (one asyncio WARNING each). One turn of the loop per frame
+            # lets the server see the disconnect and drop the rest.
+            await asyncio.sleep(0)
 
     return EventSourceResponse(
         events(),
