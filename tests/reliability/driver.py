@@ -116,9 +116,7 @@ class _Turn:
         cid = conv.cid
         path = arguments.get("path")
         if tool == "write_file":
-            fits = path in workload.expected_files(cid, self.turn) or (
-                path == "extra/1.md" and self.turn == conv.turns
-            )
+            fits = path in workload.expected_files(cid, self.turn)  # the probes' first extra
             if result == f"Wrote {path}":
                 if not fits:
                     self.problem(f"a write past a bound was accepted: {path}")

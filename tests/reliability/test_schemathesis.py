@@ -39,8 +39,8 @@ from .verify import ADMIN_TOKEN, AUTH
 READ_GUARD = 30.0
 """Hang guard for one response (the demo model answers in milliseconds)."""
 
-EXAMPLES = 20
-HEAVY_EXAMPLES = 40
+EXAMPLES = 12
+HEAVY_EXAMPLES = 25
 """Examples per operation and generation mode (valid, invalid)."""
 FLEET_MEMBER = "/atmosphere/agent/writer"
 SEED = "fuzz-seed"

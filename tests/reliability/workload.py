@@ -33,7 +33,6 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from atmosphere_harness import ModelRequest, ScriptedRuntime, ToolCall
 from atmosphere_harness.filesystem.base import FileSystemLimits
@@ -215,8 +214,3 @@ def runtime() -> ScriptedRuntime:
 
 def message(turn: int, turns: int = TURNS) -> str:
     return f"turn {turn} of {turns}"
-
-
-def plan_wire(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Steps as the admin API answers them (`activeForm` only where set)."""
-    return [dict(step) for step in steps]
