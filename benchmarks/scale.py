@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import random
 import sqlite3
@@ -73,7 +74,12 @@ def history_turn(plan: AgentPlan) -> list[Message]:
 
 
 async def populate(workspace: Path, ids: list[str]) -> float:
-    """Give every conversation in `ids` its history turn, plan and file; returns seconds."""
+    """Give every conversation in `ids` its history turn, plan and file; returns seconds.
+
+    The stores' eviction messages (one per conversation past a cap) are silenced here; the
+    server's own are left as they are.
+    """
+    logging.getLogger("atmosphere_harness").setLevel(logging.ERROR)
     started = time.perf_counter()
     root = owner_root(workspace)
     database = SqliteDatabase(workspace / DATABASE_FILE)
