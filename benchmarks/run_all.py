@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 
 # name: (script, full-run arguments, quick arguments)
 SCRIPTS: dict[str, tuple[str, list[str], list[str]]] = {
-    "turns": ("turns.py", ["--repeats", "7"], ["--repeats", "1", "--turns", "3", "--batch", "4"]),
+    "turns": ("turns.py", ["--repeats", "9"], ["--repeats", "1", "--turns", "3", "--batch", "4"]),
     "filesystem": (
         "filesystem.py",
         ["--repeats", "7"],
@@ -41,8 +41,9 @@ SCRIPTS: dict[str, tuple[str, list[str], list[str]]] = {
     ),
     "scale": ("scale.py", ["--levels", "10,1000,10000"], ["--levels", "2,5", "--prompts", "2"]),
     "subagents": ("subagents.py", [], ["--spawns", "3", "--size-kib", "1", "--repeats", "1"]),
-    "transports": ("transports.py", [], ["--runs", "1", "--repeats", "1"]),
-    "runtimes": ("bench_runtimes.py", [], ["--repeats", "1", "--calls", "1"]),
+    # Fewer runs than these two scripts' defaults keep `make bench` under 15 minutes on 2 cores.
+    "transports": ("transports.py", ["--runs", "10"], ["--runs", "1", "--repeats", "1"]),
+    "runtimes": ("bench_runtimes.py", ["--repeats", "3"], ["--repeats", "1", "--calls", "1"]),
     "memory": (
         "memory_bench.py",
         ["--peer-python", sys.executable],

@@ -205,7 +205,11 @@ class Ours:
         return seen
 
     async def settle(self, timeout: float = 60.0) -> float:
-        """Wait until the history packer has packed every large payload; returns seconds."""
+        """Wait until the history packer has packed every large payload; returns seconds.
+
+        The packer works in the pauses between prompts; waiting for it keeps its work (and the
+        vacuum that follows it, hence the short extra pause) out of the next sample.
+        """
         started = time.monotonic()
         database = self.root / DATABASE_FILE
         while time.monotonic() - started < timeout:
@@ -216,7 +220,10 @@ class Ours:
             if not left:
                 break
             await asyncio.sleep(0.1)
-        return time.monotonic() - started
+        waited = time.monotonic() - started
+        if waited > 0.05:
+            await asyncio.sleep(0.2)
+        return waited
 
 
 # --- the peer -------------------------------------------------------------------------------
