@@ -288,18 +288,26 @@ def between(stamps: list[float], first: int, calls: int) -> float:
 
 
 async def compare(
-    sides: dict[str, Side], message: str, repeats: int
-) -> dict[str, list[tuple[float, list[float]]]]:
-    """Run `message` on every side `repeats` times (after one warm-up), alternating the order."""
-    samples: dict[str, list[tuple[float, list[float]]]] = {name: [] for name in sides}
-    for side in sides.values():
-        await side(message)
+    sides: dict[str, Side], messages: list[str], repeats: int
+) -> dict[str, dict[str, list[tuple[float, list[float]]]]]:
+    """Run each message on every side `repeats` times (after one warm-up each).
+
+    Messages and sides alternate their order from one repeat to the next, so a change in the
+    machine's load during the run falls on every figure alike.
+    """
+    samples: dict[str, dict[str, list[tuple[float, list[float]]]]] = {
+        message: {name: [] for name in sides} for message in messages
+    }
+    for message in messages:
+        for side in sides.values():
+            await side(message)
     for index in range(repeats):
-        order = list(sides.items())
-        if index % 2:
-            order.reverse()
-        for name, side in order:
-            samples[name].append(await side(message))
+        for message in messages if index % 2 == 0 else messages[::-1]:
+            order = list(sides.items())
+            if index % 2:
+                order.reverse()
+            for name, side in order:
+                samples[message][name].append(await side(message))
     return samples
 
 
@@ -331,14 +339,12 @@ async def turns_section(root: Path, turns: int, repeats: int, peer: bool) -> dic
         if peer:
             sides["deepagents"] = peer_side(*peer_graph(True)[:2])
             sides["deepagents_no_checkpointer"] = peer_side(*peer_graph(False)[:2])
-        for size in (1, 50):
-            samples = await compare(sides, f"seq {turns} {size}", repeats)
-            result[f"{size}k"] = {
-                name: {
-                    "per_turn_ms": summary([wall * 1000 / turns for wall, _ in runs]),
-                }
-                for name, runs in samples.items()
-            }
+        samples = await compare(sides, [f"seq {turns} {size}" for size in (1, 50)], repeats)
+    for size in (1, 50):
+        result[f"{size}k"] = {
+            name: {"per_turn_ms": summary([wall * 1000 / turns for wall, _ in runs])}
+            for name, runs in samples[f"seq {turns} {size}"].items()
+        }
     return result
 
 
@@ -347,7 +353,8 @@ async def batch_section(root: Path, calls: int, repeats: int, peer: bool) -> dic
         sides: dict[str, Side] = {"ours": ours_side(ours)}
         if peer:
             sides["deepagents"] = peer_side(*peer_graph(True)[:2])
-        samples = await compare(sides, f"batch {calls} 50", repeats)
+        message = f"batch {calls} 50"
+        samples = (await compare(sides, [message], repeats))[message]
     return {
         name: {
             "write_file_per_call_ms": summary([between(s, 0, calls) for _, s in runs]),
@@ -439,11 +446,14 @@ async def http_section(root: Path, turns: int, repeats: int) -> dict[str, Any]:
                     raise AssertionError("http: the stream did not complete cleanly")
                 return elapsed
 
-            for size in (1, 50):
-                message = f"seq {turns} {size}"
-                await one(message)
-                walls = [await one(message) for _ in range(repeats)]
-                result[f"{size}k"] = {"per_turn_ms": summary([w * 1000 / turns for w in walls])}
+            walls: dict[int, list[float]] = {1: [], 50: []}
+            for size in walls:
+                await one(f"seq {turns} {size}")
+            for index in range(repeats):
+                for size in (1, 50) if index % 2 == 0 else (50, 1):
+                    walls[size].append(await one(f"seq {turns} {size}"))
+            for size, samples in walls.items():
+                result[f"{size}k"] = {"per_turn_ms": summary([w * 1000 / turns for w in samples])}
     finally:
         server.terminate()
         server.wait(30)
