@@ -41,7 +41,9 @@ docs: $(VENV)/.installed-dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
 # Benchmarks print JSON comparing ours with the peer in the same run; the peer (deepagents) lives
-# in its own venv so the test environment stays as users install it.
+# in its own venv so the test environment stays as users install it. `make bench` runs them all
+# and writes benchmarks/results.json (headline figures) and benchmarks/results/*.json (each
+# script's whole document); docs/benchmarks.md explains the figures.
 BENCH_VENV := .venv-bench
 
 $(BENCH_VENV)/.installed: pyproject.toml
@@ -50,7 +52,7 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	touch $@
 
 bench: $(BENCH_VENV)/.installed
-	for script in benchmarks/*.py; do $(BENCH_VENV)/bin/python $$script || exit 1; done
+	$(BENCH_VENV)/bin/python benchmarks/run_all.py
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) .site .mypy_cache .pytest_cache .ruff_cache

@@ -8,16 +8,21 @@ tools or the round limit stops it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .cache import CacheHint, PromptCache
-from .runtimes.base import Message, ModelError, ModelRequest
+from .log import get_logger
+from .runtimes.base import Message, ModelError, ModelRequest, ToolCall
 from .tools.bounds import screen_calls
 from .tools.executor import execute_calls
 
 if TYPE_CHECKING:
     from .run import RunContext
+    from .tools.base import Tool
+
+log = get_logger(__name__)
 
 
 class LoopLimitExceeded(ModelError):
@@ -82,9 +87,44 @@ async def _finish_turn(run: RunContext, turn: Sequence[Message]) -> None:
     """Persist and announce the turn, even when it ended in an error or a cancellation."""
     endpoint = run.endpoint
     if endpoint.history is not None:
-        await endpoint.history.append(run, turn)
+        await endpoint.history.append(run, recorded(turn, endpoint.tools))
     for interceptor in endpoint.interceptors:
         await interceptor.after_turn(run, turn)
+
+
+def recorded(turn: Sequence[Message], tools: Mapping[str, Tool]) -> list[Message]:
+    """The turn as conversation history keeps it: each tool's `history_arguments` applied.
+
+    A call's result is the tool message right after its request, in the order of the calls
+    (how the loop builds a turn); a call without its result is kept as the model sent it.
+    """
+    kept = list(turn)
+    for index, message in enumerate(kept):
+        if message.tool_calls:
+            answers = kept[index + 1 : index + 1 + len(message.tool_calls)]
+            calls = tuple(
+                _kept_call(call, tools.get(call.name), answers[position : position + 1])
+                for position, call in enumerate(message.tool_calls)
+            )
+            kept[index] = replace(message, tool_calls=calls)
+    return kept
+
+
+def _kept_call(call: ToolCall, tool: Tool | None, answer: Sequence[Message]) -> ToolCall:
+    if (
+        tool is None
+        or tool.history_arguments is None
+        or not answer
+        or answer[0].tool_call_id != call.id
+        or not isinstance(call.arguments, Mapping)
+    ):
+        return call
+    try:
+        arguments = tool.history_arguments(call.arguments, answer[0].content)
+    except Exception:
+        log.exception("history_arguments failed; keeping the call as sent", tool=tool.name)
+        return call
+    return call if arguments is call.arguments else replace(call, arguments=arguments)
 
 
 def complete_pairs(messages: Sequence[Message]) -> list[Message]:

@@ -134,7 +134,11 @@ class HarnessSettings(BaseSettings):
     context_window_tokens: int = Field(
         128_000, ge=256, validation_alias=_env("ATMOSPHERE_AI_CONTEXT_WINDOW_TOKENS")
     )
-    """The history budget of `token-window` compaction (tokens estimated as chars/4)."""
+    """The history budget of `token-window` compaction (tokens estimated as chars/4).
+
+    Set explicitly (argument or environment), it always applies. Unset, the budget is the model's
+    context window when the runtime knows it (`runtimes.windows.MODEL_CONTEXT_WINDOWS`), and this
+    default otherwise (see `memory.compaction.token_budget`)."""
     conversation_idle_timeout: float = Field(
         1800.0, validation_alias=_env("ATMOSPHERE_AI_CONVERSATION_IDLE_TIMEOUT")
     )

@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import json
 import os
 import platform
-import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,18 +32,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from common import make_workload, summary, version
+
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
 from atmosphere_harness.filesystem.tools import read_window
 
-# fmt: off
-WORDS = [
-    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
-    "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi",
-    "psi", "omega", "def", "class", "return", "import", "self", "value", "result", "config",
-    "data", "path", "file", "async", "await", "yield", "lambda", "none", "true",
-]
-# fmt: on
-LINE_LEN = 63
 OPS = (
     "write_all",
     "read_all_full",
@@ -59,37 +49,6 @@ OPS = (
     "edit_once",
 )
 RG_FLOOR = {"grep_common_all": "common", "grep_common_cap": "common", "grep_rare": "rare"}
-
-
-def _line(rng: random.Random, tag: str = "") -> str:
-    parts = [tag] if tag else []
-    while len(" ".join(parts)) < LINE_LEN:
-        parts.append(rng.choice(WORDS))
-    return " ".join(parts)[:LINE_LEN].ljust(LINE_LEN) + "\n"
-
-
-def make_workload(
-    n_files: int = 200, size_kib: int = 50, seed: int = 1234
-) -> list[tuple[str, str]]:
-    """`(relative path, content)` pairs, byte for byte the peer study's workload."""
-    n_lines = (size_kib * 1024) // (LINE_LEN + 1)
-    rare = n_files // 2
-    files = []
-    for i in range(n_files):
-        rng = random.Random(seed + i)
-        name = f"mod_{i:03d}.py" if i % 2 == 0 else f"doc_{i:03d}.md"
-        lines = []
-        for n in range(n_lines):
-            if n == 3:
-                lines.append(_line(rng, f"EDIT_ANCHOR_{i}"))
-            elif i == rare and n == n_lines - 2:
-                lines.append(_line(rng, "UNIQUE_SENTINEL_XYZ"))
-            elif n % 50 == 10:
-                lines.append(_line(rng, "needle_token"))
-            else:
-                lines.append(_line(rng))
-        files.append((f"pkg{i % 10}/sub{(i // 10) % 2}/{name}", "".join(lines)))
-    return files
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -280,22 +239,6 @@ def rg_floor(tree: Path, rg: str, expected: dict[str, int]) -> dict[str, tuple[f
         check(len(done.stdout.splitlines()) == count, f"rg {name}")
         out[name] = (ms, None)
     return out
-
-
-def summary(samples: list[float]) -> dict[str, float]:
-    return {
-        "median_ms": round(statistics.median(samples), 3),
-        "min_ms": round(min(samples), 3),
-        "max_ms": round(max(samples), 3),
-        "n": len(samples),
-    }
-
-
-def version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def main() -> int:

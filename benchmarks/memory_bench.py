@@ -42,34 +42,11 @@ try:
 except ImportError:  # the peer side runs in the peer's own environment
     StreamingSession = ToolContext = Any  # type: ignore[misc,assignment]
 
-WORDS = (  # noqa: SIM905 - the peer study's word list, kept as written there
-    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi "
-    "omicron pi rho sigma tau upsilon phi chi psi omega def class return import "
-    "self value result config data path file async await yield lambda none true"
-).split()
-
-
-def make_files(count: int, size_kib: int, seed: int = 1234) -> list[tuple[str, str]]:
-    """The peer study's workload: 64-byte lines of random words (deterministic)."""
-    files = []
-    for index in range(count):
-        rng = random.Random(seed + index)
-        lines = []
-        for _ in range(size_kib * 1024 // 64):
-            parts: list[str] = []
-            while len(" ".join(parts)) < 63:
-                parts.append(rng.choice(WORDS))
-            lines.append(" ".join(parts)[:63].ljust(63) + "\n")
-        files.append((f"pkg{index % 10}/file_{index:03d}.md", "".join(lines)))
-    return files
+from common import disk_bytes, make_workload, peer_call, peer_model, saver_bytes
 
 
 def median(values: list[float]) -> float:
     return round(statistics.median(values), 3)
-
-
-def disk_bytes(root: Path) -> int:
-    return sum(path.stat().st_size for path in root.rglob("*") if path.is_file())
 
 
 # --- ours: turns --------------------------------------------------------------------------
@@ -153,7 +130,7 @@ async def run_turns(files: list[tuple[str, str]], shape: str, memory: bool) -> d
 def turns_section(repeats: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for size in (1, 50):
-        files = make_files(60, size)
+        files = make_workload(60, size)
         for shape in ("one-prompt", "60-prompts"):
             for memory in (True, False):
                 samples = [asyncio.run(run_turns(files, shape, memory)) for _ in range(repeats)]
@@ -181,56 +158,27 @@ def peer_turns(size_kib: int, checkpointer: bool) -> dict[str, Any]:
     import uuid
 
     from deepagents import create_deep_agent
-    from langchain_core.language_models import BaseChatModel
     from langchain_core.messages import AIMessage, HumanMessage
-    from langchain_core.outputs import ChatGeneration, ChatResult
 
-    files = make_files(60, size_kib)
-
-    class Scripted(BaseChatModel):
-        script: list[Any] = []
-        index: int = 0
-
-        @property
-        def _llm_type(self) -> str:
-            return "scripted"
-
-        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
-            return self
-
-        def _generate(
-            self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any
-        ) -> Any:
-            if messages and "<messages>" in str(messages[-1].content):
-                return ChatResult(
-                    generations=[ChatGeneration(message=AIMessage(content="SUMMARY"))]
-                )
-            message = (
-                self.script[self.index] if self.index < len(self.script) else AIMessage("done")
-            )
-            self.index += 1
-            return ChatResult(generations=[ChatGeneration(message=message)])
+    files = make_workload(60, size_kib)
 
     script = [
         AIMessage(
             content="",
-            tool_calls=[
-                {
-                    "name": "write_file",
-                    "args": {"file_path": "/" + path, "content": content},
-                    "id": "call_" + uuid.uuid4().hex[:12],
-                    "type": "tool_call",
-                }
-            ],
+            tool_calls=[peer_call("write_file", {"file_path": "/" + path, "content": content})],
         )
         for path, content in files
-    ] + [AIMessage(content="done")]
+    ]
+
+    def respond(turn: int) -> Any:
+        return script[turn] if turn < len(script) else AIMessage("done")
+
     saver = None
     if checkpointer:
         from langgraph.checkpoint.memory import InMemorySaver
 
         saver = InMemorySaver()
-    graph = create_deep_agent(model=Scripted(script=script), checkpointer=saver)
+    graph = create_deep_agent(model=peer_model(respond), checkpointer=saver)
     started = time.perf_counter()
     graph.invoke(
         {"messages": [HumanMessage("go")]},
@@ -239,22 +187,9 @@ def peer_turns(size_kib: int, checkpointer: bool) -> dict[str, Any]:
     elapsed = time.perf_counter() - started
     result: dict[str, Any] = {"per_turn_ms": elapsed * 1000 / len(files)}
     if saver is not None:
-        stored = sum(_bytes_in(getattr(saver, name, {})) for name in ("storage", "blobs", "writes"))
+        stored = saver_bytes(saver)
         result["amplification"] = stored / sum(len(c.encode()) for _, c in files)
     return result
-
-
-def _bytes_in(value: Any, depth: int = 0) -> int:
-    """Serialized bytes an `InMemorySaver` holds (the peer study's measure)."""
-    if isinstance(value, bytes | bytearray):
-        return len(value)
-    if depth > 8:
-        return 0
-    if isinstance(value, dict):
-        return sum(_bytes_in(item, depth + 1) for item in value.values())
-    if isinstance(value, list | tuple):
-        return sum(_bytes_in(item, depth + 1) for item in value)
-    return 0
 
 
 def peer_main(repeats: int) -> None:

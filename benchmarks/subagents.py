@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import json
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -37,6 +35,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+from common import summary, version
 
 from atmosphere_harness import (
     HarnessSettings,
@@ -146,10 +146,10 @@ class Ours:
             sink=sink,
         )
         (end,) = last
-        summary = str(end.data.get("summary", ""))
+        answer = str(end.data.get("summary", ""))
         return {
             "completed": end.event == "complete",
-            "reports": summary.count("report job-"),
+            "reports": answer.count("report job-"),
             "leftover_workspaces": len(list(self.spawn_dir.iterdir())),
         }
 
@@ -247,14 +247,6 @@ async def timed(run: Callable[[], Awaitable[dict[str, Any]]]) -> tuple[float, di
     return (time.perf_counter() - started) * 1000, outcome
 
 
-def summarize(samples: list[float]) -> dict[str, Any]:
-    return {
-        "median_ms": round(statistics.median(samples), 3),
-        "min_ms": round(min(samples), 3),
-        "n": len(samples),
-    }
-
-
 async def measure(
     name: str, spawns: int, size_kib: int, repeats: int, fail: bool, root: Path, peer: bool
 ) -> dict[str, Any]:
@@ -277,7 +269,7 @@ async def measure(
                 sides[side_name].append(elapsed)
                 outcomes[side_name] = outcome
     result: dict[str, Any] = {
-        side: {**summarize(samples), "outcome": outcomes[side]}
+        side: {**summary(samples), "outcome": outcomes[side]}
         for side, samples in sides.items()
         if samples
     }
@@ -287,13 +279,6 @@ async def measure(
                 result[variant]["median_ms"] / result["ours"]["median_ms"], 3
             )
     return result
-
-
-def version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 async def main() -> None:

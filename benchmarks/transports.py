@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+from common import free_port
 from fastapi import FastAPI
 
 from atmosphere_harness import (
@@ -101,12 +102,6 @@ def serve(kind: str, port: int, model_base: str, workspace: str) -> None:
 
 
 # --- processes ---------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def start(command: list[str], port: int) -> subprocess.Popen[bytes]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 from fastapi import FastAPI
 
 from atmosphere_harness import (
@@ -24,6 +25,32 @@ from tests.fake_providers import FakeProvider
 from tests.support import client_for, serve
 
 SYSTEM = "You are a careful calculator."
+
+PROVIDER_CREDENTIAL_ENV = (
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_AUTH_TOKEN",
+    "ANTHROPIC_BASE_URL",
+    "ANTHROPIC_PROFILE",
+    "ANTHROPIC_CONFIG_DIR",
+    "ANTHROPIC_CUSTOM_HEADERS",
+    "ANTHROPIC_IDENTITY_TOKEN",
+    "ANTHROPIC_IDENTITY_TOKEN_FILE",
+    "ANTHROPIC_FEDERATION_RULE_ID",
+    "ANTHROPIC_ORGANIZATION_ID",
+)
+
+
+def without_provider_credentials(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """No provider key or base URL in the environment, and no SDK profile on disk.
+
+    The Anthropic SDK also finds credentials in a profile under `~/.config/anthropic`, so `HOME`
+    points at an empty directory.
+    """
+    for name in PROVIDER_CREDENTIAL_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
 
 
 @tool

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from atmosphere_harness import ScriptedRuntime
 from tests.support import make_app, require_service, serve
 from tests.test_agui_http import Speaker, demo_like
 from tests.test_memory_http import KEEPER, Keeper
@@ -46,8 +47,9 @@ agent
     }));
   })
   .catch((error) => {
-    process.stderr.write(String((error && error.stack) || error));
-    process.exit(1);
+    // A protocol violation (or a transport failure) rejects: report what the client saw.
+    const reason = String((error && error.message) || error);
+    process.stdout.write(JSON.stringify({ events, error: reason }));
   });
 """
 
@@ -100,6 +102,7 @@ async def run_client(cache: Path, url: str, thread: str, message: str) -> dict[s
     out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 0, err.decode()
     parsed: dict[str, Any] = json.loads(out)
+    assert "error" not in parsed, f"the client rejected the run: {parsed['error']}"
     return parsed
 
 
@@ -142,3 +145,19 @@ async def test_the_ag_ui_client_follows_subagents_and_custom_events(
     assert kinds.count("SUBAGENT_FINISHED") + kinds.count("SUBAGENT_ERROR") == 3
     assert "CUSTOM" in kinds
     assert got["state"]["subagentPlans"]["sub-1"]["steps"][0]["content"] == "Search"
+
+
+async def test_the_ag_ui_client_sees_a_failed_run_end_with_run_error(
+    workspace: Path, agui_client: Path
+) -> None:
+    app = make_app([Keeper], runtime=ScriptedRuntime([]), workspace=workspace)
+    async with serve(app) as base:
+        got = await run_client(agui_client, f"{base}{KEEPER}/ag-ui", "t-fail", "go")
+    kinds = [event["type"] for event in got["events"]]
+    assert kinds == ["RUN_STARTED", "RUN_ERROR"]
+    assert got["events"][-1]["code"] == "ScriptExhausted"
+    assert "no turn 1" in got["events"][-1]["message"]
+    # The client's verifier accepted the sequence (a violation would reject the run), it added
+    # nothing to the transcript, and it reports no result.
+    assert got["messages"] == [{"id": "user-1", "role": "user", "content": "go"}]
+    assert "result" not in got

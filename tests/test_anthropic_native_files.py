@@ -2,8 +2,9 @@
 
 A default `@agent` on `AnthropicRuntime` (through the fake Messages server) gets the native file
 surface under `filesystem=auto`; the model's `memory` commands land in
-`{workspace}/agents/{owner}/files/{conversationId}/`, which the registered `filesystem` surface
-(the instance the admin API reads) serves back. `builtin` forces the eight tools instead.
+`{workspace}/agents/{owner}/files/{conversationId}/`, which the admin workspace REST
+(`GET /api/admin/agents/{name}/files` and `/files/content`, with an admin token) lists and serves
+back. `builtin` forces the eight tools instead.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import pytest
 from fastapi import FastAPI
 
 from atmosphere_harness import (
-    HarnessDep,
     HarnessSettings,
     StreamingSession,
     agent,
@@ -45,22 +45,21 @@ class ClaudeNotes:
 PATH = "/atmosphere/agent/claude-notes"
 
 
+ADMIN = "/api/admin/agents/claude-notes"
+TOKEN = "native-files-admin-token"
+AUTH = {"X-Atmosphere-Auth": TOKEN}
+
+
 def app_for(base: str, workspace: Path, **settings: Any) -> FastAPI:
     runtime = AnthropicRuntime("claude-fake", base_url=base, api_key="sk-ant-test")
     app = FastAPI()
     app.include_router(
         create_harness_router(
-            HarnessSettings(workspace_root=workspace, **settings),
+            HarnessSettings(workspace_root=workspace, admin_token=TOKEN, **settings),
             agents=[ClaudeNotes],
             runtime=runtime,
         )
     )
-
-    @app.get("/test/surface-read")
-    async def surface_read(host: HarnessDep, conversation: str, path: str) -> str:
-        provider = host.surface("filesystem", "claude-notes")
-        return str(await provider.for_conversation(conversation).read(path))
-
     return app
 
 
@@ -83,8 +82,17 @@ async def test_memory_tool_writes_into_the_workspace(workspace: Path) -> None:
         info = (await client.get("/api/console/info")).json()
         response = await client.post(PATH, json={"message": "note the plan"})
         conversation = response.headers["x-conversation-id"]
-        served = await client.get(
-            "/test/surface-read", params={"conversation": conversation, "path": "notes/plan.md"}
+        root = await client.get(f"{ADMIN}/files", params={"sessionId": conversation}, headers=AUTH)
+        notes = await client.get(
+            f"{ADMIN}/files", params={"sessionId": conversation, "path": "notes"}, headers=AUTH
+        )
+        content = await client.get(
+            f"{ADMIN}/files/content",
+            params={"sessionId": conversation, "path": "notes/plan.md"},
+            headers=AUTH,
+        )
+        anonymous = await client.get(
+            f"{ADMIN}/files/content", params={"sessionId": conversation, "path": "notes/plan.md"}
         )
     [endpoint] = info["endpoints"]
     assert endpoint["harness"]["filesystem"] == "ACTIVE(native:anthropic)"
@@ -94,7 +102,25 @@ async def test_memory_tool_writes_into_the_workspace(workspace: Path) -> None:
 
     on_disk = workspace / "agents" / "claude-notes" / "files" / conversation / "notes" / "plan.md"
     assert on_disk.read_text() == "1. add (done)\n"
-    assert served.json() == "1. add (done)\n", "the admin surface reads the same file"
+    # The admin workspace REST lists and serves the file the memory tool wrote.
+    assert root.status_code == 200
+    assert root.json() == {
+        "agent": "claude-notes",
+        "sessionId": conversation,
+        "path": ".",
+        "entries": [{"path": "notes", "size": 0, "directory": True}],
+    }
+    assert notes.json()["entries"] == [
+        {"path": "notes/plan.md", "size": len("1. add (done)\n"), "directory": False}
+    ]
+    assert content.status_code == 200
+    assert content.json() == {
+        "agent": "claude-notes",
+        "sessionId": conversation,
+        "path": "notes/plan.md",
+        "content": "1. add (done)\n",
+    }
+    assert anonymous.status_code == 401, "the workspace reads still need the admin token"
 
     tools = fake.bodies[0]["tools"]
     assert {"type": "memory_20250818", "name": "memory"} in [

@@ -31,6 +31,7 @@ from tests.runtime_support import (
     agent_client,
     complete_streaming,
     hang_up_after_first_text,
+    without_provider_credentials,
 )
 from tests.support import of_type, parse_sse, serve
 from tests.support import prompt as post_prompt
@@ -256,10 +257,16 @@ async def test_full_agent_run_with_the_memory_tool(workspace: Path) -> None:
     ]
 
 
-async def test_overloaded_then_ok_is_retried(workspace: Path) -> None:
-    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+@pytest.mark.parametrize(
+    ("status", "kind", "message"),
+    [(529, "overloaded_error", "Overloaded"), (500, "api_error", "Internal server error")],
+)
+async def test_a_failure_then_ok_is_retried(
+    workspace: Path, status: int, kind: str, message: str
+) -> None:
+    failure = {"type": "error", "error": {"type": kind, "message": message}}
     fake = fake_anthropic().script(
-        Status(529, overloaded, {"retry-after-ms": "10"}), Stream(anthropic_text("back"))
+        Status(status, failure, {"retry-after-ms": "10"}), Stream(anthropic_text("back"))
     )
     async with agent_client(fake, runtime_for, workspace) as client:
         frames = await post_prompt(client, PATH, "hi")
@@ -341,6 +348,52 @@ def test_base_url_with_v1_and_native_surfaces() -> None:
     assert runtime.native_tools(AiCapability.PLANNING) == []
     with pytest.raises(ValueError, match="needs a model name"):
         AnthropicRuntime("")
+
+
+@pytest.fixture
+def no_anthropic_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    without_provider_credentials(monkeypatch, tmp_path / "home")
+
+
+@pytest.mark.usefixtures("no_anthropic_credentials")
+@pytest.mark.parametrize(
+    "base_url", [None, "https://api.anthropic.com", "https://api.anthropic.com/v1"]
+)
+def test_a_missing_api_key_for_anthropic_is_a_clear_error(base_url: str | None) -> None:
+    # Without the check the SDK builds the client and every call fails with a raw TypeError.
+    with pytest.raises(ValueError, match=r"needs an API key for Anthropic: set LLM_API_KEY"):
+        AnthropicRuntime("claude-sonnet-4-5", base_url=base_url)
+    with pytest.raises(ValueError, match=r"needs an API key for Anthropic"):
+        AnthropicRuntime("claude-sonnet-4-5", base_url=base_url, api_key="")
+
+
+@pytest.mark.usefixtures("no_anthropic_credentials")
+def test_an_environment_credential_is_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-env")
+    assert AnthropicRuntime("claude-sonnet-4-5").model == "claude-sonnet-4-5"
+    monkeypatch.delenv("ANTHROPIC_API_KEY")
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "bearer-env")
+    assert AnthropicRuntime("claude-sonnet-4-5").model == "claude-sonnet-4-5"
+
+
+@pytest.mark.usefixtures("no_anthropic_credentials")
+@pytest.mark.parametrize("through", ["argument", "ANTHROPIC_BASE_URL"])
+async def test_a_server_of_your_own_needs_no_key(
+    monkeypatch: pytest.MonkeyPatch, through: str
+) -> None:
+    # A proxy or gateway gets the placeholder key, and the call goes through (no TypeError).
+    fake = fake_anthropic().script(Stream(anthropic_text("hello")))
+    async with serve(fake.app) as base:
+        if through == "argument":
+            runtime = AnthropicRuntime("claude-fake", base_url=base)
+        else:
+            monkeypatch.setenv("ANTHROPIC_BASE_URL", base)
+            runtime = AnthropicRuntime("claude-fake")
+        response = await runtime.complete(ModelRequest("", (Message.user("x"),)))
+        await runtime.aclose()
+    assert response.text == "hello"
+    headers = fake.requests[0].headers
+    assert "unused" in (headers.get("x-api-key") or headers["authorization"])
 
 
 def test_system_messages_in_history_become_user_text() -> None:

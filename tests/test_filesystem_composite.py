@@ -266,6 +266,25 @@ def test_the_provider_hands_out_one_instance_while_it_is_held(tmp_path: Path) ->
         provider.for_conversation(" ")
 
 
+async def test_at_the_conversation_cap_eviction_makes_room_for_an_eighth_of_it(
+    tmp_path: Path,
+) -> None:
+    provider = AgentFileSystemProvider(tmp_path / "agent", FileSystemLimits(max_conversations=8))
+    past = time.time() - 1000
+    for index in range(8):
+        await provider.for_conversation(f"c{index}").write("a.md", "x")
+        os.utime(tmp_path / "agent" / "files" / f"c{index}", (past + index,) * 2)
+    gc.collect()
+    await provider.for_conversation("n1").write("a.md", "x")
+    kept = [f"c{index}" for index in range(2, 8)]
+    assert provider.conversations() == [*kept, "n1"], "the 2 oldest went: 6 + the new one"
+    await provider.for_conversation("n2").write("a.md", "x")
+    assert provider.conversations() == [*kept, "n1", "n2"], "no eviction below the cap"
+    gc.collect()
+    await provider.for_conversation("n3").write("a.md", "x")
+    assert len(provider.conversations()) == 7
+
+
 async def test_the_conversation_cap_evicts_the_oldest_and_skips_live_stores(
     tmp_path: Path,
 ) -> None:

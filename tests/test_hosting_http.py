@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from pathlib import Path
 
 import httpx2
@@ -22,6 +23,9 @@ from atmosphere_harness import (
     skill,
     tool,
 )
+from atmosphere_harness.web import sse as sse_module
+from tests.firehose import FRAMES, Firehose, FirehoseEndpoint, settled
+from tests.firehose import PATH as FIREHOSE
 from tests.support import client_for, make_app, of_type, parse_sse, serve
 from tests.support import prompt as post_prompt
 
@@ -195,6 +199,47 @@ async def test_client_disconnect_cancels_the_run(workspace: Path) -> None:
                     break
         await asyncio.wait_for(SLOW_STARTED.wait(), 5)
         await asyncio.wait_for(SLOW_CANCELLED.wait(), 10)
+
+
+async def test_a_stalled_sse_client_is_cut_off_and_never_pins_the_server(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that posts a prompt and then reads nothing: the run waits for it (bounded
+    buffers, so memory stays flat), other clients are served meanwhile, and after the send
+    timeout the server drops the stream and cancels the run."""
+    monkeypatch.setattr(sse_module, "SEND_TIMEOUT", 2.0)
+    Firehose.reset()
+    app = make_app(
+        [FirehoseEndpoint, Calculator], runtime=ScriptedRuntime(["hi"]), workspace=workspace
+    )
+    async with serve(app) as base:
+        host, port = base.removeprefix("http://").split(":")
+        raw = socket.socket()
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(raw, (host, int(port)))
+        reader, writer = await asyncio.open_connection(sock=raw, limit=64 * 1024)
+        body = json.dumps({"message": "flood me"}).encode()
+        writer.write(
+            f"POST {FIREHOSE} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        try:
+            stuck_at = await settled()
+            assert 0 < stuck_at < FRAMES, "the run waits for the stalled client"
+
+            async with httpx2.AsyncClient(base_url=base, timeout=30) as client:
+                frames = await post_prompt(client, PATH, "meanwhile")
+            assert frames[-1]["event"] == "complete", "another client is served meanwhile"
+
+            await asyncio.wait_for(Firehose.cancelled.wait(), 20)
+            assert Firehose.emitted < FRAMES
+            while await asyncio.wait_for(reader.read(1 << 20), 15):
+                pass  # the server closed the connection: the reads end with b""
+        finally:
+            writer.close()
 
 
 async def test_round_limit_ends_with_an_error_frame(workspace: Path) -> None:

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atmosphere_harness import Message, ModelRequest, ScriptedRuntime, ToolCall
+from atmosphere_harness import (
+    HarnessSettings,
+    Message,
+    ModelRequest,
+    ScriptedRuntime,
+    StreamingSession,
+    ToolCall,
+    agent,
+    create_harness_router,
+    prompt,
+)
 from atmosphere_harness.memory.compaction import (
     SUMMARIZER_SYSTEM_PROMPT,
     SlidingWindowCompaction,
@@ -20,9 +32,18 @@ from atmosphere_harness.memory.compaction import (
     estimate_tokens,
     local_summary,
     model_summarizer,
+    token_budget,
     units,
 )
-from atmosphere_harness.settings import Compaction, HarnessSettings
+from atmosphere_harness.preset import COMPACTION
+from atmosphere_harness.runtimes.anthropic import AnthropicRuntime
+from atmosphere_harness.runtimes.base import AgentRuntime
+from atmosphere_harness.runtimes.openai import OpenAIRuntime
+from atmosphere_harness.runtimes.windows import model_context_window
+from atmosphere_harness.settings import Compaction
+from atmosphere_harness.web.deps import STATE_KEY
+from tests.support import client_for, make_app
+from tests.support import prompt as post_prompt
 
 
 def chat(n: int) -> list[Message]:
@@ -303,3 +324,144 @@ def test_the_token_budget_setting_reaches_the_strategy() -> None:
     )
     assert isinstance(strategy, TokenWindowCompaction)
     assert strategy.budget_tokens == 500
+
+
+# --- token-window budget by model (CompactionConfigTest) ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "window"),
+    [
+        ("claude-sonnet-4-5", 200_000),
+        ("claude-3-5-haiku-latest", 200_000),
+        ("gpt-4o", 128_000),
+        ("gpt-4o-mini-2024-07-18", 128_000),
+        ("gpt-4.1-nano", 1_047_576),
+        ("gpt-5-mini", 400_000),
+        ("gpt-5-chat-latest", 128_000),  # the longest prefix wins over gpt-5
+        ("o1-mini", 128_000),
+        ("o3-mini", 200_000),
+        ("GPT-4O", 128_000),
+        ("openai/gpt-4o", 128_000),
+        ("anthropic/claude-opus-4-1", 200_000),
+        ("llama3.1", None),
+        ("my-azure-deployment", None),
+        ("gpt-oss:20b", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_the_context_window_table(model: str | None, window: int | None) -> None:
+    assert model_context_window(model) == window
+
+
+def test_provider_runtimes_know_their_models_window() -> None:
+    assert AnthropicRuntime("claude-sonnet-4-5", api_key="k").context_window == 200_000
+    assert OpenAIRuntime("gpt-4.1-mini", api_key="k").context_window == 1_047_576
+    local = OpenAIRuntime("llama3.1", base_url="http://localhost:11434/v1")
+    assert local.context_window is None
+
+
+class WindowedRuntime(ScriptedRuntime):
+    """A runtime of one's own that declares its model's context window."""
+
+    context_window: int | None = 100
+
+
+@pytest.mark.parametrize(
+    ("settings_", "runtime", "budget"),
+    [
+        ({}, AnthropicRuntime("claude-sonnet-4-5", api_key="k"), 200_000),
+        ({}, OpenAIRuntime("gpt-4o-mini", api_key="k"), 128_000),
+        ({}, WindowedRuntime(), 100),
+        # Unknown models, the scripted runtime and no runtime: the setting's default.
+        ({}, OpenAIRuntime("llama3.1", base_url="http://localhost:11434/v1"), 128_000),
+        ({}, ScriptedRuntime(), 128_000),
+        ({}, None, 128_000),
+        # An explicitly set budget wins over the table, even when it equals the default.
+        ({"context_window_tokens": 500}, AnthropicRuntime("claude-sonnet-4-5", api_key="k"), 500),
+        ({"context_window_tokens": 128_000}, OpenAIRuntime("gpt-4.1", api_key="k"), 128_000),
+        ({"context_window_tokens": 9_000}, ScriptedRuntime(), 9_000),
+    ],
+)
+def test_token_budget_precedence(
+    settings_: dict, runtime: AgentRuntime | None, budget: int
+) -> None:
+    assert token_budget(HarnessSettings(**settings_), runtime) == budget
+
+
+def test_a_budget_from_the_environment_counts_as_explicit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATMOSPHERE_AI_CONTEXT_WINDOW_TOKENS", "5000")
+    runtime = AnthropicRuntime("claude-sonnet-4-5", api_key="k")
+    assert token_budget(HarnessSettings(), runtime) == 5000
+
+
+@agent(name="window-echo")
+class WindowEcho:
+    @prompt
+    async def chat(self, message: str, session: StreamingSession) -> None:
+        await session.stream(message)
+
+
+WINDOW_ECHO = "/atmosphere/agent/window-echo"
+
+
+@pytest.mark.parametrize(
+    ("settings_", "model", "budget"),
+    [
+        ({"llm_runtime": "anthropic", "llm_model": "claude-sonnet-4-5"}, "claude", 200_000),
+        ({"llm_runtime": "openai", "llm_model": "gpt-4.1-mini"}, "openai", 1_047_576),
+        (
+            {"llm_model": "llama3.1", "llm_base_url": "http://localhost:11434/v1"},
+            "local",
+            128_000,
+        ),
+        (
+            {"llm_model": "claude-sonnet-4-5", "context_window_tokens": 32_000},
+            "explicit",
+            32_000,
+        ),
+        ({"llm_runtime": "scripted"}, "scripted", 128_000),
+    ],
+)
+async def test_the_endpoint_strategy_gets_the_budget_of_the_resolved_runtime(
+    workspace: Path, settings_: dict, model: str, budget: int
+) -> None:
+    settings_ = {"llm_api_key": "k", **settings_}
+    app = FastAPI()
+    app.include_router(
+        create_harness_router(
+            HarnessSettings(workspace_root=workspace, compaction="token-window", **settings_),
+            agents=[WindowEcho],
+        )
+    )
+    async with app.router.lifespan_context(app) as state:
+        host = state[STATE_KEY]
+        strategy = host.endpoint(WINDOW_ECHO).services["conversation_memory"].strategy
+        truth = host.truth.endpoint(WINDOW_ECHO)[COMPACTION]
+    assert isinstance(strategy, TokenWindowCompaction)
+    assert strategy.budget_tokens == budget, model
+    assert truth == "token-window"
+
+
+@pytest.mark.parametrize(
+    ("runtime", "settings_", "kept"),
+    [
+        (WindowedRuntime, {}, False),  # the model's 100-token window drops the long turn
+        (ScriptedRuntime, {}, True),  # no known window: the 128000 default keeps it
+        (WindowedRuntime, {"context_window_tokens": 100_000}, True),  # explicit setting wins
+    ],
+)
+async def test_the_model_window_shapes_what_is_sent(
+    workspace: Path, runtime: type[ScriptedRuntime], settings_: dict, kept: bool
+) -> None:
+    model = runtime(default=lambda request: "ok")
+    app = make_app([WindowEcho], runtime=model, workspace=workspace, compaction="token-window",
+                   **settings_)  # fmt: skip
+    long_turn = "a" * 400  # ~104 tokens
+    async with client_for(app) as client:
+        await post_prompt(client, WINDOW_ECHO, long_turn, "c1")
+        await post_prompt(client, WINDOW_ECHO, "b" * 40, "c1")
+    sent = [message.content for message in model.requests[-1].messages]
+    assert sent[-1] == "b" * 40
+    assert (long_turn in sent) is kept

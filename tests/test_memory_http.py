@@ -27,6 +27,7 @@ from atmosphere_harness import (
     ModelRequest,
     ScriptedRuntime,
     StreamingSession,
+    ToolCall,
     agent,
     ai_endpoint,
     create_harness_router,
@@ -155,6 +156,42 @@ async def test_history_survives_an_app_restart(workspace: Path) -> None:
         "after restart",
     ]
     assert (workspace / "atmosphere.db").is_file()
+
+
+@pytest.mark.parametrize("threshold", [8000, 0])
+async def test_history_keeps_a_note_for_a_large_written_file(
+    workspace: Path, threshold: int
+) -> None:
+    big, small, huge = "big line\n" * 2000, "small", "x" * (600 * 1024)
+    writes = [
+        ToolCall("write_file", {"path": "big.md", "content": big}),
+        ToolCall("write_file", {"path": "small.md", "content": small}),
+        ToolCall("write_file", {"path": "huge.md", "content": huge}),
+    ]
+    runtime = ScriptedRuntime([writes, "written", "ok"])
+    app = app_for([Keeper], workspace, runtime, tool_output_offload_threshold=threshold)
+    async with client_for(app) as client:
+        frames = await say(client, "write", "c1")
+        await say(client, "again", "c1")
+    results = [f["data"]["result"] for f in frames if f["event"] == "tool-result"]
+    assert results[:2] == ["Wrote big.md", "Wrote small.md"]
+    assert results[2].startswith("Error:"), "over the 512 KiB file limit"
+    assert (workspace / "agents/keeper/files/c1/big.md").read_text() == big
+    same_run, next_prompt = chat_requests(runtime)[1:]
+    assert [dict(c.arguments)["content"] for c in same_run.messages[1].tool_calls] == [
+        big,
+        small,
+        huge,
+    ], "the run that wrote the file saw it in full"
+    kept = [dict(c.arguments)["content"] for c in next_prompt.messages[1].tool_calls]
+    if threshold:
+        assert kept[0] == (
+            "[18000 characters written to big.md; not kept in the conversation history: "
+            "read_file big.md shows the file as it is now]"
+        )
+    else:
+        assert kept[0] == big, "offload off: history keeps every content"
+    assert kept[1:] == [small, huge], "small and rejected writes are kept as sent"
 
 
 async def test_another_user_cannot_continue_a_conversation(workspace: Path) -> None:

@@ -356,6 +356,7 @@ HOSTS = {
     "127.0.0.1": True,
     "localhost": True,
     "api.openai.com": True,
+    "myres.openai.azure.com": True,
     "models.example.test": False,
     "generativelanguage.googleapis.com": False,
 }

@@ -226,6 +226,40 @@ async def test_the_file_cap_evicts_the_oldest_and_never_bricks(
     assert await store.get("new", "c10") == PLAN
 
 
+def documents(root: Path) -> list[str]:
+    return sorted(p.stem for p in (root / "plans").rglob("*.json"))
+
+
+async def test_at_the_cap_eviction_makes_room_for_an_eighth_of_it(tmp_path: Path) -> None:
+    store = FilePlanStore(tmp_path, max_files=16)
+    now = time.time()
+    for index in range(16):
+        await store.put("a", f"c{index:02d}", PLAN)
+        os.utime(store.path_for("a", f"c{index:02d}"), (now - 100 + index,) * 2)
+    await store.put("a", "n1", PLAN)
+    kept = [f"c{index:02d}" for index in range(3, 16)]
+    assert documents(tmp_path) == [*kept, "n1"], "the 3 oldest went: 13 + the new one"
+    await store.put("a", "n2", PLAN)
+    await store.put("a", "n3", PLAN)
+    assert documents(tmp_path) == [*kept, "n1", "n2", "n3"], "no eviction below the cap"
+    await store.put("a", "n4", PLAN)
+    assert len(documents(tmp_path)) == 14
+
+
+async def test_documents_another_process_added_are_counted_at_the_cap(tmp_path: Path) -> None:
+    store = FilePlanStore(tmp_path, max_files=16)
+    for index in range(10):
+        await store.put("a", f"mine{index}", PLAN)
+    foreign = tmp_path / "plans" / "b"
+    foreign.mkdir()
+    for index in range(10):
+        (foreign / f"theirs{index}.json").write_text(PLAN.to_json())
+    for index in range(6):  # this store's count reaches the cap: it lists plans/ again
+        await store.put("a", f"more{index}", PLAN)
+    await store.put("a", "last", PLAN)
+    assert len(documents(tmp_path)) == 14
+
+
 async def test_eviction_sweeps_stale_temp_files_but_not_fresh_ones(tmp_path: Path) -> None:
     store = FilePlanStore(tmp_path)
     agent_dir = tmp_path / "plans" / "a"

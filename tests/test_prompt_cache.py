@@ -169,6 +169,13 @@ class AggressiveEndpoint:
         await session.stream(message)
 
 
+@ai_endpoint("/atmosphere/cache-conservative", prompt_cache=PromptCache.CONSERVATIVE)
+class ConservativeEndpoint:
+    @prompt
+    async def chat(self, message: str, session: StreamingSession) -> None:
+        await session.stream(message)
+
+
 @ai_endpoint("/atmosphere/cache-bare")
 class BareEndpoint:
     @prompt
@@ -203,9 +210,29 @@ CASES = [
         {"prompt_cache_default": "none"},
         "aggressive",
     ),
+    # The annotation beats a setting that is not `none`, whichever is the stronger policy.
+    (
+        AggressiveEndpoint,
+        "/atmosphere/cache-aggressive",
+        {"prompt_cache_default": "conservative"},
+        "aggressive",
+    ),
+    (
+        ConservativeEndpoint,
+        "/atmosphere/cache-conservative",
+        {"prompt_cache_default": "aggressive"},
+        "conservative",
+    ),
     (BareEndpoint, "/atmosphere/cache-bare", {"prompt_cache_default": "aggressive"}, "aggressive"),
     (BareEndpoint, "/atmosphere/cache-bare", {}, None),
     (DefaultAgent, "/atmosphere/agent/cache-default-agent", {}, "conservative"),
+    # The setting beats the CACHE feature's `conservative` seed on a default @agent.
+    (
+        DefaultAgent,
+        "/atmosphere/agent/cache-default-agent",
+        {"prompt_cache_default": "aggressive"},
+        "aggressive",
+    ),
     (DefaultAgent, "/atmosphere/agent/cache-default-agent", {"prompt_cache_default": "none"}, None),
     (DefaultAgent, "/atmosphere/agent/cache-default-agent", {"enabled": False}, None),
     (

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import Message, ModelRequest
+from tests.runtime_support import without_provider_credentials
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -17,8 +18,9 @@ def examples(page: str) -> list[str]:
 
 
 @pytest.mark.parametrize("page", ["runtimes.md", "prompt-cache.md"])
-async def test_examples_run(page: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+async def test_examples_run(page: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Runnable as written on a machine without any provider key.
+    without_provider_credentials(monkeypatch, tmp_path / "home")
     blocks = examples(page)
     assert blocks, f"{page} has runnable examples"
     for block in blocks:

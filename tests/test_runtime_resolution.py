@@ -17,7 +17,7 @@ from atmosphere_harness.runtimes.anthropic import AnthropicRuntime
 from atmosphere_harness.runtimes.openai import OpenAIRuntime
 from atmosphere_harness.settings import PromptCacheKeyMode, RuntimeChoice
 from tests.fake_providers import Stream, anthropic_text, fake_anthropic
-from tests.runtime_support import PATH, WireCalculator
+from tests.runtime_support import PATH, WireCalculator, without_provider_credentials
 from tests.support import client_for, serve
 from tests.support import prompt as post_prompt
 
@@ -78,6 +78,35 @@ def test_anthropic_from_settings() -> None:
     assert runtime.max_tokens == 8192
     assert runtime.max_retries == 2
     assert runtime.base_url.rstrip("/") == "https://api.anthropic.com"
+
+
+@pytest.mark.parametrize(
+    ("choice", "model", "provider"),
+    [
+        ("anthropic", "claude-sonnet-4-5", "Anthropic"),
+        ("auto", "claude-sonnet-4-5", "Anthropic"),
+        ("openai", "gpt-4.1-mini", "OpenAI"),
+        ("auto", "gpt-4.1-mini", "OpenAI"),
+    ],
+)
+async def test_a_provider_without_its_key_fails_start_up_clearly(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    workspace: Path,
+    choice: str,
+    model: str,
+    provider: str,
+) -> None:
+    without_provider_credentials(monkeypatch, tmp_path / "home")
+    settings = HarnessSettings(workspace_root=workspace, llm_runtime=choice, llm_model=model)
+    message = rf"needs an API key for {provider}: set LLM_API_KEY"
+    with pytest.raises(ValueError, match=message):
+        resolve.resolve_runtime(settings)
+    app = FastAPI()
+    app.include_router(create_harness_router(settings, agents=[WireCalculator]))
+    with pytest.raises(ValueError, match=message):
+        async with app.router.lifespan_context(app):
+            pass
 
 
 @pytest.mark.parametrize(

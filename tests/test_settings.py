@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from atmosphere_harness import HarnessSettings, PromptCache
+from atmosphere_harness import FileSystemLimits, HarnessSettings, PromptCache
 from atmosphere_harness.settings import (
     Compaction,
     PromptCacheKeyMode,
@@ -129,6 +129,37 @@ KEYS = [
         "postgresql://x",
     ),
     ("max_tool_rounds", "ATMOSPHERE_AI_MAX_TOOL_ROUNDS", None, "7", 7, 3),
+    # The tri-state flag: a programmatic True beats an env kill switch, and the reverse.
+    ("enabled", "ATMOSPHERE_AI_HARNESS_ENABLED", None, "false", False, True),
+    ("compaction_recent_window", "ATMOSPHERE_AI_HARNESS_COMPACTION_RECENT_WINDOW", None, "9", 9, 3),
+    ("context_window_tokens", "ATMOSPHERE_AI_CONTEXT_WINDOW_TOKENS", None, "4096", 4096, 8192),
+    ("conversation_idle_timeout", "ATMOSPHERE_AI_CONVERSATION_IDLE_TIMEOUT", None, "60", 60.0, 0.0),
+    ("memory_model_timeout", "ATMOSPHERE_AI_MEMORY_MODEL_TIMEOUT", None, "2.5", 2.5, 7.0),
+    ("memory_max_facts", "ATMOSPHERE_AI_MEMORY_MAX_FACTS", None, "12", 12, 34),
+    ("filesystem_fsync", "ATMOSPHERE_AI_FILESYSTEM_FSYNC", None, "true", True, False),
+    ("approval_timeout", "ATMOSPHERE_AI_APPROVAL_TIMEOUT", None, "30", 30.0, 5.0),
+    ("subagent_max_depth", "ATMOSPHERE_AI_SUBAGENT_MAX_DEPTH", None, "1", 1, 3),
+    ("subagent_max_spawns", "ATMOSPHERE_AI_SUBAGENT_MAX_SPAWNS", None, "3", 3, 5),
+    ("subagent_timeout", "ATMOSPHERE_AI_SUBAGENT_TIMEOUT", None, "12", 12.0, 34.0),
+    (
+        "subagent_workspace_dir",
+        "ATMOSPHERE_AI_SUBAGENT_WORKSPACE_DIR",
+        None,
+        "/srv/spawns",
+        Path("/srv/spawns"),
+        Path("/other"),
+    ),
+    ("llm_max_retries", "LLM_MAX_RETRIES", None, "5", 5, 0),
+    ("llm_timeout", "LLM_TIMEOUT", None, "15", 15.0, 40.0),
+    ("llm_max_tokens", "LLM_MAX_TOKENS", None, "1024", 1024, 2048),
+    (
+        "websocket_allowed_origins",
+        "ATMOSPHERE_WEBSOCKET_ALLOWED_ORIGINS",
+        None,
+        "https://a.example, https://b.example",
+        {"https://a.example", "https://b.example"},
+        {"https://c.example"},
+    ),
 ]
 
 
@@ -295,3 +326,19 @@ def test_secrets_stay_out_of_repr() -> None:
     text = repr(HarnessSettings(llm_api_key="sk-secret", admin_token="tok-secret"))
     assert "sk-secret" not in text
     assert "tok-secret" not in text
+
+
+def test_every_setting_is_in_the_precedence_table() -> None:
+    """A new setting gets a row above (env read, argument wins), or this fails."""
+    assert set(HarnessSettings.model_fields) == {key[0] for key in KEYS} | {"filesystem_limits"}
+
+
+def test_filesystem_limits_from_json_and_argument_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "ATMOSPHERE_AI_FILESYSTEM_LIMITS", '{"max_file_bytes": 1024, "max_files": 9}'
+    )
+    limits = HarnessSettings().filesystem_limits
+    assert (limits.max_file_bytes, limits.max_files) == (1024, 9)
+    assert limits.max_total_bytes == FileSystemLimits().max_total_bytes, "unnamed bounds default"
+    given = FileSystemLimits(max_files=3)
+    assert HarnessSettings(filesystem_limits=given).filesystem_limits == given

@@ -16,9 +16,10 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
-from atmosphere_harness import ScriptedRuntime, StreamingSession, ToolCall, ai_endpoint
-from atmosphere_harness import prompt as prompt_method
+from atmosphere_harness import ScriptedRuntime, ToolCall
 from atmosphere_harness.web import websocket as ws_module
+from tests.firehose import FRAMES, Firehose, FirehoseEndpoint, settled
+from tests.firehose import PATH as FIREHOSE
 from tests.support import client_for, make_app, serve
 from tests.support import prompt as post_prompt
 from tests.test_memory_http import KEEPER, Keeper, _facts, app_for, eventually, model
@@ -180,29 +181,6 @@ async def test_a_disconnect_closes_the_conversation_and_extraction_runs(workspac
 
 # --- a slow client ---------------------------------------------------------------------------
 
-FRAMES = 4000
-PAD = "x" * 8192
-
-
-class Firehose:
-    """Counts what its prompt emitted, and whether it was cancelled."""
-
-    emitted = 0
-    cancelled: asyncio.Event
-
-
-@ai_endpoint("/atmosphere/firehose")
-class FirehoseEndpoint:
-    @prompt_method
-    async def chat(self, message: str, session: StreamingSession) -> None:
-        try:
-            for index in range(FRAMES):
-                await session.emit("chunk", {"index": index, "pad": PAD})
-                Firehose.emitted = index + 1
-        except asyncio.CancelledError:
-            Firehose.cancelled.set()
-            raise
-
 
 @asynccontextmanager
 async def stalled_reader(
@@ -240,25 +218,15 @@ async def stalled_reader(
         writer.close()
 
 
-async def settled(seconds: float = 0.3) -> int:
-    """Wait until the firehose stops making progress; return how far it got."""
-    last = -1
-    while Firehose.emitted != last:
-        last = Firehose.emitted
-        await asyncio.sleep(seconds)
-    return last
-
-
 async def test_a_slow_client_slows_only_its_own_run_and_is_disconnected(
     workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(ws_module, "SEND_TIMEOUT", 3.0)
-    Firehose.emitted = 0
-    Firehose.cancelled = asyncio.Event()
+    Firehose.reset()
     app = make_app([FirehoseEndpoint, Keeper], runtime=tool_script(), workspace=workspace)
     async with (
         serve(app) as base,
-        stalled_reader(base, "/atmosphere/firehose", "flood me") as (reader, _writer),
+        stalled_reader(base, FIREHOSE, "flood me") as (reader, _writer),
     ):
         stuck_at = await settled()
         assert 0 < stuck_at < FRAMES, "the run waits for the slow client (bounded queue)"

@@ -6,10 +6,12 @@ share one lock and one usage tally. Instances are kept in a weak map: a store li
 run, a request or user code holds it, and costs nothing afterwards (its files stay on disk).
 
 The conversation cap (`FileSystemLimits.max_conversations`, 256 by default) is applied when a
-conversation's directory is about to be created, which is its first write: the least recently
-written conversation directories are removed until there is room, skipping every store that is
-live in this process. Asking for a conversation, listing it or reading from it never creates a
-directory.
+conversation's directory is about to be created, which is its first write: at the cap, the least
+recently written conversation directories are removed down to 7/8 of it, skipping every store
+that is live in this process. The provider counts the directories it creates and lists them again
+only when that count reaches the cap, so a new conversation costs no scan of its siblings (other
+processes' directories are seen at that listing). Asking for a conversation, listing it or
+reading from it never creates a directory.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from .composite import CompositeAgentFileSystem, normalize_routes
 from .workspace import WorkspaceAgentFileSystem, conversation_dir_name, is_live, store_key
 
 log = get_logger(__name__)
+
+EVICTION_SLACK = 8
+"""Eviction goes an eighth of the cap below it: one scan per `max_conversations // 8` new ones."""
 
 
 class AgentFileSystemProvider:
@@ -54,6 +59,8 @@ class AgentFileSystemProvider:
         )
         self._lock = threading.Lock()
         self._evicting = threading.Lock()
+        self._count: int | None = None
+        """Directories counted at the last scan plus those created since (under `_evicting`)."""
 
     @property
     def files_root(self) -> Path:
@@ -105,32 +112,42 @@ class AgentFileSystemProvider:
         return CompositeAgentFileSystem(workspace, self.routes)
 
     def _make_room(self, keep: str) -> None:
-        """Evict least recently written conversations until one more fits under the cap."""
+        """Called before a conversation directory is created: keep the owner under the cap."""
         cap = self.limits.max_conversations
         with self._evicting:
-            try:
-                with os.scandir(self.files_root) as listing:
-                    entries = [
-                        (entry.stat(follow_symlinks=False).st_mtime, entry.name, entry.path)
-                        for entry in listing
-                        if entry.is_dir(follow_symlinks=False)
-                    ]
-            except FileNotFoundError:
-                return
-            excess = len(entries) - (cap - 1)
+            if self._count is None or self._count >= cap:
+                self._count = self._evict(keep, cap)
+            self._count += 1
+
+    def _evict(self, keep: str, cap: int) -> int:
+        """Count the directories; at the cap, remove the least recently written down to 7/8 of
+        it (never `keep` or a live store). Returns how many remain."""
+        try:
+            with os.scandir(self.files_root) as listing:
+                entries = [
+                    (entry.stat(follow_symlinks=False).st_mtime, entry.name, entry.path)
+                    for entry in listing
+                    if entry.is_dir(follow_symlinks=False)
+                ]
+        except FileNotFoundError:
+            return 0
+        if len(entries) < cap:
+            return len(entries)
+        excess = len(entries) - (cap - 1 - cap // EVICTION_SLACK)
+        remaining = len(entries)
+        for _mtime, name, path in sorted(entries):
             if excess <= 0:
-                return
-            for _mtime, name, path in sorted(entries):
-                if excess <= 0:
-                    break
-                if name == keep or is_live(path):
-                    continue
-                shutil.rmtree(path, ignore_errors=True)
-                excess -= 1
-                log.info("conversation workspace evicted (cap reached)", conversation=name, cap=cap)
-            if excess > 0:
-                log.warning(
-                    "conversation cap exceeded: the remaining workspaces are in use",
-                    cap=cap,
-                    over=excess,
-                )
+                break
+            if name == keep or is_live(path):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            excess -= 1
+            remaining -= 1
+            log.info("conversation workspace evicted (cap reached)", conversation=name, cap=cap)
+        if remaining >= cap:
+            log.warning(
+                "conversation cap exceeded: the remaining workspaces are in use",
+                cap=cap,
+                over=remaining - cap + 1,
+            )
+        return remaining

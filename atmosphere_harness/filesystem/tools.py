@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..settings import DEFAULT_OFFLOAD_THRESHOLD
-from ..tools.base import Tool, ToolContext, ToolKind
+from ..tools.base import HistoryArguments, Tool, ToolContext, ToolKind
 from .base import AgentFileSystem, FileSystemError
 
 if TYPE_CHECKING:
@@ -132,6 +132,7 @@ def _tool(
     properties: dict[str, Any],
     required: list[str],
     operation: Operation,
+    history_arguments: HistoryArguments | None = None,
 ) -> Tool:
     async def handler(arguments: Mapping[str, Any], context: ToolContext) -> str:
         fs = bound_file_system(context.run)
@@ -155,7 +156,31 @@ def _tool(
         handler=handler,
         kind=kind,
         origin=ORIGIN,
+        history_arguments=history_arguments,
     )
+
+
+def written_note(limit: int) -> HistoryArguments:
+    """How history keeps a `write_file` call: a note in place of a content over `limit` chars.
+
+    The workspace holds that content: a second copy in the conversation history would double
+    the disk a session costs and send the whole file back to the model on every later prompt
+    (the run that wrote it still sees it in full). Only a write that succeeded is shortened; a
+    rejected one keeps its content, which exists nowhere else.
+    """
+
+    def keep(arguments: Mapping[str, Any], result: str) -> Mapping[str, Any]:
+        content = arguments.get("content")
+        path = arguments.get("path")
+        if not isinstance(content, str) or len(content) <= limit or result != f"Wrote {path}":
+            return arguments
+        note = (
+            f"[{len(content)} characters written to {path}; not kept in the conversation "
+            f"history: read_file {path} shows the file as it is now]"
+        )
+        return {**arguments, "content": note}
+
+    return keep
 
 
 def _text(description: str) -> dict[str, str]:
@@ -169,7 +194,9 @@ def file_tools(
 
     Args:
         read_budget: Characters `read_file` returns before it pages a file read without
-            `offset`/`limit` (pass the offload threshold; `<= 0` returns whole files).
+            `offset`/`limit` (pass the offload threshold; `<= 0` returns whole files), and the
+            size over which history keeps a note instead of a `write_file` content
+            (`written_note`; `<= 0` keeps every content).
         max_grep_hits: The cap stated in the `grep` description.
     """
 
@@ -275,6 +302,7 @@ def file_tools(
             {"path": path, "content": _text("The complete new content of the file")},
             ["path", "content"],
             write_file,
+            written_note(read_budget) if read_budget > 0 else None,
         ),
         _tool(
             "edit_file",

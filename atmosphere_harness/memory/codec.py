@@ -1,7 +1,8 @@
 """The stored form of one conversation message: compact JSON, packed with bz2 when that pays.
 
-The history keeps every message in full (a `write_file` call holds the whole file it wrote), so
-the bytes it adds per byte the model wrote decide how much disk a long session costs. A turn is
+The history keeps every message it is given (tool results, small files the model wrote; a large
+`write_file` content is kept as a note, see `filesystem.tools.written_note`), so the bytes it adds
+per byte the model wrote decide how much disk a long session costs. A turn is
 stored as plain JSON first (fast, on the request path); large payloads are packed afterwards, off
 the request path (see `SqliteHistory`). bz2 is the codec because, on model-written text and
 code, it stores the fewest bytes of the standard library's codecs (about a fifth of the input,

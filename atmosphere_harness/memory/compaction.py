@@ -11,7 +11,8 @@ by storage (a request whose results are missing) is repaired before any strategy
 - `summarizing` folds everything but a recent window into one summary message (a new summary
   absorbs the previous one, so summaries never pile up), written by the model when one is
   configured and locally otherwise;
-- `token-window` keeps the newest units that fit a token budget (chars/4) and `max_messages`.
+- `token-window` keeps the newest units that fit a token budget (chars/4) and `max_messages`;
+  the budget is the model's context window when the runtime knows it (`token_budget`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..log import get_logger
-from ..runtimes.base import AgentRuntime, Message
-from ..settings import Compaction
+from ..runtimes.base import AgentRuntime, ContextWindowRuntime, Message
+from ..settings import Compaction, HarnessSettings
 from .oneshot import ask
 
 log = get_logger(__name__)
@@ -302,6 +303,25 @@ class SummarizingCompaction:
             new_summary,
             absorbed=recent[0].start,
         )
+
+
+def token_budget(settings: HarnessSettings, runtime: AgentRuntime | None) -> int:
+    """The `token-window` budget, in tokens, strongest first.
+
+    1. `context_window_tokens` when it was set explicitly (argument or environment);
+    2. the context window of the runtime's model, when the runtime knows it
+       (`ContextWindowRuntime`: the provider runtimes, for the models of
+       `runtimes.windows.MODEL_CONTEXT_WINDOWS`);
+    3. the `context_window_tokens` default.
+    """
+    if "context_window_tokens" in settings.model_fields_set:
+        return settings.context_window_tokens
+    candidate: object = runtime  # any runtime may opt in; AgentRuntime does not declare it
+    if isinstance(candidate, ContextWindowRuntime):
+        window = candidate.context_window
+        if isinstance(window, int) and window > 0:
+            return window
+    return settings.context_window_tokens
 
 
 def build_strategy(

@@ -20,7 +20,7 @@ from ..attach import Primitive
 from ..harness import Harness
 from ..log import get_logger
 from ..preset import ACTIVE, COMPACTION, CONVERSATION_MEMORY, LONG_TERM_MEMORY
-from .compaction import build_strategy
+from .compaction import build_strategy, token_budget
 from .conversation import DEFAULT_MAX_HISTORY, ConversationMemory
 from .history import ConversationKey, HistoryBackend, InMemoryHistory
 from .interceptor import LongTermMemoryInterceptor
@@ -119,7 +119,7 @@ class MemoryPrimitive(Primitive):
             runtime=endpoint.runtime,
             model_timeout=settings.memory_model_timeout,
             recent_window=settings.compaction_recent_window,
-            context_tokens=settings.context_window_tokens,
+            context_tokens=token_budget(settings, endpoint.runtime),
         )
         memory = ConversationMemory(
             self.history,

@@ -4,9 +4,9 @@ Three things keep it off the request path's critical costs:
 
 - a turn is written as plain JSON in one transaction (no compression while the client waits);
 - a *packer* later rewrites large payloads in bz2 form (`codec.pack`) in the background, so the
-  file ends up holding about a fifth of what the model wrote a second time; it only ever
-  replaces a payload with the packed form of the same bytes, returns the freed pages to the file
-  system, and finishes its backlog at shutdown;
+  file ends up holding about a fifth of their size; it only ever replaces a payload with the
+  packed form of the same bytes, returns the freed pages to the file system, and finishes its
+  backlog at shutdown;
 - the newest messages of recent conversations stay decoded in memory (bounded by count and
   bytes); a load costs one small query that checks the cached copy is still current, so another
   process writing the same file is seen, never served stale.

@@ -13,7 +13,9 @@ workspace directory, and promises:
 - bounds are checked before writing (256 steps, 128 KiB serialized); a rejected plan leaves the
   stored one untouched;
 - the store never bricks: creating a plan when `plans/` already holds 1024 documents evicts the
-  least recently modified ones first;
+  least recently modified ones first, down to 7/8 of the cap, so the next creations cost no scan
+  of the directory (the store counts its own creations; it lists `plans/` again when the count
+  reaches the cap, which also catches documents other processes added);
 - a corrupt or unreadable document reads as no plan (with a WARN) instead of failing the run;
 - writes to one document are serialized; reads take no lock (the rename makes them safe).
 
@@ -42,6 +44,8 @@ log = get_logger(__name__)
 MAX_STEPS = 256
 MAX_PLAN_BYTES = 128 * 1024
 MAX_PLAN_FILES = 1024
+EVICTION_SLACK = 8
+"""Eviction goes an eighth of the cap below it: one scan per `max_files // 8` new plans."""
 MAX_KEY_BYTES = 200
 """Keys name files; 200 bytes keeps `{key}.json` well under every filesystem's 255-byte limit."""
 
@@ -110,6 +114,8 @@ class FilePlanStore:
             weakref.WeakValueDictionary()
         )
         self._create_lock = threading.Lock()
+        self._count: int | None = None
+        """Documents counted at the last scan plus those created since (under the lock)."""
 
     def __repr__(self) -> str:
         return f"FilePlanStore({str(self.root)!r})"
@@ -183,11 +189,16 @@ class FilePlanStore:
         # Creating a document is the only way the count grows: count and create under one lock
         # so concurrent new conversations cannot overshoot the cap.
         with self._create_lock:
-            self._make_room(path.parent.parent)
+            if self._count is None or self._count >= self.max_files:
+                self._count = self._make_room(path.parent.parent)
             _atomic_write(path, data)
+            self._count += 1
 
-    def _make_room(self, base: Path) -> None:
-        """Evict the least recently modified documents so one more fits under `max_files`."""
+    def _make_room(self, base: Path) -> int:
+        """Count the documents; at the cap, evict the least recently modified down to 7/8 of it.
+
+        Returns how many documents remain.
+        """
         documents: list[tuple[float, str]] = []
         stale_before = time.time() - _STALE_TEMP_SECONDS
         for agent_dir in _scan(str(base)):
@@ -205,9 +216,9 @@ class FilePlanStore:
                 elif entry.name.startswith(_TEMP_PREFIX) and modified < stale_before:
                     # Left behind by a process killed mid-write; never read, safe to drop.
                     _unlink(entry.path)
-        excess = len(documents) - (self.max_files - 1)
-        if excess <= 0:
-            return
+        if len(documents) < self.max_files:
+            return len(documents)
+        excess = len(documents) - (self.max_files - 1 - self.max_files // EVICTION_SLACK)
         documents.sort()
         for _modified, victim in documents[:excess]:
             _unlink(victim)
@@ -217,6 +228,7 @@ class FilePlanStore:
             cap=self.max_files,
             root=str(self.root),
         )
+        return len(documents) - excess
 
 
 class OwnerPlanStores:

@@ -3,6 +3,7 @@
 from .base import (
     AgentRuntime,
     AiCapability,
+    ContextWindowRuntime,
     Message,
     ModelError,
     ModelRequest,
@@ -16,6 +17,7 @@ from .scripted import ScriptedRuntime
 __all__ = [
     "AgentRuntime",
     "AiCapability",
+    "ContextWindowRuntime",
     "Message",
     "ModelError",
     "ModelRequest",

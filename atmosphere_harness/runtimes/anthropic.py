@@ -24,6 +24,7 @@ import os
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import anthropic
 import httpx2
@@ -45,6 +46,8 @@ from .memory_tool import memory_tool
 from .provider import RawResponse, SdkRuntime, context_text, paired, parse_arguments
 
 DEFAULT_MAX_TOKENS = 8192
+ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+ANTHROPIC_HOST = "api.anthropic.com"
 LOCAL_API_KEY = "unused"
 """Sent to a non-Anthropic base URL (a proxy or a test server) when no key is configured."""
 
@@ -62,7 +65,10 @@ class AnthropicRuntime(SdkRuntime):
         model: The model name (`claude-sonnet-4-5`, ...).
         base_url: The API root without `/v1` (a trailing `/v1` is dropped); `None` means
             Anthropic (or `ANTHROPIC_BASE_URL`).
-        api_key: The key; `None` lets the SDK find one (`ANTHROPIC_API_KEY`, ...).
+        api_key: The key; `None` lets the SDK find one (`ANTHROPIC_API_KEY`,
+            `ANTHROPIC_AUTH_TOKEN`, an SDK profile). Anthropic's own API without any credential
+            raises `ValueError` here, not on the first call; a server of your own (a proxy, a
+            gateway) needs none and gets a placeholder.
         max_retries: Retries of one call on 408/409/429/5xx and connection errors.
         timeout: Seconds to connect, or to wait between two streamed events.
         max_tokens: Output cap per turn (the API requires one).
@@ -105,10 +111,12 @@ class AnthropicRuntime(SdkRuntime):
         owns_client = client is None
         if client is None:
             root = _api_root(base_url)
+            target = root or os.environ.get("ANTHROPIC_BASE_URL") or ANTHROPIC_BASE_URL
             has_env_key = os.environ.get("ANTHROPIC_API_KEY") or os.environ.get(
                 "ANTHROPIC_AUTH_TOKEN"
             )
-            if api_key is None and root is not None and not has_env_key:
+            api_key = api_key or None
+            if api_key is None and not has_env_key and not _is_anthropic(target):
                 api_key = LOCAL_API_KEY
             client = anthropic.AsyncAnthropic(
                 api_key=api_key,
@@ -117,6 +125,13 @@ class AnthropicRuntime(SdkRuntime):
                 timeout=timeout,
                 http_client=http_client,
             )
+            if not _has_credentials(client):
+                # Without this the SDK builds the client anyway and fails every call with a
+                # TypeError ("Could not resolve authentication method"), not a ModelError.
+                raise ValueError(
+                    "AnthropicRuntime needs an API key for Anthropic: set LLM_API_KEY "
+                    "(or ANTHROPIC_API_KEY), or point LLM_BASE_URL at your own server"
+                )
         super().__init__(client, model, owns_client=owns_client)
         self.client: anthropic.AsyncAnthropic = client
         self.max_tokens = max_tokens
@@ -176,6 +191,25 @@ class AnthropicRuntime(SdkRuntime):
 
     def new_turn(self) -> _Turn:
         return _Turn()
+
+
+def _is_anthropic(url: str) -> bool:
+    return urlsplit(url.strip()).hostname == ANTHROPIC_HOST
+
+
+def _has_credentials(client: anthropic.AsyncAnthropic) -> bool:
+    """Whether the SDK found a way to authenticate: a key, a token, or a credentials provider.
+
+    The same sources the SDK's own request-time check accepts (`X-Api-Key` or `Authorization`
+    among its default headers, e.g. from `ANTHROPIC_CUSTOM_HEADERS`, or a profile / workload
+    identity federation credentials provider).
+    """
+    if getattr(client, "credentials", None) is not None:
+        return True
+    return any(
+        isinstance(value, str) and value.strip() and name.lower() in ("x-api-key", "authorization")
+        for name, value in client.default_headers.items()
+    )
 
 
 def _api_root(base_url: str | None) -> str | None:

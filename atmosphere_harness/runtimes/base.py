@@ -175,5 +175,17 @@ class NativeSurfaceRuntime(Protocol):
     def native_tools(self, capability: AiCapability) -> Sequence[Any]: ...
 
 
+@runtime_checkable
+class ContextWindowRuntime(Protocol):
+    """Optional: a runtime that knows its model's context window, in tokens (`None`: unknown).
+
+    `token-window` compaction takes it as its budget unless the `context_window_tokens` setting
+    is set explicitly. The provider runtimes look their model up in
+    `atmosphere_harness.runtimes.windows.MODEL_CONTEXT_WINDOWS`.
+    """
+
+    context_window: int | None
+
+
 class ModelError(Exception):
     """A model call failed in a way the client should see (an `error` frame), not a crash."""

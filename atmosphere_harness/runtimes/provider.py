@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import httpx2
 
 from .base import Message, ModelError, ModelRequest, ModelResponse, TextSink
+from .windows import model_context_window
 
 RETRY_WAIT_SECONDS = 120.0
 """The longest wait one retry may add (a server's `Retry-After` included)."""
@@ -65,6 +66,8 @@ class SdkRuntime:
         self.model = model.strip()
         self.base_url = str(client.base_url)
         self.max_retries: int = client.max_retries
+        self.context_window: int | None = model_context_window(self.model)
+        """The model's context window (tokens) when it is a well-known model, else `None`."""
         self._owns_client = owns_client
 
     def wire_request(self, request: ModelRequest) -> dict[str, Any]:

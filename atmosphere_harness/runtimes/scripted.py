@@ -126,7 +126,8 @@ def _usage(request: ModelRequest, output: str) -> Usage:
 # --- the demo model -------------------------------------------------------------------------
 
 _TASK_PROMPT = re.compile(r"\btask tool\b|\bspawn\b.*\bsub-?agent\b", re.IGNORECASE)
-_SUBTASK = re.compile(r"^.*?\b(?:sub-?agent|task tool)\s+to\s+", re.IGNORECASE)
+_SUBTASK = re.compile(r"^.*\b(?:sub-?agent|task tool)\s+to\s+", re.IGNORECASE)
+_THEN = re.compile(r",?\s+then\s+(?:give|send|show|tell|report)\b", re.IGNORECASE)
 _DELEGATE_PROMPT = re.compile(
     r"\bask (?:the |my )?([A-Za-z0-9][\w.-]*) agent (?:about|for|to) (.+)", re.IGNORECASE
 )
@@ -159,7 +160,9 @@ def demo_turn(request: ModelRequest) -> TurnResult:
 
     if _TASK_PROMPT.search(prompt) and "task" in tools and not is_subagent:
         if rounds == 0:
-            subtask = _SUBTASK.sub("", prompt, count=1).strip() or prompt
+            # "... subagent to <subtask>, then give me its report": the sub-agent gets <subtask>.
+            subtask = _THEN.split(_SUBTASK.sub("", prompt, count=1), maxsplit=1)[0].strip()
+            subtask = subtask or prompt
             description = (
                 f"{subtask.rstrip('.')}. Plan the work with write_todos, save your findings to "
                 "report.md, and reply with a short report."

@@ -64,6 +64,7 @@ class ToolContext:
 register_injectable(ToolContext)
 
 Handler = Callable[[Mapping[str, Any], ToolContext], Awaitable[Any]]
+HistoryArguments = Callable[[Mapping[str, Any], str], Mapping[str, Any]]
 
 
 @dataclass(slots=True)
@@ -87,6 +88,10 @@ class Tool:
     """`user` for host tools, otherwise the primitive that registered it (e.g. `planning`)."""
     native: Mapping[str, Any] | None = None
     """A provider-native declaration, see `ToolSpec.native`."""
+    history_arguments: HistoryArguments | None = None
+    """What conversation history keeps of a finished call's arguments, given them and the
+    call's result; `None` keeps them as the model sent them. `write_file` uses it so a large
+    content, which the workspace already holds, is not stored a second time."""
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters, self.native)

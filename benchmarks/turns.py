@@ -1,0 +1,527 @@
+"""Harness overhead per model turn and per tool call, and storage amplification: ours vs deepagents.
+
+    python benchmarks/turns.py [--repeats 5] [--turns 60] [--batch 200] > result.json
+
+The scripted model answers instantly on both sides, so every figure is the harness's own cost.
+Files are the deepagents peer study's workload (seed 1234, 64-byte lines).
+
+- `turns`: one prompt of `--turns` model turns, each asking for one `write_file` (1 KiB or
+  50 KiB), then a final answer. `per_turn_ms` = wall time / turns.
+- `http`: the same prompt over HTTP on loopback: `POST /atmosphere/agent/bench` to a uvicorn
+  server in a subprocess, the SSE stream read to its end (every frame, tool arguments included).
+- `batch`: one prompt whose first model message asks for `--batch` `write_file` calls (50 KiB
+  each), the second for as many `read_file` calls, then the answer. `per_call_ms` = time between
+  the two model calls around a batch / batch size.
+- `storage`: one 60-turn 50 KiB run on a fresh `workspace_root`, then every byte under it (the
+  SQLite file with its WAL, plans, workspace files) per byte the model wrote: right after the run,
+  once the history packer has had its pause, and after shutdown. The peer's figure is the
+  serialized size of its `InMemorySaver` checkpoints (the peer study's measure).
+
+Ours is the real harness in-process: an `@agent` with the default harness (conversation memory
+in SQLite, planning, files, governance) hosted by `HarnessHost` with the default primitives and
+driven by `execute_prompt`, a fresh conversation per repeat (`max_tool_rounds` raised to fit the
+60 turns). The peer is `create_deep_agent` (StateBackend files) with a scripted chat model and an
+`InMemorySaver` (it keeps the conversation as ours does), driven by `invoke` as in the peer
+study; `peer_variants` has it without a checkpointer. Each repeat runs both, alternating which
+goes first. Prints one JSON document: medians, `ratio` = peer / ours (> 1: we take less), and
+`peer: null` with the reason when deepagents is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from common import (
+    disk_bytes,
+    free_port,
+    machine,
+    make_workload,
+    peer_call,
+    peer_missing,
+    peer_model,
+    ratio,
+    saver_bytes,
+    summary,
+    written_bytes,
+)
+
+from atmosphere_harness import (
+    HarnessSettings,
+    ModelRequest,
+    ScriptedRuntime,
+    StreamingSession,
+    ToolCall,
+    agent,
+    prompt,
+)
+from atmosphere_harness.attach import default_primitives
+from atmosphere_harness.events import Frame
+from atmosphere_harness.host import HarnessHost
+from atmosphere_harness.memory.sqlite import DATABASE_FILE
+from atmosphere_harness.registry import spec_of
+from atmosphere_harness.run import execute_prompt
+
+AGENT = "bench"
+PATH = f"/atmosphere/agent/{AGENT}"
+
+
+@agent(name=AGENT)
+class Bench:
+    @prompt
+    async def chat(self, message: str, session: StreamingSession) -> None:
+        await session.stream(message)
+
+
+# --- the scripted model (ours) ------------------------------------------------------------
+
+
+def rounds_so_far(request: ModelRequest) -> int:
+    """Model turns this prompt already took (assistant messages after the last user one)."""
+    count = 0
+    for message in reversed(request.messages):
+        if message.role == "user":
+            return count
+        count += message.role == "assistant"
+    return count
+
+
+@functools.cache
+def workload(turns: int, size_kib: int) -> list[tuple[str, str]]:
+    return make_workload(turns, size_kib)
+
+
+def job(message: str) -> tuple[str, int, int]:
+    """A prompt names its work: `seq|batch|plan <count> <KiB>` (see `our_turn`)."""
+    shape, count, size = message.split()
+    return shape, int(count), int(size)
+
+
+def plan_todos(steps: int, done: int) -> list[dict[str, str]]:
+    return [
+        {
+            "content": f"Step {index}: do the next small thing",
+            "status": "completed"
+            if index < done
+            else "in_progress"
+            if index == done
+            else "pending",
+            "activeForm": f"Doing step {index}",
+        }
+        for index in range(steps)
+    ]
+
+
+def our_turn(request: ModelRequest, stamps: list[float] | None = None) -> Any:
+    """One write per turn (`seq`), one message of writes then one of reads (`batch`), or a
+    short working prompt (`plan`: `write_todos`, one `write_file`, the answer)."""
+    if stamps is not None:
+        stamps.append(time.perf_counter())
+    first = next(m for m in reversed(request.messages) if m.role == "user")
+    shape, count, size = job(first.content)
+    files = workload(count, size)
+    done = rounds_so_far(request)
+    if shape == "seq":
+        if done < count:
+            path, content = files[done]
+            return [ToolCall("write_file", {"path": path, "content": content})]
+        return "done"
+    if shape == "plan":
+        if done == 0:
+            return [ToolCall("write_todos", {"todos": plan_todos(count, 1), "goal": "Scale"})]
+        if done == 1:
+            path, content = files[0]
+            return [ToolCall("write_file", {"path": path, "content": content})]
+        return "done"
+    if done == 0:
+        return [ToolCall("write_file", {"path": p, "content": c}) for p, c in files]
+    if done == 1:
+        return [ToolCall("read_file", {"path": p}) for p, _ in files]
+    return "done"
+
+
+def settings(root: Path, turns: int) -> HarnessSettings:
+    return HarnessSettings(workspace_root=root, max_tool_rounds=max(50, turns + 10))
+
+
+class Ours:
+    """A started `HarnessHost` with the default primitives, one `@agent`, the scripted model."""
+
+    def __init__(self, root: Path, turns: int) -> None:
+        self.root = root
+        self.stamps: list[float] = []
+        runtime = ScriptedRuntime((), default=lambda request: our_turn(request, self.stamps))
+        runtime.record_requests = False
+        self.host = HarnessHost(
+            settings(root, turns),
+            runtime=runtime,
+            specs=[spec_of(Bench)],
+            primitives=default_primitives(),
+        )
+
+    async def __aenter__(self) -> Ours:
+        await self.host.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.host.stop()
+
+    async def prompt(self, message: str) -> dict[str, Any]:
+        """Run one prompt in a new conversation; counts what the client would have seen."""
+        seen = {"tool_results": 0, "errors": 0, "end": ""}
+
+        async def sink(frame: Frame) -> None:
+            if frame.event == "tool-result":
+                seen["tool_results"] += 1
+                result = str(frame.data.get("result", ""))
+                seen["errors"] += result.startswith(("Error", '{"error"'))
+            elif frame.terminal:
+                seen["end"] = frame.event
+
+        self.stamps.clear()
+        await execute_prompt(
+            self.host,
+            self.host.endpoints[PATH],
+            message=message,
+            conversation_id=uuid.uuid4().hex,
+            user_id=None,
+            sink=sink,
+        )
+        if seen["end"] != "complete" or seen["errors"]:
+            raise AssertionError(f"ours: the run did not go cleanly: {seen}")
+        return seen
+
+    async def settle(self, timeout: float = 60.0) -> float:
+        """Wait until the history packer has packed every large payload; returns seconds.
+
+        The packer works in the pauses between prompts; waiting for it keeps its work (and the
+        vacuum that follows it, hence the short extra pause) out of the next sample.
+        """
+        started = time.monotonic()
+        database = self.root / DATABASE_FILE
+        while time.monotonic() - started < timeout:
+            with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as connection:
+                (left,) = connection.execute(
+                    "SELECT count(*) FROM memory_messages WHERE codec = 0"
+                ).fetchone()
+            if not left:
+                break
+            await asyncio.sleep(0.1)
+        waited = time.monotonic() - started
+        if waited > 0.05:
+            await asyncio.sleep(0.2)
+        return waited
+
+
+# --- the peer -------------------------------------------------------------------------------
+
+
+def peer_graph(checkpointer: bool) -> tuple[Any, Any, Any]:
+    """`create_deep_agent` on a scripted model playing the same jobs as `our_turn`."""
+    from deepagents import create_deep_agent
+    from langchain_core.messages import AIMessage
+
+    def respond(done: int) -> Any:
+        shape, count, size = job(model.job)
+        files = workload(count, size)
+        if shape == "seq":
+            if done < count:
+                path, content = files[done]
+                call = peer_call("write_file", {"file_path": "/" + path, "content": content})
+                return AIMessage(content="", tool_calls=[call])
+            return AIMessage(content="done")
+        if done == 0:
+            calls = [
+                peer_call("write_file", {"file_path": "/" + p, "content": c}) for p, c in files
+            ]
+            return AIMessage(content="", tool_calls=calls)
+        if done == 1:
+            calls = [peer_call("read_file", {"file_path": "/" + p}) for p, _ in files]
+            return AIMessage(content="", tool_calls=calls)
+        return AIMessage(content="done")
+
+    saver = None
+    if checkpointer:
+        from langgraph.checkpoint.memory import InMemorySaver
+
+        saver = InMemorySaver()
+    model = peer_model(respond)
+    return create_deep_agent(model=model, checkpointer=saver), model, saver
+
+
+def peer_run(graph: Any, model: Any, message: str) -> dict[str, Any]:
+    from langchain_core.messages import HumanMessage, ToolMessage
+
+    model.stamps.clear()
+    model.job = message
+    config = {"configurable": {"thread_id": uuid.uuid4().hex}, "recursion_limit": 10_000}
+    out = graph.invoke({"messages": [HumanMessage(message)]}, config)
+    tools = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+    errors = sum(m.status == "error" for m in tools)
+    if errors or str(out["messages"][-1].content) != "done":
+        raise AssertionError(f"peer: the run did not go cleanly ({errors} tool errors)")
+    return {"tool_results": len(tools), "files": len(out.get("files", {}))}
+
+
+# --- measuring ------------------------------------------------------------------------------
+
+
+Side = Callable[[str], Awaitable[tuple[float, list[float]]]]
+
+
+def between(stamps: list[float], first: int, calls: int) -> float:
+    """Milliseconds per call between model call `first` and the next one."""
+    return (stamps[first + 1] - stamps[first]) * 1000 / calls
+
+
+async def compare(
+    sides: dict[str, Side], messages: list[str], repeats: int
+) -> dict[str, dict[str, list[tuple[float, list[float]]]]]:
+    """Run each message on every side `repeats` times (after one warm-up each).
+
+    Messages and sides alternate their order from one repeat to the next, so a change in the
+    machine's load during the run falls on every figure alike.
+    """
+    samples: dict[str, dict[str, list[tuple[float, list[float]]]]] = {
+        message: {name: [] for name in sides} for message in messages
+    }
+    for message in messages:
+        for side in sides.values():
+            await side(message)
+    for index in range(repeats):
+        for message in messages if index % 2 == 0 else messages[::-1]:
+            order = list(sides.items())
+            if index % 2:
+                order.reverse()
+            for name, side in order:
+                samples[message][name].append(await side(message))
+    return samples
+
+
+def ours_side(ours: Ours) -> Side:
+    async def run(message: str) -> tuple[float, list[float]]:
+        started = time.perf_counter()
+        await ours.prompt(message)
+        elapsed = time.perf_counter() - started
+        stamps = list(ours.stamps)
+        await ours.settle()  # the packer's background work stays out of the next sample
+        return elapsed, stamps
+
+    return run
+
+
+def peer_side(graph: Any, model: Any) -> Side:
+    async def run(message: str) -> tuple[float, list[float]]:
+        started = time.perf_counter()
+        peer_run(graph, model, message)
+        return time.perf_counter() - started, list(model.stamps)
+
+    return run
+
+
+async def turns_section(root: Path, turns: int, repeats: int, peer: bool) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    async with Ours(root / "turns", turns) as ours:
+        sides: dict[str, Side] = {"ours": ours_side(ours)}
+        if peer:
+            sides["deepagents"] = peer_side(*peer_graph(True)[:2])
+            sides["deepagents_no_checkpointer"] = peer_side(*peer_graph(False)[:2])
+        samples = await compare(sides, [f"seq {turns} {size}" for size in (1, 50)], repeats)
+    for size in (1, 50):
+        result[f"{size}k"] = {
+            name: {"per_turn_ms": summary([wall * 1000 / turns for wall, _ in runs])}
+            for name, runs in samples[f"seq {turns} {size}"].items()
+        }
+    return result
+
+
+async def batch_section(root: Path, calls: int, repeats: int, peer: bool) -> dict[str, Any]:
+    async with Ours(root / "batch", 10) as ours:
+        sides: dict[str, Side] = {"ours": ours_side(ours)}
+        if peer:
+            sides["deepagents"] = peer_side(*peer_graph(True)[:2])
+        message = f"batch {calls} 50"
+        samples = (await compare(sides, [message], repeats))[message]
+    return {
+        name: {
+            "write_file_per_call_ms": summary([between(s, 0, calls) for _, s in runs]),
+            "read_file_per_call_ms": summary([between(s, 1, calls) for _, s in runs]),
+        }
+        for name, runs in samples.items()
+    }
+
+
+async def storage_run(workspace: Path, turns: int, size: int, peer: bool) -> dict[str, Any]:
+    """One `--turns` run of `size` KiB writes on a fresh workspace, and the bytes it left."""
+    files = workload(turns, size)
+    written = written_bytes(files)
+    ours = Ours(workspace, turns)
+    async with ours:
+        await ours.prompt(f"seq {turns} {size}")
+        after_run = disk_bytes(workspace)
+        settle_seconds = await ours.settle()
+        settled = disk_bytes(workspace)
+    stopped = disk_bytes(workspace)
+    breakdown = {
+        "database": sum(p.stat().st_size for p in workspace.glob(DATABASE_FILE + "*")),
+        "workspace_files": sum(
+            p.stat().st_size for p in workspace.rglob("files/**/*") if p.is_file()
+        ),
+        "plans": sum(p.stat().st_size for p in workspace.rglob("plans/**/*") if p.is_file()),
+    }
+    result: dict[str, Any] = {
+        "written_bytes": written,
+        "ours": {
+            "after_run_x": round(after_run / written, 3),
+            "after_packer_x": round(settled / written, 3),
+            "after_shutdown_x": round(stopped / written, 3),
+            "packer_seconds": round(settle_seconds, 2),
+            "bytes_after_shutdown": breakdown,
+        },
+        "peer": None,
+    }
+    if peer:
+        graph, model, saver = peer_graph(True)
+        peer_run(graph, model, f"seq {turns} {size}")
+        stored = saver_bytes(saver)
+        result["peer"] = {"checkpoint_x": round(stored / written, 3), "summaries": model.summaries}
+    return result
+
+
+async def storage_section(root: Path, turns: int, peer: bool) -> dict[str, Any]:
+    """The issue's figure is the 50 KiB run; the 1 KiB run shows the small-file case, whose
+    content the history keeps (it is under the offload threshold)."""
+    return {
+        f"{size}k": await storage_run(root / f"storage-{size}k", turns, size, peer)
+        for size in (50, 1)
+    }
+
+
+# --- over HTTP ------------------------------------------------------------------------------
+
+
+def serve(port: int, workspace: str, turns: int) -> None:
+    import uvicorn
+    from fastapi import FastAPI
+
+    from atmosphere_harness import create_harness_router
+
+    runtime = ScriptedRuntime((), default=our_turn)
+    runtime.record_requests = False
+    app = FastAPI()
+    app.include_router(
+        create_harness_router(settings(Path(workspace), turns), agents=[Bench], runtime=runtime)
+    )
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+async def http_section(root: Path, turns: int, repeats: int) -> dict[str, Any]:
+    port = free_port()
+    workspace = root / "http"
+    command = [sys.executable, __file__, "--serve", str(port), str(workspace), str(turns)]
+    server = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+    result: dict[str, Any] = {}
+    try:
+        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+            for _ in range(300):
+                if server.poll() is not None:
+                    raise RuntimeError("the benchmark server exited")
+                try:
+                    await http.get("/api/console/info")
+                    break
+                except httpx2.TransportError:
+                    await asyncio.sleep(0.1)
+
+            async def one(message: str) -> float:
+                body = {"message": message, "conversationId": uuid.uuid4().hex}
+                started = time.perf_counter()
+                response = await http.post(PATH, json=body)
+                text = response.text
+                elapsed = time.perf_counter() - started
+                if "event: complete" not in text or text.count("event: tool-result") != turns:
+                    raise AssertionError("http: the stream did not complete cleanly")
+                return elapsed
+
+            walls: dict[int, list[float]] = {1: [], 50: []}
+            for size in walls:
+                await one(f"seq {turns} {size}")
+            for index in range(repeats):
+                for size in (1, 50) if index % 2 == 0 else (50, 1):
+                    walls[size].append(await one(f"seq {turns} {size}"))
+            for size, samples in walls.items():
+                result[f"{size}k"] = {"per_turn_ms": summary([w * 1000 / turns for w in samples])}
+    finally:
+        server.terminate()
+        server.wait(30)
+    return result
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    reason = peer_missing()
+    peer = reason is None
+    with tempfile.TemporaryDirectory(prefix="bench-turns-") as tmp:
+        root = Path(tmp)
+        turns = await turns_section(root, args.turns, args.repeats, peer)
+        http = await http_section(root, args.turns, args.repeats)
+        batch = await batch_section(root, args.batch, args.repeats, peer)
+        storage = await storage_section(root, args.turns, peer)
+
+    def median(section: dict[str, Any], side: str, key: str) -> float | None:
+        entry = section.get(side)
+        return entry[key]["median_ms"] if entry else None
+
+    figures: dict[str, Any] = {}
+    for size in ("1k", "50k"):
+        ours = median(turns[size], "ours", "per_turn_ms")
+        theirs = median(turns[size], "deepagents", "per_turn_ms")
+        figures[f"turn_overhead_{size}"] = {"ours": ours, "peer": theirs, "unit": "ms"}
+    for op, key in (("write", "write_file_per_call_ms"), ("read", "read_file_per_call_ms")):
+        figures[f"batch_{op}_per_call"] = {
+            "ours": median(batch, "ours", key),
+            "peer": median(batch, "deepagents", key),
+            "unit": "ms",
+        }
+    stored = storage["50k"]
+    figures["storage_amplification"] = {
+        # While the server runs, after the history packer's pause (shutdown leaves a bit less).
+        "ours": stored["ours"]["after_packer_x"],
+        "peer": stored["peer"]["checkpoint_x"] if stored["peer"] else None,
+        "unit": "x",
+    }
+    for figure in figures.values():
+        figure["ratio"] = ratio(figure["peer"], figure["ours"])
+    return {
+        "benchmark": "turns",
+        "workload": {"turns": args.turns, "batch": args.batch, "repeats": args.repeats},
+        "figures": figures,
+        "turns": turns,
+        "http": http,
+        "batch": batch,
+        "storage": storage,
+        "peer_reason": reason,
+        "env": machine(),
+    }
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--serve":
+        serve(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+        sys.exit(0)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--turns", type=int, default=60)
+    parser.add_argument("--batch", type=int, default=200)
+    print(json.dumps(asyncio.run(main(parser.parse_args())), indent=1))
