@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import (
-    HarnessSettings,
     ScriptedRuntime,
     StreamingSession,
     ToolCall,
@@ -148,12 +147,3 @@ async def test_the_call_bound_is_a_setting(
     assert results[:3] == ["Wrote f0.txt", "Wrote f1.txt", "Wrote f2.txt"]
     assert len(results) == 4
     assert "asked for 4 tool calls; at most 3 run" in results[3]
-
-
-def test_the_argument_bound_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ATMOSPHERE_AI_MAX_TOOL_ARGUMENT_CHARS", "4096")
-    monkeypatch.setenv("ATMOSPHERE_AI_MAX_TOOL_CALLS_PER_MESSAGE", "16")
-    settings = HarnessSettings()
-    assert settings.max_tool_argument_chars == 4096
-    assert settings.max_tool_calls_per_message == 16
-    assert HarnessSettings(max_tool_argument_chars=8192).max_tool_argument_chars == 8192
