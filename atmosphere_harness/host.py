@@ -82,6 +82,18 @@ class HarnessHost:
             if self.preset.kill_switch
             else ("enabled app-wide" if self.settings.enabled else "per annotation")
         )
+        for variable, url in (
+            ("ATMOSPHERE_REDIS_URL", self.settings.redis_url),
+            ("ATMOSPHERE_POSTGRES_URL", self.settings.postgres_url),
+        ):
+            if url:
+                # Said out loud: a scale-out URL that silently did nothing would let a
+                # deployment believe its workers share state when they do not.
+                log.warning(
+                    "this version has no scale-out backend yet: the URL is ignored and the "
+                    "embedded SQLite stores under workspace_root are used",
+                    setting=variable,
+                )
         log.info(
             "harness started",
             mode=mode,
