@@ -191,8 +191,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             population += fresh
             # Write the population back before measuring: otherwise the kernel is still flushing
             # it while the server runs, and every fsync of a plan write waits behind that flush
-            # (a turn looked 1.75x dearer at 10,000 conversations than at 10; 1.2x once flushed,
-            # within the run-to-run noise of the disk-bound plan and file writes).
+            # (a turn looked 1.75x dearer at 10,000 conversations than at 10; 1.2-1.4x once
+            # flushed, see docs/benchmarks.md).
             os.sync()
             disk = on_disk(workspace)
             results[str(level)] = {
