@@ -8,6 +8,7 @@ level: a peer side may run in an interpreter that has only one of them.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import importlib.util
 import os
@@ -15,10 +16,13 @@ import platform
 import random
 import socket
 import statistics
+import subprocess
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import httpx2
 
 # fmt: off
 WORDS = [
@@ -119,6 +123,21 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+async def wait_until_serving(
+    http: httpx2.AsyncClient, server: subprocess.Popen[bytes], timeout: float = 60.0
+) -> None:
+    """Wait until the benchmark server in `server` answers `GET /api/console/info`."""
+    async with asyncio.timeout(timeout):
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError("the benchmark server exited")
+            try:
+                await http.get("/api/console/info")
+                return
+            except httpx2.TransportError:
+                await asyncio.sleep(0.05)
 
 
 def rss_kib(pid: int) -> int:

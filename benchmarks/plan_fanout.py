@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx2
 import uvicorn
-from common import free_port, rss_kib
+from common import free_port, rss_kib, wait_until_serving
 from fastapi import FastAPI
 
 from atmosphere_harness import (
@@ -168,14 +168,7 @@ async def one_run(subscribers: int, updates: int, interval: float) -> dict[str, 
     viewers: list[Viewer] = []
     try:
         async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-            for _ in range(300):
-                if server.poll() is not None:
-                    raise RuntimeError("the benchmark server exited")
-                try:
-                    await http.get("/api/console/info")
-                    break
-                except httpx2.TransportError:
-                    await asyncio.sleep(0.1)
+            await wait_until_serving(http, server)
             # Warm every code path once (imports, first plan file, first stream).
             warm = Viewer()
             await warm.connect(port)

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-from common import free_port, machine, rss_kib
+from common import free_port, machine, rss_kib, wait_until_serving
 from turns import AGENT, PATH, plan_todos, workload
 
 from atmosphere_harness import AgentPlan, Message, ToolCall
@@ -137,14 +137,7 @@ async def measure(workspace: Path, population: list[str], prompts: int) -> dict[
     timings: dict[str, list[float]] = {"new": [], "existing": []}
     try:
         async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
-            while True:
-                if server.poll() is not None:
-                    raise RuntimeError("the benchmark server exited")
-                try:
-                    await http.get("/api/console/info")
-                    break
-                except httpx2.TransportError:
-                    await asyncio.sleep(0.05)
+            await wait_until_serving(http, server)
             startup = time.perf_counter() - started
 
             async def one(conversation: str) -> float:

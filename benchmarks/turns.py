@@ -56,6 +56,7 @@ from common import (
     ratio,
     saver_bytes,
     summary,
+    wait_until_serving,
     written_bytes,
 )
 
@@ -436,14 +437,7 @@ async def http_section(root: Path, turns: int, repeats: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
     try:
         async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
-            for _ in range(300):
-                if server.poll() is not None:
-                    raise RuntimeError("the benchmark server exited")
-                try:
-                    await http.get("/api/console/info")
-                    break
-                except httpx2.TransportError:
-                    await asyncio.sleep(0.1)
+            await wait_until_serving(http, server)
 
             async def one(message: str) -> float:
                 body = {"message": message, "conversationId": uuid.uuid4().hex}

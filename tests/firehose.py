@@ -8,6 +8,7 @@ stops reading shows whether the run waits for it (bounded buffers) and is cut of
 from __future__ import annotations
 
 import asyncio
+import socket
 
 from atmosphere_harness import StreamingSession, ai_endpoint, prompt
 
@@ -48,3 +49,17 @@ async def settled(seconds: float = 0.3) -> int:
         last = Firehose.emitted
         await asyncio.sleep(seconds)
     return last
+
+
+async def slow_connection(base: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw connection to `base` with small buffers, for a client that stops reading.
+
+    The stream reader stops reading the socket once 128 KiB wait in it, so the server's
+    writes back up through the kernel buffers into uvicorn's flow control.
+    """
+    host, port = base.removeprefix("http://").split(":")
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(raw, (host, int(port)))
+    return await asyncio.open_connection(sock=raw, limit=64 * 1024)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 from pathlib import Path
 
 import httpx2
@@ -24,7 +23,7 @@ from atmosphere_harness import (
     tool,
 )
 from atmosphere_harness.web import sse as sse_module
-from tests.firehose import FRAMES, Firehose, FirehoseEndpoint, settled
+from tests.firehose import FRAMES, Firehose, FirehoseEndpoint, settled, slow_connection
 from tests.firehose import PATH as FIREHOSE
 from tests.support import client_for, make_app, of_type, parse_sse, serve
 from tests.support import prompt as post_prompt
@@ -214,11 +213,7 @@ async def test_a_stalled_sse_client_is_cut_off_and_never_pins_the_server(
     )
     async with serve(app) as base:
         host, port = base.removeprefix("http://").split(":")
-        raw = socket.socket()
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        raw.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(raw, (host, int(port)))
-        reader, writer = await asyncio.open_connection(sock=raw, limit=64 * 1024)
+        reader, writer = await slow_connection(base)
         body = json.dumps({"message": "flood me"}).encode()
         writer.write(
             f"POST {FIREHOSE} HTTP/1.1\r\nHost: {host}:{port}\r\n"

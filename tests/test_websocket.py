@@ -6,7 +6,6 @@ import asyncio
 import base64
 import json
 import os
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,7 +17,7 @@ from websockets.exceptions import InvalidStatus
 
 from atmosphere_harness import ScriptedRuntime, ToolCall
 from atmosphere_harness.web import websocket as ws_module
-from tests.firehose import FRAMES, Firehose, FirehoseEndpoint, settled
+from tests.firehose import FRAMES, Firehose, FirehoseEndpoint, settled, slow_connection
 from tests.firehose import PATH as FIREHOSE
 from tests.support import client_for, make_app, serve
 from tests.support import prompt as post_prompt
@@ -186,17 +185,9 @@ async def test_a_disconnect_closes_the_conversation_and_extraction_runs(workspac
 async def stalled_reader(
     base: str, path: str, prompt: str
 ) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
-    """A client that sends one prompt and then reads nothing (a raw socket, small buffers).
-
-    The stream reader stops reading the socket once 128 KiB wait in it, so the server's
-    writes back up through the kernel buffers into uvicorn's flow control.
-    """
+    """A client that sends one prompt and then reads nothing (`slow_connection`)."""
     host, port = base.removeprefix("http://").split(":")
-    raw = socket.socket()
-    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    raw.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(raw, (host, int(port)))
-    reader, writer = await asyncio.open_connection(sock=raw, limit=64 * 1024)
+    reader, writer = await slow_connection(base)
     key = base64.b64encode(os.urandom(16)).decode()
     writer.write(
         (
