@@ -23,7 +23,15 @@ NAMES = [
 
 def test_results_json_has_every_name_and_the_figures_of_what_ran(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--only", "scale", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--quick",
+            "--only",
+            "scale,plan_fanout",
+            "--out",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -39,6 +47,11 @@ def test_results_json_has_every_name_and_the_figures_of_what_ran(tmp_path: Path)
     assert scaled["peer"] is None
     assert scaled["ratio"] is None
     assert results["turn_overhead_1k"]["ours"] is None, "turns did not run"
+    fanout = json.loads((tmp_path / "results" / "plan_fanout.json").read_text())
+    assert results["plan_fanout_p99"]["ours"] > 0
+    assert results["plan_fanout_p99"]["peer"] is None
+    # Every viewer got every update (the benchmark's own delivered/expected count).
+    assert fanout["median"]["delivered_ratio"] == 1.0, fanout["median"]
     detail = json.loads((tmp_path / "results" / "scale.json").read_text())
     assert detail["levels"]["5"]["ms_per_turn"] == scaled["ours"]
 
