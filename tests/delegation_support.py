@@ -15,12 +15,11 @@ from fastapi import FastAPI
 from atmosphere_harness import (
     Admit,
     Deny,
-    HarnessSettings,
     PolicyContext,
     ToolApprovalPolicy,
-    create_harness_router,
 )
 from atmosphere_harness.runtimes.base import AgentRuntime
+from tests.support import make_app
 
 
 def governed_app(
@@ -32,18 +31,9 @@ def governed_app(
     approval_policy: ToolApprovalPolicy | None = None,
     **settings: Any,
 ) -> FastAPI:
-    """Like `tests.support.make_app`, with policies and an approval policy."""
-    app = FastAPI()
-    app.include_router(
-        create_harness_router(
-            HarnessSettings(workspace_root=workspace, **settings),
-            agents=agents,
-            runtime=runtime,
-            policies=policies,
-            approval_policy=approval_policy,
-        )
-    )
-    return app
+    """`tests.support.make_app` with policies and an approval policy."""
+    router = {"policies": policies, "approval_policy": approval_policy}
+    return make_app(agents, runtime=runtime, workspace=workspace, router=router, **settings)
 
 
 class Recorder:

@@ -7,7 +7,7 @@ import json
 import os
 import re
 import types
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -26,13 +26,18 @@ def make_app(
     *,
     runtime: AgentRuntime | None = None,
     workspace: Path,
+    router: Mapping[str, Any] | None = None,
     **settings: Any,
 ) -> FastAPI:
-    """A FastAPI app hosting `agents` with settings rooted in a temp workspace."""
+    """A FastAPI app hosting `agents` with settings rooted in a temp workspace; `router` holds
+    more `create_harness_router` arguments (policies, a long-term memory store, ...)."""
     app = FastAPI()
     app.include_router(
         create_harness_router(
-            HarnessSettings(workspace_root=workspace, **settings), agents=agents, runtime=runtime
+            HarnessSettings(workspace_root=workspace, **settings),
+            agents=agents,
+            runtime=runtime,
+            **(router or {}),
         )
     )
     return app

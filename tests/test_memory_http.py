@@ -19,7 +19,6 @@ from fastapi import FastAPI
 from atmosphere_harness import (
     ConversationMemory,
     Harness,
-    HarnessSettings,
     InMemoryLongTermMemory,
     LongTermMemory,
     LongTermMemoryDep,
@@ -30,14 +29,13 @@ from atmosphere_harness import (
     ToolCall,
     agent,
     ai_endpoint,
-    create_harness_router,
     get_user_id,
     prompt,
 )
 from atmosphere_harness.memory import InMemoryHistory
 from atmosphere_harness.memory.primitive import MemoryPrimitive
 from atmosphere_harness.web.deps import user_id_from_header
-from tests.support import client_for, parse_sse
+from tests.support import client_for, make_app, parse_sse
 
 REMEMBER = re.compile(r"^user: remember that (.+)$", re.MULTILINE)
 
@@ -73,16 +71,8 @@ def app_for(
     primitives: list[Any] | None = None,
     **settings: Any,
 ) -> FastAPI:
-    app = FastAPI()
-    app.include_router(
-        create_harness_router(
-            HarnessSettings(workspace_root=workspace, **settings),
-            agents=agents,
-            runtime=runtime,
-            long_term_memory=long_term_memory,
-            primitives=primitives,
-        )
-    )
+    router = {"long_term_memory": long_term_memory, "primitives": primitives}
+    app = make_app(agents, runtime=runtime, workspace=workspace, router=router, **settings)
     if trust_header:
         app.dependency_overrides[get_user_id] = user_id_from_header
 
