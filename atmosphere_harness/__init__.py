@@ -37,6 +37,7 @@ from .governance import (
     Transform,
 )
 from .harness import Harness
+from .kernel.session import StreamingSession
 from .memory import (
     ConversationMemory,
     InMemoryLongTermMemory,
@@ -56,7 +57,6 @@ from .runtimes.base import (
     Usage,
 )
 from .runtimes.scripted import ScriptedRuntime
-from .session import StreamingSession
 from .settings import HarnessSettings
 from .tools.base import Tool, ToolContext, ToolKind, tool
 from .web.admin import get_admin_principal

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .endpoint import HostedEndpoint
-    from .host import HarnessHost
+    from .kernel.endpoint import HostedEndpoint
+    from .kernel.host import HarnessHost
 
 
 class Primitive:

@@ -56,9 +56,9 @@ async def run_turns(files: list[tuple[str, str]], shape: str, memory: bool) -> d
     from atmosphere_harness import Harness, HarnessSettings, ScriptedRuntime, ToolCall, agent
     from atmosphere_harness import prompt as prompt_method
     from atmosphere_harness.attach import default_primitives
-    from atmosphere_harness.host import HarnessHost
+    from atmosphere_harness.kernel.host import HarnessHost
+    from atmosphere_harness.kernel.run import execute_prompt
     from atmosphere_harness.registry import clear_registry, spec_of
-    from atmosphere_harness.run import execute_prompt
     from atmosphere_harness.tools.base import tool
 
     workspace = Path(tempfile.mkdtemp(prefix="memory-bench-"))

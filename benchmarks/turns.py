@@ -71,10 +71,10 @@ from atmosphere_harness import (
 )
 from atmosphere_harness.attach import default_primitives
 from atmosphere_harness.events import Frame
-from atmosphere_harness.host import HarnessHost
+from atmosphere_harness.kernel.host import HarnessHost
+from atmosphere_harness.kernel.run import execute_prompt
 from atmosphere_harness.memory.sqlite import DATABASE_FILE
 from atmosphere_harness.registry import spec_of
-from atmosphere_harness.run import execute_prompt
 
 AGENT = "bench"
 PATH = f"/atmosphere/agent/{AGENT}"

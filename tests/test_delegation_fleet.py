@@ -29,7 +29,7 @@ from atmosphere_harness import (
     tool,
 )
 from atmosphere_harness.attach import default_primitives
-from atmosphere_harness.host import HarnessHost
+from atmosphere_harness.kernel.host import HarnessHost
 from atmosphere_harness.registry import spec_of
 from atmosphere_harness.runtimes.base import ModelError
 from tests.delegation_support import Recorder, deny_when, governed_app

@@ -18,7 +18,7 @@ from atmosphere_harness import (
 from atmosphere_harness.filesystem import AgentFileSystemProvider, FileInfo, GrepHit
 from atmosphere_harness.filesystem.composite import normalize_routes
 from atmosphere_harness.filesystem.primitive import FilesystemPrimitive
-from atmosphere_harness.host import HarnessHost
+from atmosphere_harness.kernel.host import HarnessHost
 from atmosphere_harness.runtimes.scripted import ScriptedRuntime
 from tests.fs_support import rejects, tree
 

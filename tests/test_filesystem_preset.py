@@ -24,12 +24,12 @@ from atmosphere_harness import (
     prompt,
     tool,
 )
-from atmosphere_harness.endpoint import HostedEndpoint
 from atmosphere_harness.filesystem import AgentFileSystemProvider
 from atmosphere_harness.filesystem.offload import ToolOutputOffload
 from atmosphere_harness.filesystem.primitive import FilesystemPrimitive
 from atmosphere_harness.filesystem.tools import FILE_TOOL_NAMES, bound_file_system
-from atmosphere_harness.host import HarnessHost
+from atmosphere_harness.kernel.endpoint import HostedEndpoint
+from atmosphere_harness.kernel.host import HarnessHost
 from atmosphere_harness.registry import spec_of
 from atmosphere_harness.runtimes.base import AgentRuntime
 from atmosphere_harness.settings import SurfaceMode

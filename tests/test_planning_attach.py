@@ -30,11 +30,11 @@ from atmosphere_harness import (
     tool,
 )
 from atmosphere_harness.attach import default_primitives
-from atmosphere_harness.host import HarnessHost
+from atmosphere_harness.kernel.host import HarnessHost
+from atmosphere_harness.kernel.run import RunContext
 from atmosphere_harness.planning import FilePlanStore, PlanningPrimitive
 from atmosphere_harness.planning.tools import BUS_SERVICE, STORE_SERVICE
 from atmosphere_harness.registry import spec_of
-from atmosphere_harness.run import RunContext
 from atmosphere_harness.settings import SurfaceMode
 
 
@@ -321,7 +321,7 @@ class StoreUser:
 
 
 async def test_plan_store_is_injected_into_prompt_methods(workspace: Path) -> None:
-    from atmosphere_harness.run import execute_prompt
+    from atmosphere_harness.kernel.run import execute_prompt
 
     SEEN.clear()
     async with hosted(StoreUser, workspace) as host:
@@ -356,7 +356,7 @@ class StepCounter:
 async def test_plan_store_is_injected_into_tools_and_hidden_from_the_model(
     workspace: Path,
 ) -> None:
-    from atmosphere_harness.run import execute_prompt
+    from atmosphere_harness.kernel.run import execute_prompt
 
     runtime = ScriptedRuntime(
         [

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import AgentPlan, Harness, PlanStatus, PlanStep, ToolCall, ToolKind
-from atmosphere_harness.endpoint import HostedEndpoint
 from atmosphere_harness.events import Frame
+from atmosphere_harness.kernel.endpoint import HostedEndpoint
+from atmosphere_harness.kernel.executor import execute_call
+from atmosphere_harness.kernel.run import RunContext
 from atmosphere_harness.planning import FilePlanStore, InProcessPlanBus, PlanStore, write_todos_tool
 from atmosphere_harness.planning.tools import BUS_SERVICE, parse_todos
 from atmosphere_harness.registry import EndpointKind
-from atmosphere_harness.run import RunContext
 from atmosphere_harness.runtimes.scripted import ScriptedRuntime
-from atmosphere_harness.tools.executor import execute_call
 
 TWO_STEPS = [
     {"content": "Write the plan", "status": "in_progress", "activeForm": "Writing the plan"},

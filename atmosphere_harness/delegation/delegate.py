@@ -20,7 +20,7 @@ from ..tools.base import Tool, ToolContext
 from .fleet import AgentFleet, DelegationError
 
 if TYPE_CHECKING:
-    from ..host import HarnessHost
+    from ..kernel.host import HarnessHost
 
 log = get_logger(__name__)
 

@@ -32,9 +32,9 @@ from ..registry import AgentSpec, EndpointKind, spec_of
 from ..tools.base import ToolContext, render_result
 
 if TYPE_CHECKING:
-    from ..host import HarnessHost
-    from ..run import RunContext
-    from ..session import StreamingSession
+    from ..kernel.host import HarnessHost
+    from ..kernel.run import RunContext
+    from ..kernel.session import StreamingSession
 
 DEFAULT_SKILL = "default"
 PROMPT_SKILL = "prompt"
@@ -94,7 +94,7 @@ class AgentFleet:
     async def _prompt(
         self, host: HarnessHost, member: FleetMember, message: str, run: RunContext
     ) -> str:
-        from ..run import execute_prompt
+        from ..kernel.run import execute_prompt
 
         endpoint = host.endpoints.get(member.spec.path)
         if endpoint is None:

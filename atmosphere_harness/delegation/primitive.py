@@ -20,8 +20,8 @@ from .fleet import AgentFleet, resolve_fleets
 from .subagent import task_tool
 
 if TYPE_CHECKING:
-    from ..endpoint import HostedEndpoint
-    from ..host import HarnessHost
+    from ..kernel.endpoint import HostedEndpoint
+    from ..kernel.host import HarnessHost
 
 USER_TOOL = "ACTIVE(user-tool)"
 FLEET_SERVICE = "fleet"

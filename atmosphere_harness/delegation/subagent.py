@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import events
-from ..endpoint import HostedEndpoint
 from ..events import Frame
 from ..filesystem.base import AgentFileSystem
 from ..filesystem.offload import ToolOutputOffload
@@ -39,8 +38,9 @@ from ..governance.chain import PolicyChain
 from ..governance.gate import policy_context
 from ..governance.policy import PolicyPhase, PolicyRequest
 from ..harness import Harness
+from ..kernel.endpoint import HostedEndpoint
+from ..kernel.loop import run_loop
 from ..log import get_logger
-from ..loop import run_loop
 from ..planning.store import FilePlanStore, PlanStore
 from ..planning.tools import STORE_SERVICE, write_todos_tool
 from ..settings import HarnessSettings
@@ -48,8 +48,8 @@ from ..tools.base import Tool, ToolContext
 from .fleet import forward
 
 if TYPE_CHECKING:
-    from ..run import RunContext
-    from ..session import StreamingSession
+    from ..kernel.run import RunContext
+    from ..kernel.session import StreamingSession
 
 log = get_logger(__name__)
 
@@ -204,7 +204,7 @@ class _Spawner:
             error = f"could not create an isolated workspace: {exc}"
             await _end(run.session, conversation_id, "failed", error=error)
             return f"task failed: {error}"
-        from ..run import RunContext
+        from ..kernel.run import RunContext
 
         child: RunContext | None = None
         try:

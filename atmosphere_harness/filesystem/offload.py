@@ -18,7 +18,7 @@ from ..log import get_logger
 from .tools import ORIGIN, bound_file_system
 
 if TYPE_CHECKING:
-    from ..run import RunContext
+    from ..kernel.run import RunContext
     from ..runtimes.base import ToolCall
     from ..tools.base import Tool
 

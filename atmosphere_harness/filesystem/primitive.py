@@ -42,9 +42,9 @@ from .tools import file_tools
 from .workspace import WorkspaceAgentFileSystem
 
 if TYPE_CHECKING:
-    from ..endpoint import HostedEndpoint
-    from ..host import HarnessHost
-    from ..run import RunContext
+    from ..kernel.endpoint import HostedEndpoint
+    from ..kernel.host import HarnessHost
+    from ..kernel.run import RunContext
 
 log = get_logger(__name__)
 

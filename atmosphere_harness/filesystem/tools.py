@@ -22,7 +22,7 @@ from ..tools.base import HistoryArguments, Tool, ToolContext, ToolKind
 from .base import AgentFileSystem, FileSystemError
 
 if TYPE_CHECKING:
-    from ..run import RunContext
+    from ..kernel.run import RunContext
 
 ORIGIN = "filesystem"
 UNAVAILABLE = "File tools unavailable: no agent filesystem is bound to this session."

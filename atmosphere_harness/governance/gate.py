@@ -19,15 +19,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import events
-from ..journal import live_run_of
-from ..tools.executor import Approval, json_result
+from ..kernel.executor import Approval, json_result
+from ..kernel.journal import live_run_of
 from .approval import ToolApprovalPolicy
 from .approvals import ApprovalRegistry
 from .chain import PolicyChain, Verdict
 from .policy import PolicyContext, PolicyPhase, PolicyRequest
 
 if TYPE_CHECKING:
-    from ..run import RunContext
+    from ..kernel.run import RunContext
     from ..runtimes.base import ToolCall
     from ..tools.base import Tool
 

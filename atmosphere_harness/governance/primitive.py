@@ -19,8 +19,8 @@ from .chain import PolicyChain, load_policies
 from .gate import ApprovalGate, PostResponse, ToolCallAdmission
 
 if TYPE_CHECKING:
-    from ..endpoint import HostedEndpoint
-    from ..host import HarnessHost
+    from ..kernel.endpoint import HostedEndpoint
+    from ..kernel.host import HarnessHost
 
 log = get_logger(__name__)
 

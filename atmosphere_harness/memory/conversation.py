@@ -16,7 +16,7 @@ from .compaction import CompactionStrategy, SlidingWindowCompaction
 from .history import ConversationKey, HistoryBackend, InMemoryHistory
 
 if TYPE_CHECKING:
-    from ..run import RunContext
+    from ..kernel.run import RunContext
 
 DEFAULT_MAX_HISTORY = 20
 MAX_UNSUMMARIZED = 500

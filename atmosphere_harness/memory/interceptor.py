@@ -30,7 +30,7 @@ from .extraction import extract_facts, reconcile
 from .long_term import LongTermMemory
 
 if TYPE_CHECKING:
-    from ..run import RunContext
+    from ..kernel.run import RunContext
 
 log = get_logger(__name__)
 

@@ -30,8 +30,8 @@ from .sqlite import DATABASE_FILE, SqliteDatabase
 from .sqlite_history import SqliteHistory
 
 if TYPE_CHECKING:
-    from ..endpoint import HostedEndpoint
-    from ..host import HarnessHost
+    from ..kernel.endpoint import HostedEndpoint
+    from ..kernel.host import HarnessHost
 
 log = get_logger(__name__)
 

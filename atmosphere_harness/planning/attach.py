@@ -37,8 +37,8 @@ from .store import FilePlanStore, PlanStore
 from .tools import BUS_SERVICE, STORE_SERVICE, write_todos_tool
 
 if TYPE_CHECKING:
-    from ..endpoint import HostedEndpoint
-    from ..host import HarnessHost
+    from ..kernel.endpoint import HostedEndpoint
+    from ..kernel.host import HarnessHost
 
 log = get_logger(__name__)
 

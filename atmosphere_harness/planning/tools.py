@@ -19,8 +19,8 @@ from .model import STATUS_NAMES, AgentPlan, PlanStatus, PlanStep
 from .store import PlanStore, PlanStoreError
 
 if TYPE_CHECKING:
-    from ..endpoint import HostedEndpoint
-    from ..run import RunContext
+    from ..kernel.endpoint import HostedEndpoint
+    from ..kernel.run import RunContext
     from .bus import PlanEventBus
 
 log = get_logger(__name__)

@@ -17,7 +17,7 @@ from ..injection import injectable_type, register_injectable, resolved_hints
 from ..runtimes.base import ToolCall, ToolSpec
 
 if TYPE_CHECKING:
-    from ..run import RunContext
+    from ..kernel.run import RunContext
 
 T = TypeVar("T")
 

@@ -41,13 +41,13 @@ from starlette.requests import HTTPConnection
 from ..filesystem.base import AgentFileSystem, FileSystemError
 from ..filesystem.paths import shown
 from ..filesystem.provider import AgentFileSystemProvider
-from ..host import HarnessHost
+from ..kernel.host import HarnessHost
+from ..kernel.run import check_conversation_id
 from ..log import get_logger
 from ..planning.attach import SURFACE as PLAN_SURFACE
 from ..planning.bus import PlanEventBus
 from ..planning.store import PlanStore
 from ..planning.tools import BUS_SERVICE
-from ..run import check_conversation_id
 from ..settings import HarnessSettings
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_harness
 from .files import SURFACE as FILE_SURFACE

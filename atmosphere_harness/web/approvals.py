@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import Depends, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..endpoint import HostedEndpoint
 from ..governance.approvals import Answer, AnswerStatus, ApprovalRegistry
 from ..governance.primitive import APPROVALS_SERVICE
-from ..host import HarnessHost
-from ..run import check_conversation_id
+from ..kernel.endpoint import HostedEndpoint
+from ..kernel.host import HarnessHost
+from ..kernel.run import check_conversation_id
 from .deps import CONVERSATION_ID_SCHEMA, get_user_id
 
 if TYPE_CHECKING:

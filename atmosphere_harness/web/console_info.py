@@ -8,7 +8,7 @@ from fastapi import APIRouter
 
 from .._version import __version__
 from ..harness import Harness
-from ..host import HarnessHost
+from ..kernel.host import HarnessHost
 from .deps import HarnessDep
 
 

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import Depends, HTTPException, Path
 from starlette.requests import HTTPConnection
 
-from ..endpoint import HostedEndpoint
-from ..host import HarnessHost
+from ..kernel.endpoint import HostedEndpoint
+from ..kernel.host import HarnessHost
+from ..kernel.run import check_conversation_id
 from ..memory.long_term import LongTermMemory
-from ..run import check_conversation_id
 from .deps import CONVERSATION_ID_SCHEMA, get_harness, get_user_id
 
 if TYPE_CHECKING:

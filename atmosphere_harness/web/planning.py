@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import Depends, Header, HTTPException, Query
 from sse_starlette import EventSourceResponse
 
-from ..endpoint import HostedEndpoint
-from ..host import HarnessHost
+from ..kernel.endpoint import HostedEndpoint
+from ..kernel.host import HarnessHost
+from ..kernel.run import check_conversation_id
 from ..log import get_logger
 from ..planning.attach import SURFACE
 from ..planning.bus import PlanBusFull, PlanEventBus, encode
 from ..planning.model import AgentPlan
 from ..planning.store import OwnerPlanStores, PlanStore
 from ..planning.tools import BUS_SERVICE, STORE_SERVICE, agent_id_for
-from ..run import check_conversation_id
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep
 from .sse import PING_SECONDS, SEND_TIMEOUT
 

@@ -16,7 +16,7 @@ from starlette.routing import BaseRoute
 
 from ..attach import Primitive, default_primitives
 from ..governance.approval import ToolApprovalPolicy
-from ..host import HarnessHost
+from ..kernel.host import HarnessHost
 from ..log import ensure_handler
 from ..registry import registered_agents, spec_of
 from ..runtimes.base import AgentRuntime

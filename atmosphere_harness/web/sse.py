@@ -2,7 +2,7 @@
 every transport (SSE, WebSocket, AG-UI) reads a run.
 
 The run executes in its own task and writes its frames into a live-run journal
-(`atmosphere_harness.journal`) that the response follows. A slow client therefore slows the run
+(`kernel.journal`) that the response follows. A slow client therefore slows the run
 down (back-pressure) instead of growing memory; a client that stops reading for `SEND_TIMEOUT`
 seconds, or disconnects, cancels the run, unless the run is waiting for an approval: then it
 outlives the connection and a client re-attaches with `GET P/conversations/{id}/events`.
@@ -16,10 +16,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from ..endpoint import HostedEndpoint
 from ..events import Frame
-from ..host import HarnessHost
-from ..journal import LiveRun
+from ..kernel.endpoint import HostedEndpoint
+from ..kernel.host import HarnessHost
+from ..kernel.journal import LiveRun
 
 SEND_TIMEOUT = 30.0
 PING_SECONDS = 15

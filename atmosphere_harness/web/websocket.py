@@ -34,10 +34,10 @@ from fastapi import Depends, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 from starlette.websockets import WebSocketState
 
-from ..endpoint import HostedEndpoint
-from ..host import HarnessHost
+from ..kernel.endpoint import HostedEndpoint
+from ..kernel.host import HarnessHost
+from ..kernel.run import check_conversation_id, new_conversation_id
 from ..log import get_logger
-from ..run import check_conversation_id, new_conversation_id
 from .deps import get_user_id
 from .sse import QUEUE_FRAMES, run_frames
 

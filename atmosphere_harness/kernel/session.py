@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import events
-from .cache import CacheHint
-from .events import Event, Frame
-from .injection import register_injectable
+from .. import events
+from ..cache import CacheHint
+from ..events import Event, Frame
+from ..injection import register_injectable
 
 if TYPE_CHECKING:
     from .run import RunContext

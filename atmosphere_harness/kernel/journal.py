@@ -32,8 +32,8 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Iterator
 from typing import TYPE_CHECKING
 
-from .events import Frame
-from .log import get_logger
+from ..events import Frame
+from ..log import get_logger
 
 if TYPE_CHECKING:
     from .endpoint import HostedEndpoint

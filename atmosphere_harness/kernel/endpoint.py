@@ -12,18 +12,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .cache import PromptCache
-from .harness import Harness
-from .injection import injectable_type, resolved_hints
-from .log import get_logger
-from .registry import AgentSpec, EndpointKind, sanitize
-from .runtimes.base import AgentRuntime, Message, ModelRequest
-from .tools.base import Tool, as_tool
-from .tools.bounds import DEFAULT_MAX_ARGUMENT_CHARS, DEFAULT_MAX_TOOL_CALLS
-from .tools.executor import AdmissionHook, ApprovalHook, ResultHook
+from ..cache import PromptCache
+from ..harness import Harness
+from ..injection import injectable_type, resolved_hints
+from ..log import get_logger
+from ..registry import AgentSpec, EndpointKind, sanitize
+from ..runtimes.base import AgentRuntime, Message, ModelRequest
+from ..tools.base import Tool, as_tool
+from ..tools.bounds import DEFAULT_MAX_ARGUMENT_CHARS, DEFAULT_MAX_TOOL_CALLS
+from .executor import AdmissionHook, ApprovalHook, ResultHook
 
 if TYPE_CHECKING:
-    from .preset import RuntimeTruth
+    from ..preset import RuntimeTruth
     from .run import RunContext
 
 log = get_logger(__name__)

@@ -12,15 +12,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .cache import CacheHint, PromptCache
-from .log import get_logger
-from .runtimes.base import Message, ModelError, ModelRequest, ToolCall
-from .tools.bounds import screen_calls
-from .tools.executor import execute_calls
+from ..cache import CacheHint, PromptCache
+from ..log import get_logger
+from ..runtimes.base import Message, ModelError, ModelRequest, ToolCall
+from ..tools.bounds import screen_calls
+from .executor import execute_calls
 
 if TYPE_CHECKING:
+    from ..tools.base import Tool
     from .run import RunContext
-    from .tools.base import Tool
 
 log = get_logger(__name__)
 

@@ -12,16 +12,16 @@ import weakref
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
-from .attach import Primitive
+from ..attach import Primitive
+from ..harness import Harness
+from ..log import get_logger
+from ..preset import HarnessPreset, effective_cache_policy
+from ..registry import AgentSpec, EndpointKind
+from ..runtimes.base import AgentRuntime
+from ..settings import HarnessSettings
 from .endpoint import HostedEndpoint
-from .harness import Harness
 from .journal import LiveRuns
-from .log import get_logger
-from .preset import HarnessPreset, effective_cache_policy
-from .registry import AgentSpec, EndpointKind
-from .runtimes.base import AgentRuntime
 from .session import StreamingSession
-from .settings import HarnessSettings
 
 log = get_logger(__name__)
 

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .. import events
 from ..log import get_logger
 from ..runtimes.base import ToolCall
-from .base import Tool, ToolArgumentError, ToolContext, render_result
-from .validation import validate_arguments
+from ..tools.base import Tool, ToolArgumentError, ToolContext, render_result
+from ..tools.validation import validate_arguments
 
 if TYPE_CHECKING:
-    from ..run import RunContext
-    from ..session import StreamingSession
+    from .run import RunContext
+    from .session import StreamingSession
 
 log = get_logger(__name__)
 

@@ -7,8 +7,8 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .log import get_logger
-from .runtimes.base import Usage
+from ..log import get_logger
+from ..runtimes.base import Usage
 from .session import FrameSink, StreamingSession
 
 if TYPE_CHECKING:
