@@ -30,6 +30,7 @@ test: $(VENV)/.installed-dev lint typecheck pytest docs
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy

@@ -10,14 +10,15 @@ time; the router resolves settings inside its lifespan.
 from __future__ import annotations
 
 import enum
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .cache import PromptCache, cache_key_host_allowed
-from .filesystem.base import FileSystemLimits
+from .limits import FileSystemLimits
 from .log import get_logger
 from .tools.bounds import DEFAULT_MAX_ARGUMENT_CHARS, DEFAULT_MAX_TOOL_CALLS
 
@@ -401,6 +402,63 @@ class HarnessSettings(BaseSettings):
 
     # --- derived ----------------------------------------------------------------------------
 
+    @cached_property
+    def groups(self) -> SettingsGroups:
+        """The settings by concern, so each part of the harness reads only its own group.
+
+        The flat fields stay the public way to set them (constructor arguments and environment
+        names are fixed); the groups are read-only views built from them once.
+        """
+        return SettingsGroups(
+            filesystem=FilesystemSettings(
+                mode=self.filesystem,
+                routes=self.filesystem_routes,
+                limits=self.filesystem_limits,
+                fsync=self.filesystem_fsync,
+                offload_threshold=self.tool_output_offload_threshold,
+                workspace_root=self.workspace_root,
+            ),
+            memory=MemorySettings(
+                compaction=self.compaction,
+                recent_window=self.compaction_recent_window,
+                context_window_tokens=self.context_window_tokens,
+                idle_timeout=self.conversation_idle_timeout,
+                model_timeout=self.memory_model_timeout,
+                max_facts=self.memory_max_facts,
+            ),
+            delegation=DelegationSettings(
+                max_depth=self.subagent_max_depth,
+                max_spawns=self.subagent_max_spawns,
+                timeout=self.subagent_timeout,
+                workspace_dir=self.subagent_workspace_dir,
+            ),
+            runtime=RuntimeSettings(
+                choice=self.llm_runtime,
+                model=self.llm_model,
+                base_url=self.llm_base_url,
+                api_key=self.llm_api_key,
+                max_retries=self.llm_max_retries,
+                timeout=self.llm_timeout,
+                max_tokens=self.llm_max_tokens,
+                prompt_cache_key=self.prompt_cache_key,
+                tool_execution_timeout=self.tool_execution_timeout,
+                max_tool_rounds=self.max_tool_rounds,
+                max_tool_calls_per_message=self.max_tool_calls_per_message,
+                max_tool_argument_chars=self.max_tool_argument_chars,
+                approval_timeout=self.approval_timeout,
+            ),
+            admin=AdminSettings(
+                token=self.admin_token,
+                read_auth_required=self.admin_http_read_auth_required,
+                websocket_allowed_origins=self.websocket_allowed_origins,
+            ),
+            backends=BackendSettings(
+                redis_url=self.redis_url,
+                postgres_url=self.postgres_url,
+                durable_runs=self.durable_runs_effective,
+            ),
+        )
+
     @property
     def kill_switch(self) -> bool:
         """True when the app-wide flag is present and not literally `true`."""
@@ -412,3 +470,91 @@ class HarnessSettings(BaseSettings):
         if self.durable_runs is not None:
             return self.durable_runs
         return self.enabled is True
+
+
+# --- groups -------------------------------------------------------------------------------------
+
+_GROUP = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+
+class FilesystemSettings(BaseModel):
+    """The workspace: surface mode, composite routes, bounds, durability, offload."""
+
+    model_config = _GROUP
+    mode: SurfaceMode
+    routes: tuple[tuple[str, str], ...]
+    limits: FileSystemLimits
+    fsync: bool
+    offload_threshold: int
+    workspace_root: Path
+
+
+class MemorySettings(BaseModel):
+    """Conversation memory (compaction, idle close) and long-term memory extraction."""
+
+    model_config = _GROUP
+    compaction: Compaction
+    recent_window: int
+    context_window_tokens: int | None
+    idle_timeout: float
+    model_timeout: float
+    max_facts: int
+
+
+class DelegationSettings(BaseModel):
+    """`task` sub-agents: nesting depth, spawns per request, time, where their workspaces go."""
+
+    model_config = _GROUP
+    max_depth: int
+    max_spawns: int
+    timeout: float
+    workspace_dir: Path | None
+
+
+class RuntimeSettings(BaseModel):
+    """The model runtime and the loop's bounds around it."""
+
+    model_config = _GROUP
+    choice: RuntimeChoice
+    model: str | None
+    base_url: str | None
+    api_key: str | None = Field(repr=False)
+    max_retries: int
+    timeout: float
+    max_tokens: int | None
+    prompt_cache_key: PromptCacheKeyMode
+    tool_execution_timeout: float
+    max_tool_rounds: int
+    max_tool_calls_per_message: int
+    max_tool_argument_chars: int
+    approval_timeout: float
+
+
+class AdminSettings(BaseModel):
+    """The admin REST surface and the WebSocket origin check."""
+
+    model_config = _GROUP
+    token: str | None = Field(repr=False)
+    read_auth_required: bool
+    websocket_allowed_origins: frozenset[str]
+
+
+class BackendSettings(BaseModel):
+    """Where shared state lives (`backends.resolve_backends` reads this group)."""
+
+    model_config = _GROUP
+    redis_url: str | None = Field(repr=False)
+    postgres_url: str | None = Field(repr=False)
+    durable_runs: bool
+
+
+class SettingsGroups(BaseModel):
+    """`HarnessSettings.groups`: every setting, by the part of the harness that reads it."""
+
+    model_config = _GROUP
+    filesystem: FilesystemSettings
+    memory: MemorySettings
+    delegation: DelegationSettings
+    runtime: RuntimeSettings
+    admin: AdminSettings
+    backends: BackendSettings

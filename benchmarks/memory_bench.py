@@ -55,7 +55,7 @@ def median(values: list[float]) -> float:
 async def run_turns(files: list[tuple[str, str]], shape: str, memory: bool) -> dict[str, Any]:
     from atmosphere_harness import Harness, HarnessSettings, ScriptedRuntime, ToolCall, agent
     from atmosphere_harness import prompt as prompt_method
-    from atmosphere_harness.attach import default_primitives
+    from atmosphere_harness.assembly import default_primitives
     from atmosphere_harness.kernel.host import HarnessHost
     from atmosphere_harness.kernel.run import execute_prompt
     from atmosphere_harness.registry import clear_registry, spec_of

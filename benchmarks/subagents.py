@@ -47,7 +47,7 @@ from atmosphere_harness import (
     coordinator,
     prompt,
 )
-from atmosphere_harness.attach import default_primitives
+from atmosphere_harness.assembly import default_primitives
 from atmosphere_harness.delegation import SYSTEM_PROMPT
 from atmosphere_harness.events import Frame
 from atmosphere_harness.kernel.host import HarnessHost

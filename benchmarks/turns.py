@@ -69,7 +69,7 @@ from atmosphere_harness import (
     agent,
     prompt,
 )
-from atmosphere_harness.attach import default_primitives
+from atmosphere_harness.assembly import default_primitives
 from atmosphere_harness.events import Frame
 from atmosphere_harness.kernel.host import HarnessHost
 from atmosphere_harness.kernel.run import execute_prompt

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import AgentFileSystem, ScriptedRuntime, ToolCall
+from atmosphere_harness.contracts import ResultHook
 from atmosphere_harness.events import Frame
 from atmosphere_harness.filesystem import FileSystemError
 from atmosphere_harness.filesystem.tools import file_tools
 from atmosphere_harness.kernel.endpoint import HostedEndpoint
-from atmosphere_harness.kernel.executor import ResultHook, execute_call
+from atmosphere_harness.kernel.executor import execute_call
 from atmosphere_harness.kernel.run import RunContext
 from atmosphere_harness.registry import EndpointKind
 from atmosphere_harness.tools.base import Tool

@@ -19,7 +19,7 @@ from atmosphere_harness import (
     prompt,
     tool,
 )
-from atmosphere_harness.attach import Primitive
+from atmosphere_harness.contracts import Primitive
 from atmosphere_harness.runtimes.base import AgentRuntime, ModelRequest, ModelResponse
 from tests.fake_providers import FakeProvider
 from tests.support import client_for, serve

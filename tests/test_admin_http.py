@@ -30,6 +30,8 @@ from atmosphere_harness import (
     get_admin_principal,
     prompt,
 )
+from atmosphere_harness.filesystem.primitive import SURFACE as FILE_SURFACE
+from atmosphere_harness.planning.attach import SURFACE as PLAN_SURFACE
 from atmosphere_harness.planning.tools import STORE_SERVICE
 from atmosphere_harness.web.admin import HINT_NO_TOKEN, UNAUTHORIZED
 from tests.support import client_for, make_app, of_type
@@ -229,9 +231,10 @@ async def test_the_api_reads_the_instances_the_attach_engines_registered(
         endpoint = host.endpoint(AGENT)
         assert endpoint is not None
         return {
-            "plan": host.surface("plan", "harness-truth-agent") is endpoint.services[STORE_SERVICE],
-            "filesystem": host.surface("filesystem", "harness-truth-agent")
-            is endpoint.services["filesystem"],
+            "plan": host.surface(PLAN_SURFACE, "harness-truth-agent")
+            is endpoint.services.get(STORE_SERVICE),
+            "filesystem": host.surface(FILE_SURFACE, "harness-truth-agent")
+            is endpoint.services.get(FILE_SURFACE),
         }
 
     async with client_for(app) as client:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import AiCapability, CacheHint, Message, ModelRequest, ToolCall
-from atmosphere_harness.attach import Primitive
+from atmosphere_harness.contracts import Primitive
 from atmosphere_harness.filesystem.base import AgentFileSystem
 from atmosphere_harness.runtimes import provider
 from atmosphere_harness.runtimes.anthropic import AnthropicRuntime

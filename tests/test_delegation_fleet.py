@@ -28,7 +28,7 @@ from atmosphere_harness import (
     skill,
     tool,
 )
-from atmosphere_harness.attach import default_primitives
+from atmosphere_harness.assembly import default_primitives
 from atmosphere_harness.kernel.host import HarnessHost
 from atmosphere_harness.registry import spec_of
 from atmosphere_harness.runtimes.base import ModelError

@@ -26,7 +26,7 @@ from atmosphere_harness import (
 )
 from atmosphere_harness.filesystem import AgentFileSystemProvider
 from atmosphere_harness.filesystem.offload import ToolOutputOffload
-from atmosphere_harness.filesystem.primitive import FilesystemPrimitive
+from atmosphere_harness.filesystem.primitive import SURFACE, FilesystemPrimitive
 from atmosphere_harness.filesystem.tools import FILE_TOOL_NAMES, bound_file_system
 from atmosphere_harness.kernel.endpoint import HostedEndpoint
 from atmosphere_harness.kernel.host import HarnessHost
@@ -152,7 +152,7 @@ async def test_feature_off_attaches_nothing(workspace: Path) -> None:
     host, endpoint = await attach(MemoryOnly, workspace)
     assert endpoint.tools == {}
     assert state(host, endpoint) == "INACTIVE(disabled)"
-    assert host.surface("filesystem", "memory-only") is None
+    assert host.surface(SURFACE, "memory-only") is None
     assert endpoint.result_hooks == []
 
 
@@ -172,10 +172,10 @@ async def test_auto_on_a_plain_runtime_registers_the_eight_tools(workspace: Path
 
 async def test_the_registered_surface_is_the_runs_provider(workspace: Path) -> None:
     host, endpoint = await attach(FsAgent, workspace)
-    provider = host.surface("filesystem", "fs-agent")
+    provider = host.surface(SURFACE, "fs-agent")
     assert isinstance(provider, AgentFileSystemProvider)
     assert provider.agent_root == workspace / "agents" / "fs-agent"
-    assert endpoint.services["filesystem"] is provider
+    assert endpoint.services.get(SURFACE) is provider
     scoped = endpoint.providers[AgentFileSystem]
     run = type("Run", (), {"conversation_id": "c9"})()
     assert scoped(run) is provider.for_conversation("c9")  # type: ignore[arg-type]
@@ -185,7 +185,7 @@ async def test_the_registered_surface_is_the_runs_provider(workspace: Path) -> N
 
 async def test_an_ai_endpoint_owner_is_its_sanitized_path(workspace: Path) -> None:
     host, _ = await attach(FsEndpoint, workspace)
-    provider = host.surface("filesystem", "atmosphere-fs-endpoint")
+    provider = host.surface(SURFACE, "atmosphere-fs-endpoint")
     assert provider.agent_root == workspace / "endpoints" / "atmosphere-fs-endpoint"
 
 
@@ -194,7 +194,7 @@ async def test_auto_on_a_native_runtime_uses_its_tools_instead(workspace: Path) 
     assert list(endpoint.tools) == ["memory"]
     assert state(host, endpoint) == "ACTIVE(native:fake-native)"
     assert [type(hook) for hook in endpoint.result_hooks] == [ToolOutputOffload]
-    assert host.surface("filesystem", "fs-agent") is not None
+    assert host.surface(SURFACE, "fs-agent") is not None
 
 
 async def test_builtin_mode_beats_a_native_runtime(workspace: Path) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from atmosphere_harness.kernel import journal
 from atmosphere_harness.events import Frame
+from atmosphere_harness.kernel import journal
 from atmosphere_harness.kernel.journal import LiveRun
 
 

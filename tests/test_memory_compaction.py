@@ -35,6 +35,7 @@ from atmosphere_harness.memory.compaction import (
     token_budget,
     units,
 )
+from atmosphere_harness.memory.primitive import CONVERSATION_MEMORY_SERVICE
 from atmosphere_harness.preset import COMPACTION
 from atmosphere_harness.runtimes.anthropic import AnthropicRuntime
 from atmosphere_harness.runtimes.base import AgentRuntime
@@ -437,7 +438,7 @@ async def test_the_endpoint_strategy_gets_the_budget_of_the_resolved_runtime(
     )
     async with app.router.lifespan_context(app) as state:
         host = state[STATE_KEY]
-        strategy = host.endpoint(WINDOW_ECHO).services["conversation_memory"].strategy
+        strategy = host.endpoint(WINDOW_ECHO).services.require(CONVERSATION_MEMORY_SERVICE).strategy
         truth = host.truth.endpoint(WINDOW_ECHO)[COMPACTION]
     assert isinstance(strategy, TokenWindowCompaction)
     assert strategy.budget_tokens == budget, model

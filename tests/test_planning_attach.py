@@ -29,10 +29,11 @@ from atmosphere_harness import (
     prompt,
     tool,
 )
-from atmosphere_harness.attach import default_primitives
+from atmosphere_harness.assembly import default_primitives
 from atmosphere_harness.kernel.host import HarnessHost
 from atmosphere_harness.kernel.run import RunContext
 from atmosphere_harness.planning import FilePlanStore, PlanningPrimitive
+from atmosphere_harness.planning.attach import SURFACE
 from atmosphere_harness.planning.tools import BUS_SERVICE, STORE_SERVICE
 from atmosphere_harness.registry import spec_of
 from atmosphere_harness.settings import SurfaceMode
@@ -142,7 +143,7 @@ async def test_feature_off_attaches_nothing(workspace: Path) -> None:
         assert "write_todos" not in endpoint.tools
         assert PlanStore not in endpoint.providers
         assert STORE_SERVICE not in endpoint.services
-        assert host.surface("plan", "memory-only") is None
+        assert host.surface(SURFACE, "memory-only") is None
         assert host.truth.endpoint(endpoint.path)["planning"] == "INACTIVE(disabled)"
 
 
@@ -150,13 +151,13 @@ async def test_auto_on_a_plain_runtime_attaches_the_builtin_floor(workspace: Pat
     async with hosted(PlainPlanner, workspace) as host:
         endpoint = only(host)
         assert endpoint.tools["write_todos"].origin == "planning"
-        store = endpoint.services[STORE_SERVICE]
+        store = endpoint.services.get(STORE_SERVICE)
         assert isinstance(store, FilePlanStore)
         assert store.root == workspace / "agents" / "plain-planner"
-        assert host.surface("plan", "plain-planner") is store, "the exact instance"
-        assert host.owners("plan") == ["plain-planner"]
+        assert host.surface(SURFACE, "plain-planner") is store, "the exact instance"
+        assert host.owners(SURFACE) == ["plain-planner"]
         assert endpoint.providers[PlanStore](None) is store
-        assert endpoint.services[BUS_SERVICE] is host.services[BUS_SERVICE]
+        assert endpoint.services.get(BUS_SERVICE) is host.services.get(BUS_SERVICE)
         assert host.truth.endpoint(endpoint.path)["planning"] == "ACTIVE(builtin)"
         assert host.truth.app_wide()["planning"] == "ACTIVE(builtin)"
 
@@ -174,8 +175,8 @@ async def test_each_kind_keeps_plans_under_its_owner_root(
 ) -> None:
     async with hosted(cls, workspace) as host:
         endpoint = only(host)
-        assert endpoint.services[STORE_SERVICE].root == workspace / root
-        assert host.surface("plan", endpoint.owner) is endpoint.services[STORE_SERVICE]
+        assert endpoint.services.get(STORE_SERVICE).root == workspace / root
+        assert host.surface(SURFACE, endpoint.owner) is endpoint.services.get(STORE_SERVICE)
 
 
 async def test_auto_on_a_native_runtime_registers_the_native_tools_only(workspace: Path) -> None:
@@ -187,7 +188,7 @@ async def test_auto_on_a_native_runtime_registers_the_native_tools_only(workspac
         assert endpoint.user_tool_names() == set()
         assert runtime.asked == [AiCapability.PLANNING]
         assert host.truth.endpoint(endpoint.path)["planning"] == "ACTIVE(native:native-fake)"
-        assert host.surface("plan", "plain-planner") is endpoint.services[STORE_SERVICE]
+        assert host.surface(SURFACE, "plain-planner") is endpoint.services.get(STORE_SERVICE)
 
 
 async def test_a_native_runtime_without_tools_still_reports_native(workspace: Path) -> None:
@@ -217,7 +218,7 @@ async def test_native_on_a_plain_runtime_attaches_no_surface_and_warns(
             assert host.truth.endpoint(endpoint.path)["planning"] == "INACTIVE(native-unavailable)"
             assert host.truth.app_wide()["planning"] == "INACTIVE(native-unavailable)"
             # The store is still bound, as the reference binds it before picking a surface.
-            assert host.surface("plan", "plain-planner") is not None
+            assert host.surface(SURFACE, "plain-planner") is not None
     assert "planning=native but the runtime has no native plan surface" in caplog.text
 
 
@@ -244,14 +245,14 @@ async def test_a_user_write_todos_wins(workspace: Path) -> None:
         assert endpoint.tools["write_todos"].origin == "user"
         assert endpoint.tools["write_todos"].description == "The user's own plan tool."
         assert host.truth.endpoint(endpoint.path)["planning"] == "ACTIVE(user-tool)"
-        assert host.surface("plan", "own-todos") is not None
+        assert host.surface(SURFACE, "own-todos") is not None
 
 
 async def test_kill_switch_attaches_nothing(workspace: Path) -> None:
     async with hosted(PlainPlanner, workspace, enabled=False) as host:
         endpoint = only(host)
         assert "write_todos" not in endpoint.tools
-        assert host.owners("plan") == []
+        assert host.owners(SURFACE) == []
         assert host.truth.app_wide()["planning"] == "INACTIVE(disabled)"
 
 
@@ -264,8 +265,8 @@ async def test_the_bus_is_app_wide_and_closed_at_shutdown(workspace: Path) -> No
         primitives=[primitive],
     )
     await host.start()
-    bus = host.services[BUS_SERVICE]
-    assert {id(e.services[BUS_SERVICE]) for e in host.endpoints.values()} == {id(bus)}
+    bus = host.services.get(BUS_SERVICE)
+    assert {id(e.services.get(BUS_SERVICE)) for e in host.endpoints.values()} == {id(bus)}
     async with bus.subscribe("plain-planner", "c") as subscription:
         await host.stop()
         assert [batch async for batch in subscription] == []
@@ -284,7 +285,7 @@ async def test_a_given_bus_replaces_the_in_process_one(workspace: Path) -> None:
     )
     await host.start()
     try:
-        assert host.services[BUS_SERVICE] is mine
+        assert host.services.get(BUS_SERVICE) is mine
     finally:
         await host.stop()
 
@@ -333,7 +334,7 @@ async def test_plan_store_is_injected_into_prompt_methods(workspace: Path) -> No
         run: RunContext = await execute_prompt(
             host, endpoint, message="hi", conversation_id="c", user_id=None, sink=sink
         )
-        assert [endpoint.services[STORE_SERVICE]] == SEEN
+        assert [endpoint.services.get(STORE_SERVICE)] == SEEN
         assert run.resolve(PlanStore) is SEEN[0]
 
 

@@ -48,7 +48,7 @@ class Harnessed:
         self.endpoint.add_builtin_tool(write_todos_tool())
         self.endpoint.provide(PlanStore, lambda run: self.store)
         if bus is not None:
-            self.endpoint.services[BUS_SERVICE] = bus
+            self.endpoint.services.set(BUS_SERVICE, bus)
         self.frames: list[Frame] = []
 
     def run(self, conversation_id: str = "conv-1") -> RunContext:

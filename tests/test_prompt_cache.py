@@ -24,8 +24,8 @@ from atmosphere_harness import (
     ai_endpoint,
     prompt,
 )
-from atmosphere_harness.attach import Primitive
 from atmosphere_harness.cache import cache_key_host_allowed
+from atmosphere_harness.contracts import Key, Primitive
 from atmosphere_harness.runtimes.anthropic import AnthropicRuntime
 from atmosphere_harness.runtimes.openai import OpenAIRuntime
 from atmosphere_harness.settings import PromptCacheKeyMode
@@ -279,6 +279,9 @@ async def test_a_caller_supplied_hint_wins(workspace: Path) -> None:
 # --- the stable prefix: context never rewrites what was already sent --------------------------
 
 
+ROUNDS: Key[int] = Key("test.rounds")
+
+
 class RoundContext(Primitive):
     """Adds per-round context, as long-term memory or a plan reminder would."""
 
@@ -288,8 +291,8 @@ class RoundContext(Primitive):
         endpoint.interceptors.append(self)
 
     async def before_request(self, run, request: ModelRequest) -> ModelRequest:
-        rounds = run.state.setdefault("rounds", 0) + 1
-        run.state["rounds"] = rounds
+        rounds = run.state.get(ROUNDS, 0) + 1
+        run.state.set(ROUNDS, rounds)
         return ModelRequest(
             request.system_prompt,
             request.messages,

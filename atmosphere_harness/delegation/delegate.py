@@ -20,7 +20,7 @@ from ..tools.base import Tool, ToolContext
 from .fleet import AgentFleet, DelegationError
 
 if TYPE_CHECKING:
-    from ..kernel.host import HarnessHost
+    from ..contracts import Host
 
 log = get_logger(__name__)
 
@@ -45,7 +45,7 @@ def _description(fleet: AgentFleet) -> str:
     return "\n".join(lines)
 
 
-def delegate_tool(host: HarnessHost, fleet: AgentFleet, chain: PolicyChain) -> Tool:
+def delegate_tool(host: Host, fleet: AgentFleet, chain: PolicyChain) -> Tool:
     """The built-in `delegate_task` of one coordinator."""
 
     async def delegate(arguments: Mapping[str, Any], context: ToolContext) -> str:

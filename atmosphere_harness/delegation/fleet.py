@@ -32,9 +32,7 @@ from ..registry import AgentSpec, EndpointKind, spec_of
 from ..tools.base import ToolContext, render_result
 
 if TYPE_CHECKING:
-    from ..kernel.host import HarnessHost
-    from ..kernel.run import RunContext
-    from ..kernel.session import StreamingSession
+    from ..contracts import Host, Run, Stream
 
 DEFAULT_SKILL = "default"
 PROMPT_SKILL = "prompt"
@@ -84,25 +82,19 @@ class AgentFleet:
         return self.members.get(name)
 
     async def call(
-        self, host: HarnessHost, member: FleetMember, message: str, context: ToolContext
+        self, host: Host, member: FleetMember, message: str, context: ToolContext
     ) -> str:
         """The member's reply to `message`; raises `DelegationError` when it fails."""
         if member.call_skill is not None:
             return render_result(await member.call_skill(message, context))
         return await self._prompt(host, member, message, context.run)
 
-    async def _prompt(
-        self, host: HarnessHost, member: FleetMember, message: str, run: RunContext
-    ) -> str:
-        from ..kernel.run import execute_prompt
-
-        endpoint = host.endpoints.get(member.spec.path)
-        if endpoint is None:
+    async def _prompt(self, host: Host, member: FleetMember, message: str, run: Run) -> str:
+        if host.endpoint(member.spec.path) is None:
             raise DelegationError(f"agent '{member.name}' is not hosted")
         collected = _Reply(run.session, member.name)
-        await execute_prompt(
-            host,
-            endpoint,
+        await host.prompt(
+            member.spec.path,
             message=message,
             conversation_id=member_conversation(run, member.name),
             user_id=run.user_id,
@@ -112,14 +104,14 @@ class AgentFleet:
         return collected.result()
 
 
-def member_conversation(run: RunContext, member: str) -> str:
+def member_conversation(run: Run, member: str) -> str:
     """The member's conversation for this coordinator conversation (stable, opaque)."""
     key = f"{run.endpoint.path}\0{run.conversation_id}\0{member}"
     return str(uuid.uuid5(_MEMBER_CONVERSATIONS, key))
 
 
 async def forward(
-    session: StreamingSession, frame: Frame, tags: Mapping[str, str], *, also: frozenset[str]
+    session: Stream, frame: Frame, tags: Mapping[str, str], *, also: frozenset[str]
 ) -> None:
     """Put a child run's frame on its parent's stream, tagged, if it is one a parent needs."""
     if frame.event in FORWARDED or frame.event in also:
@@ -132,7 +124,7 @@ async def forward(
 class _Reply:
     """A member run's sink: keeps its answer, forwards what the coordinator's client needs."""
 
-    def __init__(self, parent: StreamingSession, member: str) -> None:
+    def __init__(self, parent: Stream, member: str) -> None:
         self._parent = parent
         self._tags = {"fleetAgent": member}
         self._text: list[str] = []
@@ -159,7 +151,7 @@ class _Reply:
 # --- start-up validation -------------------------------------------------------------------
 
 
-def resolve_fleets(host: HarnessHost) -> dict[str, AgentFleet]:
+def resolve_fleets(host: Host) -> dict[str, AgentFleet]:
     """Every coordinator's validated fleet, by coordinator name (see the module docstring)."""
     coordinators = [spec for spec in host.specs if spec.kind is EndpointKind.COORDINATOR]
     pending = list(coordinators)
@@ -182,7 +174,7 @@ def resolve_fleets(host: HarnessHost) -> dict[str, AgentFleet]:
     }
 
 
-def _include(host: HarnessHost, coordinator: AgentSpec, cls: type) -> AgentSpec | None:
+def _include(host: Host, coordinator: AgentSpec, cls: type) -> AgentSpec | None:
     """Host a fleet class the router was not given; returns its spec when it was added."""
     try:
         spec = spec_of(cls)
@@ -208,7 +200,7 @@ def _include(host: HarnessHost, coordinator: AgentSpec, cls: type) -> AgentSpec 
     return spec
 
 
-def _members(host: HarnessHost, coordinator: AgentSpec) -> list[AgentSpec]:
+def _members(host: Host, coordinator: AgentSpec) -> list[AgentSpec]:
     members: list[AgentSpec] = []
     seen: set[str] = set()
     for entry in coordinator.fleet:

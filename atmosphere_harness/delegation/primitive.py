@@ -8,9 +8,7 @@ On a plain `@agent` or `ai_endpoint` the feature has nothing to attach: its trut
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from ..attach import Primitive
+from ..contracts import Endpoint, Host, Key, Primitive
 from ..governance.primitive import policy_chain
 from ..harness import Harness
 from ..preset import ACTIVE, DELEGATION
@@ -19,12 +17,8 @@ from .delegate import delegate_tool
 from .fleet import AgentFleet, resolve_fleets
 from .subagent import task_tool
 
-if TYPE_CHECKING:
-    from ..kernel.endpoint import HostedEndpoint
-    from ..kernel.host import HarnessHost
-
 USER_TOOL = "ACTIVE(user-tool)"
-FLEET_SERVICE = "fleet"
+FLEET_SERVICE: Key[AgentFleet] = Key("delegation.fleet")
 """`endpoint.services` key of a coordinator's `AgentFleet`."""
 
 
@@ -34,10 +28,10 @@ class DelegationPrimitive(Primitive):
     def __init__(self) -> None:
         self.fleets: dict[str, AgentFleet] = {}
 
-    async def start(self, host: HarnessHost) -> None:
+    async def start(self, host: Host) -> None:
         self.fleets = resolve_fleets(host)
 
-    def attach(self, endpoint: HostedEndpoint, host: HarnessHost) -> None:
+    def attach(self, endpoint: Endpoint, host: Host) -> None:
         spec = endpoint.spec
         if spec is None or spec.kind is not EndpointKind.COORDINATOR:
             return
@@ -45,10 +39,10 @@ class DelegationPrimitive(Primitive):
             return
         fleet = self.fleets.get(spec.name) or AgentFleet(spec.name, [])
         chain = policy_chain(host)
-        endpoint.services[FLEET_SERVICE] = fleet
+        endpoint.services.set(FLEET_SERVICE, fleet)
         delegated = endpoint.add_builtin_tool(delegate_tool(host, fleet, chain))
         endpoint.add_builtin_tool(task_tool(host.settings, chain))
         endpoint.report(DELEGATION, ACTIVE if delegated else USER_TOOL)
 
-    async def stop(self, host: HarnessHost) -> None:
+    async def stop(self, host: Host) -> None:
         self.fleets = {}

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import events
+from ..contracts import Key
 from ..events import Frame
 from ..filesystem.base import AgentFileSystem
 from ..filesystem.offload import ToolOutputOffload
@@ -38,8 +39,6 @@ from ..governance.chain import PolicyChain
 from ..governance.gate import policy_context
 from ..governance.policy import PolicyPhase, PolicyRequest
 from ..harness import Harness
-from ..kernel.endpoint import HostedEndpoint
-from ..kernel.loop import run_loop
 from ..log import get_logger
 from ..planning.store import FilePlanStore, PlanStore
 from ..planning.tools import STORE_SERVICE, write_todos_tool
@@ -48,8 +47,7 @@ from ..tools.base import Tool, ToolContext
 from .fleet import forward
 
 if TYPE_CHECKING:
-    from ..kernel.run import RunContext
-    from ..kernel.session import StreamingSession
+    from ..contracts import Endpoint, Run, Stream
 
 log = get_logger(__name__)
 
@@ -60,9 +58,9 @@ CLEANUP_GRACE = 5.0
 """Seconds the tool's own deadline leaves after `subagent_timeout`, so the sub-agent's timeout
 message (not the generic `tool_timeout`) is what the model gets."""
 
-DEPTH = "delegation.depth"
+DEPTH: Key[int] = Key("delegation.depth")
 """`run.state` key of a sub-agent run: how deep it is nested (1 for a direct spawn)."""
-SPAWNS = "delegation.spawns"
+SPAWNS: Key[int] = Key("delegation.spawns")
 """`run.state` key of the top-level run: spawns made during this request."""
 
 SYSTEM_PROMPT = (
@@ -126,7 +124,7 @@ def timed_out(seconds: float) -> str:
     return f"task did not complete within {_seconds(seconds)} seconds."
 
 
-def depth_of(run: RunContext) -> int:
+def depth_of(run: Run) -> int:
     depth = run.state.get(DEPTH, 0)
     return depth if isinstance(depth, int) else 0
 
@@ -168,7 +166,7 @@ class _Spawner:
         if spawned >= settings.subagent_max_spawns:
             return spawns_refused(settings.subagent_max_spawns)
         # Reserved before the first await, so a parallel batch cannot overshoot the bound.
-        root_state[SPAWNS] = spawned + 1
+        root_state.set(SPAWNS, spawned + 1)
 
         conversation_id = str(uuid.uuid4())
         agent_id = "subagent-" + conversation_id[:8]
@@ -183,7 +181,7 @@ class _Spawner:
                 policy_context(run, PolicyPhase.PRE_ADMISSION, request)
             )
             if not verdict.admitted:
-                root_state[SPAWNS] = root_state.get(SPAWNS, 1) - 1
+                root_state.set(SPAWNS, root_state.get(SPAWNS, 1) - 1)
                 reason = (
                     f"policy '{verdict.denied_by}' evaluation failed"
                     if verdict.failure is not None
@@ -195,7 +193,7 @@ class _Spawner:
         return await self._run(run, text, conversation_id, agent_id, depth + 1)
 
     async def _run(
-        self, run: RunContext, description: str, conversation_id: str, agent_id: str, depth: int
+        self, run: Run, description: str, conversation_id: str, agent_id: str, depth: int
     ) -> str:
         settings = self.settings
         try:
@@ -204,26 +202,21 @@ class _Spawner:
             error = f"could not create an isolated workspace: {exc}"
             await _end(run.session, conversation_id, "failed", error=error)
             return f"task failed: {error}"
-        from ..kernel.run import RunContext
-
-        child: RunContext | None = None
+        child: Run | None = None
         try:
             endpoint = subagent_endpoint(
                 run.endpoint, settings, root, agent_id, task=self._nested_task(depth)
             )
-            child = RunContext(
-                host=run.host,
-                endpoint=endpoint,
+            child = run.child(
+                endpoint,
                 conversation_id=conversation_id,
-                user_id=run.user_id,
                 sink=_Forward(run.session, conversation_id),
-                parent=run,
             )
-            child.state[DEPTH] = depth
+            child.state.set(DEPTH, depth)
             deadline = asyncio.timeout(settings.subagent_timeout)
             try:
                 async with deadline:
-                    report = (await run_loop(child, description)).strip()
+                    report = (await child.session.stream(description)).strip()
             except TimeoutError:
                 if not deadline.expired():
                     raise
@@ -253,13 +246,13 @@ class _Spawner:
 
 
 def subagent_endpoint(
-    parent: HostedEndpoint,
+    parent: Endpoint,
     settings: HarnessSettings,
     root: Path,
     agent_id: str,
     *,
     task: Tool | None = None,
-) -> HostedEndpoint:
+) -> Endpoint:
     """The sub-agent's own endpoint: the parent's runtime and governance, its own plan store and
     workspace under `root`, and only the plan and file tools (+ `task` when given)."""
     threshold = settings.tool_output_offload_threshold
@@ -269,23 +262,16 @@ def subagent_endpoint(
     ]
     if task is not None:
         tools.append(task)
-    endpoint = HostedEndpoint(
-        path=f"{parent.path}#{agent_id}",
-        kind=parent.kind,
-        owner=agent_id,
-        features=frozenset({Harness.PLANNING, Harness.FILESYSTEM}),
-        runtime=parent.runtime,
+    endpoint = parent.derive(
+        agent_id=agent_id,
         system_prompt=SYSTEM_PROMPT,
         root=root,
-        tool_timeout=parent.tool_timeout,
-        max_rounds=parent.max_rounds,
+        features=frozenset({Harness.PLANNING, Harness.FILESYSTEM}),
         tools=tools,
-        max_tool_calls=parent.max_tool_calls,
-        max_tool_argument_chars=parent.max_tool_argument_chars,
     )
     plans: PlanStore = FilePlanStore(root)
     files: AgentFileSystem = WorkspaceAgentFileSystem(root / "files", settings.filesystem_limits)
-    endpoint.services[STORE_SERVICE] = plans
+    endpoint.services.set(STORE_SERVICE, plans)
     endpoint.provide(PlanStore, lambda run: plans)
     endpoint.provide(AgentFileSystem, lambda run: files)
     endpoint.admission_hooks.extend(parent.admission_hooks)
@@ -303,7 +289,7 @@ class _Forward:
 
     _ALSO = frozenset({events.PLAN_UPDATE})
 
-    def __init__(self, parent: StreamingSession, subagent_id: str) -> None:
+    def __init__(self, parent: Stream, subagent_id: str) -> None:
         self._parent = parent
         self._subagent_id = subagent_id
 
@@ -316,13 +302,13 @@ class _Forward:
 
 
 async def _end(
-    session: StreamingSession,
+    session: Stream,
     subagent_id: str,
     status: str,
     *,
     report: str | None = None,
     error: str | None = None,
-    run: RunContext | None = None,
+    run: Run | None = None,
 ) -> None:
     data: dict[str, Any] = {"subagentId": subagent_id, "status": status}
     if report is not None:
@@ -334,7 +320,7 @@ async def _end(
     await _emit(session, events.SUBAGENT_END, data)
 
 
-async def _emit(session: StreamingSession, event: str, data: Mapping[str, Any]) -> None:
+async def _emit(session: Stream, event: str, data: Mapping[str, Any]) -> None:
     """Progress frames are best effort: a failing stream must not change the tool's result."""
     try:
         await session.emit(event, data)

@@ -12,9 +12,17 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ..injection import register_injectable
+from ..limits import KIB, MIB, FileSystemLimits
 
-KIB = 1024
-MIB = 1024 * KIB
+__all__ = [
+    "KIB",
+    "MIB",
+    "AgentFileSystem",
+    "FileInfo",
+    "FileSystemError",
+    "FileSystemLimits",
+    "GrepHit",
+]
 
 
 class FileSystemError(ValueError):
@@ -37,28 +45,6 @@ class GrepHit:
     path: str
     line: int
     text: str
-
-
-@dataclass(frozen=True, slots=True)
-class FileSystemLimits:
-    """Hard bounds of one store, checked before any byte is written."""
-
-    max_file_bytes: int = 512 * KIB
-    max_files: int = 256
-    max_total_bytes: int = 16 * MIB
-    max_grep_hits: int = 500
-    max_conversations: int = 256
-
-    def __post_init__(self) -> None:
-        values = (
-            self.max_file_bytes,
-            self.max_files,
-            self.max_total_bytes,
-            self.max_grep_hits,
-            self.max_conversations,
-        )
-        if any(value <= 0 for value in values):
-            raise ValueError("limits must be positive: " + "/".join(str(v) for v in values))
 
 
 @runtime_checkable

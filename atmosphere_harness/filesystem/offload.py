@@ -18,7 +18,7 @@ from ..log import get_logger
 from .tools import ORIGIN, bound_file_system
 
 if TYPE_CHECKING:
-    from ..kernel.run import RunContext
+    from ..contracts import Run
     from ..runtimes.base import ToolCall
     from ..tools.base import Tool
 
@@ -50,7 +50,7 @@ class ToolOutputOffload:
     def __init__(self, threshold: int) -> None:
         self.threshold = threshold
 
-    async def __call__(self, call: ToolCall, tool: Tool, result: str, run: RunContext) -> str:
+    async def __call__(self, call: ToolCall, tool: Tool, result: str, run: Run) -> str:
         if self.threshold <= 0 or len(result) <= self.threshold:
             return result
         if tool.name == "read_file" and tool.origin == ORIGIN:

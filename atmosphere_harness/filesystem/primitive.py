@@ -25,9 +25,8 @@ are app-wide: every owner and conversation sees the same `{dir}/files/shared/` s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ..attach import Primitive
+from ..contracts import Endpoint, Host, Key, Primitive, Run
 from ..harness import Harness
 from ..log import get_logger
 from ..preset import FILESYSTEM
@@ -41,11 +40,6 @@ from .provider import AgentFileSystemProvider
 from .tools import file_tools
 from .workspace import WorkspaceAgentFileSystem
 
-if TYPE_CHECKING:
-    from ..kernel.endpoint import HostedEndpoint
-    from ..kernel.host import HarnessHost
-    from ..kernel.run import RunContext
-
 log = get_logger(__name__)
 
 BUILTIN = "ACTIVE(builtin)"
@@ -53,6 +47,8 @@ BUILTIN_PARTIAL = "ACTIVE(builtin,partial)"
 USER_TOOL = "ACTIVE(user-tool)"
 NATIVE_UNAVAILABLE = "INACTIVE(native-unavailable)"
 SHARED_CONVERSATION = "shared"
+SURFACE: Key[AgentFileSystemProvider] = Key("filesystem")
+"""The owner's file provider, for the admin API (`host.surface`) and `endpoint.services`."""
 
 
 def native_state(runtime_name: str) -> str:
@@ -66,18 +62,18 @@ class FilesystemPrimitive(Primitive):
         self.routes: dict[str, WorkspaceAgentFileSystem] = {}
         self.providers: dict[Path, AgentFileSystemProvider] = {}
 
-    async def start(self, host: HarnessHost) -> None:
-        settings = host.settings
+    async def start(self, host: Host) -> None:
+        settings = host.settings.groups.filesystem
         try:
-            prefixes = normalize_routes(dict(settings.filesystem_routes))
+            prefixes = normalize_routes(dict(settings.routes))
         except FileSystemError as exc:
             raise ValueError(f"ATMOSPHERE_AI_FILESYSTEM_ROUTES: {exc}") from None
         self.routes = {
             key: WorkspaceAgentFileSystem.for_conversation(
                 directory,
                 SHARED_CONVERSATION,
-                settings.filesystem_limits,
-                fsync=settings.filesystem_fsync,
+                settings.limits,
+                fsync=settings.fsync,
             )
             for key, directory in prefixes.items()
         }
@@ -87,21 +83,21 @@ class FilesystemPrimitive(Primitive):
                 routes={key: str(fs.root) for key, fs in self.routes.items()},
             )
 
-    def attach(self, endpoint: HostedEndpoint, host: HarnessHost) -> None:
+    def attach(self, endpoint: Endpoint, host: Host) -> None:
         if not endpoint.has(Harness.FILESYSTEM):
             return
-        settings = host.settings
+        settings = host.settings.groups.filesystem
         provider = self.providers.get(endpoint.root)
         if provider is None:
             provider = AgentFileSystemProvider(
                 endpoint.root,
-                settings.filesystem_limits,
+                settings.limits,
                 routes=self.routes,
-                fsync=settings.filesystem_fsync,
+                fsync=settings.fsync,
             )
             self.providers[endpoint.root] = provider
 
-        def scoped(run: RunContext) -> AgentFileSystem | None:
+        def scoped(run: Run) -> AgentFileSystem | None:
             try:
                 return provider.for_conversation(run.conversation_id)
             except FileSystemError as exc:
@@ -109,11 +105,11 @@ class FilesystemPrimitive(Primitive):
                 return None
 
         endpoint.provide(AgentFileSystem, scoped)
-        endpoint.services[self.name] = provider
-        host.register_surface(self.name, endpoint.owner, provider)
+        endpoint.services.set(SURFACE, provider)
+        host.register_surface(SURFACE, endpoint.owner, provider)
 
         runtime = endpoint.runtime
-        mode = settings.filesystem
+        mode = settings.mode
         native = _native_tools(endpoint) if mode is not SurfaceMode.BUILTIN else []
         if native:
             registered = [tool for tool in native if endpoint.add_builtin_tool(tool)]
@@ -130,8 +126,8 @@ class FilesystemPrimitive(Primitive):
             return
         else:
             tools = file_tools(
-                read_budget=settings.tool_output_offload_threshold,
-                max_grep_hits=settings.filesystem_limits.max_grep_hits,
+                read_budget=settings.offload_threshold,
+                max_grep_hits=settings.limits.max_grep_hits,
             )
             registered = [tool for tool in tools if endpoint.add_builtin_tool(tool)]
             if len(registered) == len(tools):
@@ -141,12 +137,12 @@ class FilesystemPrimitive(Primitive):
             else:
                 state = USER_TOOL
             readable = any(tool.name == "read_file" for tool in registered)
-        if readable and settings.tool_output_offload_threshold > 0:
-            endpoint.result_hooks.append(ToolOutputOffload(settings.tool_output_offload_threshold))
+        if readable and settings.offload_threshold > 0:
+            endpoint.result_hooks.append(ToolOutputOffload(settings.offload_threshold))
         endpoint.report(FILESYSTEM, state)
 
 
-def _native_tools(endpoint: HostedEndpoint) -> list[Tool]:
+def _native_tools(endpoint: Endpoint) -> list[Tool]:
     """The runtime's native file tools, if it declares and implements a native file surface."""
     runtime = endpoint.runtime
     if AiCapability.VIRTUAL_FILESYSTEM not in runtime.capabilities:

@@ -22,7 +22,7 @@ from ..tools.base import HistoryArguments, Tool, ToolContext, ToolKind
 from .base import AgentFileSystem, FileSystemError
 
 if TYPE_CHECKING:
-    from ..kernel.run import RunContext
+    from ..contracts import Run
 
 ORIGIN = "filesystem"
 UNAVAILABLE = "File tools unavailable: no agent filesystem is bound to this session."
@@ -33,7 +33,7 @@ _EOL = re.compile(r"\r\n|\r|\n")
 Operation = Callable[[AgentFileSystem, Mapping[str, Any]], Awaitable[str]]
 
 
-def bound_file_system(run: RunContext) -> AgentFileSystem | None:
+def bound_file_system(run: Run) -> AgentFileSystem | None:
     """The run's conversation-scoped filesystem, if the primitive (or the host) bound one."""
     found: AgentFileSystem | None = run.resolve(AgentFileSystem)
     return found

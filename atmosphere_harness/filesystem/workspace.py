@@ -49,7 +49,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar
 
-from ..kernel.run import check_conversation_id
+from ..ids import check_conversation_id
 from .base import FileInfo, FileSystemError, FileSystemLimits, GrepHit
 from .globbing import compile_glob, literal_prefix
 from .paths import TEMP_SUFFIX, check_dir, check_path, is_under, shown

@@ -13,26 +13,24 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import events
-from ..kernel.executor import Approval, json_result
-from ..kernel.journal import live_run_of
+from ..contracts import Approval, Key, Run
+from ..tools.results import json_result
 from .approval import ToolApprovalPolicy
 from .approvals import ApprovalRegistry
 from .chain import PolicyChain, Verdict
 from .policy import PolicyContext, PolicyPhase, PolicyRequest
 
 if TYPE_CHECKING:
-    from ..kernel.run import RunContext
     from ..runtimes.base import ToolCall
     from ..tools.base import Tool
 
 PREVIEW_CHARS = 200
-_ADMITTED = "governance.admitted"
+_ADMITTED: Key[dict[str, PolicyRequest]] = Key("governance.admitted")
 """`run.state` key: the request each admitted call id was judged on (for its post-response)."""
 
 DENIED_BY_APPROVAL_POLICY = json_result(
@@ -47,7 +45,7 @@ TOO_MANY_APPROVALS = json_result(
 
 
 def policy_context(
-    run: RunContext, phase: PolicyPhase, request: PolicyRequest, response: str | None = None
+    run: Run, phase: PolicyPhase, request: PolicyRequest, response: str | None = None
 ) -> PolicyContext:
     """A context for `request` asked on behalf of `run`."""
     return PolicyContext(
@@ -85,7 +83,7 @@ class ToolCallAdmission:
         self.chain = chain
 
     async def __call__(
-        self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: RunContext
+        self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: Run
     ) -> str | Mapping[str, Any] | None:
         if not self.chain:
             return None
@@ -99,7 +97,7 @@ class ToolCallAdmission:
                     f"{denial_reason(verdict)}"
                 ),
             )
-        run.state.setdefault(_ADMITTED, {})[call.id] = verdict.request
+        run.state.setdefault(_ADMITTED, dict)[call.id] = verdict.request
         rewritten = verdict.request.metadata.get("tool_args", arguments)
         transformed = verdict.request is not request and isinstance(rewritten, Mapping)
         if transformed and dict(rewritten) != arguments:
@@ -113,8 +111,8 @@ class PostResponse:
     def __init__(self, chain: PolicyChain) -> None:
         self.chain = chain
 
-    async def __call__(self, call: ToolCall, tool: Tool, result: str, run: RunContext) -> str:
-        admitted: dict[str, PolicyRequest] = run.state.get(_ADMITTED, {})
+    async def __call__(self, call: ToolCall, tool: Tool, result: str, run: Run) -> str:
+        admitted = run.state.get(_ADMITTED, {})
         request = admitted.pop(call.id, None)
         if self.chain and request is not None:
             await self.chain.release(
@@ -134,7 +132,7 @@ class ApprovalGate:
         self.timeout = timeout
 
     async def __call__(
-        self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: RunContext
+        self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: Run
     ) -> Approval | None:
         if not self.policy.requires_approval(tool):
             return None
@@ -154,8 +152,7 @@ class ApprovalGate:
         )
         if pending is None:
             return Approval(False, result=TOO_MANY_APPROVALS)
-        live = live_run_of(run)
-        with live.hold() if live is not None else contextlib.nullcontext():
+        with run.hold():
             try:
                 await run.session.emit(events.APPROVAL_REQUIRED, pending.to_wire())
             except BaseException:

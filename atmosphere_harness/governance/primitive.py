@@ -9,52 +9,61 @@ then the `atmosphere_harness.policies` entry-point group; the approval policy is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any
 
-from ..attach import Primitive
+from ..contracts import Endpoint, Host, Key, Primitive
 from ..log import get_logger
 from .approval import ToolApprovalPolicy
 from .approvals import ApprovalRegistry
 from .chain import PolicyChain, load_policies
 from .gate import ApprovalGate, PostResponse, ToolCallAdmission
 
-if TYPE_CHECKING:
-    from ..kernel.endpoint import HostedEndpoint
-    from ..kernel.host import HarnessHost
-
 log = get_logger(__name__)
 
-CHAIN_SERVICE = "governance"
+CHAIN_SERVICE: Key[PolicyChain] = Key("governance.chain")
 """`host.services` key of the app's `PolicyChain`."""
-APPROVALS_SERVICE = "approvals"
+APPROVALS_SERVICE: Key[ApprovalRegistry] = Key("governance.approvals")
 """`host.services` key of the app's `ApprovalRegistry`."""
 
 
-def policy_chain(host: HarnessHost) -> PolicyChain:
+def policy_chain(host: Host) -> PolicyChain:
     """The app's policy chain (an empty one when governance is not running)."""
     chain = host.services.get(CHAIN_SERVICE)
-    return chain if isinstance(chain, PolicyChain) else PolicyChain()
+    # Not `or`: an empty chain is falsy, and policies installed into it later must apply.
+    return chain if chain is not None else PolicyChain()
 
 
 class GovernancePrimitive(Primitive):
     name = "governance"
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        policies: Sequence[Any] = (),
+        approval_policy: ToolApprovalPolicy | None = None,
+        approvals: ApprovalRegistry | None = None,
+    ) -> None:
+        """`policies` run before the entry-point ones; `approval_policy` is the app's default
+        (an agent class's `approval_policy` wins); `approvals` comes from `backends`."""
+        self._policies = tuple(policies)
+        self._approval_policy = approval_policy
+        self._given_approvals = approvals
         self.chain = PolicyChain()
-        self.approvals = ApprovalRegistry()
+        self.approvals = approvals or ApprovalRegistry()
 
-    async def start(self, host: HarnessHost) -> None:
-        self.chain = load_policies(tuple(host.options.get("policies") or ()))
-        self.approvals = ApprovalRegistry()
-        host.services[CHAIN_SERVICE] = self.chain
-        host.services[APPROVALS_SERVICE] = self.approvals
+    async def start(self, host: Host) -> None:
+        self.chain = load_policies(self._policies)
+        self.approvals = self._given_approvals or ApprovalRegistry()
+        host.services.set(CHAIN_SERVICE, self.chain)
+        host.services.set(APPROVALS_SERVICE, self.approvals)
         if self.chain:
             names = [policy.name for policy in self.chain.policies]
             log.info("governance policies installed", policies=names)
 
-    def attach(self, endpoint: HostedEndpoint, host: HarnessHost) -> None:
+    def attach(self, endpoint: Endpoint, host: Host) -> None:
         declared = getattr(endpoint.spec.cls, "approval_policy", None) if endpoint.spec else None
-        policy = declared or host.options.get("approval_policy") or ToolApprovalPolicy.annotated()
+        policy = declared or self._approval_policy or ToolApprovalPolicy.annotated()
         if not isinstance(policy, ToolApprovalPolicy):
             raise TypeError(
                 f"{endpoint.path}: approval_policy must be a ToolApprovalPolicy, got {policy!r}"
@@ -65,6 +74,6 @@ class GovernancePrimitive(Primitive):
             policy, self.approvals, host.settings.approval_timeout
         )
 
-    async def stop(self, host: HarnessHost) -> None:
-        host.services.pop(CHAIN_SERVICE, None)
-        host.services.pop(APPROVALS_SERVICE, None)
+    async def stop(self, host: Host) -> None:
+        host.services.pop(CHAIN_SERVICE)
+        host.services.pop(APPROVALS_SERVICE)

@@ -8,50 +8,33 @@ routes requests to it. A sub-agent is a `HostedEndpoint` built directly, with no
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..cache import PromptCache
+from ..contracts import (
+    AdmissionHook,
+    ApprovalHook,
+    CloseHook,
+    HistoryStore,
+    Provider,
+    ResultHook,
+    RunInterceptor,
+    TypedMap,
+)
 from ..harness import Harness
 from ..injection import injectable_type, resolved_hints
 from ..log import get_logger
 from ..registry import AgentSpec, EndpointKind, sanitize
-from ..runtimes.base import AgentRuntime, Message, ModelRequest
+from ..runtimes.base import AgentRuntime
 from ..tools.base import Tool, as_tool
 from ..tools.bounds import DEFAULT_MAX_ARGUMENT_CHARS, DEFAULT_MAX_TOOL_CALLS
-from .executor import AdmissionHook, ApprovalHook, ResultHook
 
 if TYPE_CHECKING:
     from ..preset import RuntimeTruth
-    from .run import RunContext
 
 log = get_logger(__name__)
-
-Provider = Callable[["RunContext"], Any]
-
-
-class RunInterceptor(Protocol):
-    """Shapes every model request of a run and sees each finished turn."""
-
-    async def before_request(self, run: RunContext, request: ModelRequest) -> ModelRequest: ...
-
-    async def after_turn(self, run: RunContext, messages: Sequence[Message]) -> None: ...
-
-
-class HistoryStore(Protocol):
-    """Where a conversation's messages live between prompts (the memory primitive provides it)."""
-
-    async def load(self, run: RunContext) -> list[Message]: ...
-
-    async def append(self, run: RunContext, messages: Sequence[Message]) -> None: ...
-
-
-class CloseHook(Protocol):
-    """Told when a conversation closes; returns whether it knew the conversation."""
-
-    async def __call__(self, conversation_id: str, user_id: str | None) -> bool: ...
-
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are {name}, a capable assistant. Work through the user's request step by step, "
@@ -111,8 +94,8 @@ class HostedEndpoint:
         self.admission_hooks: list[AdmissionHook] = []
         self.approval_hook: ApprovalHook | None = None
         self.result_hooks: list[ResultHook] = []
-        self.services: dict[str, Any] = {}
-        """Per-endpoint objects primitives share (e.g. the plan store), keyed by a plain name."""
+        self.services = TypedMap()
+        """Per-endpoint objects primitives share (e.g. the plan store), by typed key."""
         self.prompt_parameters: list[tuple[str, type | None]] = []
 
     # --- what attach engines call ------------------------------------------------------------
@@ -148,6 +131,34 @@ class HostedEndpoint:
 
     def tool_specs(self) -> tuple[Any, ...]:
         return tuple(tool.spec() for tool in self.tools.values())
+
+    def derive(
+        self,
+        *,
+        agent_id: str,
+        system_prompt: str,
+        root: Path,
+        features: frozenset[Harness],
+        tools: Sequence[Tool],
+    ) -> HostedEndpoint:
+        """A sub-agent's endpoint: this one's runtime and bounds, its own tools and root.
+
+        It is not hosted (no routes, no runtime truth); the caller attaches what it needs.
+        """
+        return HostedEndpoint(
+            path=f"{self.path}#{agent_id}",
+            kind=self.kind,
+            owner=agent_id,
+            features=features,
+            runtime=self.runtime,
+            system_prompt=system_prompt,
+            root=root,
+            tool_timeout=self.tool_timeout,
+            max_rounds=self.max_rounds,
+            tools=tools,
+            max_tool_calls=self.max_tool_calls,
+            max_tool_argument_chars=self.max_tool_argument_chars,
+        )
 
     # --- construction from a declared class --------------------------------------------------
 

@@ -19,15 +19,14 @@ Nothing a tool does can crash the run: only cancellation of the run itself propa
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .. import events
 from ..log import get_logger
 from ..runtimes.base import ToolCall
 from ..tools.base import Tool, ToolArgumentError, ToolContext, render_result
+from ..tools.results import invalid_arguments, json_result
 from ..tools.validation import validate_arguments
 
 if TYPE_CHECKING:
@@ -35,45 +34,6 @@ if TYPE_CHECKING:
     from .session import StreamingSession
 
 log = get_logger(__name__)
-
-
-def json_result(**fields: Any) -> str:
-    """A compact JSON tool result (the reference's error shapes are matched byte for byte)."""
-    return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
-
-
-def invalid_arguments(tool: str, details: Sequence[str]) -> str:
-    return json_result(error="invalid_arguments", tool=tool, details=list(details))
-
-
-class AdmissionHook(Protocol):
-    """Runs before `tool-start`: a string answers the call instead of the tool, a mapping
-    replaces its arguments, `None` admits it as it is."""
-
-    async def __call__(
-        self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: RunContext
-    ) -> str | Mapping[str, Any] | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Approval:
-    """An approval hook's verdict: run (maybe with edited arguments) or answer with `result`."""
-
-    approved: bool
-    arguments: Mapping[str, Any] | None = None
-    result: str | None = None
-
-
-class ApprovalHook(Protocol):
-    async def __call__(
-        self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: RunContext
-    ) -> Approval | None: ...
-
-
-class ResultHook(Protocol):
-    """Reshapes a result before the model sees it (e.g. offloads a huge one to a file)."""
-
-    async def __call__(self, call: ToolCall, tool: Tool, result: str, run: RunContext) -> str: ...
 
 
 async def execute_calls(

@@ -8,11 +8,19 @@ can drain it. It never imports FastAPI: the web layer is a thin client of it.
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections.abc import Coroutine, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from ..attach import Primitive
+from ..contracts import (
+    ConversationLocks,
+    FrameSink,
+    Key,
+    LiveRunHandle,
+    Primitive,
+    Run,
+    RunJournal,
+    TypedMap,
+)
 from ..harness import Harness
 from ..log import get_logger
 from ..preset import HarnessPreset, effective_cache_policy
@@ -21,9 +29,12 @@ from ..runtimes.base import AgentRuntime
 from ..settings import HarnessSettings
 from .endpoint import HostedEndpoint
 from .journal import LiveRuns
+from .locks import InProcessConversationLocks
+from .run import RunContext, execute_prompt
 from .session import StreamingSession
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 MAX_REGISTERED_OWNERS = 1024
 
@@ -38,7 +49,8 @@ class HarnessHost:
         runtime: AgentRuntime,
         specs: Sequence[AgentSpec],
         primitives: Sequence[Primitive] = (),
-        options: dict[str, Any] | None = None,
+        locks: ConversationLocks | None = None,
+        runs: RunJournal | None = None,
     ) -> None:
         self.settings = settings
         self.preset = HarnessPreset(settings)
@@ -46,21 +58,20 @@ class HarnessHost:
         self.runtime = runtime
         self.specs = list(specs)
         self.primitives = list(primitives)
-        self.options: dict[str, Any] = dict(options or {})
-        """Objects passed to `create_harness_router` (long_term_memory, policies, ...)."""
-        self.services: dict[str, Any] = {}
-        """App-wide objects primitives share (buses, stores), keyed by a plain name."""
+        self.services = TypedMap()
+        """App-wide objects primitives share (buses, stores), by typed key."""
         self.endpoints: dict[str, HostedEndpoint] = {}
         self.agents: dict[str, AgentSpec] = {}
         """Every declared agent/coordinator by name, headless ones included (fleet members)."""
-        self._surfaces: dict[str, dict[str, Any]] = {}
-        self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = (
-            weakref.WeakValueDictionary()
-        )
+        self.locks: ConversationLocks = locks if locks is not None else InProcessConversationLocks()
+        """One prompt at a time per conversation (`backends` may share them across replicas)."""
+        self.runs: RunJournal = runs if runs is not None else LiveRuns()
+        """Prompt runs started over HTTP, with their frame journals (see `journal`)."""
+        self.backends: dict[str, str] = {"state": "sqlite", "events": "local"}
+        """What holds shared state and carries fan-out (`backends.StateBackends.describe`)."""
+        self._surfaces: dict[Key[Any], dict[str, Any]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started: list[Primitive] = []
-        self.runs = LiveRuns()
-        """Prompt runs started over HTTP, with their frame journals (see `journal`)."""
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -82,18 +93,6 @@ class HarnessHost:
             if self.preset.kill_switch
             else ("enabled app-wide" if self.settings.enabled else "per annotation")
         )
-        for variable, url in (
-            ("ATMOSPHERE_REDIS_URL", self.settings.redis_url),
-            ("ATMOSPHERE_POSTGRES_URL", self.settings.postgres_url),
-        ):
-            if url:
-                # Said out loud: a scale-out URL that silently did nothing would let a
-                # deployment believe its workers share state when they do not.
-                log.warning(
-                    "this version has no scale-out backend yet: the URL is ignored and the "
-                    "embedded SQLite stores under workspace_root are used",
-                    setting=variable,
-                )
         log.info(
             "harness started",
             mode=mode,
@@ -168,7 +167,7 @@ class HarnessHost:
 
     # --- surfaces the admin API reads ------------------------------------------------------
 
-    def register_surface(self, kind: str, owner: str, surface: Any) -> bool:
+    def register_surface(self, kind: Key[T], owner: str, surface: T) -> bool:
         """Record the exact instance an attach engine bound for `owner` (e.g. its plan store)."""
         if not owner or not owner.strip():
             return False
@@ -179,22 +178,67 @@ class HarnessHost:
         registry[owner] = surface
         return True
 
-    def surface(self, kind: str, owner: str) -> Any | None:
-        return self._surfaces.get(kind, {}).get(owner)
+    def surface(self, kind: Key[T], owner: str) -> T | None:
+        found: T | None = self._surfaces.get(kind, {}).get(owner)
+        return found
 
-    def owners(self, kind: str) -> list[str]:
+    def owners(self, kind: Key[Any]) -> list[str]:
         return sorted(self._surfaces.get(kind, {}))
 
-    # --- concurrency ----------------------------------------------------------------------
+    # --- runs -----------------------------------------------------------------------------
 
-    def conversation_lock(self, path: str, conversation_id: str) -> asyncio.Lock:
-        """Prompts of one conversation run one at a time, so their history never interleaves."""
-        key = (path, conversation_id)
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = asyncio.Lock()
-            self._locks[key] = lock
-        return lock
+    def start_run(
+        self,
+        endpoint: HostedEndpoint,
+        *,
+        message: str,
+        conversation_id: str,
+        user_id: str | None,
+    ) -> LiveRunHandle:
+        """Start one prompt run in its own task, its frames journalled (the HTTP entry point)."""
+
+        async def work(live: LiveRunHandle) -> RunContext:
+            return await execute_prompt(
+                self,
+                endpoint,
+                message=message,
+                conversation_id=conversation_id,
+                user_id=user_id,
+                sink=live.publish,
+                holder=live.hold,
+            )
+
+        return self.runs.start(
+            work, path=endpoint.path, conversation_id=conversation_id, user_id=user_id
+        )
+
+    async def prompt(
+        self,
+        path: str,
+        *,
+        message: str,
+        conversation_id: str,
+        user_id: str | None,
+        sink: FrameSink,
+        parent: Run | None = None,
+    ) -> RunContext:
+        """Run the endpoint at `path` for one message inside `parent` (a fleet member's answer)."""
+        endpoint = self.endpoints.get(path)
+        if endpoint is None:
+            raise LookupError(f"no endpoint is hosted at {path}")
+        if parent is not None and not isinstance(parent, RunContext):
+            raise TypeError(f"a parent run must be a kernel run, got {parent!r}")
+        return await execute_prompt(
+            self,
+            endpoint,
+            message=message,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            sink=sink,
+            parent=parent,
+        )
+
+    # --- concurrency ----------------------------------------------------------------------
 
     def spawn(
         self, work: Coroutine[Any, Any, Any], *, name: str | None = None

@@ -29,16 +29,12 @@ import contextlib
 import itertools
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
+from typing import Any
 
+from ..contracts import LiveRunHandle
 from ..events import Frame
 from ..log import get_logger
-
-if TYPE_CHECKING:
-    from .endpoint import HostedEndpoint
-    from .host import HarnessHost
-    from .run import RunContext
 
 log = get_logger(__name__)
 
@@ -48,8 +44,6 @@ JOURNAL_BYTES = 2 * 1024 * 1024
 KEPT_FINISHED_RUNS = 32
 KEEP_FINISHED_SECONDS = 600.0
 RUNS_PER_CONVERSATION = 4
-LIVE_RUN = "journal.live_run"
-"""Key of a run's `LiveRun` in `RunContext.state` (of the top-level run)."""
 
 
 class LiveRun:
@@ -192,7 +186,10 @@ class LiveRun:
 
 
 class LiveRuns:
-    """The app's live (and recently finished) runs, by endpoint path and conversation."""
+    """The app's live (and recently finished) runs, by endpoint path and conversation.
+
+    The embedded `contracts.RunJournal`: journals live in this process's memory.
+    """
 
     def __init__(self) -> None:
         self._runs: dict[tuple[str, str], list[LiveRun]] = {}
@@ -200,31 +197,19 @@ class LiveRuns:
 
     def start(
         self,
-        host: HarnessHost,
-        endpoint: HostedEndpoint,
+        work: Callable[[LiveRunHandle], Coroutine[Any, Any, Any]],
         *,
-        message: str,
+        path: str,
         conversation_id: str,
         user_id: str | None,
     ) -> LiveRun:
-        """Start one prompt run writing into a new journal (see `run.execute_prompt`)."""
-        from .run import execute_prompt
-
-        live = LiveRun(endpoint.path, conversation_id, user_id)
+        """Run `work(live)` in its own task, writing its frames into a new journal."""
+        live = LiveRun(path, conversation_id, user_id)
         live.task = asyncio.get_running_loop().create_task(
-            execute_prompt(
-                host,
-                endpoint,
-                message=message,
-                conversation_id=conversation_id,
-                user_id=user_id,
-                sink=live.publish,
-                state={LIVE_RUN: live},
-            ),
-            name=f"prompt:{endpoint.path}:{conversation_id}",
+            work(live), name=f"prompt:{path}:{conversation_id}"
         )
         live.task.add_done_callback(lambda _: self._finish(live))
-        runs = self._runs.setdefault((endpoint.path, conversation_id), [])
+        runs = self._runs.setdefault((path, conversation_id), [])
         runs.append(live)
         self._trim(runs)
         return live
@@ -294,9 +279,3 @@ def _size(frame: Frame) -> int:
     return 64 + sum(
         len(value) if isinstance(value, str) else len(str(value)) for value in frame.data.values()
     )
-
-
-def live_run_of(run: RunContext) -> LiveRun | None:
-    """The journal the request of `run` writes into, if it was started as a live run."""
-    found = run.root.state.get(LIVE_RUN)
-    return found if isinstance(found, LiveRun) else None

@@ -3,38 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import re
+import contextlib
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..contracts import Endpoint, FrameSink, TypedMap
 from ..log import get_logger
 from ..runtimes.base import Usage
-from .session import FrameSink, StreamingSession
+from .endpoint import HostedEndpoint
+from .session import StreamingSession
 
 if TYPE_CHECKING:
-    from .endpoint import HostedEndpoint
     from .host import HarnessHost
+
+Holder = Callable[[], contextlib.AbstractContextManager[None]]
+"""What keeps a request alive past its connection (its live run's `hold`)."""
 
 log = get_logger(__name__)
 T = TypeVar("T")
-
-_CONVERSATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-CONVERSATION_ID_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-"""What `check_conversation_id` accepts, as one (ECMA-262) pattern for API documents."""
-
-
-def new_conversation_id() -> str:
-    return str(uuid.uuid4())
-
-
-def check_conversation_id(value: str) -> str:
-    """Conversation ids name directories on disk: 1-128 of `[A-Za-z0-9._-]`, no `..`."""
-    if not isinstance(value, str) or not _CONVERSATION_ID.match(value) or ".." in value:
-        raise ValueError(
-            "conversationId must be 1-128 letters, digits, '.', '_' or '-' "
-            "(starting with a letter or digit, no '..')"
-        )
-    return value
 
 
 class RunContext:
@@ -49,6 +36,7 @@ class RunContext:
         user_id: str | None,
         sink: FrameSink,
         parent: RunContext | None = None,
+        holder: Holder | None = None,
     ) -> None:
         self.host = host
         self.endpoint = endpoint
@@ -58,8 +46,9 @@ class RunContext:
         self.session_id = uuid.uuid4().hex
         self.session = StreamingSession(self, sink)
         self.usage = Usage()
-        self.state: dict[str, Any] = {}
-        """Per-run scratch space for primitives (keys are the primitive's own names)."""
+        self.state = TypedMap()
+        """Per-run scratch space for primitives (keyed by the primitive's own `Key`s)."""
+        self._holder = holder
         self._resolved: dict[type, Any] = {StreamingSession: self.session}
 
     @property
@@ -85,6 +74,28 @@ class RunContext:
         if self.parent is not None:
             self.parent.add_usage(usage)
 
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        """Keep the request alive past its connection while the block runs (an approval wait).
+
+        A request started as a live run is held by its journal; any other run has nothing
+        to hold, so this is a no-op there.
+        """
+        root = self.root
+        return root._holder() if root._holder is not None else contextlib.nullcontext()
+
+    def child(self, endpoint: Endpoint, *, conversation_id: str, sink: FrameSink) -> RunContext:
+        """A sub-agent's run inside this one, on an endpoint `derive` built."""
+        if not isinstance(endpoint, HostedEndpoint):
+            raise TypeError(f"a child run needs a kernel endpoint, got {endpoint!r}")
+        return RunContext(
+            host=self.host,
+            endpoint=endpoint,
+            conversation_id=conversation_id,
+            user_id=self.user_id,
+            sink=sink,
+            parent=self,
+        )
+
 
 async def execute_prompt(
     host: HarnessHost,
@@ -95,13 +106,13 @@ async def execute_prompt(
     user_id: str | None,
     sink: FrameSink,
     parent: RunContext | None = None,
-    state: dict[str, Any] | None = None,
+    holder: Holder | None = None,
 ) -> RunContext:
     """Call the endpoint's `@prompt` method for one message and finish its stream.
 
     The stream always ends with exactly one `complete` or `error` frame, whatever the method
     does; prompts of one conversation run one at a time. `parent` makes the run part of another
-    (a fleet member answering a coordinator); `state` seeds `run.state`.
+    (a fleet member answering a coordinator); `holder` keeps it alive past its connection.
     """
     run = RunContext(
         host=host,
@@ -110,15 +121,14 @@ async def execute_prompt(
         user_id=user_id,
         sink=sink,
         parent=parent,
+        holder=holder,
     )
-    if state:
-        run.state.update(state)
     session = run.session
     spec = endpoint.spec
     assert spec is not None
     assert spec.prompt_method is not None
     try:
-        async with host.conversation_lock(endpoint.path, conversation_id):
+        async with host.locks.hold(endpoint.path, conversation_id):
             kwargs: dict[str, Any] = {}
             for name, kind in endpoint.prompt_parameters:
                 kwargs[name] = message if kind is None else run.resolve(kind)

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import events
 from ..cache import CacheHint
+from ..contracts import FrameSink
 from ..events import Event, Frame
 from ..injection import register_injectable
+from .loop import run_loop
 
 if TYPE_CHECKING:
     from .run import RunContext
-
-FrameSink = Callable[[Frame], Awaitable[None]]
 
 
 class StreamingSession:
@@ -54,8 +54,6 @@ class StreamingSession:
         `cache_hint` overrides the endpoint's prompt-cache policy for this prompt (its key, ttl,
         or `CacheHint.none()` to switch caching off).
         """
-        from .loop import run_loop
-
         self.last_text = await run_loop(self._run, message, cache_hint=cache_hint)
         return self.last_text
 

@@ -16,7 +16,7 @@ from .compaction import CompactionStrategy, SlidingWindowCompaction
 from .history import ConversationKey, HistoryBackend, InMemoryHistory
 
 if TYPE_CHECKING:
-    from ..kernel.run import RunContext
+    from ..contracts import Run
 
 DEFAULT_MAX_HISTORY = 20
 MAX_UNSUMMARIZED = 500
@@ -61,10 +61,10 @@ class ConversationMemory:
 
     # --- HistoryStore (what the loop calls) ---------------------------------------------------
 
-    async def load(self, run: RunContext) -> list[Message]:
+    async def load(self, run: Run) -> list[Message]:
         return await self.view(run.conversation_id, run.user_id)
 
-    async def append(self, run: RunContext, messages: Sequence[Message]) -> None:
+    async def append(self, run: Run, messages: Sequence[Message]) -> None:
         if messages:
             await self.backend.append(self.key(run.conversation_id, run.user_id), messages)
 

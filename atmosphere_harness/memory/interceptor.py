@@ -24,20 +24,21 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..contracts import Key
 from ..log import get_logger
 from ..runtimes.base import AgentRuntime, Message, ModelRequest
 from .extraction import extract_facts, reconcile
 from .long_term import LongTermMemory
 
 if TYPE_CHECKING:
-    from ..kernel.run import RunContext
+    from ..contracts import Run
 
 log = get_logger(__name__)
 
 RECALL_LABEL = "Known facts about this user:"
 DEFAULT_RECALL_LIMIT = 20
 DEFAULT_RECALL_CHARS = 4000
-_STATE_KEY = "memory.recall"
+_STATE_KEY: Key[str] = Key("memory.recall")
 
 
 def render_facts(facts: Sequence[str], max_chars: int) -> str:
@@ -79,19 +80,20 @@ class LongTermMemoryInterceptor:
         self.runtime = runtime
         """Extraction model; `None` uses the endpoint's runtime."""
 
-    async def before_request(self, run: RunContext, request: ModelRequest) -> ModelRequest:
+    async def before_request(self, run: Run, request: ModelRequest) -> ModelRequest:
         if not run.user_id:
             return request
-        if _STATE_KEY not in run.state:
+        block = run.state.get(_STATE_KEY)
+        if block is None:
             # Once per run: facts do not change between the model calls of one prompt, and an
             # identical block keeps every round of the run cache-friendly.
-            run.state[_STATE_KEY] = await self._recall(run.user_id, request.messages)
-        block: str = run.state[_STATE_KEY]
+            block = await self._recall(run.user_id, request.messages)
+            run.state.set(_STATE_KEY, block)
         if not block:
             return request
         return dataclasses.replace(request, context=(*request.context, block))
 
-    async def after_turn(self, run: RunContext, messages: Sequence[Message]) -> None:
+    async def after_turn(self, run: Run, messages: Sequence[Message]) -> None:
         return None
 
     async def recall(self, user_id: str, message: str) -> list[str]:

@@ -3,7 +3,7 @@
 On start it opens the workspace database (`{workspace_root}/atmosphere.db`), resolves the one
 long-term memory store the app uses and starts the idle reaper. On each endpoint that gets
 memory it installs a `ConversationMemory` as the loop's history and, with `Harness.MEMORY`, the
-long-term-memory interceptor. A conversation closes through `HarnessHost.close_conversation`
+long-term-memory interceptor. A conversation closes through `Host.close_conversation`
 (the close route, a WebSocket disconnect), the idle reaper, or shutdown; closing schedules fact
 extraction in the background and returns at once.
 """
@@ -14,9 +14,8 @@ import asyncio
 import contextlib
 import math
 import time
-from typing import TYPE_CHECKING
 
-from ..attach import Primitive
+from ..contracts import Endpoint, Host, Key, Primitive
 from ..harness import Harness
 from ..log import get_logger
 from ..preset import ACTIVE, COMPACTION, CONVERSATION_MEMORY, LONG_TERM_MEMORY
@@ -29,11 +28,12 @@ from .providers import LongTermMemoryProvider, load_providers, resolve_provider
 from .sqlite import DATABASE_FILE, SqliteDatabase
 from .sqlite_history import SqliteHistory
 
-if TYPE_CHECKING:
-    from ..kernel.endpoint import HostedEndpoint
-    from ..kernel.host import HarnessHost
-
 log = get_logger(__name__)
+
+LONG_TERM_MEMORY_SERVICE: Key[LongTermMemory] = Key("memory.long_term")
+"""`host.services` key of the app's long-term memory store."""
+CONVERSATION_MEMORY_SERVICE: Key[ConversationMemory] = Key("memory.conversation")
+"""`endpoint.services` key of the endpoint's conversation memory."""
 
 MAX_EXTRACTION_MESSAGES = 200
 REAP_BATCH = 256
@@ -48,7 +48,8 @@ class MemoryPrimitive(Primitive):
     """Attaches `Harness.MEMORY` (and explicit `conversation_memory=True`).
 
     `history=` and `long_term_memory=` replace the SQLite defaults (tests pass in-memory ones);
-    `providers=` replaces entry-point discovery.
+    `providers=` replaces entry-point discovery; `fallback_long_term_memory=` (a state backend's
+    store) replaces only the SQLite default, so an entry-point provider still wins over it.
     """
 
     name = "memory"
@@ -58,10 +59,12 @@ class MemoryPrimitive(Primitive):
         *,
         history: HistoryBackend | None = None,
         long_term_memory: LongTermMemory | None = None,
+        fallback_long_term_memory: LongTermMemory | None = None,
         providers: list[LongTermMemoryProvider] | None = None,
     ) -> None:
         self._given_history = history
         self._given_store = long_term_memory
+        self._fallback_store = fallback_long_term_memory
         self._providers = providers
         self.database: SqliteDatabase | None = None
         self.history: HistoryBackend = history or InMemoryHistory()
@@ -70,16 +73,15 @@ class MemoryPrimitive(Primitive):
         self._interceptors: dict[str, LongTermMemoryInterceptor] = {}
         self._extracting: set[ConversationKey] = set()
         self._reaper: asyncio.Task[None] | None = None
-        self._host: HarnessHost | None = None
+        self._host: Host | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    async def start(self, host: HarnessHost) -> None:
+    async def start(self, host: Host) -> None:
         self._host = host
         settings = host.settings
-        option = host.options.get("long_term_memory")
-        store = option if option is not None else self._given_store
-        if self._given_history is None or store is None:
+        store = self._given_store
+        if self._given_history is None or (store is None and self._fallback_store is None):
             self.database = SqliteDatabase(settings.workspace_root / DATABASE_FILE)
         if self._given_history is None:
             assert self.database is not None
@@ -91,35 +93,37 @@ class MemoryPrimitive(Primitive):
                 provider, store = found
                 self._owned_store = store
                 log.info("long-term memory from provider", provider=provider.name)
+        if store is None and self._fallback_store is not None:
+            store = self._fallback_store
         if store is None:
             assert self.database is not None
             store = SqliteLongTermMemory(
-                database=self.database, max_facts_per_user=settings.memory_max_facts
+                database=self.database, max_facts_per_user=settings.groups.memory.max_facts
             )
         if not isinstance(store, LongTermMemory):
             raise TypeError(f"long_term_memory must be a LongTermMemory, got {store!r}")
         self.store = store
         if self.database is not None:
             await self.database.open()
-        host.services["memory"] = self
-        host.services["long_term_memory"] = store
-        if settings.conversation_idle_timeout > 0:
+        host.services.set(LONG_TERM_MEMORY_SERVICE, store)
+        idle_timeout = settings.groups.memory.idle_timeout
+        if idle_timeout > 0:
             self._reaper = asyncio.get_running_loop().create_task(
-                self._reap_forever(settings.conversation_idle_timeout), name="memory-idle-reaper"
+                self._reap_forever(idle_timeout), name="memory-idle-reaper"
             )
 
-    def attach(self, endpoint: HostedEndpoint, host: HarnessHost) -> None:
+    def attach(self, endpoint: Endpoint, host: Host) -> None:
         spec = endpoint.spec
         explicit = spec is not None and spec.conversation_memory
         if not (endpoint.has(Harness.MEMORY) or explicit):
             return
-        settings = host.settings
+        settings = host.settings.groups.memory
         strategy = build_strategy(
             settings.compaction,
             runtime=endpoint.runtime,
-            model_timeout=settings.memory_model_timeout,
-            recent_window=settings.compaction_recent_window,
-            context_tokens=token_budget(settings, endpoint.runtime),
+            model_timeout=settings.model_timeout,
+            recent_window=settings.recent_window,
+            context_tokens=token_budget(host.settings, endpoint.runtime),
         )
         memory = ConversationMemory(
             self.history,
@@ -128,7 +132,7 @@ class MemoryPrimitive(Primitive):
             strategy=strategy,
         )
         endpoint.history = memory
-        endpoint.services["conversation_memory"] = memory
+        endpoint.services.set(CONVERSATION_MEMORY_SERVICE, memory)
         endpoint.provide(ConversationMemory, lambda run: memory)
         endpoint.close_hooks.append(
             lambda conversation, user: self.close(endpoint, conversation, user)
@@ -149,7 +153,7 @@ class MemoryPrimitive(Primitive):
         store = interceptor.store
         endpoint.provide(LongTermMemory, lambda run: store)
 
-    async def stop(self, host: HarnessHost) -> None:
+    async def stop(self, host: Host) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -157,7 +161,7 @@ class MemoryPrimitive(Primitive):
             self._reaper = None
         # A history that dies with the process closes every conversation now; a durable one
         # closes those already idle (the others may continue after a restart).
-        timeout = host.settings.conversation_idle_timeout
+        timeout = host.settings.groups.memory.idle_timeout
         if not self.history.durable:
             await self.reap(math.inf)
         elif timeout > 0:
@@ -171,9 +175,7 @@ class MemoryPrimitive(Primitive):
 
     # --- closing conversations ------------------------------------------------------------
 
-    async def close(
-        self, endpoint: HostedEndpoint, conversation_id: str, user_id: str | None
-    ) -> bool:
+    async def close(self, endpoint: Endpoint, conversation_id: str, user_id: str | None) -> bool:
         """Close one conversation; extraction (when there is a user) runs in the background."""
         key = ConversationKey(endpoint.path, user_id, conversation_id)
         if not await self.history.close(key):
@@ -189,7 +191,7 @@ class MemoryPrimitive(Primitive):
 
     async def _extract(
         self,
-        endpoint: HostedEndpoint,
+        endpoint: Endpoint,
         interceptor: LongTermMemoryInterceptor,
         key: ConversationKey,
         user_id: str,
@@ -203,7 +205,7 @@ class MemoryPrimitive(Primitive):
                 user_id,
                 messages,
                 runtime=endpoint.runtime,
-                timeout=self._host.settings.memory_model_timeout,
+                timeout=self._host.settings.groups.memory.model_timeout,
                 conversation_id=key.conversation_id,
             )
             await self.history.mark_extracted(key, last_seq)

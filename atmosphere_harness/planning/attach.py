@@ -23,9 +23,10 @@ bus) and closed at shutdown, which ends every live `plan/events` stream.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from pathlib import Path
 
-from ..attach import Primitive
+from ..contracts import Endpoint, Host, Key, Primitive
 from ..harness import Harness
 from ..log import get_logger
 from ..preset import PLANNING
@@ -36,14 +37,10 @@ from .bus import InProcessPlanBus, PlanEventBus
 from .store import FilePlanStore, PlanStore
 from .tools import BUS_SERVICE, STORE_SERVICE, write_todos_tool
 
-if TYPE_CHECKING:
-    from ..kernel.endpoint import HostedEndpoint
-    from ..kernel.host import HarnessHost
-
 log = get_logger(__name__)
 
-SURFACE = "plan"
-"""The surface kind the admin API reads (`host.surface("plan", owner)`)."""
+SURFACE: Key[PlanStore] = Key("plan")
+"""The surface kind the admin API reads (`host.surface(SURFACE, owner)`)."""
 
 BUILTIN = "ACTIVE(builtin)"
 USER_TOOL = "ACTIVE(user-tool)"
@@ -55,32 +52,40 @@ class PlanningPrimitive(Primitive):
 
     name = "planning"
 
-    def __init__(self, bus: PlanEventBus | None = None) -> None:
+    def __init__(
+        self,
+        bus: PlanEventBus | None = None,
+        *,
+        stores: Callable[[Path], PlanStore] | None = None,
+    ) -> None:
+        """`bus` and `stores` (an owner root -> its plan store) come from `backends`; the
+        defaults are the embedded in-process bus and the JSON files under the owner's root."""
         self._given_bus = bus
         self._bus: PlanEventBus | None = None
+        self._stores: Callable[[Path], PlanStore] = stores or FilePlanStore
 
-    async def start(self, host: HarnessHost) -> None:
+    async def start(self, host: Host) -> None:
         self._bus = self._given_bus if self._given_bus is not None else InProcessPlanBus()
-        host.services[BUS_SERVICE] = self._bus
+        host.services.set(BUS_SERVICE, self._bus)
 
-    def attach(self, endpoint: HostedEndpoint, host: HarnessHost) -> None:
+    def attach(self, endpoint: Endpoint, host: Host) -> None:
         if not endpoint.has(Harness.PLANNING):
             return
-        store: PlanStore = FilePlanStore(endpoint.root)
-        endpoint.services[STORE_SERVICE] = store
+        store = self._stores(endpoint.root)
+        endpoint.services.set(STORE_SERVICE, store)
         if self._bus is not None:
-            endpoint.services[BUS_SERVICE] = self._bus
+            endpoint.services.set(BUS_SERVICE, self._bus)
         endpoint.provide(PlanStore, lambda run: store)
         host.register_surface(SURFACE, endpoint.owner, store)
         endpoint.report(PLANNING, self._attach_surface(endpoint, host.settings.planning))
 
-    async def stop(self, host: HarnessHost) -> None:
+    async def stop(self, host: Host) -> None:
         if self._bus is not None:
             await self._bus.aclose()
-        host.services.pop(BUS_SERVICE, None)
+        host.services.pop(BUS_SERVICE)
         self._bus = None
 
-    def _attach_surface(self, endpoint: HostedEndpoint, mode: SurfaceMode) -> str:
+    def _attach_surface(self, endpoint: Endpoint, mode: SurfaceMode) -> str:
         runtime = endpoint.runtime
         native = AiCapability.PLANNING in runtime.capabilities
         if mode is SurfaceMode.NATIVE and not native:

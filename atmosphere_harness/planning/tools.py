@@ -13,22 +13,21 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import events
+from ..contracts import Endpoint, Key, Run
 from ..log import get_logger
 from ..tools.base import Tool, ToolContext, ToolKind
 from .model import STATUS_NAMES, AgentPlan, PlanStatus, PlanStep
 from .store import PlanStore, PlanStoreError
 
 if TYPE_CHECKING:
-    from ..kernel.endpoint import HostedEndpoint
-    from ..kernel.run import RunContext
     from .bus import PlanEventBus
 
 log = get_logger(__name__)
 
 TOOL_NAME = "write_todos"
-BUS_SERVICE = "plan_bus"
+BUS_SERVICE: Key[PlanEventBus] = Key("planning.bus")
 """Key of the plan event bus in `host.services` and `endpoint.services`."""
-STORE_SERVICE = "plan_store"
+STORE_SERVICE: Key[PlanStore] = Key("planning.store")
 """Key of the endpoint's plan store in `endpoint.services`."""
 
 DESCRIPTION = (
@@ -151,17 +150,17 @@ def parse_todos(todos: object, goal: object = None) -> AgentPlan | str:
     return AgentPlan(steps, None if goal is None else str(goal))
 
 
-def plan_store_of(run: RunContext) -> PlanStore | None:
+def plan_store_of(run: Run) -> PlanStore | None:
     """The run's plan store, if its endpoint has one."""
     return run.resolve(PlanStore)
 
 
-def agent_id_for(endpoint: HostedEndpoint) -> str:
+def agent_id_for(endpoint: Endpoint) -> str:
     """Plans are kept per agent; an endpoint's agent id is its owner name."""
     return endpoint.owner
 
 
-async def record_plan(run: RunContext, plan: AgentPlan, *, store: PlanStore | None = None) -> None:
+async def record_plan(run: Run, plan: AgentPlan, *, store: PlanStore | None = None) -> None:
     """Save `plan` for the run's conversation, then announce it (frame + bus).
 
     Raises `PlanStoreError` when the store rejects the plan (nothing is announced then) and
@@ -175,7 +174,7 @@ async def record_plan(run: RunContext, plan: AgentPlan, *, store: PlanStore | No
     payload = plan.to_wire(conversation_id=run.conversation_id, agent_id=agent_id)
     # Viewers first: if the prompt's own client is gone (its run is being cancelled), the
     # people watching the plan still learn what is now on disk.
-    bus: PlanEventBus | None = run.endpoint.services.get(BUS_SERVICE)
+    bus = run.endpoint.services.get(BUS_SERVICE)
     if bus is not None:
         try:
             await bus.publish(run.endpoint.owner, run.conversation_id, payload)

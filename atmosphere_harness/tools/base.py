@@ -17,7 +17,7 @@ from ..injection import injectable_type, register_injectable, resolved_hints
 from ..runtimes.base import ToolCall, ToolSpec
 
 if TYPE_CHECKING:
-    from ..kernel.run import RunContext
+    from ..contracts import Run
 
 T = TypeVar("T")
 
@@ -46,7 +46,7 @@ class ToolContext:
     """What a running tool may know about its call: the call, the run, and injectables."""
 
     call: ToolCall
-    run: RunContext
+    run: Run
 
     @property
     def conversation_id(self) -> str:

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..kernel.executor import invalid_arguments, json_result
 from ..runtimes.base import ToolCall, new_call_id
+from .results import invalid_arguments, json_result
 
 DEFAULT_MAX_TOOL_CALLS = 256
 """Tool calls one model message may ask for (`ATMOSPHERE_AI_MAX_TOOL_CALLS_PER_MESSAGE`)."""

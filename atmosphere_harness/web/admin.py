@@ -40,9 +40,10 @@ from starlette.requests import HTTPConnection
 
 from ..filesystem.base import AgentFileSystem, FileSystemError
 from ..filesystem.paths import shown
+from ..filesystem.primitive import SURFACE as FILE_SURFACE
 from ..filesystem.provider import AgentFileSystemProvider
+from ..ids import check_conversation_id
 from ..kernel.host import HarnessHost
-from ..kernel.run import check_conversation_id
 from ..log import get_logger
 from ..planning.attach import SURFACE as PLAN_SURFACE
 from ..planning.bus import PlanEventBus
@@ -50,7 +51,6 @@ from ..planning.store import PlanStore
 from ..planning.tools import BUS_SERVICE
 from ..settings import HarnessSettings
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_harness
-from .files import SURFACE as FILE_SURFACE
 from .planning import plan_event_response
 
 log = get_logger(__name__)

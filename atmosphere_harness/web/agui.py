@@ -59,9 +59,9 @@ from sse_starlette import EventSourceResponse
 
 from .. import events
 from ..events import Frame, json_line, line_safe
+from ..ids import check_conversation_id
 from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
-from ..kernel.run import check_conversation_id
 from .deps import CONVERSATION_ID_SCHEMA, get_user_id
 from .sse import PING_SECONDS, SEND_TIMEOUT, run_frames
 

@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..governance.approvals import Answer, AnswerStatus, ApprovalRegistry
 from ..governance.primitive import APPROVALS_SERVICE
+from ..ids import check_conversation_id
 from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
-from ..kernel.run import check_conversation_id
 from .deps import CONVERSATION_ID_SCHEMA, get_user_id
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ from typing import Annotated, Any
 from fastapi import Depends, HTTPException
 from starlette.requests import HTTPConnection
 
+from ..ids import CONVERSATION_ID_PATTERN
 from ..kernel.host import HarnessHost
-from ..kernel.run import CONVERSATION_ID_PATTERN
 
 STATE_KEY = "atmosphere_harness"
 

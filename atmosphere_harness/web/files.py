@@ -20,10 +20,9 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Query
 
 from ..filesystem.base import AgentFileSystem, FileSystemError
+from ..filesystem.primitive import SURFACE
 from ..filesystem.provider import AgentFileSystemProvider
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep
-
-SURFACE = "filesystem"
 
 
 def get_file_system(

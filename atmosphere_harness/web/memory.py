@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import Depends, HTTPException, Path
 from starlette.requests import HTTPConnection
 
+from ..ids import check_conversation_id
 from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
-from ..kernel.run import check_conversation_id
 from ..memory.long_term import LongTermMemory
+from ..memory.primitive import LONG_TERM_MEMORY_SERVICE
 from .deps import CONVERSATION_ID_SCHEMA, get_harness, get_user_id
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def close_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]
 
 def get_long_term_memory(connection: HTTPConnection) -> LongTermMemory:
     """The app's long-term memory store (503 when the memory primitive is not running)."""
-    store = get_harness(connection).services.get("long_term_memory")
+    store = get_harness(connection).services.get(LONG_TERM_MEMORY_SERVICE)
     if not isinstance(store, LongTermMemory):
         raise HTTPException(503, "long-term memory is not configured")
     return store

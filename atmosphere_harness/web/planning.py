@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import Depends, Header, HTTPException, Query
 from sse_starlette import EventSourceResponse
 
+from ..ids import check_conversation_id
 from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
-from ..kernel.run import check_conversation_id
 from ..log import get_logger
 from ..planning.attach import SURFACE
 from ..planning.bus import PlanBusFull, PlanEventBus, encode

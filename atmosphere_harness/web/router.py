@@ -14,7 +14,8 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 from starlette.routing import BaseRoute
 
-from ..attach import Primitive, default_primitives
+from ..assembly import build_host
+from ..contracts import Primitive
 from ..governance.approval import ToolApprovalPolicy
 from ..kernel.host import HarnessHost
 from ..log import ensure_handler
@@ -59,16 +60,14 @@ def create_harness_router(
         ensure_handler()
         resolved = settings if settings is not None else HarnessSettings()
         specs = [spec_of(cls) for cls in agents] if agents is not None else registered_agents()
-        host = HarnessHost(
+        host = build_host(
             resolved,
             runtime=runtime if runtime is not None else resolve_runtime(resolved),
             specs=specs,
-            primitives=list(primitives) if primitives is not None else default_primitives(),
-            options={
-                "long_term_memory": long_term_memory,
-                "policies": tuple(policies),
-                "approval_policy": approval_policy,
-            },
+            primitives=primitives,
+            long_term_memory=long_term_memory,
+            policies=policies,
+            approval_policy=approval_policy,
         )
         await host.start()
         warn_admin_posture(resolved)

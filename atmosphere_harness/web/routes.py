@@ -14,9 +14,9 @@ from fastapi import Depends
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
 
+from ..ids import check_conversation_id, new_conversation_id
 from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
-from ..kernel.run import check_conversation_id, new_conversation_id
 from .agui import agui_routes
 from .approvals import approval_routes
 from .deps import CONVERSATION_ID_SCHEMA, get_user_id

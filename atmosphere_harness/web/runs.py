@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import Depends, Header, HTTPException, Path, Query
 from sse_starlette import EventSourceResponse
 
+from ..ids import check_conversation_id
 from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
-from ..kernel.run import check_conversation_id
 from .deps import CONVERSATION_ID_SCHEMA, get_user_id
 from .sse import follow_run
 

@@ -16,10 +16,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from ..contracts import LiveRunHandle
 from ..events import Frame
 from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
-from ..kernel.journal import LiveRun
 
 SEND_TIMEOUT = 30.0
 PING_SECONDS = 15
@@ -46,8 +46,8 @@ async def run_frames(
     persisted before the caller goes on), unless the run is held by a pending approval: then it
     outlives the reader, as it does for SSE.
     """
-    live = host.runs.start(
-        host, endpoint, message=message, conversation_id=conversation_id, user_id=user_id
+    live = host.start_run(
+        endpoint, message=message, conversation_id=conversation_id, user_id=user_id
     )
     follower = live.follow(0)
     try:
@@ -70,21 +70,21 @@ def stream_prompt(
 ) -> EventSourceResponse:
     """Start one prompt run and stream it from its first frame."""
 
-    def start() -> LiveRun:
-        return host.runs.start(
-            host, endpoint, message=message, conversation_id=conversation_id, user_id=user_id
+    def start() -> LiveRunHandle:
+        return host.start_run(
+            endpoint, message=message, conversation_id=conversation_id, user_id=user_id
         )
 
     return _follow(start, 0, conversation_id)
 
 
-def follow_run(live: LiveRun, after: int) -> EventSourceResponse:
+def follow_run(live: LiveRunHandle, after: int) -> EventSourceResponse:
     """Re-attach to a live (or recently finished) run: the frames after seq `after`, then live."""
     return _follow(lambda: live, after, live.conversation_id)
 
 
 def _follow(
-    open_run: Callable[[], LiveRun], after: int, conversation_id: str
+    open_run: Callable[[], LiveRunHandle], after: int, conversation_id: str
 ) -> EventSourceResponse:
     # The run starts inside the generator: a response that never streams never starts one.
     async def events() -> AsyncIterator[ServerSentEvent]:

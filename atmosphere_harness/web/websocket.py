@@ -34,9 +34,9 @@ from fastapi import Depends, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 from starlette.websockets import WebSocketState
 
+from ..ids import check_conversation_id, new_conversation_id
 from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
-from ..kernel.run import check_conversation_id, new_conversation_id
 from ..log import get_logger
 from .deps import get_user_id
 from .sse import QUEUE_FRAMES, run_frames

@@ -1,0 +1,79 @@
+"""State backends: every piece of state N replicas would have to share, chosen in one place.
+
+`resolve_backends(settings)` is the only place that decides which implementation holds each kind
+of shared state; the kernel and the primitives only see the protocols:
+
+| state | protocol | embedded implementation (one process) |
+|---|---|---|
+| conversation locks | `contracts.ConversationLocks` | `kernel.locks.InProcessConversationLocks` |
+| live runs and their frames | `contracts.RunJournal` | `kernel.journal.LiveRuns` (memory) |
+| plans | `planning.PlanStore` | `planning.FilePlanStore` (JSON files under the owner root) |
+| plan updates fan-out | `planning.PlanEventBus` | `planning.InProcessPlanBus` |
+| approvals | `governance.approvals.ApprovalRegistry` | in memory |
+| conversation history | `memory.history.HistoryBackend` | SQLite under `workspace_root` |
+| long-term memory | `memory.LongTermMemory` | SQLite under `workspace_root` |
+| workspace usage | `filesystem.usage` | a process-wide tally |
+
+For history and long-term memory, `None` here means "the embedded SQLite file": the memory
+primitive opens it under `workspace_root` when it starts (and an entry-point provider or an
+explicit `long_term_memory=` still wins over it). A PostgreSQL or Redis backend fills every
+field with its own classes; no primitive changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..contracts import ConversationLocks, RunJournal
+from ..governance.approvals import ApprovalRegistry
+from ..kernel.journal import LiveRuns
+from ..kernel.locks import InProcessConversationLocks
+from ..log import get_logger
+from ..memory.history import HistoryBackend
+from ..memory.long_term import LongTermMemory
+from ..planning.bus import InProcessPlanBus, PlanEventBus
+from ..planning.store import FilePlanStore, PlanStore
+from ..settings import HarnessSettings
+
+log = get_logger(__name__)
+
+
+@dataclass
+class StateBackends:
+    """The implementations one app uses for its shared state (see the module docstring)."""
+
+    state: str
+    """What holds durable state: `sqlite` (embedded), later `postgres` or `redis`."""
+    events: str
+    """What carries live fan-out: `local` (this process), later `postgres` or `redis`."""
+    locks: ConversationLocks = field(default_factory=InProcessConversationLocks)
+    runs: RunJournal = field(default_factory=LiveRuns)
+    plan_stores: Callable[[Path], PlanStore] = FilePlanStore
+    plan_bus: PlanEventBus = field(default_factory=InProcessPlanBus)
+    approvals: ApprovalRegistry = field(default_factory=ApprovalRegistry)
+    history: HistoryBackend | None = None
+    long_term_memory: LongTermMemory | None = None
+
+    def describe(self) -> dict[str, str]:
+        """The `backends` block of `GET /api/console/info`."""
+        return {"state": self.state, "events": self.events}
+
+
+def resolve_backends(settings: HarnessSettings) -> StateBackends:
+    """The backends `settings` ask for (today: the embedded ones, whatever is set)."""
+    group = settings.groups.backends
+    for variable, url in (
+        ("ATMOSPHERE_REDIS_URL", group.redis_url),
+        ("ATMOSPHERE_POSTGRES_URL", group.postgres_url),
+    ):
+        if url:
+            # Said out loud: a scale-out URL that silently did nothing would let a
+            # deployment believe its workers share state when they do not.
+            log.warning(
+                "this version has no scale-out backend yet: the URL is ignored and the "
+                "embedded SQLite stores under workspace_root are used",
+                setting=variable,
+            )
+    return StateBackends(state="sqlite", events="local")

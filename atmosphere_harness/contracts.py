@@ -1,0 +1,405 @@
+"""What the primitives see of the kernel: small protocols, typed keys and the hook shapes.
+
+The kernel (`atmosphere_harness.kernel`) implements these; the primitives (`planning`,
+`filesystem`, `memory`, `governance`, `delegation`) and `tools` depend only on them, never on the
+kernel's classes. That keeps the import graph a stack (web -> assembly -> backends -> kernel and
+primitives -> contracts -> foundations) that `lint-imports` checks on every `make test`; see
+`docs/architecture.md`.
+
+State that crosses a process boundary in a scale-out deployment (conversation locks, the live-run
+journal) is described here too, so a backend can replace the embedded implementation without a
+primitive or the kernel noticing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
+
+from .cache import PromptCache
+from .events import Frame
+from .harness import Harness
+
+if TYPE_CHECKING:
+    from .registry import AgentSpec, EndpointKind
+    from .runtimes.base import AgentRuntime, Message, ModelRequest, ToolCall, Usage
+    from .settings import HarnessSettings
+    from .tools.base import Tool
+
+T = TypeVar("T")
+
+FrameSink = Callable[[Frame], Awaitable[None]]
+"""Where a run's frames go: a connection, a live-run journal, or a parent run's stream."""
+
+
+# --- typed keys -------------------------------------------------------------------------------
+
+
+class Key(Generic[T]):
+    """A typed key: `services.get(PLAN_BUS)` is a `PlanEventBus | None` to mypy.
+
+    Each primitive declares the keys of what it shares next to the type itself, so the kernel
+    carries the values without knowing their types.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Key({self.name!r})"
+
+
+class TypedMap:
+    """A small map from `Key[T]` to `T`: the host's and an endpoint's services, a run's state."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        self._values: dict[Key[Any], Any] = {}
+
+    @overload
+    def get(self, key: Key[T]) -> T | None: ...
+
+    @overload
+    def get(self, key: Key[T], default: T) -> T: ...
+
+    def get(self, key: Key[T], default: T | None = None) -> T | None:
+        value: T | None = self._values.get(key, default)
+        return value
+
+    def require(self, key: Key[T]) -> T:
+        """The value under `key`; a `LookupError` naming the key when absent."""
+        if key not in self._values:
+            raise LookupError(f"{key.name} is not available here (its primitive is not attached)")
+        value: T = self._values[key]
+        return value
+
+    def set(self, key: Key[T], value: T) -> None:
+        self._values[key] = value
+
+    def setdefault(self, key: Key[T], factory: Callable[[], T]) -> T:
+        if key not in self._values:
+            self._values[key] = factory()
+        value: T = self._values[key]
+        return value
+
+    def pop(self, key: Key[T]) -> T | None:
+        value: T | None = self._values.pop(key, None)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+
+# --- the stream, the run, the endpoint, the host ------------------------------------------
+
+
+class Stream(Protocol):
+    """One prompt's frames, as a tool or primitive speaks on them (`StreamingSession`)."""
+
+    @property
+    def conversation_id(self) -> str: ...
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def stream(self, message: str) -> str: ...
+
+    async def send(self, text: str) -> None: ...
+
+    async def emit(self, event: Any, data: Mapping[str, Any] | None = None) -> None: ...
+
+
+class Run(Protocol):
+    """One prompt run (or a sub-agent's / fleet member's run inside one)."""
+
+    @property
+    def conversation_id(self) -> str: ...
+
+    @property
+    def user_id(self) -> str | None: ...
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def endpoint(self) -> Endpoint: ...
+
+    @property
+    def session(self) -> Stream: ...
+
+    @property
+    def parent(self) -> Run | None: ...
+
+    @property
+    def root(self) -> Run:
+        """The top-level run (the request) this run belongs to."""
+        ...
+
+    @property
+    def state(self) -> TypedMap:
+        """Per-run scratch space for primitives, keyed by their own `Key`s."""
+        ...
+
+    @property
+    def usage(self) -> Usage: ...
+
+    def resolve(self, kind: type[T]) -> T | None:
+        """The injectable of type `kind` for this run (built once per run); `None` if absent."""
+        ...
+
+    def add_usage(self, usage: Usage) -> None: ...
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        """Keep the request alive while the block runs, even if its client leaves (approvals)."""
+        ...
+
+    def child(self, endpoint: Endpoint, *, conversation_id: str, sink: FrameSink) -> Run:
+        """A run of `endpoint` inside this one (a sub-agent): its frames go to `sink`."""
+        ...
+
+
+Provider = Callable[[Run], Any]
+"""Builds an injectable for one run."""
+
+
+class RunInterceptor(Protocol):
+    """Shapes every model request of a run and sees each finished turn."""
+
+    async def before_request(self, run: Run, request: ModelRequest) -> ModelRequest: ...
+
+    async def after_turn(self, run: Run, messages: Sequence[Message]) -> None: ...
+
+
+class HistoryStore(Protocol):
+    """Where a conversation's messages live between prompts (the memory primitive provides it)."""
+
+    async def load(self, run: Run) -> list[Message]: ...
+
+    async def append(self, run: Run, messages: Sequence[Message]) -> None: ...
+
+
+class CloseHook(Protocol):
+    """Told when a conversation closes; returns whether it knew the conversation."""
+
+    async def __call__(self, conversation_id: str, user_id: str | None) -> bool: ...
+
+
+class AdmissionHook(Protocol):
+    """Runs before a call runs: a string answers the call instead of the tool, a mapping
+    replaces its arguments, `None` admits it as it is."""
+
+    async def __call__(
+        self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: Run
+    ) -> str | Mapping[str, Any] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """An approval hook's verdict: run (maybe with edited arguments) or answer with `result`."""
+
+    approved: bool
+    arguments: Mapping[str, Any] | None = None
+    result: str | None = None
+
+
+class ApprovalHook(Protocol):
+    async def __call__(
+        self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: Run
+    ) -> Approval | None: ...
+
+
+class ResultHook(Protocol):
+    """Reshapes a result before the model sees it (e.g. offloads a huge one to a file)."""
+
+    async def __call__(self, call: ToolCall, tool: Tool, result: str, run: Run) -> str: ...
+
+
+class Endpoint(Protocol):
+    """One prompt loop as the attach engines complete it (`kernel.endpoint.HostedEndpoint`)."""
+
+    path: str
+    kind: EndpointKind
+    owner: str
+    features: frozenset[Harness]
+    runtime: AgentRuntime
+    system_prompt: str
+    root: Path
+    tool_timeout: float
+    max_rounds: int
+    max_tool_calls: int
+    max_tool_argument_chars: int
+    cache_policy: PromptCache
+    spec: AgentSpec | None
+    tools: dict[str, Tool]
+    services: TypedMap
+    interceptors: list[RunInterceptor]
+    history: HistoryStore | None
+    close_hooks: list[CloseHook]
+    admission_hooks: list[AdmissionHook]
+    approval_hook: ApprovalHook | None
+    result_hooks: list[ResultHook]
+
+    def has(self, feature: Harness) -> bool: ...
+
+    def add_builtin_tool(self, tool: Tool) -> bool:
+        """Register a built-in tool unless a user tool already claims the name (the user wins)."""
+        ...
+
+    def provide(self, kind: type, provider: Provider) -> None:
+        """Make `kind` injectable into this endpoint's `@prompt` method and tools."""
+        ...
+
+    def report(self, key: str, state: str) -> None:
+        """Record what really attached (runtime truth, per endpoint and app-wide)."""
+        ...
+
+    def derive(
+        self,
+        *,
+        agent_id: str,
+        system_prompt: str,
+        root: Path,
+        features: frozenset[Harness],
+        tools: Sequence[Tool],
+    ) -> Endpoint:
+        """A sub-agent's endpoint: this one's runtime and bounds, its own tools and root."""
+        ...
+
+
+class Host(Protocol):
+    """The running harness as a primitive sees it while it starts, attaches and stops."""
+
+    settings: HarnessSettings
+    services: TypedMap
+    """App-wide objects primitives share, by typed key."""
+    specs: list[AgentSpec]
+    agents: dict[str, AgentSpec]
+    """Every declared agent/coordinator by name, headless ones included (fleet members)."""
+
+    def endpoint(self, path: str) -> Endpoint | None: ...
+
+    def register_surface(self, kind: Key[T], owner: str, surface: T) -> bool:
+        """Record the exact instance an attach engine bound for `owner` (the admin API reads it)."""
+        ...
+
+    def spawn(
+        self, work: Coroutine[Any, Any, Any], *, name: str | None = None
+    ) -> asyncio.Task[Any]:
+        """Run background work the host waits for at shutdown (never on the request path)."""
+        ...
+
+    async def drain(self, timeout: float = 30.0) -> None: ...
+
+    async def prompt(
+        self,
+        path: str,
+        *,
+        message: str,
+        conversation_id: str,
+        user_id: str | None,
+        sink: FrameSink,
+        parent: Run | None = None,
+    ) -> Run:
+        """Run the `@prompt` method of the endpoint at `path` for one message (a fleet member)."""
+        ...
+
+
+class Primitive:
+    """Base class of an attach engine; override what the primitive needs.
+
+    A primitive opens what it needs when the host starts (stores, buses), completes every
+    endpoint whose resolved features include it (tools, injectables, hooks, runtime truth), and
+    closes on shutdown. The host runs them in the order it was given them.
+    """
+
+    name = "primitive"
+
+    async def start(self, host: Host) -> None:
+        """Open shared resources (called once, before any endpoint is attached)."""
+
+    def attach(self, endpoint: Endpoint, host: Host) -> None:
+        """Complete one endpoint (called for every hosted endpoint, features already resolved)."""
+
+    async def stop(self, host: Host) -> None:
+        """Release what `start` opened (called in reverse order at shutdown)."""
+
+
+# --- shared state the kernel owns -------------------------------------------------------------
+
+
+class ConversationLocks(Protocol):
+    """Prompts of one conversation run one at a time, so their history never interleaves.
+
+    The embedded implementation is an `asyncio.Lock` per conversation (one process); a
+    scale-out backend holds the lock across replicas.
+    """
+
+    def hold(self, path: str, conversation_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold the conversation's lock for the block."""
+        ...
+
+
+class LiveRunHandle(Protocol):
+    """One run as the journal keeps it: the run publishes into it, readers follow it."""
+
+    path: str
+    conversation_id: str
+    user_id: str | None
+    session_id: str | None
+    task: asyncio.Task[Any] | None
+    """The run's task, once started."""
+
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def held(self) -> bool:
+        """Whether something (an approval wait) keeps the run alive past its readers."""
+        ...
+
+    async def publish(self, frame: Frame) -> None:
+        """The run's frame sink (may wait: a slow reader slows the run, bounded memory)."""
+        ...
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        """Keep the run alive while the block runs, even if every reader leaves."""
+        ...
+
+    def follow(self, after: int = 0) -> AsyncGenerator[Frame, None]:
+        """Every frame with a seq above `after`, then each new one, until the run ends."""
+        ...
+
+
+class RunJournal(Protocol):
+    """Live (and recently finished) runs and their frames: a run outlives its connection."""
+
+    def start(
+        self,
+        work: Callable[[LiveRunHandle], Coroutine[Any, Any, Any]],
+        *,
+        path: str,
+        conversation_id: str,
+        user_id: str | None,
+    ) -> LiveRunHandle:
+        """Run `work(handle)` in its own task; it publishes its frames into `handle`."""
+        ...
+
+    def find(
+        self, path: str, conversation_id: str, *, session_id: str | None = None
+    ) -> LiveRunHandle | None:
+        """The run `session_id` names, else the oldest unfinished run, else the newest one."""
+        ...
+
+    async def aclose(self) -> None:
+        """Cancel every unfinished run (shutdown) and wait for them to unwind."""
+        ...
