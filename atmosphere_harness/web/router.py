@@ -90,14 +90,15 @@ class HarnessRouter(APIRouter):
         """The specs the lifespan hosts: exactly those the routes were declared for.
 
         Raises `RuntimeError` naming every class decorated after a registry router declared its
-        routes: such a class would be hosted without a single route to reach it.
+        routes: it has no route, and hosting it anyway would make the host and its routes
+        disagree, so the app does not start.
         """
         specs = self.specs
         if self._from_registry:
             declared = {spec.cls for spec in specs}
             late = [spec for spec in registered_agents() if spec.cls not in declared]
             if late:
-                names = ", ".join(f"{spec.cls.__qualname__} ({spec.path})" for spec in late)
+                names = ", ".join(f"{spec.cls.__name__} ({spec.path})" for spec in late)
                 raise RuntimeError(
                     f"{names}: decorated after the harness router declared its routes (when "
                     "the app included it), so it has no routes. Declare the agent classes "
