@@ -60,9 +60,8 @@ from sse_starlette import EventSourceResponse
 from .. import events
 from ..events import Frame, json_line, line_safe
 from ..ids import check_conversation_id
-from ..kernel.endpoint import HostedEndpoint
-from ..kernel.host import HarnessHost
-from .deps import CONVERSATION_ID_SCHEMA, get_user_id
+from ..registry import AgentSpec
+from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_user_id, hosted_endpoint
 from .sse import PING_SECONDS, SEND_TIMEOUT, run_frames
 
 if TYPE_CHECKING:
@@ -276,15 +275,17 @@ def encode_event(encoder: EventEncoder, event: BaseEvent) -> str:
         return f"data: {json_line(event.model_dump(by_alias=True, mode='json'))}\n\n"
 
 
-def agui_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
+def agui_routes(spec: AgentSpec) -> list[RouteSpec]:
     from .routes import MAX_MESSAGE_CHARS, RouteSpec  # routes.py lists this builder
 
     encoder = EventEncoder()
 
     async def post_agui(
         run_input: AguiRunInput,
+        host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> EventSourceResponse:
+        endpoint = hosted_endpoint(host, spec.path)
         try:
             conversation_id = check_conversation_id(run_input.thread_id)
         except ValueError as exc:
@@ -315,11 +316,11 @@ def agui_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
 
     return [
         RouteSpec(
-            endpoint.path + "/ag-ui",
+            spec.path + "/ag-ui",
             post_agui,
             methods=("POST",),
             options={
-                "summary": f"Run {endpoint.owner} over the AG-UI protocol",
+                "summary": f"Run {spec.owner} over the AG-UI protocol",
                 "response_class": EventSourceResponse,
                 "responses": {
                     200: {"content": {"text/event-stream": {}}, "description": "AG-UI events"}

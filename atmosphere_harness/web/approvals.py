@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..governance.approvals import Answer, AnswerStatus, ApprovalRegistry
 from ..governance.primitive import APPROVALS_SERVICE
 from ..ids import check_conversation_id
-from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
-from .deps import CONVERSATION_ID_SCHEMA, get_user_id
+from ..registry import AgentSpec
+from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_user_id, hosted_endpoint
 
 if TYPE_CHECKING:
     from .routes import RouteSpec
@@ -42,14 +42,16 @@ def _registry(host: HarnessHost) -> ApprovalRegistry:
     return registry
 
 
-def approval_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
+def approval_routes(spec: AgentSpec) -> list[RouteSpec]:
     from .routes import RouteSpec  # routes.py lists this builder, so import it late
 
     async def answer(
         approval_id: str,
         body: ApprovalAnswer,
+        host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> dict[str, Any]:
+        endpoint = hosted_endpoint(host, spec.path)
         status = _registry(host).answer(
             endpoint.path,
             approval_id,
@@ -68,8 +70,10 @@ def approval_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSp
         conversation_id: Annotated[
             str, Query(alias="conversationId", json_schema_extra=CONVERSATION_ID_SCHEMA)
         ],
+        host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> dict[str, Any]:
+        endpoint = hosted_endpoint(host, spec.path)
         try:
             check_conversation_id(conversation_id)
         except ValueError as exc:
@@ -82,15 +86,15 @@ def approval_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSp
 
     return [
         RouteSpec(
-            endpoint.path + "/approvals/{approval_id}",
+            spec.path + "/approvals/{approval_id}",
             answer,
             methods=("POST",),
-            options={"summary": f"Answer an approval-required frame of {endpoint.owner}"},
+            options={"summary": f"Answer an approval-required frame of {spec.owner}"},
         ),
         RouteSpec(
-            endpoint.path + "/approvals",
+            spec.path + "/approvals",
             pending,
             methods=("GET",),
-            options={"summary": f"Approvals waiting in a conversation of {endpoint.owner}"},
+            options={"summary": f"Approvals waiting in a conversation of {spec.owner}"},
         ),
     ]

@@ -13,6 +13,7 @@ from fastapi import Depends, HTTPException
 from starlette.requests import HTTPConnection
 
 from ..ids import CONVERSATION_ID_PATTERN
+from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
 
 STATE_KEY = "atmosphere_harness"
@@ -37,6 +38,27 @@ def get_harness(connection: HTTPConnection) -> HarnessHost:
 
 
 HarnessDep = Annotated[HarnessHost, Depends(get_harness)]
+
+
+def not_hosted(path: str) -> str:
+    """Why a route declared for `path` has nothing to run: the running host lacks the endpoint."""
+    return (
+        f"{path} is not hosted by the app's running harness (an app serves the agents of one "
+        "harness router: is another one included?)"
+    )
+
+
+def hosted_endpoint(host: HarnessHost, path: str) -> HostedEndpoint:
+    """The running endpoint that the routes declared for `path` serve (HTTP routes).
+
+    Per-endpoint routes are declared when the router is built, from the agents' specs; they find
+    their endpoint in the running host at request time, by path, so they work under any
+    `include_router` prefix. A host without it (it should not happen) answers a clear 500.
+    """
+    endpoint = host.endpoint(path)
+    if endpoint is None:
+        raise HTTPException(500, not_hosted(path))
+    return endpoint
 
 
 async def get_user_id(connection: HTTPConnection) -> str | None:

@@ -8,17 +8,16 @@ from fastapi import Depends, HTTPException, Path
 from starlette.requests import HTTPConnection
 
 from ..ids import check_conversation_id
-from ..kernel.endpoint import HostedEndpoint
-from ..kernel.host import HarnessHost
 from ..memory.long_term import LongTermMemory
 from ..memory.primitive import LONG_TERM_MEMORY_SERVICE
-from .deps import CONVERSATION_ID_SCHEMA, get_harness, get_user_id
+from ..registry import AgentSpec
+from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_harness, get_user_id, hosted_endpoint
 
 if TYPE_CHECKING:
     from .routes import RouteSpec
 
 
-def close_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
+def close_routes(spec: AgentSpec) -> list[RouteSpec]:
     """`POST P/conversations/{id}/close`: the conversation ends; extraction runs in background.
 
     404 when no primitive knows the conversation for this user (another user's id included).
@@ -27,8 +26,10 @@ def close_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]
 
     async def close_conversation(
         conversation_id: Annotated[str, Path(json_schema_extra=CONVERSATION_ID_SCHEMA)],
+        host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> dict[str, Any]:
+        endpoint = hosted_endpoint(host, spec.path)
         try:
             check_conversation_id(conversation_id)
         except ValueError as exc:
@@ -39,10 +40,10 @@ def close_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]
 
     return [
         RouteSpec(
-            endpoint.path + "/conversations/{conversation_id}/close",
+            spec.path + "/conversations/{conversation_id}/close",
             close_conversation,
             methods=("POST",),
-            options={"summary": f"Close a conversation of {endpoint.owner}"},
+            options={"summary": f"Close a conversation of {spec.owner}"},
         )
     ]
 

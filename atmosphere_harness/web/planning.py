@@ -21,15 +21,14 @@ from fastapi import Depends, Header, HTTPException, Query
 from sse_starlette import EventSourceResponse
 
 from ..ids import check_conversation_id
-from ..kernel.endpoint import HostedEndpoint
-from ..kernel.host import HarnessHost
 from ..log import get_logger
 from ..planning.attach import SURFACE
 from ..planning.bus import PlanBusFull, PlanEventBus, encode
 from ..planning.model import AgentPlan
 from ..planning.store import OwnerPlanStores, PlanStore
 from ..planning.tools import BUS_SERVICE, STORE_SERVICE, agent_id_for
-from .deps import CONVERSATION_ID_SCHEMA, HarnessDep
+from ..registry import AgentSpec
+from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, hosted_endpoint
 from .sse import PING_SECONDS, SEND_TIMEOUT
 
 if TYPE_CHECKING:
@@ -99,15 +98,12 @@ def plan_event_response(
     return EventSourceResponse(stream(), ping=PING_SECONDS, send_timeout=SEND_TIMEOUT)
 
 
-def plan_event_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
+def plan_event_routes(spec: AgentSpec) -> list[RouteSpec]:
+    """`GET P/plan/events`; 404 when the endpoint has no plan surface (planning not attached)."""
     from .routes import RouteSpec  # routes.py lists this builder, so import it late
 
-    store: PlanStore | None = endpoint.services.get(STORE_SERVICE)
-    if store is None:
-        return []
-    agent_id = agent_id_for(endpoint)
-
     async def plan_events(
+        host: HarnessDep,
         conversation_id: Annotated[
             str, Query(alias="conversationId", json_schema_extra=CONVERSATION_ID_SCHEMA)
         ],
@@ -120,6 +116,10 @@ def plan_event_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[Route
             ),
         ] = None,
     ) -> EventSourceResponse:
+        endpoint = hosted_endpoint(host, spec.path)
+        store: PlanStore | None = endpoint.services.get(STORE_SERVICE)
+        if store is None:
+            raise HTTPException(404, f"{spec.path} has no plan: planning is not attached to it")
         try:
             check_conversation_id(conversation_id)
         except ValueError as exc:
@@ -131,24 +131,25 @@ def plan_event_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[Route
             bus,
             store,
             owner=endpoint.owner,
-            agent_id=agent_id,
+            agent_id=agent_id_for(endpoint),
             conversation_id=conversation_id,
             last_event_id=last_event_id or resume_from,
         )
 
     return [
         RouteSpec(
-            f"{endpoint.path}/plan/events",
+            f"{spec.path}/plan/events",
             plan_events,
             methods=("GET",),
             options={
-                "summary": f"Live plan of {endpoint.owner}",
+                "summary": f"Live plan of {spec.owner}",
                 "response_class": EventSourceResponse,
                 "responses": {
                     200: {
                         "content": {"text/event-stream": {}},
                         "description": "plan-snapshot, then plan-update events",
-                    }
+                    },
+                    404: {"description": "planning is not attached to this endpoint"},
                 },
             },
         )

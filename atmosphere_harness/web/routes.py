@@ -1,7 +1,9 @@
-"""Per-endpoint routes. Each builder returns the routes one hosted endpoint serves at its path `P`.
+"""Per-endpoint routes. Each builder returns the routes one agent serves at its path `P`.
 
-The router's lifespan mounts them on the app once the endpoints are resolved (their paths come
-from the decorated classes, which may be declared after the router object exists).
+Builders work from the agent's declaration (`AgentSpec`: its path and owner), so the router
+declares every route when it is built, before the app starts: `include_router(prefix=...)`
+applies to them and `app.openapi()` lists them. A handler finds the running host at request
+time (`get_harness`, from the lifespan state) and its endpoint by path (`hosted_endpoint`).
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
 
 from ..ids import check_conversation_id, new_conversation_id
-from ..kernel.endpoint import HostedEndpoint
-from ..kernel.host import HarnessHost
+from ..registry import AgentSpec
 from .agui import agui_routes
 from .approvals import approval_routes
-from .deps import CONVERSATION_ID_SCHEMA, get_user_id
+from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_user_id, hosted_endpoint
 from .memory import close_routes
 from .planning import plan_event_routes
 from .runs import run_event_routes
@@ -31,7 +32,7 @@ MAX_MESSAGE_CHARS = 1_000_000
 
 @dataclass(frozen=True)
 class RouteSpec:
-    """One route to mount: an HTTP route (`methods`) or a WebSocket route (`websocket=True`)."""
+    """One route to declare: an HTTP route (`methods`) or a WebSocket route (`websocket=True`)."""
 
     path: str
     endpoint: Callable[..., Any]
@@ -40,7 +41,7 @@ class RouteSpec:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-RouteBuilder = Callable[[HostedEndpoint, HarnessHost], list[RouteSpec]]
+RouteBuilder = Callable[[AgentSpec], list[RouteSpec]]
 
 
 class PromptRequest(BaseModel):
@@ -64,11 +65,13 @@ class PromptRequest(BaseModel):
 SSE_RESPONSE = {200: {"content": {"text/event-stream": {}}, "description": "A stream of frames"}}
 
 
-def prompt_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
+def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
     async def post_prompt(
         body: PromptRequest,
+        host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> EventSourceResponse:
+        endpoint = hosted_endpoint(host, spec.path)
         conversation_id = body.conversationId or new_conversation_id()
         return stream_prompt(
             host, endpoint, message=body.message, conversation_id=conversation_id, user_id=user_id
@@ -76,11 +79,11 @@ def prompt_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec
 
     return [
         RouteSpec(
-            endpoint.path,
+            spec.path,
             post_prompt,
             methods=("POST",),
             options={
-                "summary": f"Prompt {endpoint.owner}",
+                "summary": f"Prompt {spec.owner}",
                 "response_class": EventSourceResponse,
                 "responses": SSE_RESPONSE,
             },
@@ -97,4 +100,4 @@ ROUTE_BUILDERS: list[RouteBuilder] = [
     approval_routes,
     run_event_routes,
 ]
-"""Every per-endpoint route builder, in mount order."""
+"""Every per-endpoint route builder, in declaration order."""

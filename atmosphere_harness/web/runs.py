@@ -15,20 +15,20 @@ from fastapi import Depends, Header, HTTPException, Path, Query
 from sse_starlette import EventSourceResponse
 
 from ..ids import check_conversation_id
-from ..kernel.endpoint import HostedEndpoint
-from ..kernel.host import HarnessHost
-from .deps import CONVERSATION_ID_SCHEMA, get_user_id
+from ..registry import AgentSpec
+from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_user_id, hosted_endpoint
 from .sse import follow_run
 
 if TYPE_CHECKING:
     from .routes import RouteSpec
 
 
-def run_event_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
+def run_event_routes(spec: AgentSpec) -> list[RouteSpec]:
     from .routes import SSE_RESPONSE, RouteSpec  # routes.py lists this builder, import late
 
     async def follow(
         conversation_id: Annotated[str, Path(json_schema_extra=CONVERSATION_ID_SCHEMA)],
+        host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
         session_id: Annotated[str | None, Query(alias="sessionId")] = None,
         last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
@@ -40,6 +40,7 @@ def run_event_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteS
             ),
         ] = None,
     ) -> EventSourceResponse:
+        endpoint = hosted_endpoint(host, spec.path)
         try:
             check_conversation_id(conversation_id)
         except ValueError as exc:
@@ -58,11 +59,11 @@ def run_event_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteS
 
     return [
         RouteSpec(
-            endpoint.path + "/conversations/{conversation_id}/events",
+            spec.path + "/conversations/{conversation_id}/events",
             follow,
             methods=("GET",),
             options={
-                "summary": f"Follow the current run of a conversation of {endpoint.owner}",
+                "summary": f"Follow the current run of a conversation of {spec.owner}",
                 "response_class": EventSourceResponse,
                 "responses": SSE_RESPONSE,
             },

@@ -30,7 +30,7 @@ import contextlib
 import json
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import Depends, WebSocket, WebSocketDisconnect
+from fastapi import Depends, WebSocket, WebSocketDisconnect, WebSocketException
 from pydantic import ValidationError
 from starlette.websockets import WebSocketState
 
@@ -38,7 +38,8 @@ from ..ids import check_conversation_id, new_conversation_id
 from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
 from ..log import get_logger
-from .deps import get_user_id
+from ..registry import AgentSpec
+from .deps import HarnessDep, get_user_id, not_hosted
 from .sse import QUEUE_FRAMES, run_frames
 
 if TYPE_CHECKING:
@@ -212,13 +213,18 @@ def origin_allowed(websocket: WebSocket, allowed: frozenset[str]) -> bool:
     return origin.split("://", 1)[-1].rstrip("/") == host
 
 
-def websocket_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteSpec]:
+def websocket_routes(spec: AgentSpec) -> list[RouteSpec]:
     from .routes import RouteSpec  # routes.py lists this builder, so import it late
 
     async def prompt_socket(
         websocket: WebSocket,
+        host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> None:
+        endpoint = host.endpoint(spec.path)
+        if endpoint is None:
+            log.error(not_hosted(spec.path))
+            raise WebSocketException(code=1011, reason="endpoint not hosted")
         if not origin_allowed(websocket, host.settings.websocket_allowed_origins):
             log.warning(
                 "websocket from another origin refused",
@@ -240,9 +246,9 @@ def websocket_routes(endpoint: HostedEndpoint, host: HarnessHost) -> list[RouteS
 
     return [
         RouteSpec(
-            endpoint.path + "/ws",
+            spec.path + "/ws",
             prompt_socket,
             websocket=True,
-            options={"name": f"ws:{endpoint.path}"},
+            options={"name": f"ws:{spec.path}"},
         )
     ]
