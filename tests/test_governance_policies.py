@@ -230,8 +230,8 @@ def test_custom_delegates_to_its_predicate_and_fails_closed() -> None:
 async def test_the_registry_answers_once_and_forgets_expired_ones() -> None:
     registry = ApprovalRegistry(max_pending=2)
 
-    def open_one() -> Any:
-        return registry.open(
+    async def open_one() -> Any:
+        return await registry.open(
             path="/p",
             conversation_id="c",
             user_id="ann",
@@ -241,18 +241,27 @@ async def test_the_registry_answers_once_and_forgets_expired_ones() -> None:
             timeout=60,
         )
 
-    first, second = open_one(), open_one()
-    assert open_one() is None, "bounded: a third waits nowhere"
-    assert registry.answer("/other", first.id, Answer(True), user_id="ann") is AnswerStatus.UNKNOWN
-    assert registry.answer("/p", first.id, Answer(True), user_id="bob") is AnswerStatus.FORBIDDEN
-    assert registry.answer("/p", first.id, Answer(True), user_id="ann") is AnswerStatus.ACCEPTED
+    first, second = await open_one(), await open_one()
+    assert await open_one() is None, "bounded: a third waits nowhere"
+    assert (
+        await registry.answer("/other", first.id, Answer(True), user_id="ann")
+        is AnswerStatus.UNKNOWN
+    )
+    assert (
+        await registry.answer("/p", first.id, Answer(True), user_id="bob") is AnswerStatus.FORBIDDEN
+    )
+    assert (
+        await registry.answer("/p", first.id, Answer(True), user_id="ann") is AnswerStatus.ACCEPTED
+    )
     assert await registry.wait(first, 1) == Answer(True)
     assert (
-        registry.answer("/p", first.id, Answer(False), user_id="ann")
+        await registry.answer("/p", first.id, Answer(False), user_id="ann")
         is AnswerStatus.ALREADY_ANSWERED
     )
-    assert [p.id for p in registry.pending("/p", "c", user_id="ann")] == [second.id]
+    assert [p.id for p in await registry.pending("/p", "c", user_id="ann")] == [second.id]
     assert await registry.wait(second, 0.01) is None, "no answer in time"
-    assert registry.answer("/p", second.id, Answer(True), user_id="ann") is AnswerStatus.UNKNOWN
+    assert (
+        await registry.answer("/p", second.id, Answer(True), user_id="ann") is AnswerStatus.UNKNOWN
+    )
     assert len(registry) == 0
     assert second.to_wire()["expiresAt"].endswith("Z")

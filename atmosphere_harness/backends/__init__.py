@@ -9,7 +9,7 @@ of shared state; the kernel and the primitives only see the protocols:
 | live runs and their frames | `contracts.RunJournal` | `kernel.journal.LiveRuns` (memory) |
 | plans | `planning.PlanStore` | `planning.FilePlanStore` (JSON files under the owner root) |
 | plan updates fan-out | `planning.PlanEventBus` | `planning.InProcessPlanBus` |
-| approvals | `governance.approvals.ApprovalRegistry` | in memory |
+| approvals | `governance.approvals.ApprovalStore` | `ApprovalRegistry` (memory) |
 | conversation history | `memory.history.HistoryBackend` | SQLite under `workspace_root` |
 | long-term memory | `memory.LongTermMemory` | SQLite under `workspace_root` |
 | workspace usage | `filesystem.usage` | a process-wide tally |
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..contracts import ConversationLocks, RunJournal
-from ..governance.approvals import ApprovalRegistry
+from ..governance.approvals import ApprovalRegistry, ApprovalStore
 from ..kernel.journal import LiveRuns
 from ..kernel.locks import InProcessConversationLocks
 from ..log import get_logger
@@ -52,7 +52,7 @@ class StateBackends:
     runs: RunJournal = field(default_factory=LiveRuns)
     plan_stores: Callable[[Path], PlanStore] = FilePlanStore
     plan_bus: PlanEventBus = field(default_factory=InProcessPlanBus)
-    approvals: ApprovalRegistry = field(default_factory=ApprovalRegistry)
+    approvals: ApprovalStore = field(default_factory=ApprovalRegistry)
     history: HistoryBackend | None = None
     long_term_memory: LongTermMemory | None = None
 

@@ -8,7 +8,7 @@
 """
 
 from .approval import ToolApprovalPolicy
-from .approvals import Answer, AnswerStatus, ApprovalRegistry, PendingApproval
+from .approvals import Answer, AnswerStatus, ApprovalRegistry, ApprovalStore, PendingApproval
 from .chain import ENTRY_POINT_GROUP, PolicyChain, Verdict, load_policies
 from .policy import (
     Admit,
@@ -29,6 +29,7 @@ __all__ = [
     "Answer",
     "AnswerStatus",
     "ApprovalRegistry",
+    "ApprovalStore",
     "Deny",
     "GovernancePolicy",
     "GovernancePrimitive",

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 MAX_PENDING = 1024
 """Approvals waiting at once, app-wide; a call beyond it is refused instead of queued."""
@@ -72,8 +72,49 @@ class PendingApproval:
         }
 
 
+class ApprovalStore(Protocol):
+    """Where pending approvals live, so the answer route finds them.
+
+    Every method is async: a scale-out store answers an approval raised on another replica by
+    routing the answer to the replica whose run waits for it. `ApprovalRegistry` is the embedded
+    (one process) implementation; `backends` chooses.
+    """
+
+    async def open(
+        self,
+        *,
+        path: str,
+        conversation_id: str,
+        user_id: str | None,
+        tool: str,
+        tool_call_id: str,
+        arguments: Mapping[str, Any],
+        timeout: float,
+    ) -> PendingApproval | None:
+        """Register a call that waits for an answer; `None` when too many already wait."""
+        ...
+
+    async def wait(self, pending: PendingApproval, timeout: float) -> Answer | None:
+        """The answer, or `None` when `timeout` passed first; the approval is closed either way."""
+        ...
+
+    async def discard(self, pending: PendingApproval) -> None:
+        """Close an approval without an answer (later answers get 404)."""
+        ...
+
+    async def answer(
+        self, path: str, approval_id: str, answer: Answer, *, user_id: str | None
+    ) -> AnswerStatus: ...
+
+    async def pending(
+        self, path: str, conversation_id: str, *, user_id: str | None
+    ) -> list[PendingApproval]:
+        """The conversation's approvals still waiting (those this user may answer)."""
+        ...
+
+
 class ApprovalRegistry:
-    """Every pending approval of the app, by id."""
+    """Every pending approval of the app, by id, in this process (an `ApprovalStore`)."""
 
     def __init__(self, *, max_pending: int = MAX_PENDING) -> None:
         self.max_pending = max_pending
@@ -81,7 +122,7 @@ class ApprovalRegistry:
         self._answered: OrderedDict[str, str] = OrderedDict()
         """Recently answered ids and their endpoint path."""
 
-    def open(
+    async def open(
         self,
         *,
         path: str,
@@ -117,15 +158,19 @@ class ApprovalRegistry:
         except TimeoutError:
             return None
         finally:
-            self.discard(pending)
+            self._close(pending)
 
-    def discard(self, pending: PendingApproval) -> None:
+    async def discard(self, pending: PendingApproval) -> None:
+        """Close an approval without an answer (later answers get 404)."""
+        self._close(pending)
+
+    def _close(self, pending: PendingApproval) -> None:
         """Close an approval without an answer (later answers get 404)."""
         self._pending.pop(pending.id, None)
         if not pending.future.done():
             pending.future.cancel()
 
-    def answer(
+    async def answer(
         self, path: str, approval_id: str, answer: Answer, *, user_id: str | None
     ) -> AnswerStatus:
         pending = self._pending.get(approval_id)
@@ -145,7 +190,7 @@ class ApprovalRegistry:
             self._answered.popitem(last=False)
         return AnswerStatus.ACCEPTED
 
-    def pending(
+    async def pending(
         self, path: str, conversation_id: str, *, user_id: str | None
     ) -> list[PendingApproval]:
         """The conversation's approvals still waiting (those this user may answer)."""

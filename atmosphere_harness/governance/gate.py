@@ -21,7 +21,7 @@ from .. import events
 from ..contracts import Approval, Key, Run
 from ..tools.results import json_result
 from .approval import ToolApprovalPolicy
-from .approvals import ApprovalRegistry
+from .approvals import ApprovalStore
 from .chain import PolicyChain, Verdict
 from .policy import PolicyContext, PolicyPhase, PolicyRequest
 
@@ -124,9 +124,7 @@ class PostResponse:
 class ApprovalGate:
     """Approval hook: ask a person before a gated call runs."""
 
-    def __init__(
-        self, policy: ToolApprovalPolicy, registry: ApprovalRegistry, timeout: float
-    ) -> None:
+    def __init__(self, policy: ToolApprovalPolicy, registry: ApprovalStore, timeout: float) -> None:
         self.policy = policy
         self.registry = registry
         self.timeout = timeout
@@ -141,7 +139,7 @@ class ApprovalGate:
         # The person answers on the request's own route: the top-level run's endpoint and
         # conversation, also for a sub-agent's or a fleet member's call.
         root = run.root
-        pending = self.registry.open(
+        pending = await self.registry.open(
             path=root.endpoint.path,
             conversation_id=root.conversation_id,
             user_id=root.user_id,
@@ -156,7 +154,7 @@ class ApprovalGate:
             try:
                 await run.session.emit(events.APPROVAL_REQUIRED, pending.to_wire())
             except BaseException:
-                self.registry.discard(pending)
+                await self.registry.discard(pending)
                 raise
             answer = await self.registry.wait(pending, self.timeout)
         if answer is None:

@@ -15,7 +15,7 @@ from typing import Any
 from ..contracts import Endpoint, Host, Key, Primitive
 from ..log import get_logger
 from .approval import ToolApprovalPolicy
-from .approvals import ApprovalRegistry
+from .approvals import ApprovalRegistry, ApprovalStore
 from .chain import PolicyChain, load_policies
 from .gate import ApprovalGate, PostResponse, ToolCallAdmission
 
@@ -23,8 +23,8 @@ log = get_logger(__name__)
 
 CHAIN_SERVICE: Key[PolicyChain] = Key("governance.chain")
 """`host.services` key of the app's `PolicyChain`."""
-APPROVALS_SERVICE: Key[ApprovalRegistry] = Key("governance.approvals")
-"""`host.services` key of the app's `ApprovalRegistry`."""
+APPROVALS_SERVICE: Key[ApprovalStore] = Key("governance.approvals")
+"""`host.services` key of the app's `ApprovalStore`."""
 
 
 def policy_chain(host: Host) -> PolicyChain:
@@ -42,7 +42,7 @@ class GovernancePrimitive(Primitive):
         *,
         policies: Sequence[Any] = (),
         approval_policy: ToolApprovalPolicy | None = None,
-        approvals: ApprovalRegistry | None = None,
+        approvals: ApprovalStore | None = None,
     ) -> None:
         """`policies` run before the entry-point ones; `approval_policy` is the app's default
         (an agent class's `approval_policy` wins); `approvals` comes from `backends`."""
@@ -50,7 +50,7 @@ class GovernancePrimitive(Primitive):
         self._approval_policy = approval_policy
         self._given_approvals = approvals
         self.chain = PolicyChain()
-        self.approvals = approvals or ApprovalRegistry()
+        self.approvals: ApprovalStore = approvals or ApprovalRegistry()
 
     async def start(self, host: Host) -> None:
         self.chain = load_policies(self._policies)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import Depends, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..governance.approvals import Answer, AnswerStatus, ApprovalRegistry
+from ..governance.approvals import Answer, AnswerStatus, ApprovalStore
 from ..governance.primitive import APPROVALS_SERVICE
 from ..ids import check_conversation_id
 from ..kernel.host import HarnessHost
@@ -35,9 +35,9 @@ class ApprovalAnswer(BaseModel):
     )
 
 
-def _registry(host: HarnessHost) -> ApprovalRegistry:
+def _registry(host: HarnessHost) -> ApprovalStore:
     registry = host.services.get(APPROVALS_SERVICE)
-    if not isinstance(registry, ApprovalRegistry):
+    if registry is None:
         raise HTTPException(503, "approvals are not running (no governance primitive)")
     return registry
 
@@ -52,7 +52,7 @@ def approval_routes(spec: AgentSpec) -> list[RouteSpec]:
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> dict[str, Any]:
         endpoint = hosted_endpoint(host, spec.path)
-        status = _registry(host).answer(
+        status = await _registry(host).answer(
             endpoint.path,
             approval_id,
             Answer(body.approve, body.arguments),
@@ -78,7 +78,7 @@ def approval_routes(spec: AgentSpec) -> list[RouteSpec]:
             check_conversation_id(conversation_id)
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
-        waiting = _registry(host).pending(endpoint.path, conversation_id, user_id=user_id)
+        waiting = await _registry(host).pending(endpoint.path, conversation_id, user_id=user_id)
         return {
             "conversationId": conversation_id,
             "approvals": [entry.to_wire() for entry in waiting],
