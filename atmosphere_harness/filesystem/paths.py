@@ -4,12 +4,18 @@ Every path argument goes through `check_path` before it touches the disk. The ru
 reference's (blank, backslash, absolute, empty/`.`/`..` segments), plus what a POSIX port needs:
 NUL and other control characters, text that is not valid Unicode, over-long paths and names, and
 the name suffix reserved for in-flight atomic writes. Only whole segments are checked, so a name
-such as `report..final.md` is allowed. Containment on the resolved real path (symlinks) is the
-store's job, because it needs the disk.
+such as `report..final.md` is allowed. Containment on the resolved real path (symlinks) needs the
+disk: it is `containment.resolve`'s job.
+
+Also here: `store_key`, the absolute path that names a store directory, and
+`conversation_dir_name`, a conversation id checked for use as a directory name.
 """
 
 from __future__ import annotations
 
+import os
+
+from ..ids import check_conversation_id
 from .base import FileSystemError
 
 MAX_PATH_CHARS = 1024
@@ -90,3 +96,18 @@ def normalize_route_prefix(prefix: object) -> str:
 def is_under(path: str, key: str) -> bool:
     """Segment-aware prefix test: `memory/a` is under `memory`, `memoryfoo` is not."""
     return path == key or path.startswith(key + "/")
+
+
+def store_key(root: str | os.PathLike[str]) -> str:
+    """The absolute path that identifies a store directory."""
+    return os.path.abspath(os.path.expanduser(os.fspath(root)))
+
+
+def conversation_dir_name(conversation_id: str) -> str:
+    """A conversation id checked for use as a directory name."""
+    if not isinstance(conversation_id, str) or not conversation_id.strip():
+        raise FileSystemError("conversationId must not be blank")
+    try:
+        return check_conversation_id(conversation_id)
+    except ValueError as exc:
+        raise FileSystemError(f"{exc}: {shown(conversation_id)}") from None

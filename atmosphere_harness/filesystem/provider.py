@@ -27,7 +27,8 @@ from pathlib import Path
 from ..log import get_logger
 from .base import AgentFileSystem, FileSystemLimits
 from .composite import CompositeAgentFileSystem, normalize_routes
-from .workspace import WorkspaceAgentFileSystem, conversation_dir_name, is_live, store_key
+from .paths import conversation_dir_name, store_key
+from .workspace import WorkspaceAgentFileSystem, is_live
 
 log = get_logger(__name__)
 

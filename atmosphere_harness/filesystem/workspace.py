@@ -3,18 +3,14 @@
 What it guarantees, whatever the caller does:
 
 - **Containment.** Every path is validated (`paths.check_path`), then resolved one segment at a
-  time; a symlink is followed only if its real target stays inside the store's real root, for
-  existing and new targets alike, so a symlinked directory planted in the store cannot redirect a
-  read or a write outside it. `ls`, `glob` and `grep` never follow links, and the tally ignores
-  them. (A process with write access to the store that swaps a directory for a link *during* an
-  operation is out of scope: it already owns the host.)
+  time by `containment.resolve`: a symlink is followed only if its real target stays inside the
+  store's real root, for existing and new targets alike. `ls`, `glob` and `grep` never follow
+  links, and the tally ignores them.
 - **Bounds before bytes.** Per-file size, file count and total size are checked before a write
   or an edit touches the disk, with the reference's messages; a rejected write changes nothing.
-- **Atomic writes.** Content goes to a temporary file in the target's directory, then
-  `os.replace` swaps it in, so readers (which take no lock) see the old or the new file and a
-  crash never leaves a torn one. `fsync=True` also flushes the file and its directory before
-  returning (about 1 ms per write on the reference machine, ten times the write itself), for
-  stores that must survive a power cut; the default relies on the OS write-back.
+- **Atomic writes.** `atomic.write_atomic`: a temporary file in the target's directory, then
+  `os.replace`, so readers (which take no lock) see the old or the new file and a crash never
+  leaves a torn one; `fsync=True` also flushes the file and its directory.
 - **Exact accounting.** One lock per store directory (shared by every instance on that
   directory in the process) serializes `write`, `edit`, `delete` and `rename`; a running tally of
   file sizes makes the bounds check O(1) instead of a walk per write. The tally stays true when
@@ -37,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import secrets
 import shutil
 import stat
 import threading
@@ -49,10 +44,19 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar
 
-from ..ids import check_conversation_id
+from .atomic import read_bytes, write_atomic
 from .base import FileInfo, FileSystemError, FileSystemLimits, GrepHit
+from .containment import inside, resolve
 from .globbing import compile_glob, literal_prefix
-from .paths import TEMP_SUFFIX, check_dir, check_path, is_under, shown
+from .paths import (
+    TEMP_SUFFIX,
+    check_dir,
+    check_path,
+    conversation_dir_name,
+    is_under,
+    shown,
+    store_key,
+)
 from .search import Deadline, LinePattern, clip, compile_pattern, search_file
 
 T = TypeVar("T")
@@ -71,9 +75,6 @@ ORPHAN_SECONDS = 60.0
 
 MAX_WALK_ENTRIES = 100_000
 """Most directory entries one walk visits (a store filled from outside cannot stall a call)."""
-
-_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,11 +136,6 @@ _TALLIES: weakref.WeakValueDictionary[str, _Tally] = weakref.WeakValueDictionary
 _TALLIES_LOCK = threading.Lock()
 
 
-def store_key(root: str | os.PathLike[str]) -> str:
-    """The absolute path that identifies a store directory."""
-    return os.path.abspath(os.path.expanduser(os.fspath(root)))
-
-
 def _tally_for(key: str) -> _Tally:
     with _TALLIES_LOCK:
         tally = _TALLIES.get(key)
@@ -155,25 +151,11 @@ def is_live(root: str | os.PathLike[str]) -> bool:
         return store_key(root) in _TALLIES
 
 
-def conversation_dir_name(conversation_id: str) -> str:
-    """A conversation id checked for use as a directory name."""
-    if not isinstance(conversation_id, str) or not conversation_id.strip():
-        raise FileSystemError("conversationId must not be blank")
-    try:
-        return check_conversation_id(conversation_id)
-    except ValueError as exc:
-        raise FileSystemError(f"{exc}: {shown(conversation_id)}") from None
-
-
 def _mtime(directory: str) -> int | None:
     try:
         return os.stat(directory).st_mtime_ns
     except (FileNotFoundError, NotADirectoryError):
         return None
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _failed(action: str, echo: str, exc: OSError) -> FileSystemError:
@@ -360,38 +342,8 @@ class WorkspaceAgentFileSystem:
         return real_path[len(self._real()) + 1 :]
 
     def _resolve(self, rel: str, echo: str, *, follow: bool) -> tuple[str, os.stat_result | None]:
-        """The real path of `rel` and its `lstat` (`None` when missing), proven to stay inside.
-
-        Segments are checked one `lstat` at a time; a link is resolved (and its target checked)
-        when it is an intermediate segment, or the final one with `follow`.
-        """
-        root = self._real()
-        current = root
-        parts = rel.split("/")
-        last = len(parts) - 1
-        for index, part in enumerate(parts):
-            candidate = f"{current}/{part}"
-            try:
-                info = os.lstat(candidate)
-            except (FileNotFoundError, NotADirectoryError):
-                return "/".join([candidate, *parts[index + 1 :]]), None
-            if stat.S_ISLNK(info.st_mode) and (follow or index < last):
-                target = os.path.realpath(candidate)
-                if not _inside(target, root):
-                    raise FileSystemError(f"Path escapes the store root via a link: {echo}")
-                if target == root:
-                    raise FileSystemError(f"Path resolves to the store root: {echo}")
-                current = target
-                if index == last:
-                    try:
-                        return target, os.stat(target)
-                    except (FileNotFoundError, NotADirectoryError):
-                        return target, None
-                continue
-            current = candidate
-            if index == last:
-                return current, info
-        raise AssertionError("unreachable")  # pragma: no cover
+        """The real path of `rel` and its `lstat` (`None` when missing), proven to stay inside."""
+        return resolve(self._real(), rel, echo, follow=follow)
 
     def _walk(
         self, top: str, prefix: str, *, clean: bool = False, dirs: dict[str, int] | None = None
@@ -535,38 +487,16 @@ class WorkspaceAgentFileSystem:
             raise FileSystemError(f"Cannot write {echo}: a parent of it is a file") from None
 
     def _store(self, target: str, data: bytes, echo: str) -> None:
-        """Write `data` to `target` atomically: a temp file in the same directory, then rename."""
-        parent, name = target.rsplit("/", 1)
-        temp = f"{parent}/.{name}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        """Write `data` to `target` atomically (creating its directories on the way)."""
         try:
-            fd = os.open(temp, _WRITE_FLAGS, 0o666)
-        except FileNotFoundError:
-            self._make_dirs(parent, echo)
-            fd = os.open(temp, _WRITE_FLAGS, 0o666)
+            write_atomic(
+                target,
+                data,
+                fsync=self.fsync,
+                make_parent=lambda parent: self._make_dirs(parent, echo),
+            )
         except NotADirectoryError:
             raise FileSystemError(f"Cannot write {echo}: a parent of it is a file") from None
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp, target)
-        except BaseException:
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
-            raise
-        if self.fsync:
-            directory = os.open(parent, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
 
     def _touch(self, *targets: str) -> None:
         """After this store changed `targets`: record the mtimes of the directories that changed,
@@ -586,35 +516,9 @@ class WorkspaceAgentFileSystem:
             changed.add(self._real())
         self._settle(changed)
 
-    @staticmethod
-    def _read_bytes(path: str, limit: int) -> bytes | None:
-        """The bytes of `path`, or `None` if it holds more than `limit` bytes.
-
-        One read of the size `fstat` reports (plus one byte, to notice a file still growing)
-        instead of a `limit`-sized buffer per file.
-        """
-        fd = os.open(path, _READ_FLAGS)
-        try:
-            size = os.fstat(fd).st_size
-            if size > limit:
-                return None
-            chunks = [os.read(fd, size + 1)]
-            total = len(chunks[0])
-            while total > size:  # it grew since fstat: read on to the end, or past the limit
-                if total > limit:
-                    return None
-                chunk = os.read(fd, limit + 1 - total)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                total += len(chunk)
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        finally:
-            os.close(fd)
-
     def _text(self, target: str, info: os.stat_result, echo: str) -> str:
         limit = self.limits.max_file_bytes
-        data = None if info.st_size > limit else self._read_bytes(target, limit)
+        data = None if info.st_size > limit else read_bytes(target, limit)
         if data is None:
             size = max(info.st_size, limit + 1)
             raise FileSystemError(f"File too large to read: {echo} is {size} bytes (limit {limit})")
@@ -725,7 +629,7 @@ class WorkspaceAgentFileSystem:
         for path, entry in sorted(self._walk(top, rel), key=itemgetter(0)):
             deadline.remaining()
             try:
-                data = self._read_bytes(entry.path, max_bytes)
+                data = read_bytes(entry.path, max_bytes)
             except OSError:
                 continue
             found = (
@@ -746,7 +650,7 @@ class WorkspaceAgentFileSystem:
         key = self._key(target)
         if stat.S_ISDIR(info.st_mode):
             shutil.rmtree(target)
-            for directory in [d for d in self._tally.dirs if _inside(d, target)]:
+            for directory in [d for d in self._tally.dirs if inside(d, target)]:
                 del self._tally.dirs[directory]
         else:
             os.unlink(target)

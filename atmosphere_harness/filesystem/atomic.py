@@ -1,0 +1,118 @@
+"""Atomic writes and bounded reads of one file, never through a final symlink.
+
+`write_atomic` puts the content in a temporary file beside the target (named with the reserved
+`paths.TEMP_SUFFIX`, so listings hide it and a walk sweeps it if a crash leaves it behind), then
+`os.replace` swaps it in: readers, which take no lock, see the old file or the new one, and a
+crash never leaves a torn one. `fsync=True` also flushes the file and its directory before
+returning (about 1 ms per write on the reference machine, ten times the write itself), for stores
+that must survive a power cut; the default relies on the OS write-back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+from collections.abc import Callable
+
+from .paths import TEMP_SUFFIX
+
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+_prefix = secrets.token_hex(4)
+"""This process's random part of the temporary names (drawn again in a forked child)."""
+_serial = itertools.count()
+
+
+def _reseed() -> None:
+    global _prefix
+    _prefix = secrets.token_hex(4)
+
+
+os.register_at_fork(after_in_child=_reseed)
+
+
+def temp_name(name: str) -> str:
+    """A temporary name for an atomic write of `name`, unique among this host's processes
+    (a random per-process part and a counter: no `getrandom` call per write)."""
+    return f".{name}.{_prefix}{next(_serial):x}{TEMP_SUFFIX}"
+
+
+def write_atomic(
+    target: str,
+    data: bytes,
+    *,
+    fsync: bool = False,
+    make_parent: Callable[[str], None] | None = None,
+) -> None:
+    """Write `data` to `target` atomically: a temp file in the same directory, then a rename.
+
+    When the parent directory is missing, `make_parent(parent)` is called to create it (and may
+    refuse by raising); without it the `FileNotFoundError` propagates. A parent that is a file
+    raises `NotADirectoryError`. On any failure the temporary file is removed and the target is
+    untouched.
+    """
+    parent, name = target.rsplit("/", 1)
+    temp = f"{parent}/{temp_name(name)}"
+    try:
+        fd = os.open(temp, WRITE_FLAGS, 0o666)
+    except FileNotFoundError:
+        if make_parent is None:
+            raise
+        make_parent(parent)
+        fd = os.open(temp, WRITE_FLAGS, 0o666)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, target)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+    if fsync:
+        fsync_directory(parent)
+
+
+def fsync_directory(directory: str) -> None:
+    """Flush a directory's entries (a rename or a new file in it) to the disk."""
+    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_bytes(path: str, limit: int) -> bytes | None:
+    """The bytes of `path` (never through a final symlink), or `None` if it holds more than
+    `limit` bytes.
+
+    One read of the size `fstat` reports (plus one byte, to notice a file still growing) instead
+    of a `limit`-sized buffer per file.
+    """
+    fd = os.open(path, READ_FLAGS)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            return None
+        chunks = [os.read(fd, size + 1)]
+        total = len(chunks[0])
+        while total > size:  # it grew since fstat: read on to the end, or past the limit
+            if total > limit:
+                return None
+            chunk = os.read(fd, limit + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        os.close(fd)
