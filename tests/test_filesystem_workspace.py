@@ -12,6 +12,7 @@ import pytest
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
 from atmosphere_harness.filesystem import FileInfo, FileSystemError, GrepHit
+from atmosphere_harness.filesystem import tally as tally_module
 from atmosphere_harness.filesystem import workspace as workspace_module
 from atmosphere_harness.filesystem.paths import TEMP_SUFFIX
 from atmosphere_harness.filesystem.workspace import is_live
@@ -315,7 +316,7 @@ async def test_files_added_in_another_directory_are_seen_by_the_sweep(
     await store.write("two/b", "x")
     await asyncio.sleep(0.05)
     (store.root / "two" / "outside-write").write_text("x")
-    monkeypatch.setattr(workspace_module, "DIR_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(tally_module, "DIR_CHECK_SECONDS", 0.0)
     with rejects("Write rejected: the store already holds 3 files, at the 3-file limit"):
         await store.write("one/c", "x")
 
@@ -353,7 +354,7 @@ async def test_a_target_changed_on_disk_triggers_a_resync(tmp_path: Path) -> Non
 def test_instances_on_one_directory_share_their_state(tmp_path: Path) -> None:
     first = WorkspaceAgentFileSystem(tmp_path / "s")
     second = WorkspaceAgentFileSystem(str(tmp_path / "s"))
-    assert first._tally is second._tally
+    assert first._ledger is second._ledger
     assert is_live(tmp_path / "s")
     del first, second
     gc.collect()

@@ -2,12 +2,17 @@
 
 The stores live here; the model-facing tools are in `filesystem.tools` (`file_tools()`), the
 offload hook in `filesystem.offload` and the attach engine in `filesystem.primitive`.
+
+`WorkspaceAgentFileSystem` (`workspace`) is built from `paths` (path checks), `containment`
+(symlink-safe resolution), `atomic` (atomic writes, bounded reads), `usage` (the
+`WorkspaceUsage` accounting seam) and `tally` (noticing changes made behind the store's back).
 """
 
 from .base import AgentFileSystem, FileInfo, FileSystemError, FileSystemLimits, GrepHit
 from .composite import CompositeAgentFileSystem
 from .provider import AgentFileSystemProvider
-from .workspace import StoreUsage, WorkspaceAgentFileSystem
+from .usage import InProcessWorkspaceUsage, StoreUsage, UsageLedger, WorkspaceUsage
+from .workspace import WorkspaceAgentFileSystem
 
 __all__ = [
     "AgentFileSystem",
@@ -17,6 +22,9 @@ __all__ = [
     "FileSystemError",
     "FileSystemLimits",
     "GrepHit",
+    "InProcessWorkspaceUsage",
     "StoreUsage",
+    "UsageLedger",
     "WorkspaceAgentFileSystem",
+    "WorkspaceUsage",
 ]

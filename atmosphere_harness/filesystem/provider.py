@@ -28,7 +28,8 @@ from ..log import get_logger
 from .base import AgentFileSystem, FileSystemLimits
 from .composite import CompositeAgentFileSystem, normalize_routes
 from .paths import conversation_dir_name, store_key
-from .workspace import WorkspaceAgentFileSystem, is_live
+from .usage import PROCESS_USAGE, WorkspaceUsage
+from .workspace import WorkspaceAgentFileSystem
 
 log = get_logger(__name__)
 
@@ -41,6 +42,8 @@ class AgentFileSystemProvider:
 
     `routes` maps route prefixes to backends shared by every conversation (see
     `CompositeAgentFileSystem`); without routes each conversation gets its plain workspace.
+    `usage` accounts the files and bytes of every workspace it hands out (default: the
+    process-wide in-memory `WorkspaceUsage`).
     """
 
     def __init__(
@@ -50,10 +53,12 @@ class AgentFileSystemProvider:
         *,
         routes: Mapping[str, AgentFileSystem] | None = None,
         fsync: bool = False,
+        usage: WorkspaceUsage | None = None,
     ) -> None:
         self.agent_root = Path(store_key(agent_root))
         self.limits = limits or FileSystemLimits()
         self.fsync = fsync
+        self.usage: WorkspaceUsage = usage or PROCESS_USAGE
         self.routes: dict[str, AgentFileSystem] = normalize_routes(routes or {})
         self._live: weakref.WeakValueDictionary[str, AgentFileSystem] = (
             weakref.WeakValueDictionary()
@@ -107,6 +112,7 @@ class AgentFileSystemProvider:
             self.limits,
             fsync=self.fsync,
             on_create=partial(self._make_room, name),
+            usage=self.usage,
         )
         if not self.routes:
             return workspace
@@ -139,7 +145,7 @@ class AgentFileSystemProvider:
         for _mtime, name, path in sorted(entries):
             if excess <= 0:
                 break
-            if name == keep or is_live(path):
+            if name == keep or self.usage.is_live(store_key(path)):
                 continue
             shutil.rmtree(path, ignore_errors=True)
             excess -= 1

@@ -5,23 +5,18 @@ What it guarantees, whatever the caller does:
 - **Containment.** Every path is validated (`paths.check_path`), then resolved one segment at a
   time by `containment.resolve`: a symlink is followed only if its real target stays inside the
   store's real root, for existing and new targets alike. `ls`, `glob` and `grep` never follow
-  links, and the tally ignores them.
+  links, and the usage count ignores them.
 - **Bounds before bytes.** Per-file size, file count and total size are checked before a write
   or an edit touches the disk, with the reference's messages; a rejected write changes nothing.
 - **Atomic writes.** `atomic.write_atomic`: a temporary file in the target's directory, then
   `os.replace`, so readers (which take no lock) see the old or the new file and a crash never
   leaves a torn one; `fsync=True` also flushes the file and its directory.
-- **Exact accounting.** One lock per store directory (shared by every instance on that
-  directory in the process) serializes `write`, `edit`, `delete` and `rename`; a running tally of
-  file sizes makes the bounds check O(1) instead of a walk per write. The tally stays true when
-  files change on disk behind the store's back: a directory's mtime changes whenever an entry is
-  added, removed or renamed in it, so each write compares the mtimes of the directories on its
-  path (and, at most every `DIR_CHECK_SECONDS`, of every directory) with the ones it recorded,
-  and rebuilds the tally by a walk on any difference. A file resized in place is caught when it
-  is the target (its size disagrees with the tally) and by a full walk at least every
-  `FULL_RESYNC_SECONDS` (as is a change made within the same clock tick, a few milliseconds,
-  as the store's own write in that directory). Before rejecting a write the tally is always
-  rebuilt, so a stale tally never causes a wrong rejection.
+- **Exact accounting.** The store's `UsageLedger` (`usage.py`; by default one per directory in
+  the process, shared by every instance on it) serializes `write`, `edit`, `delete` and `rename`
+  under its `hold()` and checks-and-reserves each change's files and bytes in one step, so the
+  bounds check is O(1) instead of a walk per write. The instance's `DiskTally` (`tally.py`)
+  notices files changed on disk behind the store's back and recounts by a walk; before rejecting
+  a write the count is always redone, so a stale count never causes a wrong rejection.
 - **Nothing is created by a read.** The root directory appears on the first write; `ls`,
   `read`, `glob` and `grep` of a store that was never written see an empty store.
 
@@ -35,18 +30,15 @@ import os
 import re
 import shutil
 import stat
-import threading
 import time
-import weakref
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar
 
 from .atomic import read_bytes, write_atomic
 from .base import FileInfo, FileSystemError, FileSystemLimits, GrepHit
-from .containment import inside, resolve
+from .containment import resolve
 from .globbing import compile_glob, literal_prefix
 from .paths import (
     TEMP_SUFFIX,
@@ -58,104 +50,40 @@ from .paths import (
     store_key,
 )
 from .search import Deadline, LinePattern, clip, compile_pattern, search_file
+from .tally import (
+    DIR_CHECK_SECONDS,
+    FULL_RESYNC_SECONDS,
+    MAX_WALK_ENTRIES,
+    ORPHAN_SECONDS,
+    DiskTally,
+    chain,
+    walk,
+)
+from .usage import PROCESS_USAGE, StoreUsage, UsageLedger, WorkspaceUsage
+
+__all__ = [
+    "DIR_CHECK_SECONDS",
+    "FULL_RESYNC_SECONDS",
+    "MAX_WALK_ENTRIES",
+    "ORPHAN_SECONDS",
+    "TOUCH_SECONDS",
+    "StoreUsage",
+    "WorkspaceAgentFileSystem",
+    "conversation_dir_name",
+    "is_live",
+    "store_key",
+]
 
 T = TypeVar("T")
-
-FULL_RESYNC_SECONDS = 30.0
-"""Oldest usage tally a write trusts without re-walking the whole store."""
-
-DIR_CHECK_SECONDS = 0.25
-"""How often a write also checks every directory's mtime, not only those on its own path."""
 
 TOUCH_SECONDS = 1.0
 """Granularity of the root's mtime as the store's last-write time (the provider's LRU order)."""
 
-ORPHAN_SECONDS = 60.0
-"""Temporary files older than this, left by a crash mid-write, are removed by the next walk."""
 
-MAX_WALK_ENTRIES = 100_000
-"""Most directory entries one walk visits (a store filled from outside cannot stall a call)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoreUsage:
-    """How much of its bounds a store uses."""
-
-    files: int
-    bytes: int
-
-
-class _Tally:
-    """The lock and the usage accounting of one store directory.
-
-    `sizes` maps every regular file (relative path) to its size, `None` until the first walk;
-    `dirs` maps every directory (real path) to the mtime seen by the last walk or write.
-    """
-
-    __slots__ = (
-        "__weakref__",
-        "checked_at",
-        "dirs",
-        "lock",
-        "made_dirs",
-        "sizes",
-        "synced_at",
-        "total",
-        "touched_at",
-    )
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.sizes: dict[str, int] | None = None
-        self.dirs: dict[str, int] = {}
-        self.total = 0
-        self.synced_at = 0.0
-        self.checked_at = 0.0
-        self.touched_at = 0.0
-        self.made_dirs = False
-
-    def put(self, key: str, size: int) -> None:
-        assert self.sizes is not None
-        self.total += size - self.sizes.get(key, 0)
-        self.sizes[key] = size
-
-    def drop_under(self, key: str) -> None:
-        assert self.sizes is not None
-        for name in [name for name in self.sizes if is_under(name, key)]:
-            self.total -= self.sizes.pop(name)
-
-    def move(self, old: str, new: str) -> None:
-        assert self.sizes is not None
-        moved = {name: size for name, size in self.sizes.items() if is_under(name, old)}
-        for name, size in moved.items():
-            del self.sizes[name]
-            self.sizes[new + name[len(old) :]] = size
-
-
-_TALLIES: weakref.WeakValueDictionary[str, _Tally] = weakref.WeakValueDictionary()
-_TALLIES_LOCK = threading.Lock()
-
-
-def _tally_for(key: str) -> _Tally:
-    with _TALLIES_LOCK:
-        tally = _TALLIES.get(key)
-        if tally is None:
-            tally = _Tally()
-            _TALLIES[key] = tally
-        return tally
-
-
-def is_live(root: str | os.PathLike[str]) -> bool:
-    """True while some `WorkspaceAgentFileSystem` on `root` exists in this process."""
-    with _TALLIES_LOCK:
-        return store_key(root) in _TALLIES
-
-
-def _mtime(directory: str) -> int | None:
-    try:
-        return os.stat(directory).st_mtime_ns
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+def is_live(root: str | os.PathLike[str], usage: WorkspaceUsage = PROCESS_USAGE) -> bool:
+    """True while some `WorkspaceAgentFileSystem` on `root` (sharing `usage`) exists in this
+    process."""
+    return usage.is_live(store_key(root))
 
 
 def _failed(action: str, echo: str, exc: OSError) -> FileSystemError:
@@ -173,8 +101,9 @@ class WorkspaceAgentFileSystem:
         await fs.write("notes/todo.md", "- ship it\\n")
         ```
 
-    `on_create` is called (in the worker thread, under the store lock) just before the first
+    `on_create` is called (in the worker thread, under the store's hold) just before the first
     write creates the root directory; the provider uses it to apply its conversation cap.
+    `usage` is where the store finds its ledger (default: the process-wide in-memory one).
     """
 
     def __init__(
@@ -184,13 +113,15 @@ class WorkspaceAgentFileSystem:
         *,
         fsync: bool = False,
         on_create: Callable[[], None] | None = None,
+        usage: WorkspaceUsage | None = None,
     ) -> None:
         self._root = store_key(root)
         self.root = Path(self._root)
         self.limits = limits or FileSystemLimits()
         self.fsync = fsync
         self._on_create = on_create
-        self._tally = _tally_for(self._root)
+        self._ledger: UsageLedger = (usage or PROCESS_USAGE).ledger(self._root)
+        self._tally = DiskTally()
         self._real_root: str | None = None
 
     @classmethod
@@ -202,10 +133,17 @@ class WorkspaceAgentFileSystem:
         *,
         fsync: bool = False,
         on_create: Callable[[], None] | None = None,
+        usage: WorkspaceUsage | None = None,
     ) -> WorkspaceAgentFileSystem:
         """The store of one conversation: `{agent_root}/files/{conversation_id}/`."""
         name = conversation_dir_name(conversation_id)
-        return cls(Path(agent_root) / "files" / name, limits, fsync=fsync, on_create=on_create)
+        return cls(
+            Path(agent_root) / "files" / name,
+            limits,
+            fsync=fsync,
+            on_create=on_create,
+            usage=usage,
+        )
 
     def __repr__(self) -> str:
         return f"WorkspaceAgentFileSystem({self._root!r})"
@@ -284,8 +222,9 @@ class WorkspaceAgentFileSystem:
 
         def measure() -> StoreUsage:
             self._sync()
-            assert self._tally.sizes is not None
-            return StoreUsage(len(self._tally.sizes), self._tally.total)
+            counted = self._ledger.current()
+            assert counted is not None
+            return counted
 
         return await self._run("measure", ".", self._locked, measure)
 
@@ -300,11 +239,12 @@ class WorkspaceAgentFileSystem:
             raise _failed(action, echo, exc) from None
 
     def _locked(self, fn: Callable[..., T], *args: object) -> T:
-        with self._tally.lock:
+        with self._ledger.hold():
             try:
                 return fn(*args)
             except OSError:
-                self._tally.sizes = None  # the disk may differ from the tally now
+                self._tally.forget()  # the disk may differ from the count now
+                self._ledger.recount(None)
                 raise
 
     def _encode(self, content: str, echo: str) -> bytes:
@@ -345,137 +285,58 @@ class WorkspaceAgentFileSystem:
         """The real path of `rel` and its `lstat` (`None` when missing), proven to stay inside."""
         return resolve(self._real(), rel, echo, follow=follow)
 
-    def _walk(
-        self, top: str, prefix: str, *, clean: bool = False, dirs: dict[str, int] | None = None
-    ) -> Iterator[tuple[str, os.DirEntry[str]]]:
-        """Regular files below `top` as `(relative path, entry)`, links and temp files skipped.
-
-        With `dirs`, each directory's mtime is recorded before it is listed (so an entry added
-        during the walk changes the mtime after the recorded one, and is noticed).
-        """
-        stack = [(top, prefix)]
-        seen = 0
-        while stack:
-            directory, rel = stack.pop()
-            if dirs is not None:
-                mtime = _mtime(directory)
-                if mtime is None:
-                    continue
-                dirs[directory] = mtime
-            try:
-                listing = os.scandir(directory)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            with listing:
-                for entry in listing:
-                    seen += 1
-                    if seen > MAX_WALK_ENTRIES:
-                        raise FileSystemError(
-                            f"the store holds more than {MAX_WALK_ENTRIES} entries; "
-                            "narrow the search"
-                        )
-                    name = entry.name
-                    path = f"{rel}/{name}" if rel else name
-                    if name.endswith(TEMP_SUFFIX):
-                        if clean:
-                            self._drop_orphan(entry)
-                    elif entry.is_dir(follow_symlinks=False):
-                        stack.append((entry.path, path))
-                    elif entry.is_file(follow_symlinks=False):
-                        yield path, entry
-
-    @staticmethod
-    def _drop_orphan(entry: os.DirEntry[str]) -> None:
-        try:
-            if time.time() - entry.stat(follow_symlinks=False).st_mtime > ORPHAN_SECONDS:
-                os.unlink(entry.path)
-        except OSError:
-            pass
-
-    def _sync(self) -> None:
-        """Rebuild the tally from the disk (called under the store lock)."""
-        sizes: dict[str, int] = {}
-        dirs: dict[str, int] = {}
-        total = 0
-        for path, entry in self._walk(self._real(), "", clean=True, dirs=dirs):
-            size = entry.stat(follow_symlinks=False).st_size
-            sizes[path] = size
-            total += size
-        tally = self._tally
-        tally.sizes, tally.dirs, tally.total = sizes, dirs, total
-        tally.synced_at = tally.checked_at = time.monotonic()
-
     def _chain(self, real_path: str) -> list[str]:
         """The directories from `real_path`'s parent up to the root (those a write changes)."""
-        root = self._real()
-        chain: list[str] = []
-        directory = real_path.rsplit("/", 1)[0]
-        while len(directory) > len(root):
-            chain.append(directory)
-            directory = directory.rsplit("/", 1)[0]
-        chain.append(root)
-        return chain
+        return chain(self._real(), real_path)
+
+    def _sync(self) -> None:
+        """Count the store from the disk into the tally and the ledger (under the hold)."""
+        self._ledger.recount(self._tally.rebuild(self._real()))
 
     def _trust(self, chain: list[str]) -> bool:
-        """Make the tally match the disk; True when it was just rebuilt by a walk."""
-        tally = self._tally
-        now = time.monotonic()
-        if tally.sizes is None or now - tally.synced_at > FULL_RESYNC_SECONDS:
-            self._sync()
-            return True
-        watched: list[str] | set[str] = chain
-        if now - tally.checked_at > DIR_CHECK_SECONDS:
-            watched = set(chain).union(tally.dirs)
-            tally.checked_at = now
-        if any(_mtime(directory) != tally.dirs.get(directory) for directory in watched):
+        """Make the tally match the disk; True when the store was just counted by a walk."""
+        if self._tally.stale(chain):
             self._sync()
             return True
         return False
 
-    def _settle(self, chain: list[str] | set[str]) -> None:
-        """Record the mtimes of the directories this store's own operation just changed."""
-        dirs = self._tally.dirs
-        for directory in chain:
-            mtime = _mtime(directory)
-            if mtime is None:
-                dirs.pop(directory, None)
-            else:
-                dirs[directory] = mtime
-
     def _admit(
         self, key: str, echo: str, new_size: int, old_size: int | None, chain: list[str]
-    ) -> None:
-        """Raise unless writing `new_size` bytes at `key` keeps the store within its bounds."""
-        tally = self._tally
+    ) -> tuple[int, int]:
+        """Reserve the change of writing `new_size` bytes at `key` in the ledger, or raise if it
+        would break a bound. Returns the reserved `(files, bytes)`."""
         fresh = self._trust(chain)
-        assert tally.sizes is not None
-        if not fresh and tally.sizes.get(key) != old_size:
+        sizes = self._tally.sizes
+        assert sizes is not None
+        if not fresh and sizes.get(key) != old_size:
             self._sync()
             fresh = True
-        problem = self._over(echo, new_size, old_size)
-        if problem and not fresh:
+        files = 1 if old_size is None else 0
+        delta = new_size - (old_size or 0)
+        try:
+            blocked = self._ledger.reserve(files, delta, self.limits)
+        except LookupError:  # the ledger dropped its figures (an I/O failure elsewhere)
             self._sync()
-            problem = self._over(echo, new_size, old_size)
-        if problem:
-            raise FileSystemError(problem)
+            fresh = True
+            blocked = self._ledger.reserve(files, delta, self.limits)
+        if blocked is not None and not fresh:
+            self._sync()
+            blocked = self._ledger.reserve(files, delta, self.limits)
+        if blocked is not None:
+            raise FileSystemError(self._over(echo, blocked, files, delta))
+        return files, delta
 
-    def _over(self, echo: str, new_size: int, old_size: int | None) -> str | None:
-        tally = self._tally
-        assert tally.sizes is not None
+    def _over(self, echo: str, usage: StoreUsage, files: int, delta: int) -> str:
         limits = self.limits
-        count = len(tally.sizes)
-        if old_size is None and count >= limits.max_files:
+        if files > 0 and usage.files + files > limits.max_files:
             return (
-                f"Write rejected: the store already holds {count} files, "
+                f"Write rejected: the store already holds {usage.files} files, "
                 f"at the {limits.max_files}-file limit"
             )
-        projected = tally.total - (old_size or 0) + new_size
-        if projected > limits.max_total_bytes:
-            return (
-                f"Write rejected: {echo} would bring the store to {projected} bytes, "
-                f"over the {limits.max_total_bytes}-byte total limit"
-            )
-        return None
+        return (
+            f"Write rejected: {echo} would bring the store to {usage.bytes + delta} bytes, "
+            f"over the {limits.max_total_bytes}-byte total limit"
+        )
 
     def _make_dirs(self, directory: str, echo: str) -> None:
         if self._on_create is not None and not os.path.isdir(self._root):
@@ -486,8 +347,8 @@ class WorkspaceAgentFileSystem:
         except (FileExistsError, NotADirectoryError):
             raise FileSystemError(f"Cannot write {echo}: a parent of it is a file") from None
 
-    def _store(self, target: str, data: bytes, echo: str) -> None:
-        """Write `data` to `target` atomically (creating its directories on the way)."""
+    def _store(self, target: str, data: bytes, echo: str, reserved: tuple[int, int]) -> None:
+        """Write `data` to `target` atomically, releasing the reservation if that fails."""
         try:
             write_atomic(
                 target,
@@ -495,8 +356,11 @@ class WorkspaceAgentFileSystem:
                 fsync=self.fsync,
                 make_parent=lambda parent: self._make_dirs(parent, echo),
             )
-        except NotADirectoryError:
-            raise FileSystemError(f"Cannot write {echo}: a parent of it is a file") from None
+        except BaseException as exc:
+            self._ledger.adjust(-reserved[0], -reserved[1])
+            if isinstance(exc, NotADirectoryError):
+                raise FileSystemError(f"Cannot write {echo}: a parent of it is a file") from None
+            raise
 
     def _touch(self, *targets: str) -> None:
         """After this store changed `targets`: record the mtimes of the directories that changed,
@@ -514,7 +378,7 @@ class WorkspaceAgentFileSystem:
                 pass
             tally.touched_at = now
             changed.add(self._real())
-        self._settle(changed)
+        tally.settle(changed)
 
     def _text(self, target: str, info: os.stat_result, echo: str) -> str:
         limit = self.limits.max_file_bytes
@@ -572,8 +436,8 @@ class WorkspaceAgentFileSystem:
         old_size = info.st_size if info is not None and stat.S_ISREG(info.st_mode) else None
         key = self._key(target)
         chain = self._chain(target)
-        self._admit(key, echo, len(data), old_size, chain)
-        self._store(target, data, echo)
+        reserved = self._admit(key, echo, len(data), old_size, chain)
+        self._store(target, data, echo, reserved)
         self._tally.put(key, len(data))
         self._touch(target)
 
@@ -596,8 +460,8 @@ class WorkspaceAgentFileSystem:
             self._check_size(echo, len(data))
             key = self._key(target)
             chain = self._chain(target)
-            self._admit(key, echo, len(data), info.st_size, chain)
-            self._store(target, data, echo)
+            reserved = self._admit(key, echo, len(data), info.st_size, chain)
+            self._store(target, data, echo, reserved)
             self._tally.put(key, len(data))
             self._touch(target)
         return count if replace_all else 1
@@ -614,7 +478,7 @@ class WorkspaceAgentFileSystem:
             else:
                 if info is None or not stat.S_ISDIR(info.st_mode):
                     return []
-        return sorted(path for path, _ in self._walk(top, prefix) if matcher.fullmatch(path))
+        return sorted(path for path, _ in walk(top, prefix) if matcher.fullmatch(path))
 
     def _grep(self, pattern: LinePattern, rel: str) -> list[GrepHit]:
         deadline = Deadline(pattern.source)
@@ -626,7 +490,7 @@ class WorkspaceAgentFileSystem:
         limit = self.limits.max_grep_hits
         max_bytes = self.limits.max_file_bytes
         hits: list[GrepHit] = []
-        for path, entry in sorted(self._walk(top, rel), key=itemgetter(0)):
+        for path, entry in sorted(walk(top, rel), key=itemgetter(0)):
             deadline.remaining()
             try:
                 data = read_bytes(entry.path, max_bytes)
@@ -649,11 +513,14 @@ class WorkspaceAgentFileSystem:
         self._trust(chain)
         key = self._key(target)
         if stat.S_ISDIR(info.st_mode):
+            sizes = [entry.stat(follow_symlinks=False).st_size for _, entry in walk(target, key)]
             shutil.rmtree(target)
-            for directory in [d for d in self._tally.dirs if inside(d, target)]:
-                del self._tally.dirs[directory]
+            self._tally.drop_dirs_under(target)
+            self._ledger.adjust(-len(sizes), -sum(sizes))
         else:
             os.unlink(target)
+            if stat.S_ISREG(info.st_mode):
+                self._ledger.adjust(-1, -info.st_size)
         self._tally.drop_under(key)
         self._touch(target)
 
@@ -677,7 +544,7 @@ class WorkspaceAgentFileSystem:
             self._make_dirs(parent, new_echo)
         os.rename(source, destination)
         if stat.S_ISDIR(info.st_mode):
-            self._tally.sizes = None  # a moved tree: the next write re-walks
+            self._tally.forget()  # a moved tree: the next write re-walks (the count is unchanged)
         else:
             self._tally.move(old_key, new_key)
         self._touch(source, destination)
