@@ -166,12 +166,16 @@ class DiskTally:
         if self.sizes is not None:
             self.sizes[key] = size
 
-    def drop_under(self, key: str) -> None:
-        """Forget the file at `key`, or every file below it (a deleted tree)."""
+    def drop_under(self, key: str, *, directory: bool) -> None:
+        """Forget the file at `key` (O(1)), or every file below the directory `key`."""
         sizes = self.sizes
-        if sizes is not None:
-            for name in [name for name in sizes if is_under(name, key)]:
-                del sizes[name]
+        if sizes is None:
+            return
+        if not directory:
+            sizes.pop(key, None)
+            return
+        for name in [name for name in sizes if is_under(name, key)]:
+            del sizes[name]
 
     def drop_dirs_under(self, real_path: str) -> None:
         """Forget the directory `real_path` and those below it (a deleted tree)."""
@@ -180,11 +184,9 @@ class DiskTally:
             del self.dirs[directory]
 
     def move(self, old: str, new: str) -> None:
-        """Carry the sizes of a file renamed from `old` to `new`."""
+        """Carry the size of a file renamed from `old` to `new` (a moved tree is `forget`)."""
         sizes = self.sizes
-        if sizes is None:
-            return
-        moved = {name: size for name, size in sizes.items() if is_under(name, old)}
-        for name, size in moved.items():
-            del sizes[name]
-            sizes[new + name[len(old) :]] = size
+        if sizes is not None:
+            size = sizes.pop(old, None)
+            if size is not None:
+                sizes[new] = size

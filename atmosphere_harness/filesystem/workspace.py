@@ -512,7 +512,8 @@ class WorkspaceAgentFileSystem:
         chain = self._chain(target)
         self._trust(chain)
         key = self._key(target)
-        if stat.S_ISDIR(info.st_mode):
+        directory = stat.S_ISDIR(info.st_mode)
+        if directory:
             sizes = [entry.stat(follow_symlinks=False).st_size for _, entry in walk(target, key)]
             shutil.rmtree(target)
             self._tally.drop_dirs_under(target)
@@ -521,7 +522,7 @@ class WorkspaceAgentFileSystem:
             os.unlink(target)
             if stat.S_ISREG(info.st_mode):
                 self._ledger.adjust(-1, -info.st_size)
-        self._tally.drop_under(key)
+        self._tally.drop_under(key, directory=directory)
         self._touch(target)
 
     def _rename(self, old_rel: str, old_echo: str, new_rel: str, new_echo: str) -> None:
