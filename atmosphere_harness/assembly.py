@@ -40,7 +40,7 @@ def default_primitives(
             fallback_long_term_memory=backends.long_term_memory,
         ),
         PlanningPrimitive(backends.plan_bus, stores=backends.plan_stores),
-        FilesystemPrimitive(),
+        FilesystemPrimitive(usage=backends.workspace_usage),
         GovernancePrimitive(
             policies=policies, approval_policy=approval_policy, approvals=backends.approvals
         ),

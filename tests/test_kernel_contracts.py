@@ -178,3 +178,35 @@ def test_the_architecture_contract_catches_a_primitive_importing_the_kernel(
     )
     assert result.returncode != 0, result.stdout[-3000:]
     assert "atmosphere_harness.planning.attach -> atmosphere_harness.kernel.host" in result.stdout
+
+
+async def test_the_backends_workspace_usage_accounts_the_filesystem(workspace: Path) -> None:
+    from atmosphere_harness.filesystem.paths import store_key
+    from atmosphere_harness.filesystem.primitive import SURFACE
+    from atmosphere_harness.filesystem.usage import (
+        PROCESS_USAGE,
+        InProcessWorkspaceUsage,
+        StoreUsage,
+    )
+
+    usage = InProcessWorkspaceUsage()
+    backends = StateBackends(state="test", events="test", workspace_usage=usage)
+    host = HarnessHost(
+        HarnessSettings(workspace_root=workspace, conversation_idle_timeout=0),
+        runtime=ScriptedRuntime(["hi"]),
+        specs=[spec_of(ContractEcho)],
+        primitives=default_primitives(backends),
+    )
+    await host.start()
+    try:
+        provider = host.surface(SURFACE, "contract-echo")
+        assert provider is not None
+        assert provider.usage is usage
+        files = provider.for_conversation("c1")
+        await files.write("a.txt", "hello")
+        key = store_key(files.root)
+        assert usage.is_live(key), "the store's ledger is the backend's"
+        assert not PROCESS_USAGE.is_live(key), "not the process-wide default"
+        assert usage.ledger(key).current() == StoreUsage(1, 5)
+    finally:
+        await host.stop()

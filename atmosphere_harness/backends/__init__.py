@@ -12,7 +12,7 @@ of shared state; the kernel and the primitives only see the protocols:
 | approvals | `governance.approvals.ApprovalStore` | `ApprovalRegistry` (memory) |
 | conversation history | `memory.history.HistoryBackend` | SQLite under `workspace_root` |
 | long-term memory | `memory.LongTermMemory` | SQLite under `workspace_root` |
-| workspace usage | `filesystem.usage` | a process-wide tally |
+| workspace usage | `filesystem.usage.WorkspaceUsage` | `InProcessWorkspaceUsage` (this process) |
 
 For history and long-term memory, `None` here means "the embedded SQLite file": the memory
 primitive opens it under `workspace_root` when it starts (and an entry-point provider or an
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..contracts import ConversationLocks, RunJournal
+from ..filesystem.usage import PROCESS_USAGE, WorkspaceUsage
 from ..governance.approvals import ApprovalRegistry, ApprovalStore
 from ..kernel.journal import LiveRuns
 from ..kernel.locks import InProcessConversationLocks
@@ -53,6 +54,7 @@ class StateBackends:
     plan_stores: Callable[[Path], PlanStore] = FilePlanStore
     plan_bus: PlanEventBus = field(default_factory=InProcessPlanBus)
     approvals: ApprovalStore = field(default_factory=ApprovalRegistry)
+    workspace_usage: WorkspaceUsage = PROCESS_USAGE
     history: HistoryBackend | None = None
     long_term_memory: LongTermMemory | None = None
 

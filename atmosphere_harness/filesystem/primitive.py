@@ -38,6 +38,7 @@ from .composite import normalize_routes
 from .offload import ToolOutputOffload
 from .provider import AgentFileSystemProvider
 from .tools import file_tools
+from .usage import WorkspaceUsage
 from .workspace import WorkspaceAgentFileSystem
 
 log = get_logger(__name__)
@@ -58,7 +59,10 @@ def native_state(runtime_name: str) -> str:
 class FilesystemPrimitive(Primitive):
     name = "filesystem"
 
-    def __init__(self) -> None:
+    def __init__(self, *, usage: WorkspaceUsage | None = None) -> None:
+        """`usage` accounts every store's files and bytes (from `backends`; default: this
+        process's tally)."""
+        self.usage = usage
         self.routes: dict[str, WorkspaceAgentFileSystem] = {}
         self.providers: dict[Path, AgentFileSystemProvider] = {}
 
@@ -74,6 +78,7 @@ class FilesystemPrimitive(Primitive):
                 SHARED_CONVERSATION,
                 settings.limits,
                 fsync=settings.fsync,
+                usage=self.usage,
             )
             for key, directory in prefixes.items()
         }
@@ -94,6 +99,7 @@ class FilesystemPrimitive(Primitive):
                 settings.limits,
                 routes=self.routes,
                 fsync=settings.fsync,
+                usage=self.usage,
             )
             self.providers[endpoint.root] = provider
 
