@@ -4,7 +4,14 @@ The stores live here; the model-facing tools are in `filesystem.tools` (`file_to
 offload hook in `filesystem.offload` and the attach engine in `filesystem.primitive`.
 """
 
-from .base import AgentFileSystem, FileInfo, FileSystemError, FileSystemLimits, GrepHit
+from .base import (
+    AgentFileSystem,
+    FileInfo,
+    FileNotFoundInWorkspace,
+    FileSystemError,
+    FileSystemLimits,
+    GrepHit,
+)
 from .composite import CompositeAgentFileSystem
 from .provider import AgentFileSystemProvider
 from .workspace import StoreUsage, WorkspaceAgentFileSystem
@@ -14,6 +21,7 @@ __all__ = [
     "AgentFileSystemProvider",
     "CompositeAgentFileSystem",
     "FileInfo",
+    "FileNotFoundInWorkspace",
     "FileSystemError",
     "FileSystemLimits",
     "GrepHit",
