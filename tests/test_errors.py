@@ -89,6 +89,20 @@ def test_a_value_error_handler_still_catches_the_value_errors() -> None:
             raise error
 
 
+def test_every_exception_class_the_package_defines_is_in_the_tree() -> None:
+    """A new `class FooError(Exception)` must join the tree (private helpers excepted)."""
+    roots = {"Exception", "ValueError", "RuntimeError", "TypeError", "KeyError", "OSError"}
+    outside = []
+    for source in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
+                continue
+            bases = {base.id for base in node.bases if isinstance(base, ast.Name)}
+            if bases & roots and "HarnessError" not in bases and node.name != "HarnessError":
+                outside.append(f"{source.relative_to(PACKAGE)}:{node.name}")
+    assert outside == []
+
+
 def test_errors_module_imports_nothing_from_the_package() -> None:
     tree = ast.parse((PACKAGE / "errors.py").read_text(encoding="utf-8"))
     imports = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
