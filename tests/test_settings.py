@@ -345,3 +345,10 @@ def test_filesystem_limits_from_json_and_argument_wins(monkeypatch: pytest.Monke
     assert limits.max_total_bytes == FileSystemLimits().max_total_bytes, "unnamed bounds default"
     given = FileSystemLimits(max_files=3)
     assert HarnessSettings(filesystem_limits=given).filesystem_limits == given
+
+
+def test_max_request_bytes_defaults_to_4_mib_and_has_a_floor() -> None:
+    assert HarnessSettings().max_request_bytes == 4 * 1024 * 1024
+    assert HarnessSettings(max_request_bytes=1024).max_request_bytes == 1024
+    with pytest.raises(ValidationError, match="max_request_bytes"):
+        HarnessSettings(max_request_bytes=1023)
