@@ -294,9 +294,10 @@
       entry = state.tools.get(data.toolCallId);
     }
     const text = String(data.result ?? "");
-    const failed = text.startsWith("Error:") || text.startsWith('{"error"');
-    entry.status.textContent = failed ? "error" : "done";
-    entry.status.className = `badge ${failed ? "failed" : "done"}`;
+    const outcome = toolOutcome(text);
+    entry.status.textContent = outcome;
+    entry.status.className = `badge ${outcome === "done" ? "done" : "failed"}`;
+    entry.node.dataset.outcome = outcome;
     entry.result.textContent = text;
     const offloaded = OFFLOAD.exec(text);
     if (offloaded) {
@@ -309,6 +310,21 @@
         ),
       );
     }
+  }
+
+  // What a tool card's badge says: a call governance (or a person) refused never ran.
+  function toolOutcome(text) {
+    if (text.startsWith("Error:") || text.startsWith('{"error"')) return "error";
+    if (text.startsWith('{"status"')) {
+      try {
+        const status = JSON.parse(text).status;
+        if (status === "cancelled") return "denied";
+        if (status === "timeout" || status === "interrupted") return status;
+      } catch (error) {
+        // not JSON after all: an ordinary result
+      }
+    }
+    return "done";
   }
 
   async function openFile(path) {
