@@ -6,17 +6,20 @@ twin rebuilt from settings, and no route ever creates a directory: a conversatio
 wrote a file answers 404 instead of an empty listing.
 
 - `GET /api/admin/workspace/owners`: `[{"owner", "plan", "filesystem"}]`, sorted by owner.
-- `GET /api/admin/agents/{name}/plan?sessionId=`: `{"agent", "sessionId", "goal"?, "steps"}`;
-  404 without a plan store or a stored plan.
-- `GET /api/admin/agents/{name}/plan/events?sessionId=`: the same stream as `P/plan/events`.
-- `GET /api/admin/agents/{name}/files?sessionId=&path=`: `{"agent", "sessionId", "path",
-  "entries": [{"path", "size", "directory"}]}`; 404 without a filesystem or when the
-  conversation never wrote a file; 400 when `path` is a file.
-- `GET /api/admin/agents/{name}/files/content?sessionId=&path=`: `{"agent", "sessionId", "path",
-  "content"}`; 404 for a missing file; 400 for a file too large or not UTF-8.
+- `GET /api/admin/agents/{name}/plan?conversationId=`: `{"agent", "conversationId",
+  "sessionId", "goal"?, "steps"}`; 404 without a plan store or a stored plan.
+- `GET /api/admin/agents/{name}/plan/events?conversationId=`: the same stream as
+  `P/plan/events`.
+- `GET /api/admin/agents/{name}/files?conversationId=&path=`: `{"agent", "conversationId",
+  "sessionId", "path", "entries": [{"path", "size", "directory"}]}`; 404 without a filesystem or
+  when the conversation never wrote a file; 400 when `path` is a file.
+- `GET /api/admin/agents/{name}/files/content?conversationId=&path=`: `{"agent",
+  "conversationId", "sessionId", "path", "content"}`; 404 for a missing file; 400 for a file too
+  large or not UTF-8.
 
-Traversal-shaped names, session ids and paths answer 400 before any I/O. Errors are JSON
-`{"error": message}`.
+`sessionId` is the older name of `conversationId`: both are accepted (both given and different is
+400), and bodies carry both keys. Traversal-shaped names, conversation ids and paths answer 400
+before any I/O. Errors are JSON `{"error": message}` (`web.errors`).
 
 Access: `get_admin_principal` names who is asking, from the `X-Atmosphere-Auth` header (or the
 query parameter of that name, for `EventSource`) compared in constant time with
@@ -94,24 +97,47 @@ def check_agent_name(name: str) -> str:
     return name
 
 
-def check_session_id(session_id: str | None) -> str:
-    """The conversation id of an admin read; traversal-shaped ids are 400 before any I/O."""
+def check_session_id(session_id: str | None, label: str = "conversationId") -> str:
+    """The conversation id of an admin read; traversal-shaped ids are 400 before any I/O.
+    `label` is the query parameter it came in (`conversationId`, or its alias `sessionId`)."""
     if session_id is None or not session_id.strip():
-        raise Problem(400, "sessionId must not be blank")
+        raise Problem(400, f"{label} must not be blank")
     if ".." in session_id or "/" in session_id or "\\" in session_id:
-        raise Problem(400, f"sessionId contains illegal path characters: {shown(session_id)}")
+        raise Problem(400, f"{label} contains illegal path characters: {shown(session_id)}")
     try:
         return check_conversation_id(session_id)
     except ValueError as exc:
-        raise Problem(400, f"sessionId is invalid: {exc}") from None
+        raise Problem(400, f"{label} is invalid: {exc}") from None
+
+
+def conversation_param(conversation_id: str | None, session_id: str | None) -> str:
+    """The conversation of an admin read from `conversationId` or its alias `sessionId`."""
+    if conversation_id is None and session_id is not None:
+        return check_session_id(session_id, "sessionId")
+    if session_id is not None and session_id != conversation_id:
+        raise Problem(
+            400,
+            "conversationId and sessionId name different conversations; "
+            "send conversationId only (sessionId is its older name)",
+        )
+    return check_session_id(conversation_id)
 
 
 def workspace_read(
-    host: HarnessHost, principal: str | None, name: str, session_id: str | None
+    host: HarnessHost,
+    principal: str | None,
+    name: str,
+    conversation_id: str | None,
+    session_id: str | None = None,
 ) -> tuple[str, str]:
     """Gate and validate one workspace read: the checked owner name and conversation id."""
     require_principal(principal, host.settings)
-    return check_agent_name(name), check_session_id(session_id)
+    return check_agent_name(name), conversation_param(conversation_id, session_id)
+
+
+def conversation_keys(conversation_id: str) -> dict[str, str]:
+    """How a body names its conversation: `conversationId`, and `sessionId` for older clients."""
+    return {"conversationId": conversation_id, "sessionId": conversation_id}
 
 
 def plan_store_of(host: HarnessHost, name: str) -> PlanStore:
@@ -131,11 +157,20 @@ def conversation_files(host: HarnessHost, name: str, session_id: str) -> AgentFi
     return provider.for_conversation(session_id)
 
 
+ConversationQuery = Annotated[
+    str | None,
+    Query(
+        alias="conversationId",
+        description="The conversation id to read",
+        json_schema_extra=CONVERSATION_ID_SCHEMA,
+    ),
+]
 SessionQuery = Annotated[
     str | None,
     Query(
         alias="sessionId",
-        description="The conversation id to read",
+        description="The older name of conversationId (accepted; both given must agree)",
+        deprecated=True,
         json_schema_extra=CONVERSATION_ID_SCHEMA,
     ),
 ]
@@ -159,13 +194,17 @@ def admin_router() -> APIRouter:
 
     @router.get("/agents/{name}/plan", summary="The stored plan of one agent and conversation")
     async def plan(
-        name: str, host: HarnessDep, principal: AdminPrincipalDep, session_id: SessionQuery = None
+        name: str,
+        host: HarnessDep,
+        principal: AdminPrincipalDep,
+        conversation_id: ConversationQuery = None,
+        session_id: SessionQuery = None,
     ) -> Any:
-        name, session_id = workspace_read(host, principal, name, session_id)
-        found = await plan_store_of(host, name).get(name, session_id)
+        name, conversation = workspace_read(host, principal, name, conversation_id, session_id)
+        found = await plan_store_of(host, name).get(name, conversation)
         if found is None:
-            raise Problem(404, f"no plan for agent {name!r} in conversation {session_id!r}")
-        body: dict[str, Any] = {"agent": name, "sessionId": session_id}
+            raise Problem(404, f"no plan for agent {name!r} in conversation {conversation!r}")
+        body: dict[str, Any] = {"agent": name, **conversation_keys(conversation)}
         if found.goal:
             body["goal"] = found.goal
         body["steps"] = found.wire_steps()
@@ -181,10 +220,11 @@ def admin_router() -> APIRouter:
         name: str,
         host: HarnessDep,
         principal: AdminPrincipalDep,
+        conversation_id: ConversationQuery = None,
         session_id: SessionQuery = None,
         last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
     ) -> Response:
-        name, session_id = workspace_read(host, principal, name, session_id)
+        name, conversation = workspace_read(host, principal, name, conversation_id, session_id)
         store = plan_store_of(host, name)
         bus: PlanEventBus | None = host.services.get(BUS_SERVICE)
         if bus is None:
@@ -194,7 +234,7 @@ def admin_router() -> APIRouter:
             store,
             owner=name,
             agent_id=name,
-            conversation_id=session_id,
+            conversation_id=conversation,
             last_event_id=last_event_id,
         )
 
@@ -203,15 +243,16 @@ def admin_router() -> APIRouter:
         name: str,
         host: HarnessDep,
         principal: AdminPrincipalDep,
+        conversation_id: ConversationQuery = None,
         session_id: SessionQuery = None,
         path: PathQuery = None,
     ) -> Any:
-        name, session_id = workspace_read(host, principal, name, session_id)
-        fs = conversation_files(host, name, session_id)
+        name, conversation = workspace_read(host, principal, name, conversation_id, session_id)
+        fs = conversation_files(host, name, conversation)
         entries = await fs.ls(path)  # a FileSystemError answers 400 (web.errors)
         return {
             "agent": name,
-            "sessionId": session_id,
+            **conversation_keys(conversation),
             "path": path.strip() if path and path.strip() else ".",
             "entries": [
                 {"path": entry.path, "size": entry.size, "directory": entry.directory}
@@ -224,14 +265,15 @@ def admin_router() -> APIRouter:
         name: str,
         host: HarnessDep,
         principal: AdminPrincipalDep,
+        conversation_id: ConversationQuery = None,
         session_id: SessionQuery = None,
         path: PathQuery = None,
     ) -> Any:
-        name, session_id = workspace_read(host, principal, name, session_id)
-        fs = conversation_files(host, name, session_id)
+        name, conversation = workspace_read(host, principal, name, conversation_id, session_id)
+        fs = conversation_files(host, name, conversation)
         # FileNotFoundInWorkspace answers 404, any other FileSystemError 400 (web.errors).
         content = await fs.read(path or "")
-        return {"agent": name, "sessionId": session_id, "path": path, "content": content}
+        return {"agent": name, **conversation_keys(conversation), "path": path, "content": content}
 
     return router
 

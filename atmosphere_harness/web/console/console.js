@@ -442,7 +442,7 @@
     if (!state.token || !state.endpoint || !ownerHas("plan")) return;
     const source = new EventSource(
       url(`/api/admin/agents/${encodeURIComponent(state.endpoint.owner)}/plan/events`, {
-        sessionId: state.conversation,
+        conversationId: state.conversation,
         [AUTH_HEADER]: state.token,
       }),
     );
@@ -492,7 +492,7 @@
     }
     const result = await getJson(
       `/api/admin/agents/${encodeURIComponent(state.endpoint.owner)}/plan`,
-      { sessionId: state.conversation },
+      { conversationId: state.conversation },
       true,
     );
     if (result.status === 200) renderPlan(target, result.body);
@@ -514,7 +514,7 @@
     }
     const result = await getJson(
       `/api/admin/agents/${encodeURIComponent(state.endpoint.owner)}/files`,
-      { sessionId: state.conversation, path: state.filesPath },
+      { conversationId: state.conversation, path: state.filesPath },
       true,
     );
     if (result.status === 404) {
@@ -562,7 +562,7 @@
     viewer.textContent = "loading…";
     const result = await getJson(
       `/api/admin/agents/${encodeURIComponent(state.endpoint.owner)}/files/content`,
-      { sessionId: state.conversation, path },
+      { conversationId: state.conversation, path },
       true,
     );
     viewer.textContent = result.status === 200 ? result.body.content : errorText(result);
