@@ -459,6 +459,7 @@ class HarnessSettings(BaseSettings):
                 token=self.admin_token,
                 read_auth_required=self.admin_http_read_auth_required,
                 websocket_allowed_origins=self.websocket_allowed_origins,
+                max_request_bytes=self.max_request_bytes,
             ),
             backends=BackendSettings(
                 redis_url=self.redis_url,
@@ -539,12 +540,13 @@ class RuntimeSettings(BaseModel):
 
 
 class AdminSettings(BaseModel):
-    """The admin REST surface and the WebSocket origin check."""
+    """The HTTP surface: admin REST, the WebSocket origin check, the request-body bound."""
 
     model_config = _GROUP
     token: str | None = Field(repr=False)
     read_auth_required: bool
     websocket_allowed_origins: frozenset[str]
+    max_request_bytes: int
 
 
 class BackendSettings(BaseModel):

@@ -350,5 +350,6 @@ def test_filesystem_limits_from_json_and_argument_wins(monkeypatch: pytest.Monke
 def test_max_request_bytes_defaults_to_4_mib_and_has_a_floor() -> None:
     assert HarnessSettings().max_request_bytes == 4 * 1024 * 1024
     assert HarnessSettings(max_request_bytes=1024).max_request_bytes == 1024
+    assert HarnessSettings(max_request_bytes=2048).groups.admin.max_request_bytes == 2048
     with pytest.raises(ValidationError, match="max_request_bytes"):
         HarnessSettings(max_request_bytes=1023)

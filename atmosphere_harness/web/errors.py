@@ -165,7 +165,7 @@ def max_request_bytes(request: Request) -> int:
     """The running harness's `max_request_bytes` (the default before its lifespan ran)."""
     host = getattr(request.state, STATE_KEY, None)
     if isinstance(host, HarnessHost):
-        return host.settings.max_request_bytes
+        return host.settings.groups.admin.max_request_bytes
     return DEFAULT_MAX_REQUEST_BYTES
 
 
