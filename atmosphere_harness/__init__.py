@@ -19,10 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .cache import CacheHint, PromptCache
+from .delegation import DelegationError
+from .errors import HarnessError
 from .events import Event
 from .filesystem import (
     AgentFileSystem,
     CompositeAgentFileSystem,
+    FileNotFoundInWorkspace,
+    FileSystemError,
     FileSystemLimits,
     WorkspaceAgentFileSystem,
 )
@@ -45,12 +49,13 @@ from .memory import (
     LongTermMemoryInterceptor,
     SqliteLongTermMemory,
 )
-from .planning import AgentPlan, PlanStatus, PlanStep, PlanStore
+from .planning import AgentPlan, PlanStatus, PlanStep, PlanStore, PlanStoreError
 from .registry import agent, ai_endpoint, coordinator, prompt, skill
 from .runtimes.base import (
     AgentRuntime,
     AiCapability,
     Message,
+    ModelError,
     ModelRequest,
     ModelResponse,
     ToolCall,
@@ -58,7 +63,7 @@ from .runtimes.base import (
 )
 from .runtimes.scripted import ScriptedRuntime
 from .settings import HarnessSettings
-from .tools.base import Tool, ToolContext, ToolKind, tool
+from .tools.base import Tool, ToolArgumentError, ToolContext, ToolKind, tool
 from .web.admin import get_admin_principal
 from .web.deps import HarnessDep, get_harness, get_user_id
 from .web.files import AgentFileSystemDep, get_file_system
@@ -105,18 +110,23 @@ __all__ = [
     "CacheHint",
     "CompositeAgentFileSystem",
     "ConversationMemory",
+    "DelegationError",
     "Deny",
     "Event",
+    "FileNotFoundInWorkspace",
+    "FileSystemError",
     "FileSystemLimits",
     "GovernancePolicy",
     "Harness",
     "HarnessDep",
+    "HarnessError",
     "HarnessSettings",
     "InMemoryLongTermMemory",
     "LongTermMemory",
     "LongTermMemoryDep",
     "LongTermMemoryInterceptor",
     "Message",
+    "ModelError",
     "ModelRequest",
     "ModelResponse",
     "OpenAIRuntime",
@@ -124,6 +134,7 @@ __all__ = [
     "PlanStep",
     "PlanStore",
     "PlanStoreDep",
+    "PlanStoreError",
     "PolicyContext",
     "PolicyRequest",
     "Prefer",
@@ -133,6 +144,7 @@ __all__ = [
     "StreamingSession",
     "Tool",
     "ToolApprovalPolicy",
+    "ToolArgumentError",
     "ToolCall",
     "ToolContext",
     "ToolKind",

@@ -24,6 +24,9 @@ from .tools.bounds import DEFAULT_MAX_ARGUMENT_CHARS, DEFAULT_MAX_TOOL_CALLS
 
 log = get_logger(__name__)
 
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+"""`max_request_bytes` when unset: 4 MiB."""
+
 
 class SurfaceMode(enum.Enum):
     """Which plan/file surface to attach: the built-in tools or the runtime's native one."""
@@ -263,6 +266,11 @@ class HarnessSettings(BaseSettings):
     admin_http_read_auth_required: bool = Field(
         False, validation_alias=_env("ATMOSPHERE_ADMIN_HTTP_READ_AUTH_REQUIRED")
     )
+    max_request_bytes: int = Field(
+        DEFAULT_MAX_REQUEST_BYTES, ge=1024, validation_alias=_env("ATMOSPHERE_MAX_REQUEST_BYTES")
+    )
+    """Bytes one request body to a harness `POST` route may hold; a larger one is answered 413
+    before it is parsed (a chunked body is cut off as soon as it passes the limit)."""
     websocket_allowed_origins: Annotated[frozenset[str], NoDecode] = Field(
         frozenset(), validation_alias=_env("ATMOSPHERE_WEBSOCKET_ALLOWED_ORIGINS")
     )
@@ -451,6 +459,7 @@ class HarnessSettings(BaseSettings):
                 token=self.admin_token,
                 read_auth_required=self.admin_http_read_auth_required,
                 websocket_allowed_origins=self.websocket_allowed_origins,
+                max_request_bytes=self.max_request_bytes,
             ),
             backends=BackendSettings(
                 redis_url=self.redis_url,
@@ -531,12 +540,13 @@ class RuntimeSettings(BaseModel):
 
 
 class AdminSettings(BaseModel):
-    """The admin REST surface and the WebSocket origin check."""
+    """The HTTP surface: admin REST, the WebSocket origin check, the request-body bound."""
 
     model_config = _GROUP
     token: str | None = Field(repr=False)
     read_auth_required: bool
     websocket_allowed_origins: frozenset[str]
+    max_request_bytes: int
 
 
 class BackendSettings(BaseModel):

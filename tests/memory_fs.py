@@ -10,7 +10,12 @@ from __future__ import annotations
 import fnmatch
 import re
 
-from atmosphere_harness.filesystem.base import FileInfo, FileSystemError, GrepHit
+from atmosphere_harness.filesystem.base import (
+    FileInfo,
+    FileNotFoundInWorkspace,
+    FileSystemError,
+    GrepHit,
+)
 
 
 def _check(path: str) -> str:
@@ -59,7 +64,7 @@ class DictFileSystem:
     async def read(self, path: str) -> str:
         key = _check(path)
         if key not in self.files:
-            raise FileSystemError(f"File not found: {path}")
+            raise FileNotFoundInWorkspace(f"File not found: {path}")
         return self.files[key]
 
     async def write(self, path: str, content: str) -> None:
@@ -102,7 +107,7 @@ class DictFileSystem:
         key = _check(path)
         doomed = [f for f in self.files if f == key or f.startswith(key + "/")]
         if not doomed:
-            raise FileSystemError(f"File not found: {path}")
+            raise FileNotFoundInWorkspace(f"File not found: {path}")
         for name in doomed:
             del self.files[name]
 
@@ -112,6 +117,6 @@ class DictFileSystem:
             raise FileSystemError(f"destination exists: {new_path}")
         moved = {f: new + f[len(old) :] for f in self.files if f == old or f.startswith(old + "/")}
         if not moved:
-            raise FileSystemError(f"File not found: {old_path}")
+            raise FileNotFoundInWorkspace(f"File not found: {old_path}")
         for source, target in moved.items():
             self.files[target] = self.files.pop(source)

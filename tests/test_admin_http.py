@@ -162,8 +162,10 @@ async def test_tool_round_trip_then_the_admin_api_reads_what_the_tools_wrote(
     app = app_with(TruthAgent, runtime=round_trip_script(), workspace=workspace, admin_token=TOKEN)
     async with client_for(app) as client:
         frames = await seeded(client)
-        plan = await client.get(f"{ADMIN}/plan", params={"sessionId": "conv-1"}, headers=AUTH)
-        listing = await client.get(f"{ADMIN}/files", params={"sessionId": "conv-1"}, headers=AUTH)
+        plan = await client.get(f"{ADMIN}/plan", params={"conversationId": "conv-1"}, headers=AUTH)
+        listing = await client.get(
+            f"{ADMIN}/files", params={"conversationId": "conv-1"}, headers=AUTH
+        )
         content = await client.get(
             f"{ADMIN}/files/content",
             params={"sessionId": "conv-1", "path": "notes/todo.md"},
@@ -185,12 +187,14 @@ async def test_tool_round_trip_then_the_admin_api_reads_what_the_tools_wrote(
     assert plan.status_code == 200
     assert plan.json() == {
         "agent": "harness-truth-agent",
+        "conversationId": "conv-1",
         "sessionId": "conv-1",
         "steps": [{"content": "Replace the plan", "status": "completed"}],
     }, "no goal key when the plan has none"
     assert listing.json()["entries"] == [{"path": "notes", "size": 0, "directory": True}]
     assert content.json() == {
         "agent": "harness-truth-agent",
+        "conversationId": "conv-1",
         "sessionId": "conv-1",
         "path": "notes/todo.md",
         "content": "- ship\n",
@@ -254,6 +258,7 @@ async def test_plan_wire_shape_with_goal_and_active_form(workspace: Path) -> Non
         plan = await client.get(f"{ADMIN}/plan", params={"sessionId": "conv-1"}, headers=AUTH)
     assert plan.json() == {
         "agent": "harness-truth-agent",
+        "conversationId": "conv-1",
         "sessionId": "conv-1",
         "goal": "Ship the feature",
         "steps": [
@@ -297,10 +302,18 @@ async def test_plan_rejects_traversal_and_blank_ids_with_400(workspace: Path) ->
             assert response.json() == {
                 "error": f"sessionId contains illegal path characters: {session}"
             }
-        for params in ({}, {"sessionId": ""}, {"sessionId": "  "}):
+        blanks = [({}, "conversationId"), ({"conversationId": " "}, "conversationId")]
+        blanks += [({"sessionId": ""}, "sessionId"), ({"sessionId": "  "}, "sessionId")]
+        for params, named in blanks:
             response = await client.get(f"{ADMIN}/plan", params=params, headers=AUTH)
             assert response.status_code == 400
-            assert response.json() == {"error": "sessionId must not be blank"}
+            assert response.json() == {"error": f"{named} must not be blank"}
+        traversal = await client.get(
+            f"{ADMIN}/plan", params={"conversationId": "../x"}, headers=AUTH
+        )
+        assert traversal.json() == {
+            "error": "conversationId contains illegal path characters: ../x"
+        }
         odd = await client.get(f"{ADMIN}/plan", params={"sessionId": "-dash"}, headers=AUTH)
         assert odd.status_code == 400
         assert odd.json()["error"].startswith("sessionId is invalid")
@@ -310,6 +323,46 @@ async def test_plan_rejects_traversal_and_blank_ids_with_400(workspace: Path) ->
     assert dots.status_code == 400
     assert dots.json() == {"error": "agent name contains illegal path characters: .."}
     assert sorted(path.name for path in workspace.iterdir()) == ["atmosphere.db"]
+
+
+async def test_conversation_id_names_the_conversation_and_session_id_stays_an_alias(
+    workspace: Path,
+) -> None:
+    app = app_with(TruthAgent, runtime=file_script(), workspace=workspace, admin_token=TOKEN)
+    routes = (
+        (f"{ADMIN}/plan", {}),
+        (f"{ADMIN}/files", {}),
+        (f"{ADMIN}/files/content", {"path": "top.txt"}),
+    )
+    async with client_for(app) as client:
+        await seeded(client)
+        for route, extra in routes:
+            new = await client.get(
+                route, params={"conversationId": "conv-1", **extra}, headers=AUTH
+            )
+            old = await client.get(route, params={"sessionId": "conv-1", **extra}, headers=AUTH)
+            both = {"conversationId": "conv-1", "sessionId": "conv-1", **extra}
+            agree = await client.get(route, params=both, headers=AUTH)
+            differ = {"conversationId": "conv-1", "sessionId": "conv-2", **extra}
+            clash = await client.get(route, params=differ, headers=AUTH)
+            assert new.status_code == 200, (route, new.text)
+            assert new.json() == old.json() == agree.json(), route
+            assert new.json()["conversationId"] == new.json()["sessionId"] == "conv-1"
+            assert clash.status_code == 400, route
+            assert clash.json() == {
+                "error": "conversationId and sessionId name different conversations; "
+                "send conversationId only (sessionId is its older name)"
+            }
+        params = {"conversationId": "conv-1", "X-Atmosphere-Auth": TOKEN}
+        async with client.stream("GET", f"{ADMIN}/plan/events", params=params) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+        document = (await client.get("/openapi.json")).json()
+    for route in ("plan", "plan/events", "files", "files/content"):
+        operation = document["paths"][f"/api/admin/agents/{{name}}/{route}"]["get"]
+        parameters = {p["name"]: p for p in operation["parameters"]}
+        assert parameters["sessionId"].get("deprecated") is True
+        assert not parameters["conversationId"].get("deprecated")
 
 
 # --- files -------------------------------------------------------------------------------------
@@ -345,6 +398,7 @@ async def test_files_listing_root_dirs_first_and_subdirectories(workspace: Path)
         )
     assert root.json() == {
         "agent": "harness-truth-agent",
+        "conversationId": "conv-1",
         "sessionId": "conv-1",
         "path": ".",
         "entries": [

@@ -160,7 +160,7 @@ async def test_bad_run_inputs_are_422(workspace: Path) -> None:
         only_assistant = await client.post(f"{KEEPER}/ag-ui", json=assistant_only)
     for response in (bad_thread, no_user, not_input, only_assistant):
         assert response.status_code == 422, response.text
-    assert "threadId" in bad_thread.json()["detail"]
+    assert "threadId" in bad_thread.json()["error"]
 
 
 @ai_endpoint("/atmosphere/speaker")

@@ -82,17 +82,20 @@ async def test_memory_tool_writes_into_the_workspace(workspace: Path) -> None:
         info = (await client.get("/api/console/info")).json()
         response = await client.post(PATH, json={"message": "note the plan"})
         conversation = response.headers["x-conversation-id"]
-        root = await client.get(f"{ADMIN}/files", params={"sessionId": conversation}, headers=AUTH)
+        root = await client.get(
+            f"{ADMIN}/files", params={"conversationId": conversation}, headers=AUTH
+        )
         notes = await client.get(
-            f"{ADMIN}/files", params={"sessionId": conversation, "path": "notes"}, headers=AUTH
+            f"{ADMIN}/files", params={"conversationId": conversation, "path": "notes"}, headers=AUTH
         )
         content = await client.get(
             f"{ADMIN}/files/content",
-            params={"sessionId": conversation, "path": "notes/plan.md"},
+            params={"conversationId": conversation, "path": "notes/plan.md"},
             headers=AUTH,
         )
         anonymous = await client.get(
-            f"{ADMIN}/files/content", params={"sessionId": conversation, "path": "notes/plan.md"}
+            f"{ADMIN}/files/content",
+            params={"conversationId": conversation, "path": "notes/plan.md"},
         )
     [endpoint] = info["endpoints"]
     assert endpoint["harness"]["filesystem"] == "ACTIVE(native:anthropic)"
@@ -106,6 +109,7 @@ async def test_memory_tool_writes_into_the_workspace(workspace: Path) -> None:
     assert root.status_code == 200
     assert root.json() == {
         "agent": "claude-notes",
+        "conversationId": conversation,
         "sessionId": conversation,
         "path": ".",
         "entries": [{"path": "notes", "size": 0, "directory": True}],
@@ -116,6 +120,7 @@ async def test_memory_tool_writes_into_the_workspace(workspace: Path) -> None:
     assert content.status_code == 200
     assert content.json() == {
         "agent": "claude-notes",
+        "conversationId": conversation,
         "sessionId": conversation,
         "path": "notes/plan.md",
         "content": "1. add (done)\n",

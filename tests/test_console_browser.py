@@ -20,12 +20,15 @@ import pytest
 from fastapi import FastAPI
 
 from atmosphere_harness import (
+    Admit,
+    Deny,
     HarnessSettings,
     ModelRequest,
     ScriptedRuntime,
     StreamingSession,
     ToolCall,
     ToolContext,
+    agent,
     coordinator,
     create_harness_router,
     prompt,
@@ -266,6 +269,61 @@ async def test_tool_cards_offload_links_approvals_and_subagents(
         offloaded = await page.inner_text("#viewer")
         assert offloaded.startswith("line 0: all systems nominal")
         assert "line 399: all systems nominal" in offloaded, "the full output, not the preview"
+
+
+@tool
+async def drop_table(name: str) -> str:
+    """Drop a database table.
+
+    Args:
+        name: The table.
+    """
+    return f"dropped {name}"
+
+
+class NoDrops:
+    name = "no-drops"
+
+    def evaluate(self, ctx: Any) -> Any:
+        if ctx.request.metadata.get("tool_name") == "drop_table":
+            return Deny("tables are forever")
+        return Admit()
+
+
+@agent(name="dba", harness=())
+class Dba:
+    tools = [drop_table]
+
+    @prompt
+    async def chat(self, message: str, session: StreamingSession) -> None:
+        await session.stream(message)
+
+
+def dba_turn(request: ModelRequest) -> Any:
+    if request.messages[-1].role == "user":
+        return [ToolCall("drop_table", {"name": "users"})]
+    return "I was not allowed to."
+
+
+async def test_a_call_governance_denied_reads_as_denied(page: Any, workspace: Path) -> None:
+    app = FastAPI()
+    app.include_router(
+        create_harness_router(
+            HarnessSettings(workspace_root=workspace, admin_token=TOKEN),
+            agents=[Dba],
+            runtime=ScriptedRuntime((), default=dba_turn),
+            policies=[NoDrops()],
+        )
+    )
+    async with serve(app) as base:
+        await open_console(page, base)
+        await send(page, "drop the users table")
+        await page.wait_for_selector(".run-end")
+        card = ".card.tool[data-tool=drop_table]"
+        assert await page.inner_text(f"{card} .badge") == "denied"
+        assert await page.get_attribute(card, "data-outcome") == "denied"
+        result = await page.inner_text(f"{card} .result")
+        assert "Tool drop_table denied by policy 'no-drops': tables are forever" in result
 
 
 async def test_without_a_token_the_workspace_says_how_to_get_one(

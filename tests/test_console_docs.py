@@ -29,11 +29,11 @@ async def test_the_documented_app_serves_the_console_and_its_transports(
         assert frames[-1]["event"] == "complete"
         auth = {"X-Atmosphere-Auth": "change-me"}
         plan = await client.get(
-            "/api/admin/agents/assistant/plan", params={"sessionId": "docs"}, headers=auth
+            "/api/admin/agents/assistant/plan", params={"conversationId": "docs"}, headers=auth
         )
         content = await client.get(
             "/api/admin/agents/assistant/files/content",
-            params={"sessionId": "docs", "path": "notes/task.md"},
+            params={"conversationId": "docs", "path": "notes/task.md"},
             headers=auth,
         )
         events = await run_agui(client, AGENT, run_input("docs-agui", "hello"))

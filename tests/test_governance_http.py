@@ -11,6 +11,7 @@ from typing import Any
 import httpx2
 
 from atmosphere_harness import (
+    Admit,
     Deny,
     HarnessDep,
     ModelRequest,
@@ -68,6 +69,26 @@ class Banker:
         await session.stream(message)
 
 
+@tool(requires_approval=True)
+async def shell(command: str) -> str:
+    """Run a command line (needs a person's approval).
+
+    Args:
+        command: The command line.
+    """
+    CALLS.append(f"shell {command}")
+    return f"ran {command}"
+
+
+@agent(name="operator", harness=())
+class Operator:
+    tools = [shell]
+
+    @prompt
+    async def chat(self, message: str, session: StreamingSession) -> None:
+        await session.stream(message)
+
+
 @ai_endpoint("/atmosphere/bare-chat")
 class BareChat:
     tools = [purge]
@@ -78,6 +99,7 @@ class BareChat:
 
 
 PATH = "/atmosphere/agent/banker"
+OPERATOR = "/atmosphere/agent/operator"
 
 
 def call_then_report(*calls: ToolCall) -> ScriptedRuntime:
@@ -102,7 +124,7 @@ async def test_no_policies_admit_every_call(workspace: Path) -> None:
     assert frames[-1]["data"]["summary"] == "purged a"
 
 
-async def test_a_deny_rule_on_the_tool_name_answers_the_call_with_no_frames(
+async def test_a_deny_rule_on_the_tool_name_answers_the_call_and_the_client_sees_it(
     workspace: Path,
 ) -> None:
     CALLS.clear()
@@ -114,8 +136,13 @@ async def test_a_deny_rule_on_the_tool_name_answers_the_call_with_no_frames(
     async with serve(app) as base, httpx2.AsyncClient(base_url=base, timeout=30) as client:
         frames = await post_prompt(client, PATH, "go")
     assert CALLS == []
-    assert of_type(frames, "tool-start") == []
-    assert of_type(frames, "tool-result") == []
+    [start] = of_type(frames, "tool-start")
+    [result] = of_type(frames, "tool-result")
+    assert start["seq"] < result["seq"]
+    assert start["data"]["tool"] == result["data"]["tool"] == "purge"
+    assert start["data"]["toolCallId"] == result["data"]["toolCallId"]
+    assert start["data"]["arguments"] == {"target": "a"}
+    assert result["data"]["result"] == frames[-1]["data"]["summary"], "exactly what the model got"
     answer = json.loads(frames[-1]["data"]["summary"])
     assert answer == {
         "status": "cancelled",
@@ -292,6 +319,103 @@ async def test_approve_runs_the_tool_with_the_reviewers_arguments(workspace: Pat
     assert of_type(rest, "tool-result")[0]["data"]["result"] == "sent 3 to bob"
     assert again.status_code == 409
     assert unknown.status_code == 404
+
+
+def command_of(ctx: PolicyContext) -> str:
+    return str(ctx.request.metadata.get("tool_args", {}).get("command", ""))
+
+
+async def edit_the_approval(
+    app: Any, arguments: dict[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run `shell ls` on the operator; the approver approves it with `arguments` instead.
+    Returns the `approval-required` frame and every frame after it."""
+    async with (
+        serve(app) as base,
+        httpx2.AsyncClient(base_url=base, timeout=30) as client,
+        open_prompt(client, OPERATOR, "tidy up") as reader,
+    ):
+        asked = await reader.until("approval-required")
+        answered = await client.post(
+            f"{OPERATOR}/approvals/{asked['data']['approvalId']}",
+            json={"approve": True, "arguments": arguments},
+        )
+        assert answered.status_code == 200, answered.text
+        return asked, await reader.rest()
+
+
+async def test_arguments_an_approver_edits_pass_governance_again(workspace: Path) -> None:
+    CALLS.clear()
+    no_rm = deny_when("no-rm-rf", lambda ctx: "rm -rf" in command_of(ctx), "destructive command")
+    runtime = call_then_report(ToolCall("shell", {"command": "ls"}))
+    app = governed_app([Operator], runtime=runtime, workspace=workspace, policies=[no_rm])
+    asked, rest = await edit_the_approval(app, {"command": "rm -rf /"})
+    assert asked["data"]["arguments"] == {"command": "ls"}, "the model's call was admitted"
+    assert CALLS == [], "the edited call never runs"
+    denial = {
+        "status": "cancelled",
+        "message": "Tool shell denied by policy 'no-rm-rf': destructive command",
+    }
+    [result] = of_type(rest, "tool-result")
+    assert result["data"]["toolCallId"] == asked["data"]["toolCallId"]
+    assert json.loads(result["data"]["result"]) == denial
+    assert json.loads(rest[-1]["data"]["summary"]) == denial, "the model got the denial"
+    # The first admission is released before the edited call is judged.
+    assert [(ctx.phase.value, command_of(ctx)) for ctx in no_rm.seen] == [
+        ("pre-admission", "ls"),
+        ("post-response", "ls"),
+        ("pre-admission", "rm -rf /"),
+    ]
+    assert no_rm.seen[1].accumulated_response is None
+
+
+async def test_an_admitted_edit_runs_as_the_policies_left_it(workspace: Path) -> None:
+    CALLS.clear()
+
+    class NiceAndCounted:
+        """Prefixes every command with `nice` and counts admissions not yet released."""
+
+        name = "nice"
+        active = 0
+
+        def evaluate(self, ctx: PolicyContext) -> Any:
+            if ctx.phase.value == "post-response":
+                self.active -= 1
+                return Admit()
+            self.active += 1
+            command = command_of(ctx)
+            if command.startswith("nice "):
+                return Admit()
+            args = {**ctx.request.metadata.get("tool_args", {}), "command": f"nice {command}"}
+            return Transform(ctx.request.with_metadata(tool_args=args))
+
+    policy = NiceAndCounted()
+    runtime = call_then_report(ToolCall("shell", {"command": "ls"}))
+    app = governed_app([Operator], runtime=runtime, workspace=workspace, policies=[policy])
+    asked, rest = await edit_the_approval(app, {"command": "df"})
+    assert asked["data"]["arguments"] == {"command": "nice ls"}
+    assert CALLS == ["shell nice df"]
+    assert of_type(rest, "tool-result")[0]["data"]["result"] == "ran nice df"
+    assert policy.active == 0, "one release per admission"
+
+
+async def test_edited_arguments_that_break_the_schema_never_run(workspace: Path) -> None:
+    CALLS.clear()
+    recorder = Recorder()
+    runtime = call_then_report(ToolCall("shell", {"command": "ls"}))
+    app = governed_app([Operator], runtime=runtime, workspace=workspace, policies=[recorder])
+    _, rest = await edit_the_approval(app, {"command": ["not", "text"]})
+    assert CALLS == []
+    result = json.loads(of_type(rest, "tool-result")[0]["data"]["result"])
+    assert result["error"] == "invalid_arguments"
+    # Only the model's call was judged (and released with the answer the model got).
+    assert [(ctx.phase.value, command_of(ctx)) for ctx in recorder.seen] == [
+        ("pre-admission", "ls"),
+        ("post-response", "ls"),
+    ]
+    assert (
+        recorder.seen[1].accumulated_response == of_type(rest, "tool-result")[0]["data"]["result"]
+    )
 
 
 async def test_deny_answers_action_cancelled_by_user(workspace: Path) -> None:

@@ -270,7 +270,7 @@ async def test_bad_requests_answer_json_errors(workspace: Path) -> None:
         ):
             response = await c.post(PATH, json=body)
             assert response.status_code == 422, body
-            assert response.json()["detail"]
+            assert response.json()["error"]
         missing = await c.post("/atmosphere/agent/unknown", json={"message": "hi"})
         assert missing.status_code == 404
 

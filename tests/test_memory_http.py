@@ -500,7 +500,7 @@ async def test_a_malformed_user_header_is_rejected(workspace: Path) -> None:
             KEEPER, json={"message": "hi"}, headers={"X-User-Id": "../../etc"}
         )
     assert response.status_code == 400
-    assert "X-User-Id" in response.json()["detail"]
+    assert "X-User-Id" in response.json()["error"]
 
 
 @agent(name="injected")

@@ -131,6 +131,7 @@ KEYS = [
     ("max_tool_rounds", "ATMOSPHERE_AI_MAX_TOOL_ROUNDS", None, "7", 7, 3),
     ("max_tool_calls_per_message", "ATMOSPHERE_AI_MAX_TOOL_CALLS_PER_MESSAGE", None, "9", 9, 4),
     ("max_tool_argument_chars", "ATMOSPHERE_AI_MAX_TOOL_ARGUMENT_CHARS", None, "4096", 4096, 2048),
+    ("max_request_bytes", "ATMOSPHERE_MAX_REQUEST_BYTES", None, "65536", 65536, 2048),
     # The tri-state flag: a programmatic True beats an env kill switch, and the reverse.
     ("enabled", "ATMOSPHERE_AI_HARNESS_ENABLED", None, "false", False, True),
     ("compaction_recent_window", "ATMOSPHERE_AI_HARNESS_COMPACTION_RECENT_WINDOW", None, "9", 9, 3),
@@ -344,3 +345,11 @@ def test_filesystem_limits_from_json_and_argument_wins(monkeypatch: pytest.Monke
     assert limits.max_total_bytes == FileSystemLimits().max_total_bytes, "unnamed bounds default"
     given = FileSystemLimits(max_files=3)
     assert HarnessSettings(filesystem_limits=given).filesystem_limits == given
+
+
+def test_max_request_bytes_defaults_to_4_mib_and_has_a_floor() -> None:
+    assert HarnessSettings().max_request_bytes == 4 * 1024 * 1024
+    assert HarnessSettings(max_request_bytes=1024).max_request_bytes == 1024
+    assert HarnessSettings(max_request_bytes=2048).groups.admin.max_request_bytes == 2048
+    with pytest.raises(ValidationError, match="max_request_bytes"):
+        HarnessSettings(max_request_bytes=1023)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import events
+from ..errors import HarnessError
 from ..events import Frame
 from ..injection import resolved_hints
 from ..registry import AgentSpec, EndpointKind, spec_of
@@ -42,7 +43,7 @@ FORWARDED = frozenset({events.APPROVAL_REQUIRED, events.SUBAGENT_START, events.S
 """A child run's frames that reach its parent's stream (tagged): what a person must see."""
 
 
-class DelegationError(Exception):
+class DelegationError(HarnessError):
     """A fleet member failed; `str(error)` is the detail the model gets."""
 
 

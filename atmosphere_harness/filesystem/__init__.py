@@ -8,7 +8,14 @@ offload hook in `filesystem.offload` and the attach engine in `filesystem.primit
 `WorkspaceUsage` accounting seam) and `tally` (noticing changes made behind the store's back).
 """
 
-from .base import AgentFileSystem, FileInfo, FileSystemError, FileSystemLimits, GrepHit
+from .base import (
+    AgentFileSystem,
+    FileInfo,
+    FileNotFoundInWorkspace,
+    FileSystemError,
+    FileSystemLimits,
+    GrepHit,
+)
 from .composite import CompositeAgentFileSystem
 from .provider import AgentFileSystemProvider
 from .usage import InProcessWorkspaceUsage, StoreUsage, UsageLedger, WorkspaceUsage
@@ -19,6 +26,7 @@ __all__ = [
     "AgentFileSystemProvider",
     "CompositeAgentFileSystem",
     "FileInfo",
+    "FileNotFoundInWorkspace",
     "FileSystemError",
     "FileSystemLimits",
     "GrepHit",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from ..errors import HarnessError
 from ..injection import register_injectable
 from ..limits import KIB, MIB, FileSystemLimits
 
@@ -25,8 +26,14 @@ __all__ = [
 ]
 
 
-class FileSystemError(ValueError):
+class FileSystemError(HarnessError, ValueError):
     """A rejected file operation; `str(error)` is the model-facing reason."""
+
+
+class FileNotFoundInWorkspace(FileSystemError):
+    """The path names no file (or directory) in the workspace: `File not found: <path>` for a
+    read or an edit, `Not found: <path>` for a delete or a rename. The admin API answers it 404;
+    every other `FileSystemError` is the caller's mistake (400)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .atomic import read_bytes, write_atomic
-from .base import FileInfo, FileSystemError, FileSystemLimits, GrepHit
+from .base import FileInfo, FileNotFoundInWorkspace, FileSystemError, FileSystemLimits, GrepHit
 from .containment import resolve
 from .globbing import compile_glob, literal_prefix
 from .paths import (
@@ -426,7 +426,7 @@ class WorkspaceAgentFileSystem:
     def _read(self, rel: str, echo: str) -> str:
         target, info = self._resolve(rel, echo, follow=True)
         if info is None or not stat.S_ISREG(info.st_mode):
-            raise FileSystemError(f"File not found: {echo}")
+            raise FileNotFoundInWorkspace(f"File not found: {echo}")
         return self._text(target, info, echo)
 
     def _write(self, rel: str, echo: str, data: bytes) -> None:
@@ -444,7 +444,7 @@ class WorkspaceAgentFileSystem:
     def _edit(self, rel: str, echo: str, old: str, new: str, replace_all: bool) -> int:
         target, info = self._resolve(rel, echo, follow=True)
         if info is None or not stat.S_ISREG(info.st_mode):
-            raise FileSystemError(f"File not found: {echo}")
+            raise FileNotFoundInWorkspace(f"File not found: {echo}")
         text = self._text(target, info, echo)
         count = text.count(old)
         if count == 0:
@@ -508,7 +508,7 @@ class WorkspaceAgentFileSystem:
     def _delete(self, rel: str, echo: str) -> None:
         target, info = self._resolve(rel, echo, follow=False)
         if info is None:
-            raise FileSystemError(f"Not found: {echo}")
+            raise FileNotFoundInWorkspace(f"Not found: {echo}")
         chain = self._chain(target)
         self._trust(chain)
         key = self._key(target)
@@ -528,7 +528,7 @@ class WorkspaceAgentFileSystem:
     def _rename(self, old_rel: str, old_echo: str, new_rel: str, new_echo: str) -> None:
         source, info = self._resolve(old_rel, old_echo, follow=False)
         if info is None:
-            raise FileSystemError(f"Not found: {old_echo}")
+            raise FileNotFoundInWorkspace(f"Not found: {old_echo}")
         destination, existing = self._resolve(new_rel, new_echo, follow=False)
         if existing is not None:
             raise FileSystemError(

@@ -2,13 +2,17 @@
 
 - `ToolCallAdmission` (an admission hook, before `tool-start`): the policy chain judges
   `call_tool:<name>`. A denial answers the call with
-  `{"status":"cancelled","message":"Tool <name> denied by policy '<policy>': <reason>"}` and no
-  frames; a `Transform` whose `tool_args` differ replaces the arguments.
+  `{"status":"cancelled","message":"Tool <name> denied by policy '<policy>': <reason>"}`, which
+  the client sees as the call's `tool-start` and `tool-result` frames; a `Transform` whose
+  `tool_args` differ replaces the arguments. A call judged again (an approver edited its
+  arguments) first releases its earlier admission (post-response, no response), so a stateful
+  policy sees one release per admission.
 - `PostResponse` (a result hook): every policy sees the result the model gets, so a stateful
   policy can release what it took at admission.
 - `ApprovalGate` (the approval hook, after `tool-start`): a call the `ToolApprovalPolicy` gates
   emits `approval-required` and waits for `POST P/approvals/{id}`; deny and timeout answer with
-  the reference's JSON, approve runs the tool (with the person's edited arguments, if any).
+  the reference's JSON, approve runs the tool (with the person's edited arguments, if any, once
+  the executor has validated them and the admission hooks admitted them again).
 """
 
 from __future__ import annotations
@@ -87,6 +91,10 @@ class ToolCallAdmission:
     ) -> str | Mapping[str, Any] | None:
         if not self.chain:
             return None
+        admitted = run.state.setdefault(_ADMITTED, dict)
+        earlier = admitted.pop(call.id, None)
+        if earlier is not None:
+            await self.chain.release(policy_context(run, PolicyPhase.POST_RESPONSE, earlier))
         request = tool_call_request(tool, arguments)
         verdict = await self.chain.admit(policy_context(run, PolicyPhase.PRE_ADMISSION, request))
         if not verdict.admitted:
@@ -97,7 +105,7 @@ class ToolCallAdmission:
                     f"{denial_reason(verdict)}"
                 ),
             )
-        run.state.setdefault(_ADMITTED, dict)[call.id] = verdict.request
+        admitted[call.id] = verdict.request
         rewritten = verdict.request.metadata.get("tool_args", arguments)
         transformed = verdict.request is not request and isinstance(rewritten, Mapping)
         if transformed and dict(rewritten) != arguments:

@@ -4,11 +4,13 @@ Order of work for one call, the same for every tool and every runtime:
 
 1. unknown tool -> `unknown_tool` result;
 2. argument validation against the schema -> `invalid_arguments` result;
-3. admission hooks (governance) -> may answer instead of the tool, with no frames, or replace
-   the arguments (a policy's `Transform`; the new ones are validated again);
-4. `tool-start` frame (unknown tools and invalid arguments get their start and result frames
-   too, so a client sees every call the model made);
-5. approval hook -> may answer instead of the tool, or replace the arguments;
+3. admission hooks (governance) -> may answer instead of the tool (a denial), or replace the
+   arguments (a policy's `Transform`; the new ones are validated again);
+4. `tool-start` frame (unknown tools, invalid arguments and denied calls get their start and
+   result frames too, so a client sees every call the model made and what it was told);
+5. approval hook -> may answer instead of the tool, or replace the arguments: replaced ones are
+   validated and pass the admission hooks again (step 2, then 3), so an approver's edit cannot
+   slip past a policy; a denial then answers the call;
 6. the handler, bounded by the tool's timeout; an exception becomes an error result;
 7. result hooks (tool-output offload) reshape the text the model gets;
 8. `tool-result` frame carrying exactly that text.
@@ -90,14 +92,9 @@ async def execute_call(call: ToolCall, run: RunContext) -> str:
     arguments, problems = validate_arguments(tool.parameters, call.arguments)
     if problems:
         return await _rejected(session, call, invalid_arguments(tool.name, problems))
-    for admit in endpoint.admission_hooks:
-        answer = await admit(call, tool, arguments, run)
-        if isinstance(answer, str):
-            return answer
-        if answer is not None:
-            arguments, problems = validate_arguments(tool.parameters, answer)
-            if problems:
-                return await _rejected(session, call, invalid_arguments(tool.name, problems))
+    arguments, answer = await _admit(call, tool, arguments, run)
+    if answer is not None:
+        return await _rejected(session, call, answer, arguments)
     await session.emit(
         events.TOOL_START, {"toolCallId": call.id, "tool": tool.name, "arguments": arguments}
     )
@@ -111,6 +108,8 @@ async def execute_call(call: ToolCall, run: RunContext) -> str:
                 arguments, problems = validate_arguments(tool.parameters, verdict.arguments)
                 if problems:
                     result = invalid_arguments(tool.name, problems)
+                else:
+                    arguments, result = await _admit(call, tool, arguments, run)
     if result is None:
         result = await _invoke(tool, call, arguments, run)
     for reshape in endpoint.result_hooks:
@@ -124,9 +123,32 @@ async def execute_call(call: ToolCall, run: RunContext) -> str:
     return result
 
 
-async def _rejected(session: StreamingSession, call: ToolCall, result: str) -> str:
-    """Frames for a call that never reached its tool: the client sees what the model got."""
-    arguments = dict(call.arguments) if isinstance(call.arguments, Mapping) else call.arguments
+async def _admit(
+    call: ToolCall, tool: Tool, arguments: dict[str, Any], run: RunContext
+) -> tuple[dict[str, Any], str | None]:
+    """Every admission hook in turn: `(arguments to run with, None)`, or `(arguments, answer)`
+    when a hook answers instead of the tool or rewrites the arguments into invalid ones."""
+    for admit in run.endpoint.admission_hooks:
+        answer = await admit(call, tool, arguments, run)
+        if isinstance(answer, str):
+            return arguments, answer
+        if answer is not None:
+            rewritten, problems = validate_arguments(tool.parameters, answer)
+            if problems:
+                return arguments, invalid_arguments(tool.name, problems)
+            arguments = rewritten
+    return arguments, None
+
+
+async def _rejected(
+    session: StreamingSession, call: ToolCall, result: str, arguments: Any = None
+) -> str:
+    """Frames for a call that never reached its tool: the client sees what the model got.
+
+    `arguments` are the ones the call was judged on (default: the model's, as it sent them)."""
+    if arguments is None:
+        raw = call.arguments
+        arguments = dict(raw) if isinstance(raw, Mapping) else raw
     await session.emit(
         events.TOOL_START, {"toolCallId": call.id, "tool": call.name, "arguments": arguments}
     )

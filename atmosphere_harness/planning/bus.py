@@ -33,6 +33,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..errors import HarnessError
 from ..events import json_line
 from ..log import get_logger
 
@@ -45,7 +46,7 @@ MAX_TOPICS = 4096
 MAX_SUBSCRIBERS = 10_000
 
 
-class PlanBusFull(RuntimeError):
+class PlanBusFull(HarnessError, RuntimeError):
     """A conversation already has the maximum number of live subscribers."""
 
 

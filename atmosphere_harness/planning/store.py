@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from ..errors import HarnessError
 from ..injection import register_injectable
 from ..log import get_logger
 from .model import AgentPlan
@@ -54,7 +55,7 @@ _TEMP_SUFFIX = ".tmp"
 _STALE_TEMP_SECONDS = 60.0
 
 
-class PlanStoreError(ValueError):
+class PlanStoreError(HarnessError, ValueError):
     """A rejected plan operation; `str(error)` is the reason, written for the model."""
 
 

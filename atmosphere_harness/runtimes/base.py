@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..cache import CacheHint
+from ..errors import HarnessError
 
 Role = Literal["system", "user", "assistant", "tool"]
 TextSink = Callable[[str], Awaitable[None]]
@@ -187,5 +188,5 @@ class ContextWindowRuntime(Protocol):
     context_window: int | None
 
 
-class ModelError(Exception):
+class ModelError(HarnessError):
     """A model call failed in a way the client should see (an `error` frame), not a crash."""

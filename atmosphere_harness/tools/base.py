@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import pydantic
 from pydantic_core import to_jsonable_python
 
+from ..errors import HarnessError
 from ..injection import injectable_type, register_injectable, resolved_hints
 from ..runtimes.base import ToolCall, ToolSpec
 
@@ -33,7 +34,7 @@ class ToolKind(enum.Enum):
     OTHER = "other"
 
 
-class ToolArgumentError(ValueError):
+class ToolArgumentError(HarnessError, ValueError):
     """Arguments failed validation; `details` are the model-facing reasons."""
 
     def __init__(self, details: list[str]) -> None:

@@ -6,17 +6,20 @@ twin rebuilt from settings, and no route ever creates a directory: a conversatio
 wrote a file answers 404 instead of an empty listing.
 
 - `GET /api/admin/workspace/owners`: `[{"owner", "plan", "filesystem"}]`, sorted by owner.
-- `GET /api/admin/agents/{name}/plan?sessionId=`: `{"agent", "sessionId", "goal"?, "steps"}`;
-  404 without a plan store or a stored plan.
-- `GET /api/admin/agents/{name}/plan/events?sessionId=`: the same stream as `P/plan/events`.
-- `GET /api/admin/agents/{name}/files?sessionId=&path=`: `{"agent", "sessionId", "path",
-  "entries": [{"path", "size", "directory"}]}`; 404 without a filesystem or when the
-  conversation never wrote a file; 400 when `path` is a file.
-- `GET /api/admin/agents/{name}/files/content?sessionId=&path=`: `{"agent", "sessionId", "path",
-  "content"}`; 404 for a missing file; 400 for a file too large or not UTF-8.
+- `GET /api/admin/agents/{name}/plan?conversationId=`: `{"agent", "conversationId",
+  "sessionId", "goal"?, "steps"}`; 404 without a plan store or a stored plan.
+- `GET /api/admin/agents/{name}/plan/events?conversationId=`: the same stream as
+  `P/plan/events`.
+- `GET /api/admin/agents/{name}/files?conversationId=&path=`: `{"agent", "conversationId",
+  "sessionId", "path", "entries": [{"path", "size", "directory"}]}`; 404 without a filesystem or
+  when the conversation never wrote a file; 400 when `path` is a file.
+- `GET /api/admin/agents/{name}/files/content?conversationId=&path=`: `{"agent",
+  "conversationId", "sessionId", "path", "content"}`; 404 for a missing file; 400 for a file too
+  large or not UTF-8.
 
-Traversal-shaped names, session ids and paths answer 400 before any I/O. Errors are JSON
-`{"error": message}`.
+`sessionId` is the older name of `conversationId`: both are accepted (both given and different is
+400), and bodies carry both keys. Traversal-shaped names, conversation ids and paths answer 400
+before any I/O. Errors are JSON `{"error": message}` (`web.errors`).
 
 Access: `get_admin_principal` names who is asking, from the `X-Atmosphere-Auth` header (or the
 query parameter of that name, for `EventSource`) compared in constant time with
@@ -28,17 +31,15 @@ A host with its own authentication replaces the check:
 
 from __future__ import annotations
 
-import functools
 import hmac
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, ParamSpec
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 from starlette.requests import HTTPConnection
 
-from ..filesystem.base import AgentFileSystem, FileSystemError
+from ..filesystem.base import AgentFileSystem
 from ..filesystem.paths import shown
 from ..filesystem.primitive import SURFACE as FILE_SURFACE
 from ..filesystem.provider import AgentFileSystemProvider
@@ -51,6 +52,7 @@ from ..planning.store import PlanStore
 from ..planning.tools import BUS_SERVICE
 from ..settings import HarnessSettings
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_harness
+from .errors import HarnessRoute, Problem
 from .planning import plan_event_response
 
 log = get_logger(__name__)
@@ -62,8 +64,6 @@ TOKEN_PRINCIPAL = "admin-token"
 UNAUTHORIZED = "Admin read operations require authentication"
 HINT = f"Send the {AUTH_HEADER} header (or query parameter) with the ATMOSPHERE_ADMIN_TOKEN value"
 HINT_NO_TOKEN = "No ATMOSPHERE_ADMIN_TOKEN is configured, so admin reads are denied"
-
-P = ParamSpec("P")
 
 
 async def get_admin_principal(connection: HTTPConnection) -> str | None:
@@ -83,68 +83,67 @@ async def get_admin_principal(connection: HTTPConnection) -> str | None:
 AdminPrincipalDep = Annotated[str | None, Depends(get_admin_principal)]
 
 
-class AdminProblem(Exception):
-    """An admin request answered with a JSON error instead of its body."""
-
-    def __init__(self, status: int, message: str, **extra: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = {"error": message, **extra}
-
-
-def answers_problems(
-    route: Callable[P, Awaitable[Any]],
-) -> Callable[P, Awaitable[Any]]:
-    """Turn an `AdminProblem` raised by the route into its JSON response."""
-
-    @functools.wraps(route)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-        try:
-            return await route(*args, **kwargs)
-        except AdminProblem as problem:
-            return JSONResponse(problem.body, status_code=problem.status)
-
-    return wrapper
-
-
 def require_principal(principal: str | None, settings: HarnessSettings) -> None:
     if principal is None:
         hint = HINT if settings.admin_token else HINT_NO_TOKEN
-        raise AdminProblem(401, UNAUTHORIZED, hint=hint)
+        raise Problem(401, UNAUTHORIZED, hint=hint)
 
 
 def check_agent_name(name: str) -> str:
     if not name.strip():
-        raise AdminProblem(400, "agent name must not be blank")
+        raise Problem(400, "agent name must not be blank")
     if ".." in name or "\\" in name or "/" in name or not all(" " <= c != "\x7f" for c in name):
-        raise AdminProblem(400, f"agent name contains illegal path characters: {shown(name)}")
+        raise Problem(400, f"agent name contains illegal path characters: {shown(name)}")
     return name
 
 
-def check_session_id(session_id: str | None) -> str:
-    """The conversation id of an admin read; traversal-shaped ids are 400 before any I/O."""
+def check_session_id(session_id: str | None, label: str = "conversationId") -> str:
+    """The conversation id of an admin read; traversal-shaped ids are 400 before any I/O.
+    `label` is the query parameter it came in (`conversationId`, or its alias `sessionId`)."""
     if session_id is None or not session_id.strip():
-        raise AdminProblem(400, "sessionId must not be blank")
+        raise Problem(400, f"{label} must not be blank")
     if ".." in session_id or "/" in session_id or "\\" in session_id:
-        raise AdminProblem(400, f"sessionId contains illegal path characters: {shown(session_id)}")
+        raise Problem(400, f"{label} contains illegal path characters: {shown(session_id)}")
     try:
         return check_conversation_id(session_id)
     except ValueError as exc:
-        raise AdminProblem(400, f"sessionId is invalid: {exc}") from None
+        raise Problem(400, f"{label} is invalid: {exc}") from None
+
+
+def conversation_param(conversation_id: str | None, session_id: str | None) -> str:
+    """The conversation of an admin read from `conversationId` or its alias `sessionId`."""
+    if conversation_id is None and session_id is not None:
+        return check_session_id(session_id, "sessionId")
+    if session_id is not None and session_id != conversation_id:
+        raise Problem(
+            400,
+            "conversationId and sessionId name different conversations; "
+            "send conversationId only (sessionId is its older name)",
+        )
+    return check_session_id(conversation_id)
 
 
 def workspace_read(
-    host: HarnessHost, principal: str | None, name: str, session_id: str | None
+    host: HarnessHost,
+    principal: str | None,
+    name: str,
+    conversation_id: str | None,
+    session_id: str | None = None,
 ) -> tuple[str, str]:
     """Gate and validate one workspace read: the checked owner name and conversation id."""
     require_principal(principal, host.settings)
-    return check_agent_name(name), check_session_id(session_id)
+    return check_agent_name(name), conversation_param(conversation_id, session_id)
+
+
+def conversation_keys(conversation_id: str) -> dict[str, str]:
+    """How a body names its conversation: `conversationId`, and `sessionId` for older clients."""
+    return {"conversationId": conversation_id, "sessionId": conversation_id}
 
 
 def plan_store_of(host: HarnessHost, name: str) -> PlanStore:
     store = host.surface(PLAN_SURFACE, name)
     if not isinstance(store, PlanStore):
-        raise AdminProblem(404, f"agent {name!r} has no plan store")
+        raise Problem(404, f"agent {name!r} has no plan store")
     return store
 
 
@@ -152,17 +151,26 @@ def conversation_files(host: HarnessHost, name: str, session_id: str) -> AgentFi
     """The conversation's filesystem, only if it already exists on disk (probes create nothing)."""
     provider = host.surface(FILE_SURFACE, name)
     if not isinstance(provider, AgentFileSystemProvider):
-        raise AdminProblem(404, f"agent {name!r} has no filesystem")
+        raise Problem(404, f"agent {name!r} has no filesystem")
     if not provider.has_conversation(session_id):
-        raise AdminProblem(404, f"conversation {session_id!r} has no files")
+        raise Problem(404, f"conversation {session_id!r} has no files")
     return provider.for_conversation(session_id)
 
 
+ConversationQuery = Annotated[
+    str | None,
+    Query(
+        alias="conversationId",
+        description="The conversation id to read",
+        json_schema_extra=CONVERSATION_ID_SCHEMA,
+    ),
+]
 SessionQuery = Annotated[
     str | None,
     Query(
         alias="sessionId",
-        description="The conversation id to read",
+        description="The older name of conversationId (accepted; both given must agree)",
+        deprecated=True,
         json_schema_extra=CONVERSATION_ID_SCHEMA,
     ),
 ]
@@ -171,10 +179,9 @@ PathQuery = Annotated[str | None, Query(description="A path inside the conversat
 
 def admin_router() -> APIRouter:
     """The admin routes; mounted by `create_harness_router`."""
-    router = APIRouter(prefix="/api/admin", tags=["admin"])
+    router = APIRouter(prefix="/api/admin", tags=["admin"], route_class=HarnessRoute)
 
     @router.get("/workspace/owners", summary="Owners with a plan store and/or a filesystem")
-    @answers_problems
     async def owners(host: HarnessDep, principal: AdminPrincipalDep) -> Any:
         if host.settings.admin_http_read_auth_required:
             require_principal(principal, host.settings)
@@ -186,15 +193,18 @@ def admin_router() -> APIRouter:
         ]
 
     @router.get("/agents/{name}/plan", summary="The stored plan of one agent and conversation")
-    @answers_problems
     async def plan(
-        name: str, host: HarnessDep, principal: AdminPrincipalDep, session_id: SessionQuery = None
+        name: str,
+        host: HarnessDep,
+        principal: AdminPrincipalDep,
+        conversation_id: ConversationQuery = None,
+        session_id: SessionQuery = None,
     ) -> Any:
-        name, session_id = workspace_read(host, principal, name, session_id)
-        found = await plan_store_of(host, name).get(name, session_id)
+        name, conversation = workspace_read(host, principal, name, conversation_id, session_id)
+        found = await plan_store_of(host, name).get(name, conversation)
         if found is None:
-            raise AdminProblem(404, f"no plan for agent {name!r} in conversation {session_id!r}")
-        body: dict[str, Any] = {"agent": name, "sessionId": session_id}
+            raise Problem(404, f"no plan for agent {name!r} in conversation {conversation!r}")
+        body: dict[str, Any] = {"agent": name, **conversation_keys(conversation)}
         if found.goal:
             body["goal"] = found.goal
         body["steps"] = found.wire_steps()
@@ -206,46 +216,43 @@ def admin_router() -> APIRouter:
         response_class=EventSourceResponse,
         responses={200: {"content": {"text/event-stream": {}}}},
     )
-    @answers_problems
     async def plan_events(
         name: str,
         host: HarnessDep,
         principal: AdminPrincipalDep,
+        conversation_id: ConversationQuery = None,
         session_id: SessionQuery = None,
         last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
     ) -> Response:
-        name, session_id = workspace_read(host, principal, name, session_id)
+        name, conversation = workspace_read(host, principal, name, conversation_id, session_id)
         store = plan_store_of(host, name)
         bus: PlanEventBus | None = host.services.get(BUS_SERVICE)
         if bus is None:
-            raise AdminProblem(503, "the plan event bus is not running")
+            raise Problem(503, "the plan event bus is not running")
         return plan_event_response(
             bus,
             store,
             owner=name,
             agent_id=name,
-            conversation_id=session_id,
+            conversation_id=conversation,
             last_event_id=last_event_id,
         )
 
     @router.get("/agents/{name}/files", summary="A directory of a conversation workspace")
-    @answers_problems
     async def files(
         name: str,
         host: HarnessDep,
         principal: AdminPrincipalDep,
+        conversation_id: ConversationQuery = None,
         session_id: SessionQuery = None,
         path: PathQuery = None,
     ) -> Any:
-        name, session_id = workspace_read(host, principal, name, session_id)
-        fs = conversation_files(host, name, session_id)
-        try:
-            entries = await fs.ls(path)
-        except FileSystemError as exc:
-            raise AdminProblem(400, str(exc)) from None
+        name, conversation = workspace_read(host, principal, name, conversation_id, session_id)
+        fs = conversation_files(host, name, conversation)
+        entries = await fs.ls(path)  # a FileSystemError answers 400 (web.errors)
         return {
             "agent": name,
-            "sessionId": session_id,
+            **conversation_keys(conversation),
             "path": path.strip() if path and path.strip() else ".",
             "entries": [
                 {"path": entry.path, "size": entry.size, "directory": entry.directory}
@@ -254,22 +261,19 @@ def admin_router() -> APIRouter:
         }
 
     @router.get("/agents/{name}/files/content", summary="One file of a conversation workspace")
-    @answers_problems
     async def file_content(
         name: str,
         host: HarnessDep,
         principal: AdminPrincipalDep,
+        conversation_id: ConversationQuery = None,
         session_id: SessionQuery = None,
         path: PathQuery = None,
     ) -> Any:
-        name, session_id = workspace_read(host, principal, name, session_id)
-        fs = conversation_files(host, name, session_id)
-        try:
-            content = await fs.read(path or "")
-        except FileSystemError as exc:
-            status = 404 if str(exc).startswith("File not found") else 400
-            raise AdminProblem(status, str(exc)) from None
-        return {"agent": name, "sessionId": session_id, "path": path, "content": content}
+        name, conversation = workspace_read(host, principal, name, conversation_id, session_id)
+        fs = conversation_files(host, name, conversation)
+        # FileNotFoundInWorkspace answers 404, any other FileSystemError 400 (web.errors).
+        content = await fs.read(path or "")
+        return {"agent": name, **conversation_keys(conversation), "path": path, "content": content}
 
     return router
 

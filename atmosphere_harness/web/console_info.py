@@ -10,6 +10,7 @@ from .._version import __version__
 from ..harness import Harness
 from ..kernel.host import HarnessHost
 from .deps import HarnessDep
+from .errors import HarnessRoute
 
 
 def console_info(host: HarnessHost) -> dict[str, Any]:
@@ -35,7 +36,7 @@ def console_info(host: HarnessHost) -> dict[str, Any]:
 
 
 def console_info_router() -> APIRouter:
-    router = APIRouter(tags=["console"])
+    router = APIRouter(tags=["console"], route_class=HarnessRoute)
 
     @router.get("/api/console/info", summary="Runtime truth of the harness")
     async def get_console_info(host: HarnessDep) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from .admin import admin_router, warn_admin_posture
 from .console import console_router
 from .console_info import console_info_router
 from .deps import STATE_KEY
+from .errors import HarnessRoute
 from .routes import ROUTE_BUILDERS, RouteSpec
 
 
@@ -138,7 +139,11 @@ class HarnessRouter(APIRouter):
             self.add_api_websocket_route(route.path, route.endpoint, **route.options)
         else:
             self.add_api_route(
-                route.path, route.endpoint, methods=list(route.methods), **route.options
+                route.path,
+                route.endpoint,
+                methods=list(route.methods),
+                route_class_override=HarnessRoute,
+                **route.options,
             )
 
 

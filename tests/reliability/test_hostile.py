@@ -258,7 +258,7 @@ async def test_traversal_and_planted_links_never_leave_the_store(
     async with httpx2.AsyncClient(base_url=server.url) as client:
         read = await client.get(
             f"/api/admin/agents/{OWNER}/files/content",
-            params={"sessionId": first.conversation_id, "path": "filelink"},
+            params={"conversationId": first.conversation_id, "path": "filelink"},
             headers={"X-Atmosphere-Auth": ADMIN_TOKEN},
         )
     assert read.status_code == 400, read.text

@@ -57,7 +57,13 @@ async def test_200_concurrent_conversations_keep_exactly_what_they_wrote(tmp_pat
         for conv in convs:
             plan, files = seen[conv.cid]
             steps, goal = workload.todos(conv.cid, workload.TURNS, done=True)
-            assert plan == {"agent": OWNER, "sessionId": conv.cid, "goal": goal, "steps": steps}
+            assert plan == {
+                "agent": OWNER,
+                "conversationId": conv.cid,
+                "sessionId": conv.cid,
+                "goal": goal,
+                "steps": steps,
+            }
             assert files == workload.expected_files(conv.cid), conv.cid
         assert server.stopped_cleanly(), server.log_tail()
 

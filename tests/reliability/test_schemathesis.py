@@ -4,9 +4,9 @@ The server (a subprocess: the personal-assistant sample's coordinator, its fleet
 opted-in `ai_endpoint`, on the scripted demo model, admin token set) is fuzzed operation by
 operation with generated valid and invalid requests, the admin token sent along so the admin
 routes are reached past their gate. Every answer must be below 500, and every error (4xx) must
-be JSON carrying a message. Streams are bounded: a prompt's stream is read to its terminal frame
-(the demo model always ends in a few rounds); an endless plan stream is read up to its first
-event, then closed.
+be JSON `{"error": message}` (never FastAPI's `detail`). Streams are bounded: a prompt's stream
+is read to its terminal frame (the demo model always ends in a few rounds); an endless plan
+stream is read up to its first event, then closed.
 
 The WebSocket route is not in the OpenAPI document; generated junk messages are sent to it
 below, and each must get an `error` notice while the socket stays usable.
@@ -67,22 +67,21 @@ def api(fuzz_server: ServerProcess) -> schemathesis.BaseSchema:
     return schemathesis.openapi.from_url(fuzz_server.url + "/openapi.json")
 
 
-def error_message(body: Any) -> str | None:
-    """The message of a JSON error body: `detail` (FastAPI), `error` (admin API) or `message`;
-    a validation error's `detail` is a list of items that each carry a `msg`."""
+ROUTING_ERRORS = {404: "Not Found", 405: "Method Not Allowed"}
+"""The app's own answers before any harness route is found (e.g. a path parameter holding `/`)."""
+
+
+def error_message(body: Any, status: int | None = None) -> str | None:
+    """The message of a harness error body, `{"error": str}` (never FastAPI's `detail`); only
+    the app's routing errors (`ROUTING_ERRORS`) keep FastAPI's `{"detail": ...}`."""
     if not isinstance(body, dict):
         return None
-    for key in ("detail", "error", "message"):
-        value = body.get(key)
-        if isinstance(value, str) and value.strip():
-            return value
-        if (
-            isinstance(value, list)
-            and value
-            and all(isinstance(item, dict) and str(item.get("msg", "")).strip() for item in value)
-        ):
-            return "; ".join(str(item["msg"]) for item in value)
-    return None
+    if status in ROUTING_ERRORS and body == {"detail": ROUTING_ERRORS[status]}:
+        return body["detail"]
+    value = body.get("error")
+    if "detail" in body or not isinstance(value, str) or not value.strip():
+        return None
+    return value
 
 
 def sse_data(text: str) -> list[dict[str, Any]]:
@@ -125,7 +124,7 @@ def check(case: schemathesis.Case, client: httpx2.Client) -> None:
     assert response.status_code < 500, where
     if response.status_code >= 400:
         assert response.headers.get("content-type", "").startswith("application/json"), where
-        assert error_message(json.loads(text)) is not None, where
+        assert error_message(json.loads(text), response.status_code) is not None, where
     elif response.headers.get("content-type", "").startswith("text/event-stream"):
         frames = sse_data(text)
         assert frames, where

@@ -35,7 +35,7 @@ def owner_root(workspace: Path) -> Path:
 
 async def admin_plan(client: httpx2.AsyncClient, cid: str) -> dict[str, Any] | None:
     response = await client.get(
-        f"/api/admin/agents/{OWNER}/plan", params={"sessionId": cid}, headers=AUTH
+        f"/api/admin/agents/{OWNER}/plan", params={"conversationId": cid}, headers=AUTH
     )
     if response.status_code == 404:
         return None
@@ -50,7 +50,7 @@ async def admin_files(client: httpx2.AsyncClient, cid: str) -> dict[str, str]:
     pending = [None]
     while pending:
         directory = pending.pop()
-        params = {"sessionId": cid, **({"path": directory} if directory else {})}
+        params = {"conversationId": cid, **({"path": directory} if directory else {})}
         listing = await client.get(f"/api/admin/agents/{OWNER}/files", params=params, headers=AUTH)
         if listing.status_code == 404 and directory is None:
             return found
@@ -61,7 +61,7 @@ async def admin_files(client: httpx2.AsyncClient, cid: str) -> dict[str, str]:
                 continue
             read = await client.get(
                 f"/api/admin/agents/{OWNER}/files/content",
-                params={"sessionId": cid, "path": entry["path"]},
+                params={"conversationId": cid, "path": entry["path"]},
                 headers=AUTH,
             )
             assert read.status_code == 200, read.text

@@ -15,6 +15,8 @@ from importlib.resources import files
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import RedirectResponse, Response
 
+from ..errors import HarnessRoute
+
 CONSOLE_PATH = "/atmosphere/console"
 
 ASSETS = {
@@ -39,7 +41,7 @@ def console_router() -> APIRouter:
     """The console's routes; mounted by `create_harness_router`."""
     package = files(__name__)
     contents = {name: package.joinpath(name).read_bytes() for name in ASSETS}
-    router = APIRouter(tags=["console"], include_in_schema=False)
+    router = APIRouter(tags=["console"], include_in_schema=False, route_class=HarnessRoute)
 
     def asset(name: str) -> Response:
         return Response(contents[name], media_type=ASSETS[name], headers=SECURITY_HEADERS)

@@ -294,9 +294,10 @@
       entry = state.tools.get(data.toolCallId);
     }
     const text = String(data.result ?? "");
-    const failed = text.startsWith("Error:") || text.startsWith('{"error"');
-    entry.status.textContent = failed ? "error" : "done";
-    entry.status.className = `badge ${failed ? "failed" : "done"}`;
+    const outcome = toolOutcome(text);
+    entry.status.textContent = outcome;
+    entry.status.className = `badge ${outcome === "done" ? "done" : "failed"}`;
+    entry.node.dataset.outcome = outcome;
     entry.result.textContent = text;
     const offloaded = OFFLOAD.exec(text);
     if (offloaded) {
@@ -309,6 +310,21 @@
         ),
       );
     }
+  }
+
+  // What a tool card's badge says: a call governance (or a person) refused never ran.
+  function toolOutcome(text) {
+    if (text.startsWith("Error:") || text.startsWith('{"error"')) return "error";
+    if (text.startsWith('{"status"')) {
+      try {
+        const status = JSON.parse(text).status;
+        if (status === "cancelled") return "denied";
+        if (status === "timeout" || status === "interrupted") return status;
+      } catch (error) {
+        // not JSON after all: an ordinary result
+      }
+    }
+    return "done";
   }
 
   async function openFile(path) {
@@ -426,7 +442,7 @@
     if (!state.token || !state.endpoint || !ownerHas("plan")) return;
     const source = new EventSource(
       url(`/api/admin/agents/${encodeURIComponent(state.endpoint.owner)}/plan/events`, {
-        sessionId: state.conversation,
+        conversationId: state.conversation,
         [AUTH_HEADER]: state.token,
       }),
     );
@@ -476,7 +492,7 @@
     }
     const result = await getJson(
       `/api/admin/agents/${encodeURIComponent(state.endpoint.owner)}/plan`,
-      { sessionId: state.conversation },
+      { conversationId: state.conversation },
       true,
     );
     if (result.status === 200) renderPlan(target, result.body);
@@ -498,7 +514,7 @@
     }
     const result = await getJson(
       `/api/admin/agents/${encodeURIComponent(state.endpoint.owner)}/files`,
-      { sessionId: state.conversation, path: state.filesPath },
+      { conversationId: state.conversation, path: state.filesPath },
       true,
     );
     if (result.status === 404) {
@@ -546,7 +562,7 @@
     viewer.textContent = "loading…";
     const result = await getJson(
       `/api/admin/agents/${encodeURIComponent(state.endpoint.owner)}/files/content`,
-      { sessionId: state.conversation, path },
+      { conversationId: state.conversation, path },
       true,
     );
     viewer.textContent = result.status === 200 ? result.body.content : errorText(result);
