@@ -28,7 +28,7 @@ import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from ag_ui.core import (
     BaseEvent,
@@ -62,10 +62,8 @@ from ..events import Frame, json_line, line_safe
 from ..ids import check_conversation_id
 from ..registry import AgentSpec
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_user_id, hosted_endpoint
+from .route_spec import MAX_MESSAGE_CHARS, RouteSpec
 from .sse import PING_SECONDS, SEND_TIMEOUT, run_frames
-
-if TYPE_CHECKING:
-    from .routes import RouteSpec
 
 SUBAGENT_ERROR_STATUSES = frozenset({"error", "failed", "timeout", "denied", "cancelled"})
 
@@ -276,7 +274,6 @@ def encode_event(encoder: EventEncoder, event: BaseEvent) -> str:
 
 
 def agui_routes(spec: AgentSpec) -> list[RouteSpec]:
-    from .routes import MAX_MESSAGE_CHARS, RouteSpec  # routes.py lists this builder
 
     encoder = EventEncoder()
 

@@ -8,7 +8,7 @@ the run belongs to another user.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,9 +19,7 @@ from ..ids import check_conversation_id
 from ..kernel.host import HarnessHost
 from ..registry import AgentSpec
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_user_id, hosted_endpoint
-
-if TYPE_CHECKING:
-    from .routes import RouteSpec
+from .route_spec import RouteSpec
 
 
 class ApprovalAnswer(BaseModel):
@@ -43,7 +41,6 @@ def _registry(host: HarnessHost) -> ApprovalStore:
 
 
 def approval_routes(spec: AgentSpec) -> list[RouteSpec]:
-    from .routes import RouteSpec  # routes.py lists this builder, so import it late
 
     async def answer(
         approval_id: str,

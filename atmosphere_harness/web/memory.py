@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Path
 from starlette.requests import HTTPConnection
@@ -12,9 +12,7 @@ from ..memory.long_term import LongTermMemory
 from ..memory.primitive import LONG_TERM_MEMORY_SERVICE
 from ..registry import AgentSpec
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_harness, get_user_id, hosted_endpoint
-
-if TYPE_CHECKING:
-    from .routes import RouteSpec
+from .route_spec import RouteSpec
 
 
 def close_routes(spec: AgentSpec) -> list[RouteSpec]:
@@ -22,7 +20,6 @@ def close_routes(spec: AgentSpec) -> list[RouteSpec]:
 
     404 when no primitive knows the conversation for this user (another user's id included).
     """
-    from .routes import RouteSpec  # routes.py lists this builder, so import it late
 
     async def close_conversation(
         conversation_id: Annotated[str, Path(json_schema_extra=CONVERSATION_ID_SCHEMA)],

@@ -15,7 +15,7 @@ Every event's `data:` is the plan in its wire shape
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Query
 from sse_starlette import EventSourceResponse
@@ -29,10 +29,8 @@ from ..planning.store import OwnerPlanStores, PlanStore
 from ..planning.tools import BUS_SERVICE, STORE_SERVICE, agent_id_for
 from ..registry import AgentSpec
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, hosted_endpoint
+from .route_spec import RouteSpec
 from .sse import PING_SECONDS, SEND_TIMEOUT
-
-if TYPE_CHECKING:
-    from .routes import RouteSpec
 
 log = get_logger(__name__)
 
@@ -100,7 +98,6 @@ def plan_event_response(
 
 def plan_event_routes(spec: AgentSpec) -> list[RouteSpec]:
     """`GET P/plan/events`; 404 when the endpoint has no plan surface (planning not attached)."""
-    from .routes import RouteSpec  # routes.py lists this builder, so import it late
 
     async def plan_events(
         host: HarnessDep,

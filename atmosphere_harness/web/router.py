@@ -34,7 +34,8 @@ from .console import console_router
 from .console_info import console_info_router
 from .deps import STATE_KEY
 from .errors import HarnessRoute
-from .routes import ROUTE_BUILDERS, RouteSpec
+from .route_spec import RouteSpec
+from .routes import ROUTE_BUILDERS
 
 
 class HarnessRouter(APIRouter):

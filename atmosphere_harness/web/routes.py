@@ -8,61 +8,22 @@ time (`get_harness`, from the lifespan state) and its endpoint by path (`hosted_
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sse_starlette import EventSourceResponse
 
-from ..ids import check_conversation_id, new_conversation_id
+from ..ids import new_conversation_id
 from ..registry import AgentSpec
 from .agui import agui_routes
 from .approvals import approval_routes
-from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_user_id, hosted_endpoint
+from .deps import HarnessDep, get_user_id, hosted_endpoint
 from .memory import close_routes
 from .planning import plan_event_routes
+from .route_spec import SSE_RESPONSE, PromptRequest, RouteBuilder, RouteSpec
 from .runs import run_event_routes
 from .sse import stream_prompt
 from .websocket import websocket_routes
-
-MAX_MESSAGE_CHARS = 1_000_000
-
-
-@dataclass(frozen=True)
-class RouteSpec:
-    """One route to declare: an HTTP route (`methods`) or a WebSocket route (`websocket=True`)."""
-
-    path: str
-    endpoint: Callable[..., Any]
-    methods: tuple[str, ...] = ()
-    websocket: bool = False
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-RouteBuilder = Callable[[AgentSpec], list[RouteSpec]]
-
-
-class PromptRequest(BaseModel):
-    """Body of `POST P`."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
-    conversationId: str | None = Field(  # noqa: N815 - the wire name is fixed
-        None,
-        description="Continue this conversation; a new id is generated when absent.",
-        json_schema_extra=CONVERSATION_ID_SCHEMA,
-    )
-
-    @field_validator("conversationId")
-    @classmethod
-    def _check_id(cls, value: str | None) -> str | None:
-        return None if value is None else check_conversation_id(value)
-
-
-SSE_RESPONSE = {200: {"content": {"text/event-stream": {}}, "description": "A stream of frames"}}
 
 
 def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:

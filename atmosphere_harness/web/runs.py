@@ -9,7 +9,7 @@ recent one. An id from another run (a `sessionId` that does not match) replays f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Path, Query
 from sse_starlette import EventSourceResponse
@@ -17,14 +17,11 @@ from sse_starlette import EventSourceResponse
 from ..ids import check_conversation_id
 from ..registry import AgentSpec
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_user_id, hosted_endpoint
+from .route_spec import SSE_RESPONSE, RouteSpec
 from .sse import follow_run
-
-if TYPE_CHECKING:
-    from .routes import RouteSpec
 
 
 def run_event_routes(spec: AgentSpec) -> list[RouteSpec]:
-    from .routes import SSE_RESPONSE, RouteSpec  # routes.py lists this builder, import late
 
     async def follow(
         conversation_id: Annotated[str, Path(json_schema_extra=CONVERSATION_ID_SCHEMA)],

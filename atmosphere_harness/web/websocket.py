@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from fastapi import Depends, WebSocket, WebSocketDisconnect, WebSocketException
 from pydantic import ValidationError
@@ -40,10 +40,8 @@ from ..kernel.host import HarnessHost
 from ..log import get_logger
 from ..registry import AgentSpec
 from .deps import HarnessDep, get_user_id, not_hosted
+from .route_spec import PromptRequest, RouteSpec
 from .sse import QUEUE_FRAMES, run_frames
-
-if TYPE_CHECKING:
-    from .routes import RouteSpec
 
 log = get_logger(__name__)
 
@@ -156,7 +154,6 @@ class _Socket:
                 )
 
     def _parse(self, text: str) -> tuple[str, str] | None:
-        from .routes import PromptRequest  # routes.py lists this module's builder
 
         try:
             body: Any = json.loads(text)
@@ -214,7 +211,6 @@ def origin_allowed(websocket: WebSocket, allowed: frozenset[str]) -> bool:
 
 
 def websocket_routes(spec: AgentSpec) -> list[RouteSpec]:
-    from .routes import RouteSpec  # routes.py lists this builder, so import it late
 
     async def prompt_socket(
         websocket: WebSocket,

@@ -1,0 +1,31 @@
+"""The filesystem benchmark runs end to end on a tiny workload and reports what it compared."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "filesystem.py"
+
+
+def test_the_benchmark_runs_and_says_whether_the_peer_was_measured() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--files", "20", "--size-kib", "4", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    result = json.loads(done.stdout)
+    assert result["workload"]["files"] == 20
+    assert set(result["ours"]) >= {"write_all", "grep_rare", "edit_once", "write_all_fsync"}
+    if importlib.util.find_spec("deepagents") is None:
+        assert result["peer"] is None
+        assert "deepagents is not installed" in result["peer_reason"]
+        assert result["goals"]["no_op_slower_than_deepagents"] is None
+    else:
+        assert result["peer"]["edit_once"]["n"] == 1
+        assert "vs_deepagents" in result["ratios"]["grep_rare"]

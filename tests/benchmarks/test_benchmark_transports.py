@@ -1,0 +1,34 @@
+"""The transport benchmark runs end to end on a tiny workload and reports what it compared."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "transports.py"
+
+
+def test_the_benchmark_runs_and_says_whether_the_peer_was_measured() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--runs", "1", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    result = json.loads(done.stdout)
+    assert set(result["ours"]) == {"ours_agui", "ours_sse", "ours_websocket"}
+    for figures in result["ours"].values():
+        assert figures["wall_ms_per_run"] > 0
+    peer_installed = all(
+        importlib.util.find_spec(name) is not None for name in ("deepagents", "ag_ui_langgraph")
+    )
+    if peer_installed:
+        assert result["peer"]["wall_ms_per_run"] > 0
+        assert set(result["ratios"]["agui_peer_over_ours"]) == set(result["peer"])
+    else:
+        assert result["peer"] is None
+        assert "not installed" in result["peer_reason"]

@@ -1,0 +1,45 @@
+"""The turn benchmark runs end to end on a tiny workload and reports what it compared."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "turns.py"
+FIGURES = {
+    "turn_overhead_1k",
+    "turn_overhead_50k",
+    "batch_write_per_call",
+    "batch_read_per_call",
+    "storage_amplification",
+}
+
+
+def test_the_benchmark_runs_and_says_whether_the_peer_was_measured() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--repeats", "1", "--turns", "3", "--batch", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    result = json.loads(done.stdout)
+    assert result["workload"] == {"turns": 3, "batch": 4, "repeats": 1}
+    assert set(result["figures"]) == FIGURES
+    for figure in result["figures"].values():
+        assert figure["ours"] > 0
+    assert set(result["http"]) == {"1k", "50k"}
+    for size, storage in result["storage"].items():
+        assert storage["written_bytes"] == 3 * int(size[:-1]) * 1024
+        files = storage["ours"]["bytes_after_shutdown"]["workspace_files"]
+        assert files == storage["written_bytes"]
+    if importlib.util.find_spec("deepagents") is None:
+        assert "deepagents is not installed" in result["peer_reason"]
+        assert all(figure["peer"] is None for figure in result["figures"].values())
+        assert set(result["batch"]) == {"ours"}
+    else:
+        assert result["peer_reason"] is None
+        assert all(figure["ratio"] > 0 for figure in result["figures"].values())

@@ -1,0 +1,324 @@
+"""The console in a real browser: Debian chromium driven by Playwright, over loopback.
+
+`executable_path=/usr/bin/chromium` (never `playwright install`); the background-networking
+flags keep Chromium from dialling out, which this machine's closed network refuses. Without
+chromium or Playwright the tests skip on a laptop and fail in CI.
+
+Screenshots go to the test's temporary directory; with `UPDATE_SCREENSHOTS=1` they
+also replace the images of `docs/console.md` (`docs/images/console-*.png`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+
+from atmosphere_harness import (
+    Admit,
+    Deny,
+    HarnessSettings,
+    ModelRequest,
+    ScriptedRuntime,
+    ToolCall,
+    ToolContext,
+    agent,
+    coordinator,
+    create_harness_router,
+    tool,
+)
+from atmosphere_harness.delegation import SYSTEM_PROMPT as SUBAGENT_PROMPT
+from tests.agents import echo
+from tests.support import require_service, serve
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TOKEN = "browser-test-token"
+DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+DEMO_PROMPT = "plan a short task and save the result to a file"
+
+# Records every state the live plan shows, so the test sees it tick (not only its end).
+WATCH_PLAN = """
+window.__planStates = [];
+new MutationObserver(() => {
+  const steps = [...document.querySelectorAll('#plan-live .step')].map((s) => s.dataset.status);
+  if (steps.length) window.__planStates.push(steps.join(','));
+}).observe(document.querySelector('#plan-live'), { childList: true, subtree: true });
+"""
+
+
+@pytest.fixture
+async def page(tmp_path: Path) -> AsyncIterator[Any]:
+    if not Path(CHROMIUM).is_file():
+        require_service("chromium", f"{CHROMIUM} is not installed (apt-get install chromium)")
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        require_service("playwright", "the playwright package is not installed")
+    async with async_playwright() as playwright:
+        context = await playwright.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 820},
+        )
+        try:
+            page = context.pages[0] if context.pages else await context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.set_default_timeout(15_000)
+            yield page
+            assert errors == [], errors
+        finally:
+            await context.close()
+
+
+async def screenshot(page: Any, tmp_path: Path, name: str) -> None:
+    target = tmp_path / f"console-{name}.png"
+    await page.screenshot(path=str(target))
+    assert target.stat().st_size > 10_000
+    if os.environ.get("UPDATE_SCREENSHOTS") == "1":
+        DOCS_IMAGES.mkdir(exist_ok=True)
+        shutil.copyfile(target, DOCS_IMAGES / target.name)
+
+
+async def open_console(page: Any, base: str, token: str | None = TOKEN) -> None:
+    fragment = f"#token={token}" if token else ""
+    await page.goto(f"{base}/atmosphere/console/{fragment}")
+    await page.wait_for_selector("body[data-ready=true]")
+
+
+async def send(page: Any, text: str) -> None:
+    await page.fill("#message", text)
+    await page.click("#send")
+
+
+async def test_the_demo_agent_plans_saves_a_file_and_the_workspace_shows_it(
+    page: Any, tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ATMOSPHERE_WORKSPACE_ROOT", str(workspace))
+    monkeypatch.setenv("ATMOSPHERE_ADMIN_TOKEN", TOKEN)
+    monkeypatch.setenv("LLM_RUNTIME", "scripted")
+    from samples.personal_assistant.app import create_app
+
+    async with serve(create_app()) as base:
+        await open_console(page, base)
+        assert "token" not in page.url, "the token leaves the address bar"
+        stored = await page.evaluate("sessionStorage.getItem('atmosphere-admin-token')")
+        assert stored == TOKEN
+        await page.evaluate(WATCH_PLAN)
+
+        await send(page, DEMO_PROMPT)
+        await page.wait_for_selector(".run-end")
+        tools = await page.eval_on_selector_all(
+            ".card.tool", "cards => cards.map(c => c.dataset.tool)"
+        )
+        assert tools == ["write_todos", "write_file", "write_todos"]
+        answer = await page.inner_text(".bubble.assistant")
+        assert answer.startswith("Done: I planned the task in three steps")
+        assert await page.inner_text("#status") == "connected"
+        await screenshot(page, tmp_path, "chat")
+
+        await page.click("[data-tab=workspace]")
+        states = await page.evaluate("window.__planStates")
+        assert "in_progress,pending,pending" in states, states
+        assert states[-1] == "completed,completed,completed"
+        live = await page.eval_on_selector_all(
+            "#plan-live .step",
+            "steps => steps.map(s => [s.dataset.status, s.querySelector('.content').textContent])",
+        )
+        assert live == [
+            ["completed", "Outline the task"],
+            ["completed", "Write the result to a file"],
+            ["completed", "Review the result"],
+        ]
+        await page.wait_for_selector("#plan-stored .step")
+        stored_plan = await page.eval_on_selector_all(
+            "#plan-stored .step", "steps => steps.map(s => s.dataset.status)"
+        )
+        assert stored_plan == ["completed"] * 3
+
+        await page.click("#files button[data-path='notes']")
+        await page.click("#files button[data-path='notes/task.md']")
+        await page.wait_for_selector("#viewer[data-path='notes/task.md']")
+        content = await page.inner_text("#viewer")
+        assert content.startswith(f"# {DEMO_PROMPT}")
+        assert "every step of the plan is complete" in content
+        conversation = await page.input_value("#conversation")
+        # The sample's owner and category (agent or coordinator) are the sample's business.
+        [saved] = workspace.glob(f"*/*/files/{conversation}/notes/task.md")
+        assert await page.text_content("#viewer") == saved.read_text()
+        await screenshot(page, tmp_path, "workspace")
+
+        await page.click("[data-tab=harness]")
+        harness = await page.inner_text("#harness")
+        assert "planning" in harness
+        assert "ACTIVE(builtin)" in harness
+        assert await page.input_value("#endpoint") in harness
+        await screenshot(page, tmp_path, "harness")
+
+
+# --- tool cards, offload, approvals and sub-agents ----------------------------------------------
+
+
+@tool
+async def long_report(context: ToolContext) -> str:
+    """Produce a long report (longer than the offload threshold)."""
+    return "".join(f"line {index}: all systems nominal\n" for index in range(400))
+
+
+@tool(requires_approval=True)
+async def send_email(to: str) -> str:
+    """Send an email once a person approves it."""
+    return f"sent to {to}"
+
+
+Clerk = echo(coordinator("clerk", fleet=()), "Clerk", tools=[long_report, send_email])
+
+
+def clerk_turn(request: ModelRequest) -> Any:
+    """The clerk offloads a report, spawns a real `task` sub-agent, then asks to send an email;
+    the sub-agent plans one step, ticks it and reports."""
+    last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+    rounds = sum(1 for m in request.messages[last_user:] if m.role == "assistant")
+    if request.system_prompt == SUBAGENT_PROMPT:
+        if rounds < 2:
+            status = "in_progress" if rounds == 0 else "completed"
+            return [
+                ToolCall(
+                    "write_todos", {"todos": [{"content": "Read about tides", "status": status}]}
+                )
+            ]
+        return "tides: three sources agree."
+    script: list[Any] = [
+        [ToolCall("long_report", {})],
+        [ToolCall("task", {"description": "research tides"})],
+        [ToolCall("send_email", {"to": "ops@example.com"})],
+        "All three tasks are finished.",
+    ]
+    return script[min(rounds, len(script) - 1)]
+
+
+def clerk_app(workspace: Path) -> FastAPI:
+    app = FastAPI()
+    app.include_router(
+        create_harness_router(
+            HarnessSettings(workspace_root=workspace, admin_token=TOKEN),
+            agents=[Clerk],
+            runtime=ScriptedRuntime((), default=clerk_turn),
+        )
+    )
+    return app
+
+
+async def test_tool_cards_offload_links_approvals_and_subagents(
+    page: Any, tmp_path: Path, workspace: Path
+) -> None:
+    async with serve(clerk_app(workspace)) as base:
+        await open_console(page, base)
+        await send(page, "report, research and email")
+
+        approve = await page.wait_for_selector(".card.approval button.approve")
+        card_text = await page.inner_text(".card.approval")
+        assert "send_email" in card_text
+        assert "ops@example.com" in card_text
+        await approve.click()
+        await page.wait_for_selector(".run-end")
+        assert await page.inner_text(".card.approval .badge") == "approved"
+        email = await page.inner_text(".card.tool[data-tool=send_email] .result")
+        assert email == "sent to ops@example.com"
+
+        subagent = await page.inner_text(".card.subagent")
+        assert "research tides" in subagent
+        assert "tides: three sources agree." in subagent
+        assert await page.inner_text(".card.subagent .badge") == "completed"
+        assert await page.get_attribute(".card.subagent .step", "data-status") == "completed"
+
+        result = await page.inner_text(".card.tool[data-tool=long_report] .result")
+        assert result.startswith("line 0: all systems nominal")
+        assert "chars truncated" in result
+        link = page.locator(".card.tool[data-tool=long_report] .offload button")
+        pointer = await link.inner_text()
+        assert pointer.startswith("tool-output/long_report-")
+        await screenshot(page, tmp_path, "cards")
+        await link.click()
+        await page.wait_for_selector(f"#viewer[data-path='{pointer}']")
+        offloaded = await page.inner_text("#viewer")
+        assert offloaded.startswith("line 0: all systems nominal")
+        assert "line 399: all systems nominal" in offloaded, "the full output, not the preview"
+
+
+@tool
+async def drop_table(name: str) -> str:
+    """Drop a database table.
+
+    Args:
+        name: The table.
+    """
+    return f"dropped {name}"
+
+
+class NoDrops:
+    name = "no-drops"
+
+    def evaluate(self, ctx: Any) -> Any:
+        if ctx.request.metadata.get("tool_name") == "drop_table":
+            return Deny("tables are forever")
+        return Admit()
+
+
+Dba = echo(agent(name="dba", harness=()), "Dba", tools=[drop_table])
+
+
+def dba_turn(request: ModelRequest) -> Any:
+    if request.messages[-1].role == "user":
+        return [ToolCall("drop_table", {"name": "users"})]
+    return "I was not allowed to."
+
+
+async def test_a_call_governance_denied_reads_as_denied(page: Any, workspace: Path) -> None:
+    app = FastAPI()
+    app.include_router(
+        create_harness_router(
+            HarnessSettings(workspace_root=workspace, admin_token=TOKEN),
+            agents=[Dba],
+            runtime=ScriptedRuntime((), default=dba_turn),
+            policies=[NoDrops()],
+        )
+    )
+    async with serve(app) as base:
+        await open_console(page, base)
+        await send(page, "drop the users table")
+        await page.wait_for_selector(".run-end")
+        card = ".card.tool[data-tool=drop_table]"
+        assert await page.inner_text(f"{card} .badge") == "denied"
+        assert await page.get_attribute(card, "data-outcome") == "denied"
+        result = await page.inner_text(f"{card} .result")
+        assert "Tool drop_table denied by policy 'no-drops': tables are forever" in result
+
+
+async def test_without_a_token_the_workspace_says_how_to_get_one(
+    page: Any, workspace: Path
+) -> None:
+    async with serve(clerk_app(workspace)) as base:
+        await open_console(page, base, token=None)
+        await page.click("[data-tab=workspace]")
+        notice = await page.inner_text("#workspace-notice")
+        assert "#token=" in notice
+        assert await page.inner_text("#endpoint option") == "clerk · /atmosphere/agent/clerk"
