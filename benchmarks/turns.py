@@ -433,7 +433,9 @@ async def http_section(root: Path, turns: int, repeats: int) -> dict[str, Any]:
     port = free_port()
     workspace = root / "http"
     command = [sys.executable, __file__, "--serve", str(port), str(workspace), str(turns)]
-    server = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+    # The caller's PYTHONPATH stays on the path: comparing two checkouts with one venv needs it.
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    server = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": path})
     result: dict[str, Any] = {}
     try:
         async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:

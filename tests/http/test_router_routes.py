@@ -345,7 +345,11 @@ def test_the_module_level_harness_router_serves_the_ten_line_app(tmp_path: Path)
         from fastapi.testclient import TestClient
         from atmosphere_harness import StreamingSession, agent, harness_router, prompt
 
-        Assistant = echo(agent(name="assistant"), "Assistant")
+        @agent(name="assistant")
+        class Assistant:
+            @prompt
+            async def chat(self, message: str, session: StreamingSession) -> None:
+                await session.stream(message)
 
         app = FastAPI()
         app.include_router(harness_router, prefix="/v1")
