@@ -3,6 +3,9 @@
 Order: `get_facts(user, limit)` returns the newest `limit` facts **oldest first** (the order they
 were learned, which is how they read best in a prompt). `search(user, query, limit)` returns the
 best matches first. Every store caps the facts it keeps per user and evicts the oldest.
+
+A user's facts are a set: saving a fact the user already has (the same words, whatever the case
+and spacing: `normalized_fact`) stores nothing and keeps the first text, even when saves race.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import hashlib
 import re
 import sqlite3
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -45,6 +48,23 @@ def clean_fact(fact: str) -> str:
     if len(text) > MAX_FACT_CHARS:
         raise ValueError(f"a fact must be at most {MAX_FACT_CHARS} characters")
     return text
+
+
+def normalized_fact(fact: str) -> str:
+    """What two facts of a user must share to be one fact: their words, case-folded.
+
+    Stricter than extraction's `reconcile` (which also ignores punctuation): a store keeps
+    "Uses C#" and "Uses C" apart, whoever saves them.
+    """
+    return " ".join(fact.split()).casefold()
+
+
+def unique_facts(facts: Iterable[str]) -> list[str]:
+    """`facts` without repeats (`normalized_fact`), each at its first place, with its first text."""
+    unique: dict[str, str] = {}
+    for fact in facts:
+        unique.setdefault(normalized_fact(fact), fact)
+    return list(unique.values())
 
 
 def query_terms(query: str) -> list[str]:
@@ -113,9 +133,8 @@ class InMemoryLongTermMemory(LongTermMemory):
         if max_facts_per_user <= 0:
             raise ValueError("max_facts_per_user must be positive")
         self.max_facts_per_user = max_facts_per_user
-        self._facts: defaultdict[str, deque[str]] = defaultdict(
-            lambda: deque(maxlen=self.max_facts_per_user)
-        )
+        self._facts: dict[str, dict[str, str]] = {}
+        """Per user: `normalized_fact` -> the first text saved, in learning order."""
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     async def save_fact(self, user_id: str, fact: str) -> None:
@@ -125,13 +144,22 @@ class InMemoryLongTermMemory(LongTermMemory):
         check_user(user_id)
         cleaned = [clean_fact(fact) for fact in facts]
         async with self._locks[user_id]:
-            self._facts[user_id].extend(cleaned)
+            self._add(self._facts.setdefault(user_id, {}), cleaned)
+
+    def _add(self, stored: dict[str, str], facts: Sequence[str]) -> None:
+        for fact in facts:
+            key = normalized_fact(fact)
+            if key in stored:
+                continue
+            stored[key] = fact
+            while len(stored) > self.max_facts_per_user:
+                del stored[next(iter(stored))]
 
     async def get_facts(self, user_id: str, limit: int = 20) -> list[str]:
         stored = self._facts.get(user_id)
         if not stored or limit <= 0:
             return []
-        return list(stored)[-limit:]
+        return list(stored.values())[-limit:]
 
     async def clear(self, user_id: str) -> None:
         async with self._locks[user_id]:
@@ -146,8 +174,8 @@ class InMemoryLongTermMemory(LongTermMemory):
         cleaned = [clean_fact(fact) for fact in facts]
         async with self._locks[user_id]:
             if cleaned:
-                replacement: deque[str] = deque(maxlen=self.max_facts_per_user)
-                replacement.extend(cleaned)
+                replacement: dict[str, str] = {}
+                self._add(replacement, cleaned)
                 self._facts[user_id] = replacement
             else:
                 self._facts.pop(user_id, None)
@@ -158,6 +186,7 @@ CREATE TABLE IF NOT EXISTS memory_facts (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     user_id TEXT NOT NULL,
     fact TEXT NOT NULL,
+    norm TEXT,
     terms TEXT NOT NULL,
     created_at REAL NOT NULL
 );
@@ -174,6 +203,44 @@ CREATE TRIGGER IF NOT EXISTS memory_facts_ad AFTER DELETE ON memory_facts BEGIN
     VALUES ('delete', old.id, old.terms);
 END;
 """
+# `norm` (the fact's `normalized_fact`) and its unique index come from `_migrate_facts`, which
+# also adds them to a database written before facts were deduplicated.
+
+
+def _migrate_facts(connection: sqlite3.Connection) -> None:
+    """Give `memory_facts` its `norm` column and the unique index on `(user_id, norm)`.
+
+    A database from before: each row gets its `norm`, and a fact a user has twice keeps its
+    first row (the later copies are deleted, from the full-text index too).
+    """
+    columns = {row[1] for row in connection.execute("PRAGMA table_info(memory_facts)")}
+    with Transaction(connection):
+        if "norm" not in columns:
+            connection.execute("ALTER TABLE memory_facts ADD COLUMN norm TEXT")
+        rows = connection.execute(
+            "SELECT id, user_id, fact FROM memory_facts WHERE norm IS NULL ORDER BY id"
+        ).fetchall()
+        if rows:
+            seen: set[tuple[str, str]] = {
+                (user, norm)
+                for user, norm in connection.execute(
+                    "SELECT user_id, norm FROM memory_facts WHERE norm IS NOT NULL"
+                )
+            }
+            duplicates: list[tuple[int]] = []
+            keys: list[tuple[str, int]] = []
+            for row_id, user_id, fact in rows:
+                key = normalized_fact(fact)
+                if (user_id, key) in seen:
+                    duplicates.append((row_id,))
+                else:
+                    seen.add((user_id, key))
+                    keys.append((key, row_id))
+            connection.executemany("DELETE FROM memory_facts WHERE id = ?", duplicates)
+            connection.executemany("UPDATE memory_facts SET norm = ? WHERE id = ?", keys)
+        connection.execute(
+            "CREATE UNIQUE INDEX IF NOT EXISTS memory_facts_norm ON memory_facts (user_id, norm)"
+        )
 
 
 def owner_prefix(user_id: str) -> str:
@@ -196,6 +263,17 @@ def _indexed(user_id: str, fact: str) -> str:
     return " ".join(scoped_terms(user_id, query_terms(fact)))
 
 
+INSERT_FACT = (
+    "INSERT OR IGNORE INTO memory_facts (user_id, fact, norm, terms, created_at) "
+    "VALUES (?, ?, ?, ?, ?)"
+)
+"""A fact the user already has (same `norm`) is ignored: the first text stays."""
+
+
+def _rows(user_id: str, facts: Sequence[str], now: float) -> list[tuple[str, str, str, str, float]]:
+    return [(user_id, fact, normalized_fact(fact), _indexed(user_id, fact), now) for fact in facts]
+
+
 def _fts_query(user_id: str, terms: Iterable[str]) -> str:
     return " OR ".join(f'"{token}"' for token in scoped_terms(user_id, terms))
 
@@ -204,7 +282,10 @@ class SqliteLongTermMemory(LongTermMemory):
     """Facts in SQLite (WAL), ranked by FTS5 (BM25) for `search`; per-user cap, oldest evicted.
 
     The full-text index holds each user's words as that user's own tokens (see
-    `scoped_terms`), so search time depends on the user's facts, not on everyone's.
+    `scoped_terms`), so search time depends on the user's facts, not on everyone's. A unique
+    index on `(user_id, norm)` (`norm` = `normalized_fact`) keeps one row per fact: a save of a fact
+    the user already has is an `INSERT OR IGNORE` that inserts nothing, whichever process or
+    thread saves it.
 
     `SqliteLongTermMemory("facts.db")` opens its own file; the harness's default store shares
     the workspace database (`database=`).
@@ -224,6 +305,7 @@ class SqliteLongTermMemory(LongTermMemory):
         self._owns_database = database is None
         self.database = database if database is not None else SqliteDatabase(path or "")
         self.database.add_schema(FACTS_SCHEMA)
+        self.database.add_migration(_migrate_facts)
         self.max_facts_per_user = max_facts_per_user
 
     async def save_fact(self, user_id: str, fact: str) -> None:
@@ -234,17 +316,12 @@ class SqliteLongTermMemory(LongTermMemory):
         cleaned = [clean_fact(fact) for fact in facts]
         if not cleaned:
             return
-        now = time.time()
-        rows = [(user_id, fact, _indexed(user_id, fact), now) for fact in cleaned]
+        rows = _rows(user_id, cleaned, time.time())
         cap = self.max_facts_per_user
 
         def work(connection: sqlite3.Connection) -> None:
             with Transaction(connection):
-                connection.executemany(
-                    "INSERT INTO memory_facts (user_id, fact, terms, created_at) "
-                    "VALUES (?, ?, ?, ?)",
-                    rows,
-                )
+                connection.executemany(INSERT_FACT, rows)
                 connection.execute(
                     "DELETE FROM memory_facts WHERE user_id = ? AND id <= (SELECT id FROM "
                     "memory_facts WHERE user_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
@@ -297,18 +374,13 @@ class SqliteLongTermMemory(LongTermMemory):
 
     async def replace_facts(self, user_id: str, facts: Sequence[str]) -> None:
         check_user(user_id)
-        cleaned = [clean_fact(fact) for fact in facts][-self.max_facts_per_user :]
-        now = time.time()
-        rows = [(user_id, fact, _indexed(user_id, fact), now) for fact in cleaned]
+        cleaned = unique_facts(clean_fact(fact) for fact in facts)[-self.max_facts_per_user :]
+        rows = _rows(user_id, cleaned, time.time())
 
         def work(connection: sqlite3.Connection) -> None:
             with Transaction(connection):
                 connection.execute("DELETE FROM memory_facts WHERE user_id = ?", (user_id,))
-                connection.executemany(
-                    "INSERT INTO memory_facts (user_id, fact, terms, created_at) "
-                    "VALUES (?, ?, ?, ?)",
-                    rows,
-                )
+                connection.executemany(INSERT_FACT, rows)
 
         await self.database.run(work)
 

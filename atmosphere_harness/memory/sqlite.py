@@ -29,6 +29,7 @@ class SqliteDatabase:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._schemas: list[str] = []
+        self._migrations: list[Callable[[sqlite3.Connection], None]] = []
         self._connection: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._guard = threading.Lock()
@@ -39,6 +40,16 @@ class SqliteDatabase:
         if self._connection is not None or self._closed:
             raise RuntimeError(f"database {self.path} is already open: add schemas before")
         self._schemas.append(script)
+
+    def add_migration(self, migrate: Callable[[sqlite3.Connection], None]) -> None:
+        """Register `migrate(connection)` to run on open, after every schema script.
+
+        For what DDL alone cannot do on a file written by an older version (a new column that
+        needs filling, an index that needs its rows cleaned first); it must be idempotent.
+        """
+        if self._connection is not None or self._closed:
+            raise RuntimeError(f"database {self.path} is already open: add migrations before")
+        self._migrations.append(migrate)
 
     async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run `work(connection)` on the database thread and return its result."""
@@ -76,6 +87,8 @@ class SqliteDatabase:
         connection.execute("PRAGMA journal_size_limit=1048576")
         for script in self._schemas:
             connection.executescript(script)
+        for migrate in self._migrations:
+            migrate(connection)
         return connection
 
     async def aclose(self) -> None:

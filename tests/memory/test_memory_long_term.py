@@ -159,3 +159,116 @@ async def test_sqlite_uses_wal_and_keeps_the_index_in_step(tmp_path: Path) -> No
 def test_a_store_needs_exactly_one_location(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="either"):
         SqliteLongTermMemory()
+
+
+# --- one fact, stored once -------------------------------------------------------------------
+
+
+async def test_the_same_fact_twice_is_stored_once(store: LongTermMemory) -> None:
+    await store.save_fact("alice", "Lives in Montreal")
+    await store.save_fact("alice", "  lives in   MONTREAL ")
+    await store.save_facts("alice", ["Has a dog", "has a DOG", "Lives  in montreal"])
+    assert await store.get_facts("alice") == ["Lives in Montreal", "Has a dog"], "first text"
+    assert await store.fact_count("alice") == 2
+    assert await store.search("alice", "montreal") == ["Lives in Montreal"]
+
+
+async def test_a_repeated_fact_evicts_nothing(store: LongTermMemory) -> None:
+    await store.save_facts("alice", [f"fact {i}" for i in range(5)])  # the cap is 5
+    await store.save_fact("alice", "FACT 0")
+    assert await store.get_facts("alice", 100) == [f"fact {i}" for i in range(5)]
+
+
+async def test_users_do_not_share_facts_for_deduplication(store: LongTermMemory) -> None:
+    await store.save_fact("alice", "Likes jazz")
+    await store.save_fact("bob", "likes JAZZ")
+    assert await store.get_facts("alice") == ["Likes jazz"]
+    assert await store.get_facts("bob") == ["likes JAZZ"]
+
+
+async def test_replace_facts_keeps_each_fact_once(store: LongTermMemory) -> None:
+    await store.replace_facts("alice", ["Speaks French", "new", "speaks french"])
+    assert await store.get_facts("alice") == ["Speaks French", "new"]
+
+
+async def test_concurrent_saves_of_one_fact_store_it_once(store: LongTermMemory) -> None:
+    await asyncio.gather(
+        *(store.save_fact("alice", f"Plays {'CELLO' if i % 2 else 'cello'}") for i in range(20))
+    )
+    assert await store.fact_count("alice") == 1
+    assert (await store.get_facts("alice"))[0].lower() == "plays cello"
+
+
+async def test_two_sqlite_connections_racing_store_a_fact_once(tmp_path: Path) -> None:
+    """Two stores on one file (two connections, two threads: as two replicas would)."""
+    path = tmp_path / "facts.db"
+    first, second = SqliteLongTermMemory(path), SqliteLongTermMemory(path)
+    try:
+        await asyncio.gather(first.save_fact("alice", "warm up"), second.save_fact("bob", "x"))
+        for round_ in range(10):
+            fact = f"Fact number {round_}"
+            await asyncio.gather(
+                *(
+                    (first if i % 2 else second).save_facts("alice", [fact, fact.upper()])
+                    for i in range(6)
+                )
+            )
+        facts = await first.get_facts("alice", 100)
+        assert facts == ["warm up"] + [f"Fact number {i}" for i in range(10)]
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+OLD_FACTS_SCHEMA = """
+CREATE TABLE memory_facts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, user_id TEXT NOT NULL, fact TEXT NOT NULL,
+    terms TEXT NOT NULL, created_at REAL NOT NULL
+);
+CREATE VIRTUAL TABLE memory_facts_fts USING fts5 (
+    terms, content = 'memory_facts', content_rowid = 'id',
+    tokenize = 'unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER memory_facts_ai AFTER INSERT ON memory_facts BEGIN
+    INSERT INTO memory_facts_fts (rowid, terms) VALUES (new.id, new.terms);
+END;
+CREATE TRIGGER memory_facts_ad AFTER DELETE ON memory_facts BEGIN
+    INSERT INTO memory_facts_fts (memory_facts_fts, rowid, terms)
+    VALUES ('delete', old.id, old.terms);
+END;
+"""
+
+
+async def test_a_database_from_before_deduplication_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "facts.db"
+    connection = sqlite3.connect(path)
+    connection.executescript(OLD_FACTS_SCHEMA)
+    for user, fact in [
+        ("alice", "Sails"),
+        ("alice", "Cooks"),
+        ("alice", "SAILS"),
+        ("bob", "sails"),
+    ]:
+        terms = " ".join(scoped_terms(user, [fact.lower()]))
+        connection.execute(
+            "INSERT INTO memory_facts (user_id, fact, terms, created_at) VALUES (?, ?, ?, 0)",
+            (user, fact, terms),
+        )
+    connection.commit()
+    connection.close()
+
+    store = SqliteLongTermMemory(path)
+    try:
+        assert await store.get_facts("alice") == ["Sails", "Cooks"]
+        assert await store.get_facts("bob") == ["sails"]
+        assert await store.search("alice", "sails") == ["Sails"], "the copy left the index too"
+        await store.save_fact("alice", "sails")
+        assert await store.fact_count("alice") == 2
+    finally:
+        await store.aclose()
+    reopened = SqliteLongTermMemory(path)  # the migration is idempotent
+    try:
+        await reopened.save_fact("alice", "Reads")
+        assert await reopened.get_facts("alice") == ["Sails", "Cooks", "Reads"]
+    finally:
+        await reopened.aclose()
