@@ -31,12 +31,18 @@ PLANNING = "planning"
 FILESYSTEM = "filesystem"
 SKILLS = "skills"
 DURABLE_RUNS = "durable-runs"
+IDENTITY = "identity"
+"""Per endpoint only (the app-wide block keeps the seed's keys): where the user comes from."""
 
 DISABLED = "INACTIVE(disabled)"
 NO_ENDPOINT = "INACTIVE(no-endpoint)"
 NO_COORDINATOR = "INACTIVE(no-coordinator)"
 NOT_ATTACHED = "INACTIVE(not-attached)"
 ACTIVE = "ACTIVE"
+IDENTITY_NONE = "NONE"
+"""No identity source: every request is anonymous, so long-term memory keeps no facts."""
+IDENTITY_CUSTOM = "CUSTOM"
+"""The app overrides `get_user_id` (it wins over `user_id_header`)."""
 
 FEATURE_KEYS: Mapping[Harness, tuple[str, ...]] = {
     Harness.MEMORY: (CONVERSATION_MEMORY, LONG_TERM_MEMORY),
@@ -45,6 +51,12 @@ FEATURE_KEYS: Mapping[Harness, tuple[str, ...]] = {
     Harness.FILESYSTEM: (FILESYSTEM,),
 }
 """The truth keys each feature owns (CACHE reports through `prompt-cache-default`)."""
+
+
+def identity_of(settings: HarnessSettings) -> str:
+    """The identity state the settings alone give: `HEADER(<name>)` or `NONE`."""
+    header = settings.groups.admin.user_id_header
+    return f"HEADER({header})" if header else IDENTITY_NONE
 
 
 def is_active(state: str) -> bool:
@@ -104,6 +116,7 @@ class RuntimeTruth:
             else DISABLED,
         }
         self._endpoints: dict[str, dict[str, str]] = {}
+        self._identity = identity_of(settings)
         self.resolved_any = False
 
     def app_wide(self) -> dict[str, str]:
@@ -136,9 +149,20 @@ class RuntimeTruth:
         state[COMPACTION] = compaction
         state[SKILLS] = self._app[SKILLS]
         state[DURABLE_RUNS] = self._app[DURABLE_RUNS]
+        state[IDENTITY] = self._identity
         self._endpoints[path] = state
         if cache_policy is not PromptCache.NONE:
             self._app[PROMPT_CACHE_DEFAULT] = cache_policy.value
+
+    def set_identity(self, state: str) -> None:
+        """Where the user comes from (`identity`), on every endpoint's map.
+
+        Only the web layer can tell (an app's `get_user_id` override lives on the app), so it
+        sets this when the app starts and again when the truth is read.
+        """
+        self._identity = state
+        for endpoint in self._endpoints.values():
+            endpoint[IDENTITY] = state
 
     def report(self, path: str, key: str, state: str) -> None:
         """An attach engine reports what it really attached for the endpoint at `path`."""

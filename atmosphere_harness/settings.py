@@ -10,6 +10,7 @@ time; the router resolves settings inside its lifespan.
 from __future__ import annotations
 
 import enum
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any
@@ -90,6 +91,10 @@ class RuntimeChoice(enum.Enum):
     SCRIPTED = "scripted"
     OPENAI = "openai"
     ANTHROPIC = "anthropic"
+
+
+HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}$")
+"""An HTTP header name (RFC 9110 token), at most 64 characters."""
 
 
 def _env(*names: str) -> Any:
@@ -278,6 +283,11 @@ class HarnessSettings(BaseSettings):
     `*` allows any. Browsers apply no CORS to WebSockets, so this is what stops another site's
     page from talking to an agent with its visitor's cookies."""
 
+    user_id_header: str | None = Field(None, validation_alias=_env("ATMOSPHERE_USER_ID_HEADER"))
+    """A request header that names the user (e.g. `X-Forwarded-User`), set by an auth proxy in
+    front of the app; unset = anonymous requests (no long-term memory). Trust it only behind a
+    proxy that removes the header from what clients send and sets it itself."""
+
     redis_url: str | None = Field(None, validation_alias=_env("ATMOSPHERE_REDIS_URL"), repr=False)
     postgres_url: str | None = Field(
         None, validation_alias=_env("ATMOSPHERE_POSTGRES_URL"), repr=False
@@ -312,6 +322,21 @@ class HarnessSettings(BaseSettings):
         if isinstance(value, list | tuple | set | frozenset):
             return frozenset(str(item).strip() for item in value if str(item).strip())
         return value
+
+    @field_validator("user_id_header", mode="before")
+    @classmethod
+    def _parse_header_name(cls, value: object) -> object:
+        if value is None:
+            return None
+        text = str(value).strip()
+        if not text:
+            return None
+        if not HEADER_NAME.match(text):
+            raise ValueError(
+                "ATMOSPHERE_USER_ID_HEADER must be an HTTP header name (letters, digits and "
+                f"!#$%&'*+-.^_`|~, at most 64), e.g. X-Forwarded-User; got {text[:80]!r}"
+            )
+        return text
 
     @field_validator("compaction", mode="before")
     @classmethod
@@ -460,6 +485,7 @@ class HarnessSettings(BaseSettings):
                 read_auth_required=self.admin_http_read_auth_required,
                 websocket_allowed_origins=self.websocket_allowed_origins,
                 max_request_bytes=self.max_request_bytes,
+                user_id_header=self.user_id_header,
             ),
             backends=BackendSettings(
                 redis_url=self.redis_url,
@@ -540,13 +566,15 @@ class RuntimeSettings(BaseModel):
 
 
 class AdminSettings(BaseModel):
-    """The HTTP surface: admin REST, the WebSocket origin check, the request-body bound."""
+    """The HTTP surface: admin REST, the WebSocket origin check, the request-body bound, and
+    the trusted header that names the user."""
 
     model_config = _GROUP
     token: str | None = Field(repr=False)
     read_auth_required: bool
     websocket_allowed_origins: frozenset[str]
     max_request_bytes: int
+    user_id_header: str | None
 
 
 class BackendSettings(BaseModel):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from .._version import __version__
 from ..harness import Harness
 from ..kernel.host import HarnessHost
-from .deps import HarnessDep
+from .deps import HarnessDep, identity_source
 from .errors import HarnessRoute
 
 
@@ -39,7 +39,11 @@ def console_info_router() -> APIRouter:
     router = APIRouter(tags=["console"], route_class=HarnessRoute)
 
     @router.get("/api/console/info", summary="Runtime truth of the harness")
-    async def get_console_info(host: HarnessDep) -> dict[str, Any]:
+    async def get_console_info(request: Request, host: HarnessDep) -> dict[str, Any]:
+        # The app's `get_user_id` override is read where requests read it: on the app serving
+        # this one (an override installed after start-up shows too).
+        overrides = getattr(request.app, "dependency_overrides", {})
+        host.truth.set_identity(identity_source(overrides, host.settings))
         return console_info(host)
 
     return router

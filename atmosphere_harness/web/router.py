@@ -24,7 +24,8 @@ from ..assembly import build_host
 from ..contracts import Primitive
 from ..governance.approval import ToolApprovalPolicy
 from ..kernel.host import HarnessHost
-from ..log import ensure_handler
+from ..log import ensure_handler, get_logger
+from ..preset import IDENTITY_NONE, LONG_TERM_MEMORY, is_active
 from ..registry import AgentSpec, EndpointKind, registered_agents, spec_of
 from ..runtimes.base import AgentRuntime
 from ..runtimes.resolve import resolve_runtime
@@ -32,10 +33,12 @@ from ..settings import HarnessSettings
 from .admin import admin_router, warn_admin_posture
 from .console import console_router
 from .console_info import console_info_router
-from .deps import STATE_KEY
+from .deps import STATE_KEY, identity_source
 from .errors import HarnessRoute
 from .route_spec import RouteSpec
 from .routes import ROUTE_BUILDERS
+
+log = get_logger(__name__)
 
 
 class HarnessRouter(APIRouter):
@@ -178,6 +181,24 @@ def with_fleets(specs: Sequence[AgentSpec]) -> list[AgentSpec]:
     return out
 
 
+def note_identity(host: HarnessHost, identity: str) -> None:
+    """Record where the user comes from in the truth, and say so when nobody is ever known."""
+    host.truth.set_identity(identity)
+    if identity != IDENTITY_NONE:
+        return
+    remembering = [
+        path
+        for path in host.endpoints
+        if is_active(host.truth.endpoint(path).get(LONG_TERM_MEMORY, ""))
+    ]
+    if remembering:
+        log.info(
+            "long-term memory is attached but every request is anonymous, so it keeps no "
+            "facts: set ATMOSPHERE_USER_ID_HEADER behind an auth proxy, or override get_user_id",
+            endpoints=remembering,
+        )
+
+
 def create_harness_router(
     settings: HarnessSettings | None = None,
     *,
@@ -222,6 +243,7 @@ def create_harness_router(
         try:
             router.check_served(host)
             warn_admin_posture(resolved)
+            note_identity(host, identity_source(app.dependency_overrides, resolved))
             yield {STATE_KEY: host}
         finally:
             await host.stop()

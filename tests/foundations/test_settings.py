@@ -156,6 +156,14 @@ KEYS = [
     ("llm_timeout", "LLM_TIMEOUT", None, "15", 15.0, 40.0),
     ("llm_max_tokens", "LLM_MAX_TOKENS", None, "1024", 1024, 2048),
     (
+        "user_id_header",
+        "ATMOSPHERE_USER_ID_HEADER",
+        None,
+        " X-Forwarded-User ",
+        "X-Forwarded-User",
+        "X-Auth-Request-User",
+    ),
+    (
         "websocket_allowed_origins",
         "ATMOSPHERE_WEBSOCKET_ALLOWED_ORIGINS",
         None,
@@ -353,3 +361,15 @@ def test_max_request_bytes_defaults_to_4_mib_and_has_a_floor() -> None:
     assert HarnessSettings(max_request_bytes=2048).groups.admin.max_request_bytes == 2048
     with pytest.raises(ValidationError, match="max_request_bytes"):
         HarnessSettings(max_request_bytes=1023)
+
+
+def test_user_id_header_is_a_header_name_or_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert HarnessSettings().user_id_header is None
+    assert HarnessSettings().groups.admin.user_id_header is None
+    monkeypatch.setenv("ATMOSPHERE_USER_ID_HEADER", "  ")
+    assert HarnessSettings().user_id_header is None, "blank is unset"
+    given = HarnessSettings(user_id_header="X-Forwarded-User")
+    assert given.groups.admin.user_id_header == "X-Forwarded-User"
+    for bad in ("X Forwarded User", "X-User:", "x" * 65, "Ü-User"):
+        with pytest.raises(ValidationError, match="ATMOSPHERE_USER_ID_HEADER must be an HTTP"):
+            HarnessSettings(user_id_header=bad)
