@@ -16,9 +16,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from .cache import PromptCache, cache_key_host_allowed
+from .config_file import CONFIG_FILE_ENV, ConfigFileSettingsSource
 from .limits import FileSystemLimits
 from .log import get_logger
 from .tools.bounds import DEFAULT_MAX_ARGUMENT_CHARS, DEFAULT_MAX_TOOL_CALLS
@@ -288,10 +294,34 @@ class HarnessSettings(BaseSettings):
     front of the app; unset = anonymous requests (no long-term memory). Trust it only behind a
     proxy that removes the header from what clients send and sets it itself."""
 
+    config_file: Path | None = Field(None, validation_alias=_env(CONFIG_FILE_ENV))
+    """A YAML (`.yml`, `.yaml`), `.properties` or TOML file of settings under the seed's keys
+    (`atmosphere.ai.harness.enabled`, ...), read below the environment (see `config_file`
+    module). Only the constructor and the environment can name it; no part of the harness reads
+    it afterwards, so it belongs to no group."""
+
     redis_url: str | None = Field(None, validation_alias=_env("ATMOSPHERE_REDIS_URL"), repr=False)
     postgres_url: str | None = Field(
         None, validation_alias=_env("ATMOSPHERE_POSTGRES_URL"), repr=False
     )
+
+    # --- sources ----------------------------------------------------------------------------
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Constructor > environment (> an opted-in `.env`) > ATMOSPHERE_CONFIG_FILE > defaults."""
+        path = _config_file_path(init_settings, env_settings)
+        if path is None:
+            return init_settings, env_settings, dotenv_settings, file_secret_settings
+        file_settings = ConfigFileSettingsSource(settings_cls, path)
+        return init_settings, env_settings, dotenv_settings, file_settings, file_secret_settings
 
     # --- validators -------------------------------------------------------------------------
 
@@ -505,6 +535,19 @@ class HarnessSettings(BaseSettings):
         if self.durable_runs is not None:
             return self.durable_runs
         return self.enabled is True
+
+
+def _config_file_path(
+    init_settings: PydanticBaseSettingsSource, env_settings: PydanticBaseSettingsSource
+) -> Path | None:
+    """`config_file` as the constructor or, failing that, the environment gives it."""
+    given = getattr(init_settings, "init_kwargs", {}).get(CONFIG_FILE_ENV)
+    if given is None:
+        env_vars = getattr(env_settings, "env_vars", {})
+        given = env_vars.get(CONFIG_FILE_ENV, env_vars.get(CONFIG_FILE_ENV.lower()))
+    if given is None or not str(given).strip():
+        return None
+    return Path(str(given).strip())
 
 
 # --- groups -------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ def test_every_declared_dependency_is_imported() -> None:
         "fastapi": "fastapi",
         "pydantic": "pydantic",
         "pydantic-settings": "pydantic_settings",
+        "pyyaml": "yaml",
         "sse-starlette": "sse_starlette",
         "structlog": "structlog",
         "uvicorn": "uvicorn",
