@@ -118,8 +118,9 @@ def require_service(name: str, reason: str) -> None:
 
 
 def doc_example(doc: Path, name: str) -> types.ModuleType:
-    """The first python code block of a docs page, executed as module `name`."""
-    code = re.search(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), re.DOTALL)
+    """The first python code block of a docs page (```python, with or without a title),
+    executed as module `name`."""
+    code = re.search(r"```python[^\n]*\n(.*?)```", doc.read_text(encoding="utf-8"), re.DOTALL)
     assert code is not None, f"{doc.name} has a python example"
     module = types.ModuleType(name)
     exec(compile(code.group(1), str(doc), "exec"), module.__dict__)

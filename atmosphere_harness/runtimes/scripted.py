@@ -23,12 +23,15 @@ from .base import (
     ToolCall,
     Usage,
 )
+from .demo_tools import fill_arguments, pick_user_tool
 
 TurnResult: TypeAlias = str | Sequence[ToolCall]
 TurnFunction: TypeAlias = Callable[[ModelRequest], TurnResult | Awaitable[TurnResult]]
 Turn: TypeAlias = str | Sequence[ToolCall] | TurnFunction
 
 _MAX_TRACKED_CONVERSATIONS = 10_000
+DEFAULT_MAX_REQUESTS = 256
+"""How many model requests a `ScriptedRuntime` keeps in `requests` unless told otherwise."""
 
 
 class ScriptExhausted(ModelError):
@@ -48,6 +51,10 @@ class ScriptedRuntime:
 
     `default` answers every turn after the script runs out (the demo model is a `default` only);
     without it an exhausted script raises `ScriptExhausted`, which the run reports as an error.
+
+    `requests` holds the last `max_requests` model requests (256 by default), oldest first, so a
+    test can see what the model was sent while a long-running demo keeps a bounded memory; `0`
+    (or `record_requests = False`) keeps none.
     """
 
     name = "scripted"
@@ -60,18 +67,29 @@ class ScriptedRuntime:
         }
     )
 
-    def __init__(self, turns: Sequence[Turn] = (), *, default: TurnFunction | None = None) -> None:
+    def __init__(
+        self,
+        turns: Sequence[Turn] = (),
+        *,
+        default: TurnFunction | None = None,
+        max_requests: int = DEFAULT_MAX_REQUESTS,
+    ) -> None:
+        if max_requests < 0:
+            raise ValueError(f"max_requests must be 0 or more, got {max_requests}")
         self.turns: list[Turn] = list(turns)
         self.default = default
         self.requests: list[ModelRequest] = []
+        self.max_requests = max_requests
         self._cursor: OrderedDict[str, int] = OrderedDict()
         self.record_requests = True
 
     async def complete(
         self, request: ModelRequest, *, on_text: TextSink | None = None
     ) -> ModelResponse:
-        if self.record_requests:
+        if self.record_requests and self.max_requests > 0:
             self.requests.append(request)
+            if len(self.requests) > self.max_requests:
+                del self.requests[: len(self.requests) - self.max_requests]
         turn = self._next_turn(request.conversation_id)
         produced = turn(request) if callable(turn) else turn
         result: TurnResult = await produced if inspect.isawaitable(produced) else produced
@@ -107,7 +125,13 @@ class ScriptedRuntime:
           (all completed) -> a final report;
         - "use the task tool ...": a `task` spawn, then the sub-agent's report;
         - "ask the <name> agent about ...": a `delegate_task` to that fleet member, then its reply;
+        - a message that names one of the host's own tools ("what's the weather in Paris" with a
+          `weather(city)` tool): that tool, with its required arguments taken from the message
+          (`{"city": "Paris"}`), then an answer quoting its result (`runtimes.demo_tools` has
+          the rules);
         - anything else: a short echo.
+
+        The first that applies wins, in this order.
         """
         return cls((), default=demo_turn)
 
@@ -217,5 +241,12 @@ def demo_turn(request: ModelRequest) -> TurnResult:
             return sequence[rounds]
         saved = f" and saved the result to {path}" if "write_file" in tools else ""
         return f"Done: I planned the task in three steps{saved}. Every step is completed."
+
+    user_tool = pick_user_tool(prompt, request.tools) if not is_subagent else None
+    if user_tool is not None:
+        if rounds == 0:
+            return [ToolCall(user_tool.name, fill_arguments(prompt, user_tool))]
+        answer = results[-1].content if results else "(no result)"
+        return f"The {user_tool.name} tool says: {answer}"
 
     return f"You said: {prompt.strip()}" if prompt.strip() else "Hello! Ask me to plan something."
