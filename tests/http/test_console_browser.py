@@ -322,3 +322,84 @@ async def test_without_a_token_the_workspace_says_how_to_get_one(
         notice = await page.inner_text("#workspace-notice")
         assert "#token=" in notice
         assert await page.inner_text("#endpoint option") == "clerk · /atmosphere/agent/clerk"
+
+
+# --- a newcomer's first app, and the console at a laptop's width -------------------------------
+
+GETTING_STARTED = Path(__file__).resolve().parents[2] / "docs" / "getting-started.md"
+HEADER_BOXES = """
+() => Object.fromEntries(
+  [["bar", ".bar"], ["title", ".bar h1"], ["pill", "#status"], ["button", "#new-conversation"]]
+    .map(([name, selector]) => {
+      const box = document.querySelector(selector).getBoundingClientRect();
+      return [name, { top: box.top, bottom: box.bottom, right: box.right }];
+    }),
+)
+"""
+
+
+async def test_the_getting_started_tool_shows_as_a_card_on_the_demo_model(
+    page: Any, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.support import doc_example
+
+    monkeypatch.setenv("ATMOSPHERE_WORKSPACE_ROOT", str(workspace))
+    app = doc_example(GETTING_STARTED, "getting_started_console").app
+    async with serve(app) as base:
+        await open_console(page, base, token=None)
+        await send(page, "what is the weather in Paris?")
+        await page.wait_for_selector(".run-end")
+        card = ".card.tool[data-tool=weather]"
+        assert await page.inner_text(f"{card} .badge") == "done"
+        assert await page.inner_text(f"{card} .result") == "Sunny in Paris"
+        await page.click(f"{card} details summary")
+        assert '"city": "Paris"' in await page.inner_text(f"{card} details")
+        answer = await page.inner_text(".bubble.assistant")
+        assert answer == "The weather tool says: Sunny in Paris"
+
+
+async def _header_on_one_line(page: Any) -> None:
+    boxes = await page.evaluate(HEADER_BOXES)
+    bar, title, pill = boxes["bar"], boxes["title"], boxes["pill"]
+    assert pill["top"] < title["bottom"], f"the pill wrapped below the title: {boxes}"
+    assert pill["bottom"] > title["top"], boxes
+    assert bar["bottom"] - bar["top"] < 2.5 * (title["bottom"] - title["top"]), boxes
+    assert pill["right"] <= 1280, boxes
+
+
+async def test_at_1280_the_header_keeps_one_line_and_suggestions_stay(
+    page: Any, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ATMOSPHERE_WORKSPACE_ROOT", str(workspace))
+    monkeypatch.setenv("ATMOSPHERE_ADMIN_TOKEN", TOKEN)
+    monkeypatch.setenv("LLM_RUNTIME", "scripted")
+    from samples.personal_assistant.app import create_app
+
+    await page.set_viewport_size({"width": 1280, "height": 800})
+    async with serve(create_app()) as base:
+        await open_console(page, base)
+        await _header_on_one_line(page)  # "not connected"
+        chips = "#suggestion-list button"
+        assert await page.is_visible(chips), "a new conversation shows its suggestions"
+        offered = await page.eval_on_selector_all(chips, "bs => bs.map(b => b.textContent)")
+        assert DEMO_PROMPT in offered
+
+        await page.click(f"{chips} >> text=hello")
+        await page.wait_for_selector(".run-end")
+        assert await page.inner_text(".bubble.assistant") == "You said: hello"
+        await _header_on_one_line(page)  # "connected"
+        await page.evaluate(
+            "document.querySelector('#status').textContent = 'connected · heartbeat 12:34:56 PM'"
+        )
+        await _header_on_one_line(page)  # the longest text the pill shows
+
+        # After the answer the suggestions are still there, folded under the input.
+        assert await page.eval_on_selector("#suggestions", "d => !d.hidden && !d.open")
+        assert await page.eval_on_selector_all(chips, "bs => bs.length") == len(offered)
+        await page.click("#suggestions summary")
+        await page.click(f"{chips} >> text={DEMO_PROMPT}")
+        await page.locator(".run-end").nth(1).wait_for()
+        tools = await page.eval_on_selector_all(
+            ".card.tool", "cards => cards.map(c => c.dataset.tool)"
+        )
+        assert tools == ["write_todos", "write_file", "write_todos"]

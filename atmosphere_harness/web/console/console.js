@@ -123,6 +123,43 @@
     state.tools.clear();
     state.subagents.clear();
     state.bubble = null;
+    renderSuggestions();
+  }
+
+  // --- suggested prompts: open on a new conversation, collapsed under the input after that ---
+
+  const TASK_PROMPT =
+    "Use the task tool to spawn a general-purpose subagent to brainstorm three team-building ideas, then give me its report";
+
+  function suggestionsFor(endpoint) {
+    const tools = new Set((endpoint && endpoint.tools) || []);
+    const prompts = [];
+    if (tools.has("write_todos") && tools.has("write_file")) prompts.push("plan a short task and save the result to a file");
+    if (tools.has("task")) prompts.push(TASK_PROMPT);
+    prompts.push("hello");
+    return prompts;
+  }
+
+  function renderSuggestions() {
+    const prompts = suggestionsFor(state.endpoint);
+    const list = $("#suggestion-list");
+    list.replaceChildren(
+      ...prompts.map((text) =>
+        el("button", { type: "button", class: "suggestion", title: text, onclick: () => useSuggestion(text) }, text),
+      ),
+    );
+    const box = $("#suggestions");
+    box.hidden = prompts.length === 0;
+    box.open = true;
+  }
+
+  function useSuggestion(text) {
+    if (state.busy) {
+      $("#message").value = text;
+      $("#message").focus();
+      return;
+    }
+    sendPrompt(text);
   }
 
   function setConversation(id) {
@@ -182,6 +219,7 @@
     const message = text.trim();
     if (!message) return;
     addBubble("user", message);
+    $("#suggestions").open = false;
     state.busy = true;
     $("#send").disabled = true;
     const socket = ensureSocket();
