@@ -9,7 +9,7 @@ new id otherwise). The server answers with the run's frames, exactly the JSON of
 Besides run frames, the server sends two messages that belong to no run (no `sessionId`, no
 `seq`): `{"event": "heartbeat", "data": {}}` every `HEARTBEAT_SECONDS`, so a browser can tell a
 live socket from a dead one, and `{"event": "error", "data": {"message", "type"}}` for a client
-message that is not a prompt (the socket stays open).
+message that is not a prompt (the socket stays open), JSON nested too deeply to parse included.
 
 Origins: browsers apply no CORS to WebSockets and send the site's cookies along, so a handshake
 whose `Origin` is neither the app's own nor listed in `websocket_allowed_origins`
@@ -162,6 +162,11 @@ class _Socket:
             request = PromptRequest.model_validate(body)
         except (ValueError, ValidationError) as exc:
             self._tell(_notice(_reason(exc), "invalid_request"))
+            return None
+        except RecursionError:
+            # json.loads recurses once per level: thousands of `[` exhaust the stack. The parser
+            # unwinds cleanly, so this message is refused and the socket carries on.
+            self._tell(_notice("invalid prompt: JSON nested too deeply", "invalid_request"))
             return None
         return request.message, request.conversationId or self.conversation_id
 

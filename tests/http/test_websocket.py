@@ -115,6 +115,33 @@ async def test_bad_messages_get_an_error_and_the_socket_stays_usable(workspace: 
     assert frames[-1]["event"] == "complete"
 
 
+DEPTH = 50_000
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "[" * DEPTH + "]" * DEPTH,
+        '{"a":' * DEPTH + "1" + "}" * DEPTH,
+        '{"message": "hi", "extra": ' + "[" * DEPTH + "]" * DEPTH + "}",
+    ],
+    ids=["array", "object", "inside-a-prompt"],
+)
+async def test_json_nested_50000_levels_deep_gets_an_error_and_the_socket_stays(
+    workspace: Path, hostile: str
+) -> None:
+    app = make_app([Keeper], runtime=tool_script(), workspace=workspace)
+    async with serve(app) as base, connect(ws_url(base, KEEPER)) as socket:
+        await socket.send(hostile)
+        notice = await receive(socket)
+        frames = await run_over(socket, {"message": "still here?"})
+    assert notice["event"] == "error"
+    assert notice["data"]["type"] == "invalid_request"
+    assert "nested too deeply" in notice["data"]["message"]
+    assert "sessionId" not in notice, "not a run frame"
+    assert frames[-1]["event"] == "complete", "the same socket still runs prompts"
+
+
 async def test_an_invalid_conversation_in_the_url_is_refused(workspace: Path) -> None:
     app = make_app([Keeper], runtime=tool_script(), workspace=workspace)
     async with serve(app) as base:
