@@ -63,7 +63,7 @@ from ..ids import check_conversation_id
 from ..registry import AgentSpec
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_user_id, hosted_endpoint
 from .route_spec import MAX_MESSAGE_CHARS, RouteSpec
-from .sse import PING_SECONDS, SEND_TIMEOUT, run_frames
+from .sse import PING_SECONDS, SEND_TIMEOUT, HarnessEventSource, run_frames
 
 SUBAGENT_ERROR_STATUSES = frozenset({"error", "failed", "timeout", "denied", "cancelled"})
 
@@ -304,7 +304,7 @@ def agui_routes(spec: AgentSpec) -> list[RouteSpec]:
                     if translated:
                         yield "".join(encode_event(encoder, e) for e in translated).encode()
 
-        return EventSourceResponse(
+        return HarnessEventSource(
             stream(),
             ping=PING_SECONDS,
             send_timeout=SEND_TIMEOUT,

@@ -30,7 +30,7 @@ from ..planning.tools import BUS_SERVICE, STORE_SERVICE, agent_id_for
 from ..registry import AgentSpec
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, hosted_endpoint
 from .route_spec import RouteSpec
-from .sse import PING_SECONDS, SEND_TIMEOUT
+from .sse import PING_SECONDS, SEND_TIMEOUT, HarnessEventSource
 
 log = get_logger(__name__)
 
@@ -93,7 +93,7 @@ def plan_event_response(
         except PlanBusFull as exc:
             yield sse_event("error", None, encode({"message": str(exc)}))
 
-    return EventSourceResponse(stream(), ping=PING_SECONDS, send_timeout=SEND_TIMEOUT)
+    return HarnessEventSource(stream(), ping=PING_SECONDS, send_timeout=SEND_TIMEOUT)
 
 
 def plan_event_routes(spec: AgentSpec) -> list[RouteSpec]:

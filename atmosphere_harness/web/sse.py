@@ -6,25 +6,78 @@ The run executes in its own task and writes its frames into a live-run journal
 down (back-pressure) instead of growing memory; a client that stops reading for `SEND_TIMEOUT`
 seconds, or disconnects, cancels the run, unless the run is waiting for an approval: then it
 outlives the connection and a client re-attaches with `GET P/conversations/{id}/events`.
+Every harness SSE response is a `HarnessEventSource`, so a reader cut off that way costs one INFO
+line, never a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextvars import ContextVar
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import SendTimeoutError
+from starlette.types import Receive, Scope, Send
 
 from ..contracts import LiveRunHandle
 from ..events import Frame
 from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
+from ..log import get_logger
+
+log = get_logger(__name__)
 
 SEND_TIMEOUT = 30.0
 PING_SECONDS = 15
 QUEUE_FRAMES = 256
 """Frames a transport may buffer for one slow client (the WebSocket outbox)."""
+
+_CUT_OFF: ContextVar[bool] = ContextVar("atmosphere_sse_cut_off", default=False)
+_UNFINISHED = "ASGI callable returned without completing response."
+
+
+class _CutOffFilter(logging.Filter):
+    """Drops uvicorn's "returned without completing response" ERROR for a stream this module
+    cut off on purpose (it already said so at INFO); uvicorn logs it in the request's own task,
+    so the context variable set there marks exactly that request."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_CUT_OFF.get() and record.getMessage() == _UNFINISHED)
+
+
+_CUT_OFF_FILTER = _CutOffFilter()
+logging.getLogger("uvicorn.error").addFilter(_CUT_OFF_FILTER)
+
+
+class HarnessEventSource(EventSourceResponse):
+    """An `EventSourceResponse` whose reader may be cut off without a traceback.
+
+    A client that takes nothing for `send_timeout` seconds makes sse-starlette raise
+    `SendTimeoutError` out of the response, which the ASGI server logs as an unhandled exception
+    with its traceback. Being cut off is the designed outcome for a client that stopped reading,
+    so it is logged as one INFO line instead; the stream's generator has already been closed
+    (cancelling its run, unless an approval holds it) and the server drops the connection.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            _CUT_OFF.set(True)
+            log.info(
+                "SSE client stopped reading; closed its stream",
+                path=scope.get("path"),
+                client=_client(scope),
+                send_timeout=self.send_timeout,
+            )
+
+
+def _client(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else None
 
 
 def frame_event(frame: Frame) -> ServerSentEvent:
@@ -96,7 +149,7 @@ def _follow(
             # lets the server see the disconnect and drop the rest.
             await asyncio.sleep(0)
 
-    return EventSourceResponse(
+    return HarnessEventSource(
         events(),
         ping=PING_SECONDS,
         send_timeout=SEND_TIMEOUT,
