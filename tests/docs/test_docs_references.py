@@ -140,3 +140,11 @@ def test_the_checks_catch_each_kind_of_bad_reference(tmp_path: Path) -> None:
     assert _PROMISES.search("statuses include todo") is None, "the todo status alias is fine"
     fenced = "before\n```python\nx = [1](2)\n```\nafter [a](b.md)"
     assert [m.group(1) for m in _LINK.finditer(_prose(fenced))] == ["b.md"]
+
+
+def test_the_readme_says_how_to_move_the_demo_and_the_makefile_does_it() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "`make demo PORT=8080`" in readme
+    assert re.search(r"^PORT \?= 8000$", makefile, re.MULTILINE)
+    assert "PORT=$(PORT)" in makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
