@@ -44,6 +44,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from .errors import HarnessError
 from .log import get_logger
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ CONFIG_FILE_ENV = "ATMOSPHERE_CONFIG_FILE"
 SUFFIXES = {".yml": "YAML", ".yaml": "YAML", ".properties": "properties", ".toml": "TOML"}
 
 
-class ConfigFileError(SettingsError):
+class ConfigFileError(HarnessError, SettingsError):
     """`ATMOSPHERE_CONFIG_FILE` names a file that cannot be read: start-up stops here."""
 
 
