@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test lint typecheck pytest docs bench clean
+.PHONY: demo test lint typecheck pytest docs bench bench-charts bench-reference clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,9 +42,12 @@ docs: $(VENV)/.installed-dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
 # Benchmarks print JSON comparing ours with the peer in the same run; the peer (deepagents) lives
-# in its own venv so the test environment stays as users install it. `make bench` runs them all
-# and writes benchmarks/results.json (headline figures) and benchmarks/results/*.json (each
-# script's whole document); docs/benchmarks.md explains the figures.
+# in its own venv so the test environment stays as users install it. `make bench` runs them all,
+# showing progress and an ETA, and writes benchmarks/results.json (headline figures),
+# benchmarks/results/*.json (each script's whole document) and benchmarks/charts/*.png, all
+# git-ignored. The committed reference run is benchmarks/reference/; `make bench-reference` makes
+# the last run the reference and redraws docs/images/bench-*.png (`make bench-charts` only
+# redraws). docs/benchmarks.md explains the figures.
 BENCH_VENV := .venv-bench
 
 $(BENCH_VENV)/.installed: pyproject.toml
@@ -54,6 +57,17 @@ $(BENCH_VENV)/.installed: pyproject.toml
 
 bench: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/run_all.py
+
+bench-charts: $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python benchmarks/charts.py --from benchmarks/reference --out docs/images
+
+bench-reference: $(BENCH_VENV)/.installed
+	test -f benchmarks/results.json
+	rm -rf benchmarks/reference/results
+	mkdir -p benchmarks/reference
+	cp -r benchmarks/results benchmarks/results.json benchmarks/reference/
+	if [ -f benchmarks/timings.json ]; then cp benchmarks/timings.json benchmarks/reference/; fi
+	$(MAKE) bench-charts
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) .site .mypy_cache .pytest_cache .ruff_cache

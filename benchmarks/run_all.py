@@ -1,6 +1,6 @@
 """Run every benchmark and gather the headline figures into `benchmarks/results.json`.
 
-    python benchmarks/run_all.py [--quick] [--only turns,scale] [--out DIR]
+    python benchmarks/run_all.py [--quick] [--only turns,scale] [--out DIR] [--no-charts]
 
 `make bench` runs it in the venv that has the peer (`.venv-bench`, the `bench` extra). Each
 script runs in its own process, one after another, so one's threads and memory never colour
@@ -9,6 +9,16 @@ another's figures; each prints one JSON document, kept whole in `{out}/results/{
 `{"ours": median, "peer": median or null, "unit": "ms" | "x", "ratio": peer / ours or null}`.
 A figure whose benchmark was not run (`--only`) has `ours: null`.
 
+Everything a run writes is git-ignored (`make bench` never dirties the tree): the two above,
+`{out}/timings.json` (seconds per script, the next run's ETA) and `{out}/charts/*.png` (drawn
+by `charts.py` when matplotlib is installed). The committed reference run lives apart, in
+`benchmarks/reference/`; `make bench-reference` makes the last run the reference and redraws the
+charts of `docs/images/`.
+
+Progress goes to stderr: which benchmark, i/N, elapsed, and an ETA from the previous run's
+seconds per script (`{out}/timings.json`, else the reference run's), redrawn every second on a
+terminal and one line per benchmark otherwise.
+
 `--quick` runs every script on a tiny workload (a check that everything runs, not figures).
 """
 
@@ -16,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -95,13 +107,107 @@ def headlines(documents: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]
     return {name: found.get(name) or figure(None, None, unit.get(name, "ms")) for name in HEADLINES}
 
 
-def run(name: str, quick: bool) -> tuple[dict[str, Any], float]:
+def clock(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}:{rest:02d}"
+
+
+def previous_timings(out: Path, mode: str) -> dict[str, float]:
+    """Seconds per script of the last run in this mode (`full` or `quick`), if any is known."""
+    for path in (out / "timings.json", HERE / "reference" / "timings.json"):
+        try:
+            known = json.loads(path.read_text(encoding="utf-8")).get(mode) or {}
+        except (OSError, ValueError):
+            continue
+        if known:
+            return {name: float(value) for name, value in known.items()}
+    return {}
+
+
+class Progress:
+    """Which benchmark, i/N, elapsed and ETA, on stderr.
+
+    ETA = what the previous run's timings leave of the current script plus the scripts after it;
+    unknown while any of those has no timing. On a terminal one line is redrawn every second.
+    """
+
+    def __init__(self, names: list[str], previous: dict[str, float], live: bool) -> None:
+        self.names = names
+        self.previous = previous
+        self.live = live
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+        self.drawn = False
+
+    def eta(self, index: int, script_elapsed: float) -> str:
+        left = self.names[index:]
+        if any(name not in self.previous for name in left):
+            return "ETA unknown (no previous timing)"
+        remaining = max(self.previous[left[0]] - script_elapsed, 0.0)
+        remaining += sum(self.previous[name] for name in left[1:])
+        return f"ETA {clock(remaining)}"
+
+    def line(self, index: int, script_started: float) -> str:
+        now = time.monotonic()
+        name = self.names[index]
+        return (
+            f"[{index + 1}/{len(self.names)}] {name} {clock(now - script_started)}"
+            f" | elapsed {clock(now - self.started)} | {self.eta(index, now - script_started)}"
+        )
+
+    def status(self, text: str) -> None:
+        with self.lock:
+            sys.stderr.write(("\r\x1b[K" + text) if self.live else text + "\n")
+            sys.stderr.flush()
+            self.drawn = self.live
+
+    def say(self, text: str) -> None:
+        """A whole line (a script's own stderr, a summary), below the live line if one is up."""
+        with self.lock:
+            if self.drawn:
+                sys.stderr.write("\r\x1b[K")
+                self.drawn = False
+            sys.stderr.write(text if text.endswith("\n") else text + "\n")
+            sys.stderr.flush()
+
+
+def run(name: str, quick: bool, progress: Progress, index: int) -> tuple[dict[str, Any], float]:
     script, full, small = SCRIPTS[name]
     command = [sys.executable, str(HERE / script), *(small if quick else full)]
-    print(f"== {name}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    say = progress.say
+    say(f"{progress.line(index, time.monotonic())}: {' '.join(command[1:])}")
     started = time.monotonic()
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
-    return json.loads(done.stdout), time.monotonic() - started
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as child:
+        assert child.stdout is not None
+        assert child.stderr is not None
+        errors = child.stderr
+
+        def forward() -> None:
+            for text in errors:
+                say(text)
+
+        forwarder = threading.Thread(target=forward, daemon=True)
+        forwarder.start()
+        reader: list[str] = []
+        output = child.stdout
+        collector = threading.Thread(target=lambda: reader.append(output.read()), daemon=True)
+        collector.start()
+        while True:
+            if progress.live:
+                progress.status(progress.line(index, started))
+            try:
+                child.wait(timeout=1.0)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        collector.join()
+        forwarder.join()
+    took = time.monotonic() - started
+    if child.returncode != 0:
+        raise subprocess.CalledProcessError(child.returncode, command)
+    return json.loads(reader[0]), took
 
 
 def main() -> None:
@@ -109,24 +215,58 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny workloads: a check, not figures")
     parser.add_argument("--only", default=",".join(SCRIPTS), help="comma list of benchmarks")
     parser.add_argument("--out", type=Path, default=HERE, help="where results.json goes")
+    parser.add_argument("--no-charts", action="store_true", help="do not draw charts/*.png")
     args = parser.parse_args()
     names = [name for name in args.only.split(",") if name]
     unknown = set(names) - set(SCRIPTS)
     if unknown:
         parser.error(f"unknown benchmarks: {', '.join(sorted(unknown))}")
+    if "PYTEST_CURRENT_TEST" in os.environ and not args.quick:
+        # `make test` checks that the benchmarks run, never how fast: a full run is 10+ minutes.
+        parser.error("the full benchmarks do not run under pytest: pass --quick")
     details = args.out / "results"
     details.mkdir(parents=True, exist_ok=True)
+    mode = "quick" if args.quick else "full"
+    progress = Progress(names, previous_timings(args.out, mode), sys.stderr.isatty())
     documents: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
-    for name in names:
-        documents[name], seconds[name] = run(name, args.quick)
+    for index, name in enumerate(names):
+        documents[name], seconds[name] = run(name, args.quick, progress, index)
         text = json.dumps(documents[name], indent=1) + "\n"
         (details / f"{name}.json").write_text(text, encoding="utf-8")
+        progress.say(
+            f"[{index + 1}/{len(names)}] {name} done in {clock(seconds[name])}"
+            f" | elapsed {clock(time.monotonic() - progress.started)}"
+        )
     figures = headlines(documents)
     (args.out / "results.json").write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
+    record_timings(args.out / "timings.json", mode, seconds)
     print(json.dumps(figures, indent=1))
     took = ", ".join(f"{name} {value:.0f}s" for name, value in seconds.items())
-    print(f"== took {sum(seconds.values()):.0f}s ({took})", file=sys.stderr)
+    progress.say(f"== took {sum(seconds.values()):.0f}s ({took})")
+    if not args.no_charts:
+        progress.say(draw_charts(args.out))
+
+
+def record_timings(path: Path, mode: str, seconds: dict[str, float]) -> None:
+    """Merge this run's seconds per script into `timings.json` (other scripts keep theirs)."""
+    try:
+        known = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    known.setdefault(mode, {}).update({name: round(value, 1) for name, value in seconds.items()})
+    path.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def draw_charts(out: Path) -> str:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "== charts: matplotlib is not installed (pip install '.[bench]'); none drawn"
+    from charts import draw
+
+    written = draw(out, out / "charts")
+    return "== charts: " + (", ".join(str(path) for path in written) or "nothing to draw")
 
 
 if __name__ == "__main__":

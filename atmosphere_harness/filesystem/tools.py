@@ -14,11 +14,11 @@ offloaded.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..settings import DEFAULT_OFFLOAD_THRESHOLD
-from ..tools.base import HistoryArguments, Tool, ToolContext, ToolKind
+from ..tools.base import HistoryArguments, Prefetch, Tool, ToolContext, ToolKind
 from .base import AgentFileSystem, FileSystemError
 
 if TYPE_CHECKING:
@@ -125,6 +125,34 @@ def read_window(text: str, path: str, offset: int | None, limit: int | None, bud
     )
 
 
+def _nothing() -> None:
+    return None
+
+
+async def prefetch_reads(arguments: Sequence[Any], run: Run) -> Callable[[], None]:
+    """`read_file`'s prefetch: the files of a message's consecutive reads, in one hop.
+
+    Only a store that can (`WorkspaceAgentFileSystem.prefetch`) is asked; each `read_file`
+    then takes its text from what was read, on the event loop, and answers exactly what a read
+    of its own would have. What is left unread is freed after the run of calls.
+    """
+    fs = bound_file_system(run)
+    prefetch = getattr(fs, "prefetch", None)
+    drop = getattr(fs, "drop_prefetched", None)
+    if prefetch is None or drop is None:
+        return _nothing
+    paths = [
+        item.get("path")
+        for item in arguments
+        if isinstance(item, Mapping) and isinstance(item.get("path"), str)
+    ]
+    if not paths:
+        return _nothing
+    await prefetch(paths)
+    release: Callable[[], None] = drop
+    return release
+
+
 def _tool(
     name: str,
     description: str,
@@ -133,6 +161,7 @@ def _tool(
     required: list[str],
     operation: Operation,
     history_arguments: HistoryArguments | None = None,
+    prefetch: Prefetch | None = None,
 ) -> Tool:
     async def handler(arguments: Mapping[str, Any], context: ToolContext) -> str:
         fs = bound_file_system(context.run)
@@ -157,6 +186,7 @@ def _tool(
         kind=kind,
         origin=ORIGIN,
         history_arguments=history_arguments,
+        prefetch=prefetch,
     )
 
 
@@ -293,6 +323,7 @@ def file_tools(
             },
             ["path"],
             read_file,
+            prefetch=prefetch_reads,
         ),
         _tool(
             "write_file",

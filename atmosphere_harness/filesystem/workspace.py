@@ -20,7 +20,8 @@ What it guarantees, whatever the caller does:
 - **Nothing is created by a read.** The root directory appears on the first write; `ls`,
   `read`, `glob` and `grep` of a store that was never written see an empty store.
 
-Blocking work runs in a worker thread, one hop per operation.
+Blocking work runs in a worker thread, one hop per operation; a run of consecutive reads can
+share one hop (`prefetch`, which the `read_file` tool calls for a message's consecutive reads).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar
@@ -79,6 +80,12 @@ T = TypeVar("T")
 TOUCH_SECONDS = 1.0
 """Granularity of the root's mtime as the store's last-write time (the provider's LRU order)."""
 
+PREFETCH_SECONDS = 1.0
+"""How long prefetched texts may answer `read` (changes made through the store drop them at
+once; this bounds how stale a change made behind the store's back can be)."""
+PREFETCH_BYTES = 32 * 1024 * 1024
+"""Most bytes one `prefetch` keeps in memory; the files past it are read when asked for."""
+
 
 def is_live(root: str | os.PathLike[str], usage: WorkspaceUsage = PROCESS_USAGE) -> bool:
     """True while some `WorkspaceAgentFileSystem` on `root` (sharing `usage`) exists in this
@@ -123,6 +130,9 @@ class WorkspaceAgentFileSystem:
         self._ledger: UsageLedger = (usage or PROCESS_USAGE).ledger(self._root)
         self._tally = DiskTally()
         self._real_root: str | None = None
+        self._prefetched: dict[str, str | FileSystemError] = {}
+        self._prefetched_at = 0.0
+        self._changes = 0  # changes begun through this store (a prefetch spanning one is void)
 
     @classmethod
     def for_conversation(
@@ -164,12 +174,19 @@ class WorkspaceAgentFileSystem:
 
     async def read(self, path: str) -> str:
         rel = check_path(path)
+        if self._prefetched:
+            found = self._take_prefetched(rel)
+            if isinstance(found, FileSystemError):
+                raise found
+            if found is not None:
+                return found
         return await self._run("read", shown(path), self._read, rel, shown(path))
 
     async def write(self, path: str, content: str) -> None:
         rel = check_path(path)
         echo = shown(path)
         data = self._encode(content, echo)
+        self.drop_prefetched()
         await self._run("write", echo, self._locked, self._write, rel, echo, data)
 
     async def edit(
@@ -181,6 +198,7 @@ class WorkspaceAgentFileSystem:
             raise FileSystemError("old_text must not be empty")
         if not isinstance(new_text, str):
             raise FileSystemError("new_text must be a string")
+        self.drop_prefetched()
         return await self._run(
             "edit", echo, self._locked, self._edit, rel, echo, old_text, new_text, replace_all
         )
@@ -199,11 +217,13 @@ class WorkspaceAgentFileSystem:
     async def delete(self, path: str) -> None:
         rel = check_path(path)
         echo = shown(path)
+        self.drop_prefetched()
         await self._run("delete", echo, self._locked, self._delete, rel, echo)
 
     async def rename(self, old_path: str, new_path: str) -> None:
         old_rel, new_rel = check_path(old_path), check_path(new_path)
         old_echo, new_echo = shown(old_path), shown(new_path)
+        self.drop_prefetched()
         await self._run(
             "rename",
             old_echo,
@@ -216,6 +236,43 @@ class WorkspaceAgentFileSystem:
         )
 
     # --- beyond the protocol ---------------------------------------------------------------
+
+    async def prefetch(self, paths: Sequence[str]) -> int:
+        """Read `paths` in one worker-thread hop, so that the `read` of each that follows soon
+        answers on the event loop without a hop of its own; returns how many were read.
+
+        Each `read` still answers exactly what it would have (the text, or the same error), as
+        of the prefetch: a prefetched text is used once, and only within `PREFETCH_SECONDS`;
+        any write, edit, delete or rename through this store drops them all first, so a read
+        never misses a change made through the store. `drop_prefetched` frees them. Invalid
+        paths and files past `PREFETCH_BYTES` are left for `read` to handle.
+        """
+        wanted: list[tuple[str, str]] = []
+        for path in dict.fromkeys(paths):
+            try:
+                wanted.append((check_path(path), shown(path)))
+            except FileSystemError:
+                continue
+        if not wanted:
+            return 0
+        changes = self._changes
+        read = await self._run("read", ".", self._read_many, wanted)
+        if changes != self._changes:
+            return 0  # a change began meanwhile: what was read may predate it
+        self._prefetched = read
+        self._prefetched_at = time.monotonic()
+        return len(read)
+
+    def drop_prefetched(self) -> None:
+        """Forget what `prefetch` read (the next `read` of those files goes to the disk)."""
+        self._prefetched = {}
+        self._changes += 1
+
+    def _take_prefetched(self, rel: str) -> str | FileSystemError | None:
+        if time.monotonic() - self._prefetched_at > PREFETCH_SECONDS:
+            self._prefetched = {}
+            return None
+        return self._prefetched.pop(rel, None)
 
     async def usage(self) -> StoreUsage:
         """Files and bytes the store holds now (a fresh walk)."""
@@ -428,6 +485,24 @@ class WorkspaceAgentFileSystem:
         if info is None or not stat.S_ISREG(info.st_mode):
             raise FileNotFoundInWorkspace(f"File not found: {echo}")
         return self._text(target, info, echo)
+
+    def _read_many(self, wanted: list[tuple[str, str]]) -> dict[str, str | FileSystemError]:
+        read: dict[str, str | FileSystemError] = {}
+        budget = PREFETCH_BYTES
+        for rel, echo in wanted:
+            try:
+                text = self._read(rel, echo)
+            except FileSystemError as exc:
+                read[rel] = exc
+                continue
+            except OSError as exc:
+                read[rel] = _failed("read", echo, exc)
+                continue
+            budget -= len(text)
+            if budget < 0:
+                break
+            read[rel] = text
+        return read
 
     def _write(self, rel: str, echo: str, data: bytes) -> None:
         target, info = self._resolve(rel, echo, follow=True)

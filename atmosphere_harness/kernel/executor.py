@@ -21,7 +21,7 @@ Nothing a tool does can crash the run: only cancellation of the run itself propa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import events
@@ -45,9 +45,10 @@ async def execute_calls(
 
     Calls run one after another in the model's order, so a `read_file` sees the `write_file`
     before it. Consecutive calls to tools marked `concurrent` (sub-agent spawns, delegations) run
-    together, and one failing never cancels the others. A call whose id is in `answers` (the
-    loop's bounds, `tools.bounds`) never runs: it gets its start and result frames with that
-    answer, like any rejected call.
+    together, and one failing never cancels the others. Consecutive calls to a tool with a
+    `prefetch` (`read_file`) still run one after another, after one prefetch for all of them.
+    A call whose id is in `answers` (the loop's bounds, `tools.bounds`) never runs: it gets its
+    start and result frames with that answer, like any rejected call.
     """
     tools = run.endpoint.tools
     answers = answers or {}
@@ -70,10 +71,36 @@ async def execute_calls(
             batch = await asyncio.gather(*(execute_call(call, run) for call in calls[index:end]))
             results[index:end] = batch
             index = end
+        elif tool is not None and tool.prefetch is not None:
+            end = index + 1
+            while end < len(calls) and calls[end].name == tool.name:
+                if calls[end].id in answers:
+                    break
+                end += 1
+            release = await _prefetch(tool, calls[index:end], run) if end - index > 1 else None
+            try:
+                for position in range(index, end):
+                    results[position] = await execute_call(calls[position], run)
+            finally:
+                if release is not None:
+                    release()
+            index = end
         else:
             results[index] = await execute_call(calls[index], run)
             index += 1
     return results
+
+
+async def _prefetch(
+    tool: Tool, calls: Sequence[ToolCall], run: RunContext
+) -> Callable[[], None] | None:
+    """The tool's prefetch for `calls`, or `None` when it failed (the calls then run without)."""
+    assert tool.prefetch is not None
+    try:
+        return await tool.prefetch([call.arguments for call in calls], run)
+    except Exception:
+        log.warning("tool prefetch failed; the calls run without it", tool=tool.name, exc_info=True)
+        return None
 
 
 async def execute_call(call: ToolCall, run: RunContext) -> str:

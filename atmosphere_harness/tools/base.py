@@ -6,7 +6,7 @@ import enum
 import inspect
 import json
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -66,6 +66,7 @@ register_injectable(ToolContext)
 
 Handler = Callable[[Mapping[str, Any], ToolContext], Awaitable[Any]]
 HistoryArguments = Callable[[Mapping[str, Any], str], Mapping[str, Any]]
+Prefetch = Callable[[Sequence[Any], "Run"], Awaitable[Callable[[], None]]]
 
 
 @dataclass(slots=True)
@@ -93,6 +94,13 @@ class Tool:
     """What conversation history keeps of a finished call's arguments, given them and the
     call's result; `None` keeps them as the model sent them. `write_file` uses it so a large
     content, which the workspace already holds, is not stored a second time."""
+    prefetch: Prefetch | None = None
+    """For a run of two or more consecutive calls to this tool in one model message: called
+    once, with the calls' arguments as the model sent them (unvalidated), before the first of
+    them runs; it may load in one go what those calls will need (`read_file` reads all their
+    files in one worker-thread hop). It returns a callable the executor calls after the run to
+    free what was loaded. The calls still go one by one through every gate and their handlers;
+    a prefetch must change nothing the model or a client can see, and its failure is ignored."""
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters, self.native)

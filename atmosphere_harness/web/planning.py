@@ -10,20 +10,29 @@ The stream, for `?conversationId=c` (optionally resuming with `Last-Event-ID`):
 
 Every event's `data:` is the plan in its wire shape
 (`{"steps", "goal", "conversationId", "agentId"}`) and its `id:` resumes the stream.
+
+Fan-out cost: one update reaches every viewer of a conversation, so what a viewer costs per
+update is paid a thousand times for a thousand viewers. Each update's SSE event is encoded once
+(`update_frame`) and the same bytes object is handed to every viewer, and a viewer's sends carry
+no cancel scope of their own: `FanOutResponse` bounds them with one watchdog per viewer instead
+(see `docs/planning.md`, The live plan stream).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Annotated
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Sequence
+from typing import Annotated, Any
 
 from fastapi import Depends, Header, HTTPException, Query
 from sse_starlette import EventSourceResponse
+from sse_starlette.sse import SendTimeoutError
 
 from ..ids import check_conversation_id
 from ..log import get_logger
 from ..planning.attach import SURFACE
-from ..planning.bus import PlanBusFull, PlanEventBus, encode
+from ..planning.bus import PlanBusFull, PlanEvent, PlanEventBus, encode
 from ..planning.model import AgentPlan
 from ..planning.store import OwnerPlanStores, PlanStore
 from ..planning.tools import BUS_SERVICE, STORE_SERVICE, agent_id_for
@@ -59,6 +68,79 @@ def sse_event(event: str, event_id: str | None, data: str) -> bytes:
     return f"{head}event: {event}{_SEP}data: {data}{_SEP}{_SEP}".encode()
 
 
+@functools.lru_cache(maxsize=64)
+def update_frame(event_id: str, data: str) -> bytes:
+    """A `plan-update` event's bytes, built once per update and shared by all its viewers.
+
+    Keyed by the event's id and JSON (the same `str` objects for every viewer, so a hit costs a
+    dict lookup); 64 entries cover the updates any fan-out can still be writing.
+    """
+    return sse_event(PLAN_UPDATE, event_id, data)
+
+
+def updates_chunk(batch: Sequence[PlanEvent]) -> bytes:
+    """What one write to a viewer carries: one shared frame, or a backlog joined."""
+    if len(batch) == 1:
+        return update_frame(batch[0].id, batch[0].json)
+    return b"".join(update_frame(event.id, event.json) for event in batch)
+
+
+class FanOutResponse(HarnessEventSource):
+    """`HarnessEventSource` (a reader cut off is one INFO line) whose sends carry no per-send
+    cancel scope.
+
+    sse-starlette bounds each send with `anyio.move_on_after` (about 11 us a send on the
+    benchmark VM): fine for one client, but paid once per viewer per update it was the largest
+    pure-Python cost of a 1,000-viewer fan-out. Here a send only records when it began, and the
+    response's ping task, which already wakes every `ping` seconds, also checks that record: a
+    viewer whose current send has not returned after `send_timeout` seconds is disconnected
+    (the ping task fails and the task group tears the response down, as a per-send timeout
+    did). No task is added per viewer.
+    """
+
+    def __init__(self, content: AsyncIterator[bytes], *, send_timeout: float, **kw: Any) -> None:
+        self._sending_since: float | None = None
+        super().__init__(content, send_timeout=send_timeout, **kw)
+
+    async def _send_with_timeout(self, send: Any, message: Any) -> None:
+        self._sending_since = asyncio.get_running_loop().time()
+        try:
+            await send(message)
+        except BaseException:
+            self._send_interrupted = True
+            raise
+        finally:
+            self._sending_since = None
+
+    async def _ping(self, send: Any) -> None:
+        loop = asyncio.get_running_loop()
+        limit = float(self.send_timeout or 0)
+        next_ping = loop.time() + self.ping_interval
+        while self.active:
+            since = self._sending_since
+            now = loop.time()
+            if limit and since is not None and now - since >= limit:
+                # The same send is still pending: the viewer stopped reading.
+                self._send_interrupted = True
+                raise SendTimeoutError()
+            if now >= next_ping:
+                next_ping = now + self.ping_interval
+                if since is None:
+                    await self._send_with_timeout(send, _PING)
+                continue
+            # Idle, wake for the ping, or after `limit` to look at a send begun meanwhile (with
+            # the defaults the ping comes first: no extra wake-ups); sending, at its deadline.
+            wake = (
+                next_ping
+                if not limit
+                else min(next_ping, (now if since is None else since) + limit)
+            )
+            await asyncio.sleep(max(wake - now, 0.0))
+
+
+_PING = {"type": "http.response.body", "body": b": ping\r\n\r\n", "more_body": True}
+
+
 def plan_event_response(
     bus: PlanEventBus,
     store: PlanStore,
@@ -85,15 +167,13 @@ def plan_event_response(
                     data = plan.to_wire(conversation_id=conversation_id, agent_id=agent_id)
                     yield sse_event(PLAN_SNAPSHOT, subscription.cursor, encode(data))
                 elif subscription.replay:
-                    yield b"".join(
-                        sse_event(PLAN_UPDATE, e.id, e.json) for e in subscription.replay
-                    )
+                    yield updates_chunk(subscription.replay)
                 async for batch in subscription:
-                    yield b"".join(sse_event(PLAN_UPDATE, e.id, e.json) for e in batch)
+                    yield updates_chunk(batch)
         except PlanBusFull as exc:
             yield sse_event("error", None, encode({"message": str(exc)}))
 
-    return HarnessEventSource(stream(), ping=PING_SECONDS, send_timeout=SEND_TIMEOUT)
+    return FanOutResponse(stream(), ping=PING_SECONDS, send_timeout=SEND_TIMEOUT)
 
 
 def plan_event_routes(spec: AgentSpec) -> list[RouteSpec]:

@@ -346,3 +346,64 @@ async def test_an_idle_plan_stream_is_kept_alive_with_pings(
         ping = await stream.next(timeout=5)
     assert list(ping) == ["comments"]
     assert ping["comments"][0].startswith(": ping")
+
+
+async def test_a_viewer_that_stops_reading_is_disconnected_after_the_send_timeout(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fan-out's sends carry no per-send timeout of their own (`FanOutResponse`): the ping
+    task notices a send that has not returned after `SEND_TIMEOUT` and ends the response, so a
+    stalled viewer is unsubscribed while the others keep getting every update."""
+    from atmosphere_harness.planning import InProcessPlanBus, PlanningPrimitive
+    from tests.firehose import slow_connection
+
+    monkeypatch.setattr("atmosphere_harness.web.planning.SEND_TIMEOUT", 1.0)
+    bus = InProcessPlanBus()
+    app = make_app(
+        [Planner],
+        runtime=ScriptedRuntime(),
+        workspace=workspace,
+        router={"primitives": [PlanningPrimitive(bus=bus)]},
+    )
+    async with serve(app) as base, httpx2.AsyncClient(base_url=base, timeout=30) as client:
+        host, port = base.removeprefix("http://").split(":")
+        _reader, writer = await slow_connection(base)
+        writer.write(
+            f"GET {EVENTS}?conversationId=shared HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+        )
+        await writer.drain()
+        async with plan_stream(client, "shared") as reading:
+            assert (await reading.next())["event"] == "plan-snapshot"
+            deadline = time.monotonic() + 10
+            while bus.subscriber_count("planner", "shared") < 2:
+                assert time.monotonic() < deadline, "the stalled viewer never subscribed"
+                await asyncio.sleep(0.02)
+            big = {"steps": [{"content": "x" * 200_000, "status": "pending"}], "goal": "g"}
+            stalled_at = time.monotonic()
+            for n in range(40):  # 8 MB: more than the socket buffers and uvicorn's hold
+                await bus.publish("planner", "shared", {**big, "goal": f"g{n}"})
+                assert (await reading.next())["event"] == "plan-update", "the reader keeps up"
+            while bus.subscriber_count("planner", "shared") > 1:
+                assert time.monotonic() - stalled_at < 10, "the stalled viewer was never cut off"
+                await asyncio.sleep(0.05)
+            assert time.monotonic() - stalled_at >= 1.0, "cut off before its send timed out"
+            # The reading viewer is unaffected and still streams.
+            await bus.publish("planner", "shared", {"steps": [], "goal": "after"})
+            event = await reading.next()
+            while "data" not in event:  # a ping
+                event = await reading.next()
+            assert event["data"]["goal"] == "after"
+        writer.close()
+
+
+async def test_an_update_is_encoded_once_for_all_its_viewers() -> None:
+    from atmosphere_harness.planning import InProcessPlanBus
+    from atmosphere_harness.web.planning import updates_chunk
+
+    bus = InProcessPlanBus()
+    event = await bus.publish("planner", "c", {"steps": [], "goal": "g"})
+    first, second = updates_chunk([event]), updates_chunk([event])
+    assert first is second, "every viewer writes the same bytes object"
+    assert first == f"id: {event.id}\r\nevent: plan-update\r\ndata: {event.json}\r\n\r\n".encode()
+    later = await bus.publish("planner", "c", {"steps": [], "goal": "h"})
+    assert updates_chunk([event, later]) == first + updates_chunk([later])
