@@ -20,13 +20,13 @@ What it guarantees, whatever the caller does:
 - **Nothing is created by a read.** The root directory appears on the first write; `ls`,
   `read`, `glob` and `grep` of a store that was never written see an empty store.
 
-Blocking work runs in a worker thread, one hop per operation; a run of consecutive reads can
-share one hop (`prefetch`, which the `read_file` tool calls for a message's consecutive reads).
+Blocking work runs in a worker thread (`workers.run`), one hop per operation; a run of
+consecutive reads can share one hop (`prefetch`, which the `read_file` tool calls for a
+message's consecutive reads).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import shutil
@@ -37,6 +37,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar
 
+from . import workers
 from .atomic import read_bytes, write_atomic
 from .base import FileInfo, FileNotFoundInWorkspace, FileSystemError, FileSystemLimits, GrepHit
 from .containment import resolve
@@ -289,7 +290,7 @@ class WorkspaceAgentFileSystem:
 
     async def _run(self, action: str, echo: str, fn: Callable[..., T], *args: object) -> T:
         try:
-            return await asyncio.to_thread(fn, *args)
+            return await workers.run(fn, *args)
         except FileSystemError:
             raise
         except OSError as exc:

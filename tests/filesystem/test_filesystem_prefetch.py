@@ -12,7 +12,7 @@ import pytest
 
 from atmosphere_harness import ToolCall, WorkspaceAgentFileSystem
 from atmosphere_harness.contracts import Run
-from atmosphere_harness.filesystem import FileNotFoundInWorkspace, FileSystemLimits
+from atmosphere_harness.filesystem import FileNotFoundInWorkspace, FileSystemLimits, workers
 from atmosphere_harness.filesystem import workspace as workspace_module
 from atmosphere_harness.filesystem.tools import file_tools
 from atmosphere_harness.kernel.executor import execute_calls
@@ -30,13 +30,13 @@ class Hops:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = 0
-        real = asyncio.to_thread
+        real = workers.run
 
-        async def counted(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        async def counted(fn: Any, /, *args: Any) -> Any:
             self.count += 1
-            return await real(fn, *args, **kwargs)
+            return await real(fn, *args)
 
-        monkeypatch.setattr(workspace_module.asyncio, "to_thread", counted)
+        monkeypatch.setattr(workers, "run", counted)
 
 
 def reads(*paths: str) -> list[ToolCall]:
