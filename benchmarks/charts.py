@@ -121,7 +121,7 @@ def scale_chart(scale: dict[str, Any], path: Path) -> bool:
         ax.plot(xs, ys, style, color=color, marker=marker, label=label, markersize=5)
     for x, level in zip(xs, levels, strict=True):
         value = scale["levels"][level]["ms_per_turn"]
-        ax.annotate(f"{value:.2f}", (x, value), textcoords="offset points", xytext=(0, -14),
+        ax.annotate(f"{value:.3f}", (x, value), textcoords="offset points", xytext=(0, -14),
                     ha="center", fontsize=8, color=OURS)  # fmt: skip
     ax.set_xscale("log")
     ax.set_xticks(xs, [f"{x:,}" for x in xs])
