@@ -96,6 +96,10 @@ class FanOutResponse(HarnessEventSource):
     viewer whose current send has not returned after `send_timeout` seconds is disconnected
     (the ping task fails and the task group tears the response down, as a per-send timeout
     did). No task is added per viewer.
+
+    It overrides two of sse-starlette's private methods (`_send_with_timeout`, `_ping`; written
+    against 3.7); `tests/http/test_planning_http.py` holds the behaviour (pings, a stalled
+    viewer cut off) so a change in the library shows up as a failing test, not a silent one.
     """
 
     def __init__(self, content: AsyncIterator[bytes], *, send_timeout: float, **kw: Any) -> None:

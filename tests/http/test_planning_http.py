@@ -407,3 +407,17 @@ async def test_an_update_is_encoded_once_for_all_its_viewers() -> None:
     assert first == f"id: {event.id}\r\nevent: plan-update\r\ndata: {event.json}\r\n\r\n".encode()
     later = await bus.publish("planner", "c", {"steps": [], "goal": "h"})
     assert updates_chunk([event, later]) == first + updates_chunk([later])
+
+
+def test_the_fan_out_response_overrides_methods_sse_starlette_still_calls() -> None:
+    """`FanOutResponse` replaces two private methods; if sse-starlette renames them, fail here."""
+    import inspect
+
+    from sse_starlette import EventSourceResponse
+
+    from atmosphere_harness.web.planning import FanOutResponse
+
+    source = inspect.getsource(EventSourceResponse)
+    for name in ("_send_with_timeout", "_ping"):
+        assert name in FanOutResponse.__dict__
+        assert f"self.{name}(" in source, f"sse-starlette no longer calls {name}"
