@@ -20,7 +20,6 @@ from atmosphere_harness.backends.postgres import (
     BackendUnavailable,
     PostgresDatabase,
     PostgresPlanStore,
-    postgres_backends,
 )
 from atmosphere_harness.backends.postgres.schema import SCHEMA_VERSION
 from atmosphere_harness.governance.approvals import Answer, AnswerStatus
@@ -112,7 +111,8 @@ async def test_an_unreachable_url_names_the_variable_and_never_the_password() ->
     assert "ATMOSPHERE_POSTGRES_URL" in message
     assert "s3cret-pw" not in message
     assert "127.0.0.1:1" in message, "the host is named so the operator can check it"
-    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert caught.value.__cause__ is None
+    assert caught.value.__suppress_context__
 
 
 async def test_a_wrong_database_name_fails_start_up_clearly(postgres_url: str) -> None:
@@ -128,7 +128,8 @@ async def test_history_written_on_one_replica_is_read_on_the_other(
     pair: tuple[StateBackends, StateBackends],
 ) -> None:
     a, b = pair
-    assert a.history is not None and b.history is not None
+    assert a.history is not None
+    assert b.history is not None
     call = ToolCall("write_file", {"path": "x"}, "t1")
     turn = [
         Message("user", "hello"),
@@ -150,7 +151,8 @@ async def test_concurrent_appends_from_two_replicas_keep_every_turn_whole(
     pair: tuple[StateBackends, StateBackends],
 ) -> None:
     a, b = pair
-    assert a.history is not None and b.history is not None
+    assert a.history is not None
+    assert b.history is not None
 
     async def turns(history: object, name: str) -> None:
         for i in range(15):
@@ -169,7 +171,8 @@ async def test_summary_extraction_marks_close_and_idle(
     pair: tuple[StateBackends, StateBackends],
 ) -> None:
     a, b = pair
-    assert a.history is not None and b.history is not None
+    assert a.history is not None
+    assert b.history is not None
     await a.history.append(KEY, [Message("user", str(i)) for i in range(6)])
     await a.history.save_summary(KEY, Summary("first four", 4), 4)
     await b.history.save_summary(KEY, Summary("older", 2), 2)  # never replaces a newer one
@@ -177,7 +180,8 @@ async def test_summary_extraction_marks_close_and_idle(
     assert summary == Summary("first four", 4)
     assert [seq for seq, _m in items] == [5, 6]
     fresh, last = await b.history.unextracted(KEY, 100)
-    assert len(fresh) == 6 and last == 6
+    assert len(fresh) == 6
+    assert last == 6
     await a.history.mark_extracted(KEY, 6)
     assert await b.history.unextracted(KEY, 100) == ([], 6)
     import time
