@@ -61,6 +61,37 @@ def _set_on_close(event: asyncio.Event, _connection: Any) -> None:
     event.set()
 
 
+CLIENT_ERRORS = (asyncpg.exceptions.InterfaceError, asyncpg.exceptions.InternalClientError)
+
+
+def connection_lost(exc: BaseException, connection: Any) -> bool:
+    """Whether a client-side error really means the connection died under the statement.
+
+    A connection killed mid-statement or inside a transaction can surface as "another operation
+    is in progress" (the protocol still waits for the dead server) or as an error of the
+    rollback, with the kill as its context.
+    """
+    return _is_closed(connection) or _caused_by_disconnect(exc) or "in progress" in str(exc)
+
+
+def _is_closed(connection: Any) -> bool:
+    try:
+        return bool(connection.is_closed())
+    except asyncpg.exceptions.InterfaceError:  # the pool already dropped the dead connection
+        return True
+
+
+def _caused_by_disconnect(exc: BaseException) -> bool:
+    seen: BaseException | None = exc.__cause__ or exc.__context__
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, DISCONNECTS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class BackendUnavailable(HarnessError, RuntimeError):
     """PostgreSQL could not be reached (start-up, or an outage mid-run)."""
 
@@ -173,15 +204,34 @@ class PostgresDatabase:
         """`await work(connection)` on a pooled connection, once more if the first one died."""
         for attempt in range(2):
             try:
-                async with self.pool.acquire() as connection:
-                    return await work(connection)
+                return await self._once(work)
             except DISCONNECTS as exc:
                 if attempt:
                     raise BackendUnavailable(
                         f"PostgreSQL is unavailable ({VARIABLE}): {self.scrub(exc)}"
                     ) from None
                 log.warning("PostgreSQL connection lost; retrying once", error=self.scrub(exc))
+                # The other idle connections were most likely cut too (a restart, a
+                # `pg_terminate_backend` sweep): have the pool replace them all, so the retry
+                # gets a fresh one instead of the next dead one.
+                await self.pool.expire_connections()
         raise AssertionError("unreachable")
+
+    async def _once(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        connection = await self.pool.acquire()
+        try:
+            return await work(connection)
+        except CLIENT_ERRORS as exc:
+            if connection_lost(exc, connection):
+                raise ConnectionError(str(exc)) from exc
+            raise
+        finally:
+            try:
+                await self.pool.release(connection)
+            except Exception as exc:
+                # The reset of a connection killed after `work` finished: the pool has
+                # terminated it and opens another; `work`'s own outcome stands.
+                log.debug("a dead connection was dropped from the pool", error=self.scrub(exc))
 
     # --- LISTEN / NOTIFY ------------------------------------------------------------------
 

@@ -30,7 +30,15 @@ from typing import Any
 import asyncpg
 
 from ...log import get_logger
-from .database import CONNECT_TIMEOUT, DISCONNECTS, VARIABLE, BackendUnavailable, PostgresDatabase
+from .database import (
+    CLIENT_ERRORS,
+    CONNECT_TIMEOUT,
+    DISCONNECTS,
+    VARIABLE,
+    BackendUnavailable,
+    PostgresDatabase,
+    connection_lost,
+)
 
 log = get_logger(__name__)
 
@@ -124,7 +132,12 @@ class PostgresConversationLocks:
                         ) from None
                 session = self._connection
                 try:
-                    return await session.fetchval(query, *args), session
+                    try:
+                        return await session.fetchval(query, *args), session
+                    except CLIENT_ERRORS as exc:
+                        if connection_lost(exc, session):
+                            raise ConnectionError(str(exc)) from exc
+                        raise
                 except DISCONNECTS as exc:
                     session.terminate()
                     if attempt or not retry:
