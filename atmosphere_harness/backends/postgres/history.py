@@ -3,9 +3,10 @@
 The layout is the SQLite history's (one row per conversation, one per message), so the same
 guarantees hold across processes:
 
-- an append is one transaction that upserts the conversation row first; the row lock it takes
-  serializes appends to one conversation, whichever replica makes them, so sequence numbers
-  never collide or interleave;
+- an append is one statement (`APPEND`) that upserts the conversation row first; the row lock
+  it takes serializes appends to one conversation, whichever replica makes them, so sequence
+  numbers never collide or interleave, and a turn is stored whole or not at all;
+- a load is one query (`NEWEST`): summary checkpoint and newest messages together;
 - payloads are the compact JSON of `memory.codec` (PostgreSQL's TOAST compresses large ones
   itself, so there is no packer here);
 - nothing is cached in the process: another replica's turn is visible to the next load.
@@ -26,6 +27,38 @@ from .database import PostgresDatabase
 _KEY = "endpoint = $1 AND user_key = $2 AND conversation_id = $3"
 
 
+APPEND = """
+WITH conversation AS (
+    INSERT INTO atmosphere_conversations (endpoint, user_key, conversation_id, updated_at, last_seq)
+    VALUES ($1, $2, $3, $4, cardinality($5::bytea[]))
+    ON CONFLICT (endpoint, user_key, conversation_id) DO UPDATE SET
+        updated_at = excluded.updated_at,
+        closed_at = NULL,
+        last_seq = atmosphere_conversations.last_seq + cardinality($5::bytea[])
+    RETURNING id, last_seq - cardinality($5::bytea[]) AS base
+)
+INSERT INTO atmosphere_messages (conversation, seq, payload)
+SELECT conversation.id, conversation.base + given.position, given.payload
+FROM conversation, unnest($5::bytea[]) WITH ORDINALITY AS given (payload, position)
+"""
+"""A turn in one statement (one round trip, atomic): the upsert reserves the sequence numbers
+under the conversation row's lock, so concurrent appends from any replica never interleave."""
+
+NEWEST = """
+SELECT c.summary, c.summary_covered, m.seq, m.payload
+FROM atmosphere_conversations AS c
+LEFT JOIN LATERAL (
+    SELECT seq, payload FROM atmosphere_messages
+    WHERE conversation = c.id AND seq > coalesce($4::integer, c.summary_seq)
+    ORDER BY seq DESC LIMIT $5
+) AS m ON true
+WHERE c.endpoint = $1 AND c.user_key = $2 AND c.conversation_id = $3
+ORDER BY m.seq DESC
+"""
+"""The summary checkpoint and the newest messages after a seq (`NULL`: after the summary), in
+one query; a conversation without messages yields one row whose `seq` is `NULL`."""
+
+
 def _key_args(key: ConversationKey) -> tuple[str, str, str]:
     return key.endpoint, key.user_key, key.conversation_id
 
@@ -43,34 +76,10 @@ class PostgresHistory:
         self.database = database
 
     async def append(self, key: ConversationKey, messages: Sequence[Message]) -> None:
-        now = time.time()
         encoded = [codec.encode(message) for message in messages]
 
         async def work(connection: Any) -> None:
-            async with connection.transaction():
-                row = await connection.fetchrow(
-                    "INSERT INTO atmosphere_conversations (endpoint, user_key, conversation_id, "
-                    "updated_at) VALUES ($1, $2, $3, $4) ON CONFLICT (endpoint, user_key, "
-                    "conversation_id) DO UPDATE SET updated_at = excluded.updated_at, "
-                    "closed_at = NULL RETURNING id, last_seq",
-                    *_key_args(key),
-                    now,
-                )
-                conversation, last = int(row["id"]), int(row["last_seq"])
-                if encoded:
-                    await connection.executemany(
-                        "INSERT INTO atmosphere_messages (conversation, seq, payload) "
-                        "VALUES ($1, $2, $3)",
-                        [
-                            (conversation, last + offset, payload)
-                            for offset, payload in enumerate(encoded, start=1)
-                        ],
-                    )
-                    await connection.execute(
-                        "UPDATE atmosphere_conversations SET last_seq = $1 WHERE id = $2",
-                        last + len(encoded),
-                        conversation,
-                    )
+            await connection.execute(APPEND, *_key_args(key), time.time(), encoded)
 
         await self.database.run(work)
 
@@ -81,34 +90,24 @@ class PostgresHistory:
         if limit <= 0:
             return None, []
 
-        async def work(connection: Any) -> tuple[Any, list[Any]]:
-            async with connection.transaction(isolation="repeatable_read", readonly=True):
-                row = await connection.fetchrow(
-                    "SELECT id, summary, summary_covered, summary_seq "
-                    f"FROM atmosphere_conversations WHERE {_KEY}",
-                    *_key_args(key),
-                )
-                if row is None:
-                    return None, []
-                after = int(row["summary_seq"]) if after_seq is None else after_seq
-                rows = await connection.fetch(
-                    "SELECT seq, payload FROM atmosphere_messages WHERE conversation = $1 "
-                    "AND seq > $2 ORDER BY seq DESC LIMIT $3",
-                    row["id"],
-                    after,
-                    limit,
-                )
-                return row, rows
+        async def work(connection: Any) -> list[Any]:
+            rows: list[Any] = await connection.fetch(NEWEST, *_key_args(key), after_seq, limit)
+            return rows
 
-        row, rows = await self.database.run(work)
-        if row is None:
+        rows = await self.database.run(work)
+        if not rows:
             return None, []
+        head = rows[0]
         summary = (
-            Summary(row["summary"], int(row["summary_covered"]))
-            if row["summary"] is not None
+            Summary(head["summary"], int(head["summary_covered"]))
+            if head["summary"] is not None
             else None
         )
-        return summary, [(int(item["seq"]), _decode(item["payload"])) for item in reversed(rows)]
+        return summary, [
+            (int(row["seq"]), _decode(row["payload"]))
+            for row in reversed(rows)
+            if row["seq"] is not None
+        ]
 
     async def tail(self, key: ConversationKey, limit: int) -> list[Message]:
         _summary, items = await self._after(key, 0, limit)
