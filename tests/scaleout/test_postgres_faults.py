@@ -60,7 +60,7 @@ def test_a_set_but_unreachable_url_fails_start_up_naming_the_variable(tmp_path: 
         log,
         {"ATMOSPHERE_POSTGRES_URL": "postgresql://atmo:hunter2-secret@127.0.0.1:1/db"},
     )
-    with pytest.raises(RuntimeError, match="never became ready|did not start"):
+    with pytest.raises(RuntimeError, match=r"never became ready|did not start"):
         server.start()
     text = log.read_text(encoding="utf-8")
     assert "ATMOSPHERE_POSTGRES_URL is set but PostgreSQL at" in text

@@ -33,6 +33,8 @@ from .postgres_service import postgres_url, terminate_backends
 
 __all__ = ["postgres_url"]
 
+pytestmark = pytest.mark.services
+
 KEY = ConversationKey("/atmosphere/agent/a", "alice", "c1")
 
 
