@@ -57,6 +57,17 @@ DISCONNECTS: tuple[type[BaseException], ...] = (
 """Errors that mean "this connection is gone", not "this statement is wrong"."""
 
 
+async def _keep_session(_connection: Any) -> None:
+    """The pool's reset on release, minus its round trip.
+
+    asyncpg resets a released connection with `RESET ALL; UNLISTEN *; SELECT
+    pg_advisory_unlock_all(); ...`, one more round trip per statement. The stores never leave
+    session state on a pooled connection (no `SET`, `LISTEN` or session-level lock: those live
+    on the dedicated connections), and asyncpg still rolls back a transaction left open before
+    calling this, so there is nothing to reset.
+    """
+
+
 def _set_on_close(event: asyncio.Event, _connection: Any) -> None:
     event.set()
 
@@ -142,6 +153,7 @@ class PostgresDatabase:
                 timeout=CONNECT_TIMEOUT,
                 command_timeout=COMMAND_TIMEOUT,
                 max_inactive_connection_lifetime=60.0,
+                reset=_keep_session,
             )
             async with self._pool.acquire() as connection:
                 await migrate(connection)
