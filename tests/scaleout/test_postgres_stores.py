@@ -20,6 +20,7 @@ from atmosphere_harness.backends.postgres import (
     BackendUnavailable,
     PostgresDatabase,
     PostgresPlanStore,
+    redact,
 )
 from atmosphere_harness.backends.postgres.schema import SCHEMA_VERSION
 from atmosphere_harness.governance.approvals import Answer, AnswerStatus
@@ -115,6 +116,21 @@ async def test_an_unreachable_url_names_the_variable_and_never_the_password() ->
     assert "127.0.0.1:1" in message, "the host is named so the operator can check it"
     assert caught.value.__cause__ is None
     assert caught.value.__suppress_context__
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://u:pw@db:5432/x", "postgresql://u:***@db:5432/x"),
+        (
+            "postgresql://u@db/x?password=pw&sslmode=require",
+            "postgresql://u@db/x?password=***&sslmode=require",
+        ),
+        ("postgresql://db/x", "postgresql://db/x"),
+    ],
+)
+def test_a_url_is_shown_without_its_password(url: str, shown: str) -> None:
+    assert redact(url) == shown
 
 
 async def test_a_wrong_database_name_fails_start_up_clearly(postgres_url: str) -> None:

@@ -24,7 +24,7 @@ import contextlib
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -108,18 +108,33 @@ class BackendUnavailable(HarnessError, RuntimeError):
 
 
 def redact(url: str) -> str:
-    """`url` with its password replaced by `***` (safe to log and to show)."""
+    """`url` with its password (in the authority or a `password=` parameter) as `***`."""
     try:
         parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        host = parts.hostname or ""
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
-        user = parts.username or ""
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+        netloc = parts.netloc
+        if parts.password is not None:
+            host = parts.hostname or ""
+            if parts.port is not None:
+                host = f"{host}:{parts.port}"
+            netloc = f"{parts.username or ''}:***@{host}"
+        query = "&".join(
+            f"{name}=***" if name.lower() == "password" else f"{name}={value}"
+            for name, value in parse_qsl(parts.query, keep_blank_values=True)
+        )
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
     except ValueError:
         return "<unparsable URL>"
+
+
+def _secrets(url: str) -> list[str]:
+    """The password(s) a URL carries, to mask wherever they might be echoed."""
+    try:
+        parts = urlsplit(url)
+        found = [parts.password or ""]
+        found += [v for k, v in parse_qsl(parts.query) if k.lower() == "password"]
+    except ValueError:
+        return []
+    return [secret for secret in found if secret]
 
 
 class PostgresDatabase:
@@ -198,11 +213,9 @@ class PostgresDatabase:
     def scrub(self, exc: BaseException) -> str:
         """`exc` as text, with the URL's password (should a driver ever echo it) masked."""
         text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        try:
-            password = urlsplit(self.url).password
-        except ValueError:
-            password = None
-        return text.replace(password, "***") if password else text
+        for secret in _secrets(self.url):
+            text = text.replace(secret, "***")
+        return text
 
     # --- queries --------------------------------------------------------------------------
 

@@ -90,15 +90,20 @@ class PostgresConversationLocks:
 
     async def _acquire(self, key: int) -> Any:
         """Take the advisory lock; returns the session it is held on."""
-        while True:
-            released = self._released.setdefault(key, asyncio.Event())
-            released.clear()
-            got, session = await self._statement("SELECT pg_try_advisory_lock($1)", key, retry=True)
-            if got:
-                self._released.pop(key, None)
-                return session
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(released.wait(), RETRY_SECONDS)
+        # The local lock is held: this is the replica's only waiter for `key`.
+        released = self._released[key] = asyncio.Event()
+        try:
+            while True:
+                released.clear()
+                got, session = await self._statement(
+                    "SELECT pg_try_advisory_lock($1)", key, retry=True
+                )
+                if got:
+                    return session
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(released.wait(), RETRY_SECONDS)
+        finally:
+            self._released.pop(key, None)
 
     async def _release(self, key: int, session: Any) -> None:
         if session is not self._connection:
