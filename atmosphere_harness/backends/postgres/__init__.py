@@ -14,6 +14,10 @@ connection) serves every store; the host opens it before the primitives start.
 | conversation history | `PostgresHistory` |
 | long-term memory | `PostgresLongTermMemory` (`tsvector` search, unique facts) |
 
+`PostgresAgentFileSystem` (workspace files as rows, issue 17) is built and tested but not wired
+yet: `ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres` needs its setting and a provider seam in the
+filesystem primitive (`docs/scale-out.md` says how it plugs in).
+
 The run journal stays in the process (the durable-runs issue gives it a storage protocol) and
 workspace files stay on the shared volume.
 """
@@ -31,6 +35,7 @@ from .history import PostgresHistory
 from .locks import PostgresConversationLocks
 from .long_term import PostgresLongTermMemory
 from .plans import PROTECT_SECONDS, PostgresPlanStore
+from .workspace import PostgresAgentFileSystem
 
 # Runtime truth (`long-term-memory`) and reprs show the import path users know.
 for _public in (PostgresLongTermMemory, PostgresHistory, PostgresPlanStore):
@@ -80,6 +85,7 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
 
 __all__ = [
     "BackendUnavailable",
+    "PostgresAgentFileSystem",
     "PostgresApprovalStore",
     "PostgresConversationLocks",
     "PostgresDatabase",

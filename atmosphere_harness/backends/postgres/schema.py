@@ -103,6 +103,17 @@ MIGRATIONS: tuple[str, ...] = (
         ON atmosphere_approvals (path, conversation_id) WHERE NOT closed;
     CREATE INDEX atmosphere_approvals_age ON atmosphere_approvals (expires_at);
     """,
+    # 2: conversation workspaces as rows (`PostgresAgentFileSystem`).
+    """
+    CREATE TABLE atmosphere_files (
+        store text NOT NULL,
+        path text NOT NULL,
+        content bytea NOT NULL,
+        size integer NOT NULL,
+        updated_at double precision NOT NULL,
+        PRIMARY KEY (store, path)
+    );
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 
