@@ -8,12 +8,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from atmosphere_harness.backends.postgres import PostgresDatabase
 from atmosphere_harness.backends.postgres.workspace import PostgresAgentFileSystem
 from atmosphere_harness.filesystem.base import FileSystemError, FileSystemLimits
+from atmosphere_harness.filesystem.paths import check_path
 from atmosphere_harness.filesystem.workspace import WorkspaceAgentFileSystem
+from tests.filesystem.test_filesystem_paths import ATTACKS, relative_paths
 
 from .postgres_service import postgres_url
 
@@ -153,3 +158,73 @@ async def test_concurrent_edits_of_one_file_from_two_replicas_lose_nothing(
     await asyncio.gather(*(edit(i) for i in range(60)))
     text = await stores[1].read("log.md")
     assert sorted(text.splitlines()[:-1]) == sorted(f"line {i}" for i in range(60))
+
+
+# --- containment: the files backend's attack list and property, on rows -------------------------
+
+
+async def rows(url: str) -> list[tuple[str, str, bytes]]:
+    connection = await asyncpg.connect(url)
+    try:
+        found = await connection.fetch(
+            "SELECT store, path, content FROM atmosphere_files ORDER BY store, path"
+        )
+    finally:
+        await connection.close()
+    return [(row["store"], row["path"], bytes(row["content"])) for row in found]
+
+
+@pytest.mark.parametrize(("path", "message"), ATTACKS)
+async def test_every_operation_rejects_the_attack_list(
+    databases: tuple[PostgresDatabase, PostgresDatabase], postgres_url: str, path: str, message: str
+) -> None:
+    store = PostgresAgentFileSystem(databases[0], "owner/attacked")
+    await store.write("keep.md", "kept")
+    before = await rows(postgres_url)
+    operations = [
+        lambda: store.read(path),
+        lambda: store.write(path, "pwned"),
+        lambda: store.edit(path, "a", "b"),
+        lambda: store.delete(path),
+        lambda: store.rename(path, "x.md"),
+        lambda: store.rename("keep.md", path),
+    ]
+    if path.strip():
+        operations += [lambda: store.ls(path), lambda: store.grep("a", path)]
+    for operation in operations:
+        with pytest.raises(FileSystemError) as raised:
+            await operation()
+        assert str(raised.value) == message
+    assert await rows(postgres_url) == before, "a rejected operation changed a row"
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(st.lists(st.one_of(st.text(max_size=30), relative_paths), min_size=1, max_size=8))
+def test_generated_writes_land_in_their_own_store_or_are_rejected(
+    postgres_url: str, paths: list[str]
+) -> None:
+    async def scenario() -> None:
+        database = PostgresDatabase(postgres_url)
+        await database.open()
+        try:
+            store = PostgresAgentFileSystem(
+                database, "owner/prop", FileSystemLimits(max_files=10_000)
+            )
+            for path in paths:
+                try:
+                    await store.write(path, "x")
+                except FileSystemError:
+                    continue
+                assert await store.read(path) == "x"
+                assert check_path(path) in await store.glob("**")
+            stored = await rows(postgres_url)
+            assert {name for name, _path, _content in stored} <= {"owner/prop"}
+            assert all(check_path(path) == path for _name, path, _content in stored)
+        finally:
+            await database.aclose()
+
+    asyncio.run(scenario())
