@@ -305,6 +305,29 @@ async def test_bus_history_is_bounded_and_a_pruned_id_asks_for_a_snapshot(
         await database.aclose()
 
 
+async def test_expired_updates_are_swept_and_cannot_be_resumed_from(postgres_url: str) -> None:
+    from atmosphere_harness.backends.postgres import PostgresPlanBus
+
+    database = PostgresDatabase(postgres_url)
+    bus = PostgresPlanBus(database, ttl=0.05)
+    await database.open()
+    try:
+        seen = await bus.publish("o", "c", {"n": 1})
+        missed = await bus.publish("o", "c", {"n": 2})
+        await asyncio.sleep(0.1)
+        bus._next_sweep = 0.0  # the next publish sweeps (at most once a minute otherwise)
+        new = await bus.publish("o", "other", {"n": 3})
+        async with bus.subscribe("o", "c", last_event_id=seen.id) as expired:
+            assert expired.replay is None, "what it missed expired: a snapshot, not a silent gap"
+        async with bus.subscribe("o", "c", last_event_id=missed.id) as current:
+            assert current.replay == [], "it missed nothing: nothing to replay"
+        async with bus.subscribe("o", "other") as fresh:
+            assert fresh.cursor == new.id
+    finally:
+        await bus.aclose()
+        await database.aclose()
+
+
 async def test_viewers_catch_up_after_the_listen_connection_is_killed(
     pair: tuple[StateBackends, StateBackends], postgres_url: str
 ) -> None:
