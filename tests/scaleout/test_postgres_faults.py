@@ -31,7 +31,7 @@ from tests.reliability.test_load import server_env
 from tests.reliability.verify import read_back
 
 from .postgres_service import create_database, drop_database, terminate_backends
-from .replicas import two_replicas
+from .replicas import prompt, summary, two_replicas
 
 pytestmark = pytest.mark.services
 
@@ -219,3 +219,48 @@ async def test_postgres_connections_terminated_mid_load_end_runs_cleanly(
         for server in (a, b):
             assert httpx2.get(server.url + "/api/console/info").status_code == 200
         await check_final_state(a.url, database_url, after, convs)
+
+
+async def set_allow_connections(url: str, allowed: bool) -> None:
+    name = url.rsplit("/", 1)[1]
+    connection = await asyncpg.connect(url.rsplit("/", 1)[0] + "/test")
+    try:
+        await connection.execute(
+            f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(allowed).lower()}'
+        )
+    finally:
+        await connection.close()
+
+
+async def test_an_outage_ends_the_run_with_an_error_frame_and_the_server_recovers(
+    tmp_path: Path, database_url: str
+) -> None:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    server = ServerProcess(
+        "postgres", workspace, tmp_path / "server.log", {"ATMOSPHERE_POSTGRES_URL": database_url}
+    ).start()
+    try:
+        async with httpx2.AsyncClient(timeout=30) as client:
+            assert summary(await prompt(client, server.url, "first", "c1")) == "ok"
+            # PostgreSQL goes away for this database: open connections are cut, new ones refused.
+            await set_allow_connections(database_url, False)
+            await terminate_backends(database_url)
+            frames = await prompt(client, server.url, "during", "c1")
+            assert frames[-1]["event"] == "error", frames[-1]
+            message = str(frames[-1]["data"])
+            assert "PostgreSQL is unavailable" in message
+            assert "ATMOSPHERE_POSTGRES_URL" in message
+            info = await client.get(server.url + "/api/console/info")
+            assert info.status_code == 200, "the server stays up"
+            # It comes back: the next prompt works, on the history stored before the outage.
+            await set_allow_connections(database_url, True)
+            for _ in range(50):
+                frames = await prompt(client, server.url, "history?", "c1")
+                if frames[-1]["event"] == "complete":
+                    break
+                await asyncio.sleep(0.2)
+            assert summary(frames) == "seen: first"
+    finally:
+        await set_allow_connections(database_url, True)
+        server.kill()

@@ -243,7 +243,12 @@ class PostgresDatabase:
         raise AssertionError("unreachable")
 
     async def _once(self, work: Callable[[Any], Awaitable[T]]) -> T:
-        connection = await self.pool.acquire()
+        try:
+            connection = await self.pool.acquire()
+        except (asyncpg.PostgresError, *CLIENT_ERRORS) as exc:
+            # No connection to be had (refused, the database closed to connections, the server
+            # starting up): an outage, whatever the reason's class.
+            raise ConnectionError(str(exc)) from exc
         try:
             return await work(connection)
         except CLIENT_ERRORS as exc:
