@@ -8,10 +8,13 @@ run, a request or user code holds it, and costs nothing afterwards (its files st
 The conversation cap (`FileSystemLimits.max_conversations`, 256 by default) is applied when a
 conversation's directory is about to be created, which is its first write: at the cap, the least
 recently written conversation directories are removed down to 7/8 of it, skipping every store
-that is live in this process. The provider counts the directories it creates and lists them again
-only when that count reaches the cap, so a new conversation costs no scan of its siblings (other
-processes' directories are seen at that listing). Asking for a conversation, listing it or
-reading from it never creates a directory.
+that is live in any process (`WorkspaceUsage.retire`: a store in use holds a lease). The count
+and the creation run under one cross-process section (`files/.conversations.lock`), so processes
+sharing the volume never overshoot the cap together. The provider counts the directories it
+creates and lists them again only when that count reaches the cap, or when another process
+created or evicted one since (the section says so), so a new conversation in a process working
+alone costs no scan of its siblings. Asking for a conversation, listing it or reading from it
+never creates a directory.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ log = get_logger(__name__)
 
 EVICTION_SLACK = 8
 """Eviction goes an eighth of the cap below it: one scan per `max_conversations // 8` new ones."""
+CAP_LOCK = ".conversations.lock"
+"""The lock file (in `files/`) under which every process counts and creates conversations."""
 
 
 class AgentFileSystemProvider:
@@ -67,6 +72,7 @@ class AgentFileSystemProvider:
         self._evicting = threading.Lock()
         self._count: int | None = None
         """Directories counted at the last scan plus those created since (under `_evicting`)."""
+        self._section = self.usage.section(str(self.files_root / CAP_LOCK))
 
     @property
     def files_root(self) -> Path:
@@ -119,10 +125,13 @@ class AgentFileSystemProvider:
         return CompositeAgentFileSystem(workspace, self.routes)
 
     def _make_room(self, keep: str) -> None:
-        """Called before a conversation directory is created: keep the owner under the cap."""
+        """Called before a conversation directory is created: keep the owner under the cap.
+
+        The count and the creation are one step for every process on the volume (the usage's
+        section over `files/`); a count another process may have changed is taken again."""
         cap = self.limits.max_conversations
-        with self._evicting:
-            if self._count is None or self._count >= cap:
+        with self._evicting, self._section as foreign:
+            if foreign or self._count is None or self._count >= cap:
                 self._count = self._evict(keep, cap)
             self._count += 1
 
@@ -145,9 +154,10 @@ class AgentFileSystemProvider:
         for _mtime, name, path in sorted(entries):
             if excess <= 0:
                 break
-            if name == keep or self.usage.is_live(store_key(path)):
-                continue
-            shutil.rmtree(path, ignore_errors=True)
+            if name == keep or not self.usage.retire(
+                store_key(path), partial(shutil.rmtree, path, ignore_errors=True)
+            ):
+                continue  # in use by some process
             excess -= 1
             remaining -= 1
             log.info("conversation workspace evicted (cap reached)", conversation=name, cap=cap)
