@@ -29,11 +29,12 @@ lock): each object remembers the fork generation it opened its file in (cheaper 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 
 OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -142,6 +143,19 @@ class LockFile:
         fd = _open(self.path, create_parent=self.create_parent)
         self._fd, self._gen = fd, _generation
         return fd
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        """Hold the lock in shared mode: many shared holders (of any thread or process) at
+        once, none while an exclusive hold runs. For work that must not overlap the exclusive
+        bookkeeping but changes nothing it counts (so it leaves no mark). Each shared hold
+        opens its own descriptor: an unlock on a shared descriptor would release the others."""
+        fd = _open(self.path, create_parent=self.create_parent)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            yield
+        finally:
+            _close(fd)
 
     def close(self) -> None:
         """Release the descriptor (the next hold opens the file again)."""

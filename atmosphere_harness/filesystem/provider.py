@@ -125,7 +125,8 @@ class AgentFileSystemProvider:
         return CompositeAgentFileSystem(workspace, self.routes)
 
     def _make_room(self, keep: str) -> None:
-        """Called before a conversation directory is created: keep the owner under the cap.
+        """Called before a conversation directory is created: keep the owner under the cap, and
+        create the directory.
 
         The count and the creation are one step for every process on the volume (the usage's
         section over `files/`); a count another process may have changed is taken again."""
@@ -133,6 +134,9 @@ class AgentFileSystemProvider:
         with self._evicting, self._section as foreign:
             if foreign or self._count is None or self._count >= cap:
                 self._count = self._evict(keep, cap)
+            # Created here, inside the section: a count taken by another process meanwhile
+            # must see it.
+            (self.files_root / keep).mkdir(parents=True, exist_ok=True)
             self._count += 1
 
     def _evict(self, keep: str, cap: int) -> int:
