@@ -19,7 +19,9 @@ never creates a directory.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
 import threading
 import weakref
@@ -28,7 +30,7 @@ from functools import partial
 from pathlib import Path
 
 from ..log import get_logger
-from .base import AgentFileSystem, FileSystemLimits
+from .base import AgentFileSystem, FileSystemError, FileSystemLimits
 from .composite import CompositeAgentFileSystem, normalize_routes
 from .paths import conversation_dir_name, store_key
 from .usage import PROCESS_USAGE, WorkspaceUsage
@@ -38,8 +40,21 @@ log = get_logger(__name__)
 
 EVICTION_SLACK = 8
 """Eviction goes an eighth of the cap below it: one scan per `max_conversations // 8` new ones."""
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 CAP_LOCK = ".conversations.lock"
 """The lock file (in `files/`) under which every process counts and creates conversations."""
+
+
+def user_dir_name(user_id: str) -> str:
+    """A user id as a directory name: itself when it is a plain name (letters, digits, `.`, `_`,
+    `-`, starting with a letter or digit, at most 128), else `_` and a digest of it (an e-mail
+    address, say; a plain name never starts with `_`), so no user id can name a path outside
+    `memories/` or collide with another."""
+    if not isinstance(user_id, str) or not user_id.strip():
+        raise FileSystemError("userId must not be blank")
+    if _PLAIN_NAME.fullmatch(user_id) and ".." not in user_id:
+        return user_id
+    return "_" + hashlib.sha256(user_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 class AgentFileSystemProvider:
@@ -66,6 +81,9 @@ class AgentFileSystemProvider:
         self.usage: WorkspaceUsage = usage or PROCESS_USAGE
         self.routes: dict[str, AgentFileSystem] = normalize_routes(routes or {})
         self._live: weakref.WeakValueDictionary[str, AgentFileSystem] = (
+            weakref.WeakValueDictionary()
+        )
+        self._memories: weakref.WeakValueDictionary[str, WorkspaceAgentFileSystem] = (
             weakref.WeakValueDictionary()
         )
         self._lock = threading.Lock()
@@ -97,6 +115,23 @@ class AgentFileSystemProvider:
             return default
         assert isinstance(found, WorkspaceAgentFileSystem)
         return found
+
+    def memories(self, user_id: str) -> WorkspaceAgentFileSystem:
+        """The durable memory store of `user_id` with this owner, kept across conversations:
+        `{agent_root}/memories/{user}/` (no I/O: nothing is created). Same bounds as a
+        conversation's workspace; never evicted by the conversation cap."""
+        name = user_dir_name(user_id)
+        with self._lock:
+            found = self._memories.get(name)
+            if found is None:
+                found = WorkspaceAgentFileSystem(
+                    self.agent_root / "memories" / name,
+                    self.limits,
+                    fsync=self.fsync,
+                    usage=self.usage,
+                )
+                self._memories[name] = found
+            return found
 
     def has_conversation(self, conversation_id: str) -> bool:
         """Whether the conversation ever wrote a file (its directory exists). Never creates."""
