@@ -1,0 +1,161 @@
+"""The cross-process lock primitives (`atmosphere_harness.filelocks`) and the shared-volume usage.
+
+Two lock objects on one file behave like two processes (each has its own open file description
+and token), so these run in one interpreter; `test_filesystem_processes.py` runs real ones.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gc
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
+from atmosphere_harness.filelocks import Lease, LockFile, leased, retire
+from atmosphere_harness.filesystem.paths import store_key
+from atmosphere_harness.filesystem.usage import (
+    SharedVolumeWorkspaceUsage,
+    StoreUsage,
+    lease_path,
+    lock_path,
+)
+from tests.fs_support import rejects
+
+
+def taken(path: Path) -> bool:
+    """Whether someone holds `path` exclusively or shared (a probe from a fresh descriptor)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_a_hold_says_whether_another_holder_came_between(tmp_path: Path) -> None:
+    path = tmp_path / "dir" / "x.lock"
+    mine, theirs = LockFile(str(path)), LockFile(str(path))
+    with mine as foreign:
+        assert foreign, "a first hold knows nothing"
+        assert taken(path), "exclusive while held"
+    assert not taken(path)
+    with mine as foreign:
+        assert not foreign, "nobody else held it"
+    with theirs as foreign:
+        assert foreign
+    with mine as foreign:
+        assert foreign, "the other holder's mark is seen"
+
+
+def test_a_shared_hold_excludes_the_exclusive_one_and_leaves_no_mark(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    lock = LockFile(str(path))
+    with lock:
+        pass
+    with lock.shared():
+        assert taken(path)
+        with lock.shared():  # several at once
+            pass
+    with lock as foreign:
+        assert not foreign
+
+
+def test_a_lease_blocks_retire_until_released(tmp_path: Path) -> None:
+    path = str(tmp_path / "s.live")
+    removed: list[str] = []
+    lease = Lease(path)
+    assert lease.claim(create_parent=False), "its directory exists"
+    assert lease.held
+    assert leased(path)
+    assert not retire(path, lambda: removed.append("s"))
+    assert removed == []
+    lease.release()
+    assert not leased(path)
+    other = tmp_path / "s.lock"
+    other.touch()
+    assert retire(path, lambda: removed.append("s"), str(other))
+    assert removed == ["s"]
+    assert not os.path.exists(path)
+    assert not other.exists(), "the store's lock files go with it"
+
+
+def test_a_lease_claimed_during_a_retire_holds_the_new_file(tmp_path: Path) -> None:
+    path = str(tmp_path / "s.live")
+    lease = Lease(path)
+    claimer = threading.Thread(target=lease.claim, kwargs={"create_parent": True})
+
+    def remove() -> None:
+        claimer.start()  # waits for the retire's exclusive lock, then finds the file gone
+
+    assert retire(path, remove)
+    claimer.join()
+    assert lease.held
+    assert leased(path), "the lease is on the file that the path names now"
+
+
+def test_a_lease_needs_its_directory_unless_told_to_make_it(tmp_path: Path) -> None:
+    lease = Lease(str(tmp_path / "missing" / "s.live"))
+    assert not lease.claim(create_parent=False)
+    assert not (tmp_path / "missing").exists()
+
+
+async def test_two_usages_on_one_store_keep_one_exact_count(tmp_path: Path) -> None:
+    """Two `SharedVolumeWorkspaceUsage`s stand for two processes: each one's writes are seen by
+    the other's bounds check."""
+    limits = FileSystemLimits(max_files=8, max_total_bytes=10_000)
+    first = WorkspaceAgentFileSystem(tmp_path / "s", limits, usage=SharedVolumeWorkspaceUsage())
+    second = WorkspaceAgentFileSystem(tmp_path / "s", limits, usage=SharedVolumeWorkspaceUsage())
+    for number in range(5):
+        await first.write(f"a{number}.md", "x" * 10)
+    for number in range(3):
+        await second.write(f"b{number}.md", "y" * 10)
+    with rejects("Write rejected: the store already holds 8 files, at the 8-file limit"):
+        await second.write("b3.md", "y")
+    with rejects("Write rejected: the store already holds 8 files, at the 8-file limit"):
+        await first.write("a5.md", "x")
+    await second.delete("a0.md")
+    await first.write("a5.md", "x")
+    assert first._ledger.current() == StoreUsage(8, 71)
+    assert await second.usage() == StoreUsage(8, 71)
+
+
+def test_lock_and_lease_files_sit_beside_the_store(tmp_path: Path) -> None:
+    store = store_key(tmp_path / "files" / "c1")
+    assert lock_path(store) == str(tmp_path / "files" / ".c1.lock")
+    assert lease_path(store) == str(tmp_path / "files" / ".c1.live")
+
+
+async def test_a_store_in_use_is_live_for_other_usages_and_not_retired(tmp_path: Path) -> None:
+    mine, theirs = SharedVolumeWorkspaceUsage(), SharedVolumeWorkspaceUsage()
+    store = WorkspaceAgentFileSystem(tmp_path / "s", usage=mine)
+    key = store_key(tmp_path / "s")
+    assert not theirs.is_live(key)
+    await store.write("a.md", "x")
+    assert theirs.is_live(key), "the lease is visible to another process"
+    assert not theirs.retire(key, lambda: pytest.fail("must not remove a store in use"))
+    del store
+    gc.collect()
+    assert not theirs.is_live(key), "the lease goes with the last store object"
+    removed: list[str] = []
+    assert theirs.retire(key, lambda: removed.append(key))
+    assert removed == [key]
+
+
+async def test_a_read_of_an_existing_store_marks_it_in_use_and_creates_nothing(
+    tmp_path: Path,
+) -> None:
+    reader = WorkspaceAgentFileSystem(tmp_path / "never", usage=SharedVolumeWorkspaceUsage())
+    assert await reader.ls() == []
+    assert list(tmp_path.iterdir()) == [], "a read of a store that was never written"
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "a.md").write_text("x")
+    other = SharedVolumeWorkspaceUsage()
+    store = WorkspaceAgentFileSystem(tmp_path / "s", usage=SharedVolumeWorkspaceUsage())
+    assert await store.read("a.md") == "x"
+    assert other.is_live(store_key(tmp_path / "s"))
