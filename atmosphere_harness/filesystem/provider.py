@@ -41,8 +41,14 @@ log = get_logger(__name__)
 EVICTION_SLACK = 8
 """Eviction goes an eighth of the cap below it: one scan per `max_conversations // 8` new ones."""
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+LEASE_SUFFIX = ".live"
+"""Of a store's lease file, `.{name}.live` beside it (`usage.lease_path`)."""
 CAP_LOCK = ".conversations.lock"
 """The lock file (in `files/`) under which every process counts and creates conversations."""
+
+
+def _nothing() -> None:
+    """What retiring a store without a directory removes (only its lock files go)."""
 
 
 def user_dir_name(user_id: str) -> str:
@@ -174,18 +180,29 @@ class AgentFileSystemProvider:
             (self.files_root / keep).mkdir(parents=True, exist_ok=True)
             self._count += 1
 
+    def _sweep_orphans(self, leases: list[str], directories: set[str], keep: str) -> None:
+        """Remove the lock files of stores that have no directory (a conversation whose only
+        operations were refused, an edit of a missing file, say) unless some process uses them."""
+        for name in leases:
+            if name not in directories and name != keep:
+                self.usage.retire(store_key(self.files_root / name), _nothing)
+
     def _evict(self, keep: str, cap: int) -> int:
         """Count the directories; at the cap, remove the least recently written down to 7/8 of
         it (never `keep` or a live store). Returns how many remain."""
+        leases: list[str] = []
         try:
             with os.scandir(self.files_root) as listing:
-                entries = [
-                    (entry.stat(follow_symlinks=False).st_mtime, entry.name, entry.path)
-                    for entry in listing
-                    if entry.is_dir(follow_symlinks=False)
-                ]
+                entries = []
+                for entry in listing:
+                    if entry.is_dir(follow_symlinks=False):
+                        stamp = entry.stat(follow_symlinks=False).st_mtime
+                        entries.append((stamp, entry.name, entry.path))
+                    elif entry.name.startswith(".") and entry.name.endswith(LEASE_SUFFIX):
+                        leases.append(entry.name[1 : -len(LEASE_SUFFIX)])
         except FileNotFoundError:
             return 0
+        self._sweep_orphans(leases, {name for _stamp, name, _path in entries}, keep)
         if len(entries) < cap:
             return len(entries)
         excess = len(entries) - (cap - 1 - cap // EVICTION_SLACK)

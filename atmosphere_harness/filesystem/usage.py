@@ -283,7 +283,10 @@ class SharedVolumeLedger(Figures):
             return True
         if not os.path.isdir(self._store):
             return False
-        return self._lease.claim(create_parent=False)
+        try:
+            return self._lease.claim(create_parent=False)
+        except OSError:  # a read-only volume: nobody can write or evict there either; read on
+            return True
 
 
 class SharedVolumeWorkspaceUsage:

@@ -16,6 +16,7 @@ import pytest
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
 from atmosphere_harness.filelocks import Lease, LockFile, leased, retire
+from atmosphere_harness.filesystem import AgentFileSystemProvider
 from atmosphere_harness.filesystem.paths import store_key
 from atmosphere_harness.filesystem.usage import (
     SharedVolumeWorkspaceUsage,
@@ -159,3 +160,26 @@ async def test_a_read_of_an_existing_store_marks_it_in_use_and_creates_nothing(
     store = WorkspaceAgentFileSystem(tmp_path / "s", usage=SharedVolumeWorkspaceUsage())
     assert await store.read("a.md") == "x"
     assert other.is_live(store_key(tmp_path / "s"))
+
+
+async def test_lock_files_of_a_store_that_never_got_a_directory_are_swept(tmp_path: Path) -> None:
+    provider = AgentFileSystemProvider(tmp_path / "agent", usage=SharedVolumeWorkspaceUsage())
+    ghost = provider.workspace("ghost")
+    with rejects("File not found: a.md"):
+        await ghost.edit("a.md", "x", "y")
+    files = provider.files_root
+    assert sorted(p.name for p in files.iterdir()) == [".ghost.live", ".ghost.lock"]
+    kept = provider.workspace("kept")
+    with rejects("File not found: b.md"):
+        await kept.edit("b.md", "x", "y")  # in use: its files stay
+    del ghost
+    gc.collect()
+    await provider.workspace("real").write("a.md", "x")  # the first creation scans
+    assert sorted(p.name for p in files.iterdir()) == [
+        ".conversations.lock",
+        ".kept.live",
+        ".kept.lock",
+        ".real.live",
+        ".real.lock",
+        "real",
+    ]
