@@ -192,16 +192,20 @@ class Lease:
     def held(self) -> bool:
         return self._fd >= 0 and self._gen == _generation
 
-    def claim(self, *, create_parent: bool) -> bool:
-        """Hold the lease (blocking only while a `retire` of it runs). Returns False, holding
-        nothing, when the lease's directory is missing and `create_parent` is false."""
+    def claim(self, *, create: bool) -> bool:
+        """Hold the lease (blocking only while a `retire` of it runs). With `create`, the file
+        (and its directory) is made if missing; without, a missing file is not claimed: returns
+        False, holding nothing."""
         with self._mutex:
             if self._fd >= 0 and self._gen == _generation:
                 return True
             while True:
                 try:
-                    fd = _open(self.path, create_parent=create_parent)
-                except FileNotFoundError:
+                    if create:
+                        fd = _open(self.path, create_parent=True)
+                    else:
+                        fd = os.open(self.path, OPEN_FLAGS & ~os.O_CREAT)
+                except (FileNotFoundError, NotADirectoryError):
                     return False
                 try:
                     fcntl.flock(fd, fcntl.LOCK_SH)
@@ -211,7 +215,7 @@ class Lease:
                 except BaseException:
                     _close(fd)
                     raise
-                _close(fd)  # retired while we waited: claim the new file
+                _close(fd)  # retired while we waited: claim the new file, if any
 
     def release(self) -> None:
         with self._mutex:

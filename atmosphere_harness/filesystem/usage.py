@@ -69,10 +69,10 @@ class UsageLedger(Protocol):
         ...
 
     def claim(self) -> bool:
-        """Mark the store as in use by this process if its directory exists (a read of a store
-        that was never written creates nothing). True once marked: the caller need not call
-        again while it keeps the ledger. Called in a worker thread; may wait for an eviction
-        of the store that is under way."""
+        """Mark the store as in use by this process if it was ever written through a ledger (a
+        read creates nothing: no lease file, no directory). True once marked: the caller need
+        not call again while it keeps the ledger. Called in a worker thread; may wait for an
+        eviction of the store that is under way."""
         ...
 
     def current(self) -> StoreUsage | None:
@@ -265,7 +265,7 @@ class SharedVolumeLedger(Figures):
 
     def __enter__(self) -> SharedVolumeLedger:
         if not self._lease.held:
-            self._lease.claim(create_parent=True)
+            self._lease.claim(create=True)
         if self._lock_file.__enter__():
             self.recount(None)
         return self
@@ -281,11 +281,9 @@ class SharedVolumeLedger(Figures):
     def claim(self) -> bool:
         if self._lease.held:
             return True
-        if not os.path.isdir(self._store):
-            return False
         try:
-            return self._lease.claim(create_parent=False)
-        except OSError:  # a read-only volume: nobody can write or evict there either; read on
+            return self._lease.claim(create=False)
+        except OSError:  # unreadable lease: read on without one
             return True
 
 

@@ -71,7 +71,9 @@ def test_a_lease_blocks_retire_until_released(tmp_path: Path) -> None:
     path = str(tmp_path / "s.live")
     removed: list[str] = []
     lease = Lease(path)
-    assert lease.claim(create_parent=False), "its directory exists"
+    assert not lease.claim(create=False), "no lease file yet: nothing claimed, nothing made"
+    assert not os.path.exists(path)
+    assert lease.claim(create=True)
     assert lease.held
     assert leased(path)
     assert not retire(path, lambda: removed.append("s"))
@@ -89,7 +91,7 @@ def test_a_lease_blocks_retire_until_released(tmp_path: Path) -> None:
 def test_a_lease_claimed_during_a_retire_holds_the_new_file(tmp_path: Path) -> None:
     path = str(tmp_path / "s.live")
     lease = Lease(path)
-    claimer = threading.Thread(target=lease.claim, kwargs={"create_parent": True})
+    claimer = threading.Thread(target=lease.claim, kwargs={"create": True})
 
     def remove() -> None:
         claimer.start()  # waits for the retire's exclusive lock, then finds the file gone
@@ -100,10 +102,12 @@ def test_a_lease_claimed_during_a_retire_holds_the_new_file(tmp_path: Path) -> N
     assert leased(path), "the lease is on the file that the path names now"
 
 
-def test_a_lease_needs_its_directory_unless_told_to_make_it(tmp_path: Path) -> None:
+def test_a_lease_makes_its_directory_only_when_told_to(tmp_path: Path) -> None:
     lease = Lease(str(tmp_path / "missing" / "s.live"))
-    assert not lease.claim(create_parent=False)
+    assert not lease.claim(create=False)
     assert not (tmp_path / "missing").exists()
+    assert lease.claim(create=True)
+    assert (tmp_path / "missing" / "s.live").exists()
 
 
 async def test_two_usages_on_one_store_keep_one_exact_count(tmp_path: Path) -> None:
@@ -148,18 +152,26 @@ async def test_a_store_in_use_is_live_for_other_usages_and_not_retired(tmp_path:
     assert removed == [key]
 
 
-async def test_a_read_of_an_existing_store_marks_it_in_use_and_creates_nothing(
+async def test_a_read_marks_a_written_store_in_use_and_creates_nothing(
     tmp_path: Path,
 ) -> None:
     reader = WorkspaceAgentFileSystem(tmp_path / "never", usage=SharedVolumeWorkspaceUsage())
     assert await reader.ls() == []
     assert list(tmp_path.iterdir()) == [], "a read of a store that was never written"
-    (tmp_path / "s").mkdir()
-    (tmp_path / "s" / "a.md").write_text("x")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "a.md").write_text("x")
+    plain = WorkspaceAgentFileSystem(tmp_path / "plain", usage=SharedVolumeWorkspaceUsage())
+    assert await plain.read("a.md") == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"], "a folder never written"
+    writer = WorkspaceAgentFileSystem(tmp_path / "s", usage=SharedVolumeWorkspaceUsage())
+    await writer.write("a.md", "x")
+    del writer
+    gc.collect()
     other = SharedVolumeWorkspaceUsage()
+    assert not other.is_live(store_key(tmp_path / "s"))
     store = WorkspaceAgentFileSystem(tmp_path / "s", usage=SharedVolumeWorkspaceUsage())
     assert await store.read("a.md") == "x"
-    assert other.is_live(store_key(tmp_path / "s"))
+    assert other.is_live(store_key(tmp_path / "s")), "a read of a written store claims it"
 
 
 async def test_lock_files_of_a_store_that_never_got_a_directory_are_swept(tmp_path: Path) -> None:
