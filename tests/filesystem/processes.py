@@ -108,6 +108,32 @@ async def edits(spec: dict[str, Any]) -> dict[str, Any]:
     return {"acknowledged": acknowledged, "failed": failed}
 
 
+async def renames(spec: dict[str, Any]) -> dict[str, Any]:
+    """`tasks` tasks rename `{tag}{i}.txt` to `d{i}.txt` for every i: the other process renames
+    its own file to the same destination, so exactly one of each pair may win."""
+    provider = AgentFileSystemProvider(spec["agent_root"], limits(spec))
+    harness = Harnessed(provider.workspace(spec["conversation"]), Path(spec["agent_root"]))
+    tag = spec["tag"]
+    won: list[int] = []
+    refused: list[str] = []
+    queue = list(range(spec["count"]))
+
+    async def renamer() -> None:
+        while queue:
+            number = queue.pop()
+            answer = await harness.call(
+                "rename", old_path=f"{tag}{number}.txt", new_path=f"d{number}.txt"
+            )
+            if answer.startswith("Error:"):
+                refused.append(answer)
+            else:
+                won.append(number)
+
+    barrier(Path(spec["sync"]), tag)
+    await asyncio.gather(*(renamer() for _ in range(spec["tasks"])))
+    return {"won": won, "refused": refused}
+
+
 async def holder(spec: dict[str, Any]) -> dict[str, Any]:
     """Keep conversation `held` in use (its store alive) while the test creates many others;
     write conversation `dropped` and let its store go, so the cap may take that one."""
@@ -181,6 +207,7 @@ async def plans(spec: dict[str, Any]) -> dict[str, Any]:
 SCENARIOS = {
     "writers": writers,
     "edits": edits,
+    "renames": renames,
     "holder": holder,
     "conversations": conversations,
     "plans": plans,

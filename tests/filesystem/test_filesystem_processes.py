@@ -2,7 +2,8 @@
 
 Two processes with 16 concurrent writers each fill one conversation's store: never past a bound,
 no partial file, no acknowledged write lost, nothing on disk that was not acknowledged. Two
-processes append with `edit_file` to one file: every acknowledged marker is there, once. The
+processes append with `edit_file` to one file: every acknowledged marker is there, once; two
+processes renaming onto the same names never rename one file over another. The
 conversation cap never evicts a conversation another process has in use, and holds exactly with
 creators in two processes; so does the plan cap. Outcomes only: no timing is asserted.
 """
@@ -152,6 +153,40 @@ def test_concurrent_edits_of_one_file_from_two_processes_lose_nothing(tmp_path: 
     assert lines[0] == "BEGIN"
     assert lines[-1] == "END"
     assert sorted(lines[1:-1]) == sorted(acknowledged), "every acknowledged edit, exactly once"
+
+
+def test_concurrent_renames_onto_one_name_from_two_processes_keep_both_files(
+    tmp_path: Path,
+) -> None:
+    agent_root = tmp_path / "agent"
+    store = agent_root / "files" / "c1"
+    store.mkdir(parents=True)
+    count = 150
+    for number in range(count):
+        (store / f"a{number}.txt").write_text(f"from a {number}")
+        (store / f"b{number}.txt").write_text(f"from b {number}")
+    spec = {
+        "agent_root": str(agent_root),
+        "conversation": "c1",
+        "limits": {"max_files": 1000},
+        "sync": str(tmp_path / "sync"),
+        "count": count,
+        "tasks": 8,
+    }
+    a, b = run_together("renames", [{**spec, "tag": "a"}, {**spec, "tag": "b"}], tmp_path / "sync")
+
+    assert sorted(a["won"] + b["won"]) == list(range(count)), "one rename wins per name"
+    assert len(a["refused"]) + len(b["refused"]) == count
+    for message in a["refused"] + b["refused"]:
+        assert "Destination already exists" in message, message
+    on_disk = {path: data.decode() for path, data in tree(store).items()}
+    assert len(on_disk) == 2 * count, "no file was renamed over another"
+    for number in a["won"]:
+        assert on_disk[f"d{number}.txt"] == f"from a {number}"
+        assert on_disk[f"b{number}.txt"] == f"from b {number}"
+    for number in b["won"]:
+        assert on_disk[f"d{number}.txt"] == f"from b {number}"
+        assert on_disk[f"a{number}.txt"] == f"from a {number}"
 
 
 def test_the_cap_never_evicts_a_conversation_another_process_has_in_use(tmp_path: Path) -> None:
