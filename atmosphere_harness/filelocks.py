@@ -24,7 +24,8 @@ processes on different hosts still exclude each other (NFSv4 locking), and threa
 by the `threading.Lock`.
 
 After `fork` a child reopens its lock files (an inherited descriptor would share the parent's
-lock): each object remembers the fork generation it opened its file in (cheaper than `getpid`).
+lock): each object remembers the fork generation it opened its file in (cheaper than `getpid`),
+and gets a fresh mutex.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import fcntl
 import os
 import secrets
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from types import TracebackType
 
@@ -44,9 +46,17 @@ _generation = 0
 """How many forks separate this process from the one that imported this module."""
 
 
+_instances: weakref.WeakSet[LockFile | Lease] = weakref.WeakSet()
+"""Every lock object of this process, so a forked child can give each a fresh mutex."""
+
+
 def _forked() -> None:
+    """In a forked child: every descriptor now belongs to the parent, and a mutex some other
+    thread held at the fork would never be released."""
     global _generation
     _generation += 1
+    for instance in list(_instances):
+        instance._mutex = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -97,6 +107,7 @@ class LockFile:
         self._fd = -1
         self._gen = -1
         self._token = secrets.token_bytes(TOKEN_BYTES)
+        _instances.add(self)
 
     def __repr__(self) -> str:
         return f"LockFile({self.path!r})"
@@ -180,6 +191,7 @@ class Lease:
         self._mutex = threading.Lock()
         self._fd = -1
         self._gen = -1
+        _instances.add(self)
 
     def __repr__(self) -> str:
         return f"Lease({self.path!r}, held={self.held})"

@@ -9,7 +9,9 @@ from __future__ import annotations
 import fcntl
 import gc
 import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,20 @@ from atmosphere_harness.filesystem.usage import (
     lock_path,
 )
 from tests.fs_support import rejects
+
+
+def exit_code(pid: int, patience: float = 60.0) -> int | None:
+    """The child's exit code; a child stuck for `patience` seconds (a deadlock) is killed and
+    reported as `None` rather than hanging the suite."""
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
 
 
 def taken(path: Path) -> bool:
@@ -195,3 +211,34 @@ async def test_lock_files_of_a_store_that_never_got_a_directory_are_swept(tmp_pa
         ".real.lock",
         "real",
     ]
+
+
+def test_a_forked_child_gets_its_own_lock_even_if_a_thread_held_it_at_the_fork(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "x.lock"
+    lock = LockFile(str(path))
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with lock:
+            held.set()
+            release.wait()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:  # the child: the holder thread does not exist here
+        code = 1
+        try:
+            with lock as foreign:  # waits for the parent's flock, never for the stale mutex
+                code = 0 if foreign else 2
+        finally:
+            os._exit(code)
+    release.set()
+    thread.join()
+    assert exit_code(pid) == 0
+
+    with lock as foreign:
+        assert foreign, "the child's hold left its own mark"
