@@ -1,9 +1,10 @@
 """What exactness across processes costs a process writing alone: small writes and edits through
 `WorkspaceAgentFileSystem` with the shared-volume ledger (the default) and the in-process one.
 
-Both run in the same process on the same machine, alternating which goes first in each round,
-each round on fresh stores, so the ratio holds while the machine's speed drifts. Ops (per call,
-awaited one after another, as a model's tool calls are):
+Both run in the same process, op by op: each op is run on a store of each kind in turn,
+alternating which goes first, each round on fresh stores, so the two share the machine's noise
+and the ratio holds while its speed drifts. Ops (per call, awaited one after another, as a
+model's tool calls are):
 
 - `new_1k`: create a 1 KiB file (a new file: count and bytes reserved);
 - `overwrite_1k`: replace one of 100 existing 1 KiB files;
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,6 @@ from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
 from atmosphere_harness.filesystem.usage import (
     InProcessWorkspaceUsage,
     SharedVolumeWorkspaceUsage,
-    WorkspaceUsage,
 )
 
 LIMITS = FileSystemLimits(max_files=100_000, max_total_bytes=1 << 30)
@@ -44,23 +45,36 @@ USAGES: dict[str, type[Any]] = {
 }
 
 
-async def one_round(root: Path, usage: WorkspaceUsage, ops: int) -> dict[str, list[float]]:
-    fs = WorkspaceAgentFileSystem(root, LIMITS, usage=usage)
-    times: dict[str, list[float]] = {"new_1k": [], "overwrite_1k": [], "edit": []}
+async def one_round(root: Path, ops: int) -> dict[str, dict[str, list[float]]]:
+    """One round: a store per ledger, each op run on both, alternating which goes first, so
+    the two share the machine's noise op by op."""
+    stores = {
+        name: WorkspaceAgentFileSystem(root / name, LIMITS, usage=usage())
+        for name, usage in USAGES.items()
+    }
+    times: dict[str, dict[str, list[float]]] = {
+        name: {"new_1k": [], "overwrite_1k": [], "edit": []} for name in USAGES
+    }
     clock = time.perf_counter
+    names = list(USAGES)
+
+    async def each(op: str, number: int, call: Callable[[WorkspaceAgentFileSystem], Any]) -> None:
+        for name in names if number % 2 == 0 else reversed(names):
+            start = clock()
+            await call(stores[name])
+            times[name][op].append(clock() - start)
+
     for i in range(ops):
-        start = clock()
-        await fs.write(f"d{i % 10}/new_{i}.txt", BODY)
-        times["new_1k"].append(clock() - start)
+        new = f"d{i % 10}/new_{i}.txt"
+        await each("new_1k", i, lambda fs, path=new: fs.write(path, BODY))
     for i in range(ops):
-        start = clock()
-        await fs.write(f"d{i % 10}/new_{i % 100}.txt", BODY)
-        times["overwrite_1k"].append(clock() - start)
-    await fs.write("edit.txt", "marker-0\n" + BODY)
+        old = f"d{i % 10}/new_{i % 100}.txt"
+        await each("overwrite_1k", i, lambda fs, path=old: fs.write(path, BODY))
+    for fs in stores.values():
+        await fs.write("edit.txt", "marker-0\n" + BODY)
     for i in range(ops):
-        start = clock()
-        await fs.edit("edit.txt", f"marker-{i}\n", f"marker-{i + 1}\n")
-        times["edit"].append(clock() - start)
+        was, now = f"marker-{i}\n", f"marker-{i + 1}\n"
+        await each("edit", i, lambda fs, was=was, now=now: fs.edit("edit.txt", was, now))
     return times
 
 
@@ -72,11 +86,9 @@ async def alone(rounds: int, ops: int) -> dict[str, Any]:
     medians: dict[str, dict[str, list[float]]] = {name: {} for name in USAGES}
     with tempfile.TemporaryDirectory() as scratch:
         for number in range(rounds):
-            order = list(USAGES) if number % 2 == 0 else list(reversed(USAGES))
-            for name in order:
-                root = Path(scratch) / f"{name}-{number}"
-                times = await one_round(root, USAGES[name](), ops)
-                for op, values in times.items():
+            times = await one_round(Path(scratch) / f"round-{number}", ops)
+            for name, ops_times in times.items():
+                for op, values in ops_times.items():
                     medians[name].setdefault(op, []).append(us(values))
     result: dict[str, Any] = {}
     for op in medians["shared_volume"]:
