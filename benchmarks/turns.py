@@ -378,10 +378,18 @@ async def storage_run(workspace: Path, turns: int, size: int, peer: bool) -> dic
     stopped = disk_bytes(workspace)
     breakdown = {
         "database": sum(p.stat().st_size for p in workspace.glob(DATABASE_FILE + "*")),
+        # Files the model wrote; the lock files beside the stores (`files/.{id}.lock`, 8 bytes
+        # each) and `plans/.plans.lock` are bookkeeping, counted in the disk total only.
         "workspace_files": sum(
-            p.stat().st_size for p in workspace.rglob("files/**/*") if p.is_file()
+            p.stat().st_size
+            for p in workspace.rglob("files/**/*")
+            if p.is_file() and p.parent.name != "files"
         ),
-        "plans": sum(p.stat().st_size for p in workspace.rglob("plans/**/*") if p.is_file()),
+        "plans": sum(
+            p.stat().st_size
+            for p in workspace.rglob("plans/**/*")
+            if p.is_file() and p.name != ".plans.lock"
+        ),
     }
     result: dict[str, Any] = {
         "written_bytes": written,

@@ -12,7 +12,7 @@ of shared state; the kernel and the primitives only see the protocols:
 | approvals | `governance.approvals.ApprovalStore` | `ApprovalRegistry` (memory) |
 | conversation history | `memory.history.HistoryBackend` | SQLite under `workspace_root` |
 | long-term memory | `memory.LongTermMemory` | SQLite under `workspace_root` |
-| workspace usage | `filesystem.usage.WorkspaceUsage` | `InProcessWorkspaceUsage` (this process) |
+| workspace usage | `filesystem.usage.WorkspaceUsage` | `SharedVolumeWorkspaceUsage` (flock) |
 
 For history and long-term memory, `None` here means "the embedded SQLite file": the memory
 primitive opens it under `workspace_root` when it starts (and an entry-point provider or an

@@ -23,6 +23,7 @@ __all__ = [
     "FileSystemError",
     "FileSystemLimits",
     "GrepHit",
+    "UserFiles",
 ]
 
 
@@ -94,3 +95,20 @@ class AgentFileSystem(Protocol):
 
 
 register_injectable(AgentFileSystem)
+
+
+@dataclass(frozen=True, slots=True)
+class UserFiles:
+    """The current user's durable files, as Claude's native memory tool (`/memories`) sees them.
+
+    `fs` keeps what is written for the user across conversations (per owner and user); its
+    `tool-output/` route is the conversation's workspace, where long tool results are offloaded,
+    so the model can page through them with the same tool. Injected only when the run has a
+    user; without one the memory tool falls back to the conversation's workspace.
+    """
+
+    fs: AgentFileSystem
+    user_id: str
+
+
+register_injectable(UserFiles)

@@ -15,7 +15,11 @@ For every endpoint whose resolved features include FILESYSTEM it:
 
    The eight tools report `ACTIVE(builtin)`, `ACTIVE(builtin,partial)` when user tools claim
    some names (the user's tool wins), or `ACTIVE(user-tool)` when they claim all eight;
-3. adds the tool-output offload hook when the model has a way to read an offloaded file back.
+3. adds the tool-output offload hook when the model has a way to read an offloaded file back:
+   `read_file` among the eight tools, or Claude's memory tool (`view`), which the preview names;
+4. provides `UserFiles` for runs with a user: the per-owner, per-user durable store
+   (`{owner root}/memories/{user}/`) that Claude's memory tool serves as `/memories`, with the
+   conversation's `tool-output/` routed in so offloaded results stay readable there.
 
 Composite routes (`filesystem_routes`) are validated when the host starts, so a malformed or
 duplicate prefix stops the app at start-up rather than at the first tool call. Route backends
@@ -33,9 +37,9 @@ from ..preset import FILESYSTEM
 from ..runtimes.base import AiCapability, NativeSurfaceRuntime
 from ..settings import SurfaceMode
 from ..tools.base import Tool, as_tool
-from .base import AgentFileSystem, FileSystemError
-from .composite import normalize_routes
-from .offload import ToolOutputOffload
+from .base import AgentFileSystem, FileSystemError, UserFiles
+from .composite import CompositeAgentFileSystem, normalize_routes
+from .offload import MEMORY_VIEW, OUTPUT_DIR, READ_FILE, Reader, ToolOutputOffload
 from .provider import AgentFileSystemProvider
 from .tools import file_tools
 from .usage import WorkspaceUsage
@@ -110,17 +114,32 @@ class FilesystemPrimitive(Primitive):
                 log.warning("no filesystem for this conversation", error=str(exc))
                 return None
 
+        def user_files(run: Run) -> UserFiles | None:
+            if not run.user_id:
+                return None
+            try:
+                memories = provider.memories(run.user_id)
+                conversation = provider.for_conversation(run.conversation_id)
+            except FileSystemError as exc:
+                log.warning("no memory files for this user", error=str(exc))
+                return None
+            routed = CompositeAgentFileSystem(memories, {OUTPUT_DIR: conversation})
+            return UserFiles(routed, run.user_id)
+
         endpoint.provide(AgentFileSystem, scoped)
+        endpoint.provide(UserFiles, user_files)
         endpoint.services.set(SURFACE, provider)
         host.register_surface(SURFACE, endpoint.owner, provider)
 
         runtime = endpoint.runtime
         mode = settings.mode
         native = _native_tools(endpoint) if mode is not SurfaceMode.BUILTIN else []
+        reader: Reader | None = None
         if native:
             registered = [tool for tool in native if endpoint.add_builtin_tool(tool)]
             state = native_state(runtime.name) if registered else USER_TOOL
-            readable = bool(registered)
+            if any(tool.name == MEMORY_VIEW.tool for tool in registered):
+                reader = MEMORY_VIEW  # another native surface: no known way to read back
         elif mode is SurfaceMode.NATIVE:
             log.warning(
                 "filesystem=native but the runtime has no native file surface; "
@@ -142,9 +161,10 @@ class FilesystemPrimitive(Primitive):
                 state = BUILTIN_PARTIAL
             else:
                 state = USER_TOOL
-            readable = any(tool.name == "read_file" for tool in registered)
-        if readable and settings.offload_threshold > 0:
-            endpoint.result_hooks.append(ToolOutputOffload(settings.offload_threshold))
+            if any(tool.name == READ_FILE.tool for tool in registered):
+                reader = READ_FILE
+        if reader is not None and settings.offload_threshold > 0:
+            endpoint.result_hooks.append(ToolOutputOffload(settings.offload_threshold, reader))
         endpoint.report(FILESYSTEM, state)
 
 

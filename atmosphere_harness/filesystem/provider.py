@@ -8,15 +8,20 @@ run, a request or user code holds it, and costs nothing afterwards (its files st
 The conversation cap (`FileSystemLimits.max_conversations`, 256 by default) is applied when a
 conversation's directory is about to be created, which is its first write: at the cap, the least
 recently written conversation directories are removed down to 7/8 of it, skipping every store
-that is live in this process. The provider counts the directories it creates and lists them again
-only when that count reaches the cap, so a new conversation costs no scan of its siblings (other
-processes' directories are seen at that listing). Asking for a conversation, listing it or
-reading from it never creates a directory.
+that is live in any process (`WorkspaceUsage.retire`: a store in use holds a lease). The count
+and the creation run under one cross-process section (`files/.conversations.lock`), so processes
+sharing the volume never overshoot the cap together. The provider counts the directories it
+creates and lists them again only when that count reaches the cap, or when another process
+created or evicted one since (the section says so), so a new conversation in a process working
+alone costs no scan of its siblings. Asking for a conversation, listing it or reading from it
+never creates a directory.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
 import threading
 import weakref
@@ -25,7 +30,7 @@ from functools import partial
 from pathlib import Path
 
 from ..log import get_logger
-from .base import AgentFileSystem, FileSystemLimits
+from .base import AgentFileSystem, FileSystemError, FileSystemLimits
 from .composite import CompositeAgentFileSystem, normalize_routes
 from .paths import conversation_dir_name, store_key
 from .usage import PROCESS_USAGE, WorkspaceUsage
@@ -35,6 +40,27 @@ log = get_logger(__name__)
 
 EVICTION_SLACK = 8
 """Eviction goes an eighth of the cap below it: one scan per `max_conversations // 8` new ones."""
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+LEASE_SUFFIX = ".live"
+"""Of a store's lease file, `.{name}.live` beside it (`usage.lease_path`)."""
+CAP_LOCK = ".conversations.lock"
+"""The lock file (in `files/`) under which every process counts and creates conversations."""
+
+
+def _nothing() -> None:
+    """What retiring a store without a directory removes (only its lock files go)."""
+
+
+def user_dir_name(user_id: str) -> str:
+    """A user id as a directory name: itself when it is a plain name (letters, digits, `.`, `_`,
+    `-`, starting with a letter or digit, at most 128), else `_` and a digest of it (an e-mail
+    address, say; a plain name never starts with `_`), so no user id can name a path outside
+    `memories/` or collide with another."""
+    if not isinstance(user_id, str) or not user_id.strip():
+        raise FileSystemError("userId must not be blank")
+    if _PLAIN_NAME.fullmatch(user_id) and ".." not in user_id:
+        return user_id
+    return "_" + hashlib.sha256(user_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 class AgentFileSystemProvider:
@@ -63,10 +89,14 @@ class AgentFileSystemProvider:
         self._live: weakref.WeakValueDictionary[str, AgentFileSystem] = (
             weakref.WeakValueDictionary()
         )
+        self._memories: weakref.WeakValueDictionary[str, WorkspaceAgentFileSystem] = (
+            weakref.WeakValueDictionary()
+        )
         self._lock = threading.Lock()
         self._evicting = threading.Lock()
         self._count: int | None = None
         """Directories counted at the last scan plus those created since (under `_evicting`)."""
+        self._section = self.usage.section(str(self.files_root / CAP_LOCK))
 
     @property
     def files_root(self) -> Path:
@@ -91,6 +121,23 @@ class AgentFileSystemProvider:
             return default
         assert isinstance(found, WorkspaceAgentFileSystem)
         return found
+
+    def memories(self, user_id: str) -> WorkspaceAgentFileSystem:
+        """The durable memory store of `user_id` with this owner, kept across conversations:
+        `{agent_root}/memories/{user}/` (no I/O: nothing is created). Same bounds as a
+        conversation's workspace; never evicted by the conversation cap."""
+        name = user_dir_name(user_id)
+        with self._lock:
+            found = self._memories.get(name)
+            if found is None:
+                found = WorkspaceAgentFileSystem(
+                    self.agent_root / "memories" / name,
+                    self.limits,
+                    fsync=self.fsync,
+                    usage=self.usage,
+                )
+                self._memories[name] = found
+            return found
 
     def has_conversation(self, conversation_id: str) -> bool:
         """Whether the conversation ever wrote a file (its directory exists). Never creates."""
@@ -119,25 +166,43 @@ class AgentFileSystemProvider:
         return CompositeAgentFileSystem(workspace, self.routes)
 
     def _make_room(self, keep: str) -> None:
-        """Called before a conversation directory is created: keep the owner under the cap."""
+        """Called before a conversation directory is created: keep the owner under the cap, and
+        create the directory.
+
+        The count and the creation are one step for every process on the volume (the usage's
+        section over `files/`); a count another process may have changed is taken again."""
         cap = self.limits.max_conversations
-        with self._evicting:
-            if self._count is None or self._count >= cap:
+        with self._evicting, self._section as foreign:
+            if foreign or self._count is None or self._count >= cap:
                 self._count = self._evict(keep, cap)
+            # Created here, inside the section: a count taken by another process meanwhile
+            # must see it.
+            (self.files_root / keep).mkdir(parents=True, exist_ok=True)
             self._count += 1
+
+    def _sweep_orphans(self, leases: list[str], directories: set[str], keep: str) -> None:
+        """Remove the lock files of stores that have no directory (a conversation whose only
+        operations were refused, an edit of a missing file, say) unless some process uses them."""
+        for name in leases:
+            if name not in directories and name != keep:
+                self.usage.retire(store_key(self.files_root / name), _nothing)
 
     def _evict(self, keep: str, cap: int) -> int:
         """Count the directories; at the cap, remove the least recently written down to 7/8 of
         it (never `keep` or a live store). Returns how many remain."""
+        leases: list[str] = []
         try:
             with os.scandir(self.files_root) as listing:
-                entries = [
-                    (entry.stat(follow_symlinks=False).st_mtime, entry.name, entry.path)
-                    for entry in listing
-                    if entry.is_dir(follow_symlinks=False)
-                ]
+                entries = []
+                for entry in listing:
+                    if entry.is_dir(follow_symlinks=False):
+                        stamp = entry.stat(follow_symlinks=False).st_mtime
+                        entries.append((stamp, entry.name, entry.path))
+                    elif entry.name.startswith(".") and entry.name.endswith(LEASE_SUFFIX):
+                        leases.append(entry.name[1 : -len(LEASE_SUFFIX)])
         except FileNotFoundError:
             return 0
+        self._sweep_orphans(leases, {name for _stamp, name, _path in entries}, keep)
         if len(entries) < cap:
             return len(entries)
         excess = len(entries) - (cap - 1 - cap // EVICTION_SLACK)
@@ -145,9 +210,10 @@ class AgentFileSystemProvider:
         for _mtime, name, path in sorted(entries):
             if excess <= 0:
                 break
-            if name == keep or self.usage.is_live(store_key(path)):
-                continue
-            shutil.rmtree(path, ignore_errors=True)
+            if name == keep or not self.usage.retire(
+                store_key(path), partial(shutil.rmtree, path, ignore_errors=True)
+            ):
+                continue  # in use by some process
             excess -= 1
             remaining -= 1
             log.info("conversation workspace evicted (cap reached)", conversation=name, cap=cap)

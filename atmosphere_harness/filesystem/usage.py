@@ -14,23 +14,40 @@ addition are one step, so no two writers can pass a bound together even where `h
 advisory. A rejected reservation changes nothing and returns the figures that stood in the way
 (the workspace turns them into the model-facing message).
 
-`InProcessWorkspaceUsage` is the default: a `threading.Lock` per store and its figures in memory,
-for one process. It costs two uncontended lock acquisitions per write. Other implementations slot
-in through `WorkspaceAgentFileSystem(usage=...)` / `AgentFileSystemProvider(usage=...)`: for N
-processes on one shared volume, `hold()` can be an `fcntl.flock` on a lock file beside the store
-and the figures a small ledger file read and rewritten under it; for PostgreSQL, `hold()` a
-transaction-scoped advisory lock and `reserve()` one conditional
-`UPDATE ... SET files = files + $1, bytes = bytes + $2 WHERE ... <= $max RETURNING ...`.
+Two implementations:
+
+- `SharedVolumeWorkspaceUsage`, the default (`PROCESS_USAGE`): exact across every process that
+  shares the workspace root (N uvicorn workers, replicas on one volume). `hold()` is a
+  `threading.Lock` plus an `flock` on `.{store}.lock` beside the store directory; the figures
+  stay in memory, and the lock file records which ledger held it last, so a ledger that finds
+  another's mark drops its figures and the store recounts from the disk (under the lock, so the
+  count is exact) before reserving. A process that writes alone never recounts. A store in use
+  also holds a shared lease (`.{store}.live`), which the conversation cap's `retire` must take
+  exclusively before removing the store: a store any process uses is never evicted. It costs
+  one `flock` pair and an 8-byte `pread` per mutation over the in-process ledger (measured in
+  `docs/filesystem.md`).
+- `InProcessWorkspaceUsage`: a `threading.Lock` per store and its figures in memory, exact for
+  one process only (the behaviour before the shared volume); for embedding, tests, or a root no
+  other process touches.
+
+A PostgreSQL implementation would make `hold()` a transaction-scoped advisory lock and
+`reserve()` one conditional `UPDATE ... SET files = files + $1, bytes = bytes + $2 WHERE ... <=
+$max RETURNING ...`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import weakref
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Protocol
 
+from ..filelocks import Lease, LockFile, leased, retire
 from .base import FileSystemLimits
 
 
@@ -47,7 +64,15 @@ class UsageLedger(Protocol):
 
     def hold(self) -> AbstractContextManager[object]:
         """Exclusive use of the store for one mutation (a write, edit, delete, rename or recount);
-        not reentrant."""
+        not reentrant. Also marks the store as in use (see `claim`). On entry the figures may
+        have been dropped (`current()` is `None`) when another process changed the store."""
+        ...
+
+    def claim(self) -> bool:
+        """Mark the store as in use by this process if it was ever written through a ledger (a
+        read creates nothing: no lease file, no directory). True once marked: the caller need
+        not call again while it keeps the ledger. Called in a worker thread; may wait for an
+        eviction of the store that is under way."""
         ...
 
     def current(self) -> StoreUsage | None:
@@ -86,31 +111,36 @@ class WorkspaceUsage(Protocol):
         ...
 
     def is_live(self, store: str) -> bool:
-        """True while some caller in this process holds the ledger of `store` (a live store is
-        never evicted)."""
+        """True while some caller holds the ledger of `store` (in this process, or, for a
+        cross-process usage, in any process sharing the volume)."""
+        ...
+
+    def retire(self, store: str, remove: Callable[[], object]) -> bool:
+        """Call `remove()` (which deletes the store directory) unless the store is live, as one
+        step no caller can slip into; returns whether it ran. Never waits for a live store."""
+        ...
+
+    def section(self, lock_path: str) -> AbstractContextManager[bool]:
+        """A fresh exclusive section for bookkeeping over many stores (the conversation cap),
+        named by a lock file. Entering it yields True when another holder (another process, or
+        another section object) may have changed what it guards since this one last held it,
+        so the caller must count again. Keep the object: each one remembers its last hold."""
         ...
 
 
-class InProcessLedger:
-    """`UsageLedger` for one process: a mutation lock, and the figures behind a second lock.
+class Figures:
+    """A ledger's file count and byte total in memory, behind a lock of their own.
 
     `reserve` and `adjust` hold `_lock` for a few arithmetic operations only, so they are atomic
     even for a caller that skips `hold()`.
     """
 
-    __slots__ = ("__weakref__", "_bytes", "_files", "_hold", "_lock")
+    __slots__ = ("__weakref__", "_bytes", "_files", "_lock")
 
     def __init__(self) -> None:
-        self._hold = threading.Lock()
         self._lock = threading.Lock()
         self._files = -1  # -1: not counted
         self._bytes = 0
-
-    def __repr__(self) -> str:
-        return f"InProcessLedger({self.current()!r})"
-
-    def hold(self) -> threading.Lock:
-        return self._hold
 
     def current(self) -> StoreUsage | None:
         with self._lock:
@@ -143,8 +173,27 @@ class InProcessLedger:
                 self._bytes = max(0, self._bytes + bytes)
 
 
+class InProcessLedger(Figures):
+    """`UsageLedger` for one process: a mutation lock, and the figures in memory."""
+
+    __slots__ = ("_hold",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._hold = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"InProcessLedger({self.current()!r})"
+
+    def hold(self) -> threading.Lock:
+        return self._hold
+
+    def claim(self) -> bool:
+        return True
+
+
 class InProcessWorkspaceUsage:
-    """The default `WorkspaceUsage`: one `InProcessLedger` per store directory, held weakly.
+    """`WorkspaceUsage` for one process: one `InProcessLedger` per store directory, held weakly.
 
     A ledger lives while some store instance keeps it; when the last one goes, its figures go
     too, and the next instance on that directory counts it again from the disk.
@@ -168,6 +217,110 @@ class InProcessWorkspaceUsage:
         with self._lock:
             return store in self._ledgers
 
+    def retire(self, store: str, remove: Callable[[], object]) -> bool:
+        if self.is_live(store):
+            return False
+        remove()
+        return True
 
-PROCESS_USAGE = InProcessWorkspaceUsage()
+    def section(self, lock_path: str) -> AbstractContextManager[bool]:
+        return contextlib.nullcontext(False)
+
+
+def lock_path(store: str) -> str:
+    """The mutation lock of a store: `.{name}.lock` beside its directory (a hidden file, so a
+    listing of conversation directories never sees it; conversation ids never start with a
+    dot)."""
+    parent, name = os.path.split(store)
+    return os.path.join(parent, f".{name}.lock")
+
+
+def lease_path(store: str) -> str:
+    """The in-use lease of a store: `.{name}.live` beside its directory."""
+    parent, name = os.path.split(store)
+    return os.path.join(parent, f".{name}.live")
+
+
+class SharedVolumeLedger(Figures):
+    """`UsageLedger` exact across processes: the in-process figures, kept only while no other
+    ledger (of any process) held the store's lock file since this one did.
+
+    `hold()` claims the store's lease, takes the lock file, and drops the figures when the lock
+    file carries another holder's mark; the store then recounts under the lock.
+    """
+
+    __slots__ = ("_lease", "_lock_file", "_store")
+
+    def __init__(self, store: str) -> None:
+        super().__init__()
+        self._store = store
+        self._lock_file = LockFile(lock_path(store))
+        self._lease = Lease(lease_path(store))
+
+    def __repr__(self) -> str:
+        return f"SharedVolumeLedger({self._store!r}, {self.current()!r})"
+
+    def hold(self) -> SharedVolumeLedger:
+        return self
+
+    def __enter__(self) -> SharedVolumeLedger:
+        if not self._lease.held:
+            self._lease.claim(create=True)
+        if self._lock_file.__enter__():
+            self.recount(None)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._lock_file.__exit__(kind, value, traceback)
+
+    def claim(self) -> bool:
+        if self._lease.held:
+            return True
+        try:
+            return self._lease.claim(create=False)
+        except OSError:  # unreadable lease: read on without one
+            return True
+
+
+class SharedVolumeWorkspaceUsage:
+    """The default `WorkspaceUsage`: one `SharedVolumeLedger` per store directory in this
+    process (held weakly, like `InProcessWorkspaceUsage`), coordinated with every other process
+    on the volume through the stores' lock and lease files."""
+
+    def __init__(self) -> None:
+        self._ledgers: weakref.WeakValueDictionary[str, SharedVolumeLedger] = (
+            weakref.WeakValueDictionary()
+        )
+        self._lock = threading.Lock()
+
+    def ledger(self, store: str) -> SharedVolumeLedger:
+        with self._lock:
+            found = self._ledgers.get(store)
+            if found is None:
+                found = SharedVolumeLedger(store)
+                self._ledgers[store] = found
+            return found
+
+    def is_live(self, store: str) -> bool:
+        with self._lock:
+            if store in self._ledgers:
+                return True
+        return leased(lease_path(store))
+
+    def retire(self, store: str, remove: Callable[[], object]) -> bool:
+        with self._lock:
+            if store in self._ledgers:  # live here (the lease may not be claimed yet)
+                return False
+        return retire(lease_path(store), remove, lock_path(store))
+
+    def section(self, lock_path: str) -> LockFile:
+        return LockFile(lock_path)
+
+
+PROCESS_USAGE: WorkspaceUsage = SharedVolumeWorkspaceUsage()
 """The usage every store and provider shares unless given its own (`usage=`)."""

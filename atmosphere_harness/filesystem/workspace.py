@@ -11,12 +11,16 @@ What it guarantees, whatever the caller does:
 - **Atomic writes.** `atomic.write_atomic`: a temporary file in the target's directory, then
   `os.replace`, so readers (which take no lock) see the old or the new file and a crash never
   leaves a torn one; `fsync=True` also flushes the file and its directory.
-- **Exact accounting.** The store's `UsageLedger` (`usage.py`; by default one per directory in
-  the process, shared by every instance on it) serializes `write`, `edit`, `delete` and `rename`
-  under its `hold()` and checks-and-reserves each change's files and bytes in one step, so the
-  bounds check is O(1) instead of a walk per write. The instance's `DiskTally` (`tally.py`)
-  notices files changed on disk behind the store's back and recounts by a walk; before rejecting
-  a write the count is always redone, so a stale count never causes a wrong rejection.
+- **Exact accounting, across processes.** The store's `UsageLedger` (`usage.py`; by default
+  one per directory in the process, shared by every instance on it, and coordinated with other
+  processes on the volume by an `flock`) serializes `write`, `edit`, `delete` and `rename` under
+  its `hold()` and checks-and-reserves each change's files and bytes in one step, so the bounds
+  check is O(1) instead of a walk per write. When another process changed the store since this
+  one last held it, the ledger has dropped its figures and the store recounts under the lock
+  first. The instance's `DiskTally` (`tally.py`) notices files changed on disk behind every
+  store's back (a shell) and recounts by a walk; before rejecting a write the count is always
+  redone, so a stale count never causes a wrong rejection. An edit reads, replaces and writes
+  under the same hold, so concurrent edits from any number of processes never lose one.
 - **Nothing is created by a read.** The root directory appears on the first write; `ls`,
   `read`, `glob` and `grep` of a store that was never written see an empty store.
 
@@ -134,6 +138,7 @@ class WorkspaceAgentFileSystem:
         self._prefetched: dict[str, str | FileSystemError] = {}
         self._prefetched_at = 0.0
         self._changes = 0  # changes begun through this store (a prefetch spanning one is void)
+        self._claimed = False  # the ledger marks the store in use (see `UsageLedger.claim`)
 
     @classmethod
     def for_conversation(
@@ -290,11 +295,18 @@ class WorkspaceAgentFileSystem:
 
     async def _run(self, action: str, echo: str, fn: Callable[..., T], *args: object) -> T:
         try:
-            return await workers.run(fn, *args)
+            if self._claimed:
+                return await workers.run(fn, *args)
+            return await workers.run(self._claim_then, fn, *args)
         except FileSystemError:
             raise
         except OSError as exc:
             raise _failed(action, echo, exc) from None
+
+    def _claim_then(self, fn: Callable[..., T], *args: object) -> T:
+        """Mark the store in use (its lease, once it exists) before the first operations."""
+        self._claimed = self._ledger.claim()
+        return fn(*args)
 
     def _locked(self, fn: Callable[..., T], *args: object) -> T:
         with self._ledger.hold():

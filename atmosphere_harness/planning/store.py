@@ -15,9 +15,16 @@ workspace directory, and promises:
 - the store never bricks: creating a plan when `plans/` already holds 1024 documents evicts the
   least recently modified ones first, down to 7/8 of the cap, so the next creations cost no scan
   of the directory (the store counts its own creations; it lists `plans/` again when the count
-  reaches the cap, which also catches documents other processes added);
+  reaches the cap);
+- the cap is exact across processes sharing the root: counting, creating and evicting run under
+  an exclusive `flock` on `plans/.plans.lock` (`filelocks.LockFile`), whose holder's mark tells
+  a store that another process created or evicted since its own count, which it then takes
+  again; an update holds the same lock shared, so an eviction never removes a document while
+  it is being written (the least recently modified go first, so a plan in use is the last
+  candidate);
 - a corrupt or unreadable document reads as no plan (with a WARN) instead of failing the run;
-- writes to one document are serialized; reads take no lock (the rename makes them safe).
+- writes to one document are serialized in the process; reads take no lock (the rename makes
+  them safe); across processes the last write of a document wins, whole.
 
 File work runs in a worker thread, so an fsync never stalls the event loop.
 """
@@ -36,6 +43,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from ..errors import HarnessError
+from ..filelocks import LockFile
 from ..injection import register_injectable
 from ..log import get_logger
 from .model import AgentPlan
@@ -47,6 +55,8 @@ MAX_PLAN_BYTES = 128 * 1024
 MAX_PLAN_FILES = 1024
 EVICTION_SLACK = 8
 """Eviction goes an eighth of the cap below it: one scan per `max_files // 8` new plans."""
+CAP_LOCK = ".plans.lock"
+"""The lock file (in `plans/`) under which every process counts, creates and evicts plans."""
 MAX_KEY_BYTES = 200
 """Keys name files; 200 bytes keeps `{key}.json` well under every filesystem's 255-byte limit."""
 
@@ -117,6 +127,7 @@ class FilePlanStore:
         self._create_lock = threading.Lock()
         self._count: int | None = None
         """Documents counted at the last scan plus those created since (under the lock)."""
+        self._section = LockFile(str(self.plans_dir / CAP_LOCK))
 
     def __repr__(self) -> str:
         return f"FilePlanStore({str(self.root)!r})"
@@ -185,12 +196,20 @@ class FilePlanStore:
         path = self._resolve(agent, conversation)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
-            _atomic_write(path, data)
-            return
-        # Creating a document is the only way the count grows: count and create under one lock
-        # so concurrent new conversations cannot overshoot the cap.
-        with self._create_lock:
-            if self._count is None or self._count >= self.max_files:
+            # An update never changes the count; in shared mode it only keeps an eviction
+            # (exclusive) from removing the document under it, which would let it reappear.
+            with self._section.shared():
+                if path.exists():
+                    _atomic_write(path, data)
+                    return
+        # Creating a document is the only way the count grows: every process counts and creates
+        # under one exclusive section, so concurrent new conversations cannot overshoot the cap.
+        # A count another process may have changed since (the section says so) is taken again.
+        with self._create_lock, self._section as foreign:
+            if path.exists():  # created meanwhile (another process): an update after all
+                _atomic_write(path, data)
+                return
+            if foreign or self._count is None or self._count >= self.max_files:
                 self._count = self._make_room(path.parent.parent)
             _atomic_write(path, data)
             self._count += 1

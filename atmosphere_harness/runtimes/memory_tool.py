@@ -1,8 +1,12 @@
-"""Anthropic's memory tool (`memory_20250818`) served by the conversation's `AgentFileSystem`.
+"""Anthropic's memory tool (`memory_20250818`), durable per user.
 
 Claude issues `view`, `create`, `str_replace`, `insert`, `delete` and `rename` against a
-`/memories` tree; this tool maps `/memories/x` to `x` in the conversation's workspace, so the
-files land exactly where the built-in file tools and the admin surface see them. Every path is
+`/memories` tree, expecting it to outlive the conversation. With a user on the run, this tool
+maps `/memories/x` to `x` in that user's durable store (`UserFiles`: per owner and user, kept
+across conversations, bounded like a workspace), except `/memories/tool-output/`, which is the
+conversation's own `tool-output/` (where long tool results are offloaded, so the model can page
+through them with `view`). Without a user it maps onto the conversation's workspace, where the
+admin surface sees the files (and they go with the conversation). Every path is
 then validated by the file system itself (traversal, symlinks, NUL, bounds), and every bound is
 enforced before a byte is written. Messages follow the SDK's reference implementation, which is
 what the model was trained against; rejections read `Error: <reason>` like the other file tools.
@@ -16,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from ..filesystem.base import AgentFileSystem, FileInfo, FileSystemError
+from ..filesystem.base import AgentFileSystem, FileInfo, FileSystemError, UserFiles
 from ..tools.base import Tool, ToolContext, ToolKind
 
 NAME = "memory"
@@ -53,8 +57,9 @@ PARAMETERS: dict[str, Any] = {
 }
 
 DESCRIPTION = (
-    "Your memory directory /memories, kept in this conversation's workspace: view a directory "
-    "or a file, create a file, str_replace or insert text, delete, or rename."
+    "Your memory directory /memories, kept for the current user across conversations: view a "
+    "directory or a file, create a file, str_replace or insert text, delete, or rename. "
+    "/memories/tool-output/ holds this conversation's long tool results."
 )
 
 
@@ -80,7 +85,8 @@ def memory_tool() -> Tool:
 
 async def handle(arguments: Mapping[str, Any], context: ToolContext) -> str:
     """Run one memory command; every outcome is a message the model can act on."""
-    fs = context.get(AgentFileSystem)
+    user = context.get(UserFiles)
+    fs = user.fs if user is not None else context.get(AgentFileSystem)
     if fs is None:
         return UNAVAILABLE
     command = arguments.get("command")

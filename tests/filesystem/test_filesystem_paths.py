@@ -142,7 +142,7 @@ def test_generated_writes_land_inside_the_store_or_are_rejected(
 
     asyncio.run(scenario())
     assert tree(outside) == {"sentinel": b"untouched"}
-    assert {p.name for p in base.iterdir()} <= {"outside", "store"}
+    assert {p.name for p in base.iterdir()} <= {"outside", "store", ".store.lock", ".store.live"}
 
 
 # --- planted symlinks ----------------------------------------------------------------------

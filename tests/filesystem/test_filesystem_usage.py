@@ -8,6 +8,7 @@ import os
 import random
 import threading
 from collections import Counter
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -25,7 +26,12 @@ from atmosphere_harness.filesystem import (
 from atmosphere_harness.filesystem import workspace as workspace_module
 from atmosphere_harness.filesystem.paths import store_key
 from atmosphere_harness.filesystem.tally import DiskTally
-from atmosphere_harness.filesystem.usage import PROCESS_USAGE, InProcessLedger
+from atmosphere_harness.filesystem.usage import (
+    PROCESS_USAGE,
+    InProcessLedger,
+    SharedVolumeLedger,
+    SharedVolumeWorkspaceUsage,
+)
 from tests.fs_support import rejects, tree
 
 LIMITS = FileSystemLimits(max_files=10, max_total_bytes=1000)
@@ -153,11 +159,14 @@ def test_ledgers_are_shared_per_store_and_live_while_held(tmp_path: Path) -> Non
     assert not usage.is_live(key)
 
 
-def test_the_in_process_classes_satisfy_the_protocols() -> None:
+def test_the_usage_classes_satisfy_the_protocols() -> None:
     usage: WorkspaceUsage = InProcessWorkspaceUsage()
     ledger: UsageLedger = usage.ledger("/somewhere")
     assert isinstance(ledger, InProcessLedger)
-    assert isinstance(PROCESS_USAGE, InProcessWorkspaceUsage)
+    shared: WorkspaceUsage = SharedVolumeWorkspaceUsage()
+    shared_ledger: UsageLedger = shared.ledger("/somewhere")
+    assert isinstance(shared_ledger, SharedVolumeLedger)
+    assert isinstance(PROCESS_USAGE, SharedVolumeWorkspaceUsage), "exact across processes"
 
 
 # --- the workspace through the seam ---------------------------------------------------------
@@ -321,6 +330,12 @@ class Refusing:
     def is_live(self, store: str) -> bool:
         return self.inner.is_live(store)
 
+    def retire(self, store: str, remove: Callable[[], object]) -> bool:
+        return self.inner.retire(store, remove)
+
+    def section(self, lock_path: str) -> AbstractContextManager[bool]:
+        return self.inner.section(lock_path)
+
 
 class RefusingLedger:
     def __init__(self, inner: InProcessLedger, calls: list[tuple[str, int, int]]) -> None:
@@ -328,6 +343,9 @@ class RefusingLedger:
 
     def hold(self) -> AbstractContextManager[object]:
         return self.inner.hold()
+
+    def claim(self) -> bool:
+        return self.inner.claim()
 
     def current(self) -> StoreUsage | None:
         return self.inner.current()

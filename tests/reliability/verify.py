@@ -104,6 +104,8 @@ def disk_files(workspace: Path) -> dict[str, dict[str, str]]:
     stores: dict[str, dict[str, str]] = {}
     root = owner_root(workspace) / "files"
     for store in sorted(root.iterdir()) if root.is_dir() else []:
+        if not store.is_dir():
+            continue  # a store's lock files sit beside it (`.{id}.lock`, `.{id}.live`)
         files = {
             str(path.relative_to(store)): path.read_text(encoding="utf-8")
             for path in sorted(store.rglob("*"))
