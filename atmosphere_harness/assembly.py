@@ -22,6 +22,7 @@ from .planning import PlanningPrimitive
 from .registry import AgentSpec
 from .runtimes.base import AgentRuntime
 from .settings import HarnessSettings
+from .skills.primitive import SkillsPrimitive
 
 
 def default_primitives(
@@ -41,6 +42,7 @@ def default_primitives(
         ),
         PlanningPrimitive(backends.plan_bus, stores=backends.plan_stores),
         FilesystemPrimitive(usage=backends.workspace_usage),
+        SkillsPrimitive(),
         GovernancePrimitive(
             policies=policies, approval_policy=approval_policy, approvals=backends.approvals
         ),

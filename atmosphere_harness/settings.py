@@ -189,6 +189,12 @@ class HarnessSettings(BaseSettings):
     filesystem_fsync: bool = Field(False, validation_alias=_env("ATMOSPHERE_AI_FILESYSTEM_FSYNC"))
     """Flush every workspace write to disk before it returns (durable across power loss, ~1 ms)."""
 
+    skills_dirs: Annotated[tuple[Path, ...], NoDecode] = Field(
+        (), validation_alias=_env("ATMOSPHERE_AI_SKILLS_DIRS")
+    )
+    """App-wide skill folders (comma list), each a folder of `SKILL.md` skill folders; the
+    strongest source: they override an agent's own skills of the same name (`docs/skills.md`)."""
+
     tool_output_offload_threshold: int = Field(
         DEFAULT_OFFLOAD_THRESHOLD,
         validation_alias=_env(
@@ -351,6 +357,17 @@ class HarnessSettings(BaseSettings):
             value = value.split(",")
         if isinstance(value, list | tuple | set | frozenset):
             return frozenset(str(item).strip() for item in value if str(item).strip())
+        return value
+
+    @field_validator("skills_dirs", mode="before")
+    @classmethod
+    def _parse_skills_dirs(cls, value: object) -> object:
+        if value is None:
+            return ()
+        if isinstance(value, str | Path):
+            value = str(value).split(",")
+        if isinstance(value, list | tuple):
+            return tuple(Path(str(item).strip()) for item in value if str(item).strip())
         return value
 
     @field_validator("user_id_header", mode="before")

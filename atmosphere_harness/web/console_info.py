@@ -8,7 +8,9 @@ from fastapi import APIRouter, Request
 
 from .._version import __version__
 from ..harness import Harness
+from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
+from ..skills.primitive import SKILLS_SERVICE
 from .deps import HarnessDep, identity_source
 from .errors import HarnessRoute
 
@@ -25,6 +27,7 @@ def console_info(host: HarnessHost) -> dict[str, Any]:
             "features": [feature.value for feature in Harness.ordered(endpoint.features)],
             "harness": host.truth.endpoint(endpoint.path),
             "tools": sorted(endpoint.tools),
+            "skills": _skills(endpoint),
         }
         for endpoint in host.endpoints.values()
     ]
@@ -33,6 +36,12 @@ def console_info(host: HarnessHost) -> dict[str, Any]:
         "capabilities": sorted(capability.value for capability in host.runtime.capabilities),
     }
     return info
+
+
+def _skills(endpoint: HostedEndpoint) -> list[dict[str, object]]:
+    """The endpoint's skills (name, description, path in the workspace), by name."""
+    found = endpoint.services.get(SKILLS_SERVICE)
+    return found.describe() if found is not None else []
 
 
 def console_info_router() -> APIRouter:
