@@ -14,7 +14,7 @@ from atmosphere_harness import ModelRequest, ScriptedRuntime, ToolCall, agent
 from atmosphere_harness.delegation import SYSTEM_PROMPT
 from tests.agents import echo
 from tests.skills.support import agent_module, write_skill
-from tests.support import make_app, of_type, serve
+from tests.support import doc_example, make_app, of_type, serve
 from tests.support import prompt as post_prompt
 
 PATH = "/atmosphere/agent/{name}"
@@ -228,3 +228,12 @@ async def test_skills_without_a_workspace_are_reported_inactive(
     assert frames[-1]["event"] == "complete"
     assert info["endpoints"][0]["harness"]["skills"] == "INACTIVE(no-filesystem)"
     assert "solo" not in runtime.requests[0].system_prompt
+
+
+async def test_the_docs_example_runs() -> None:
+    module = doc_example(Path(__file__).parents[2] / "docs" / "skills.md", "skills_doc_example")
+    async with serve(module.app) as base, httpx2.AsyncClient(base_url=base, timeout=30) as client:
+        frames = await post_prompt(client, "/atmosphere/agent/poet", "a poem please")
+    (read,) = of_type(frames, "tool-result")
+    assert read["data"]["result"].startswith("---\nname: haiku\n")
+    assert frames[-1]["data"]["summary"].startswith("Quiet tests at dawn")

@@ -614,10 +614,26 @@
       .sort()
       .map((key) => {
         const value = truth[key];
-        const kind = value.startsWith("ACTIVE") ? "active" : value.startsWith("INACTIVE") ? "inactive" : "setting";
-        return el("tr", {}, el("th", { scope: "row" }, key), el("td", {}, el("span", { class: `state ${kind}` }, value)));
+        // A map of states (`mcp`: one per server) is a nested table.
+        const cell = typeof value === "object" && value !== null ? truthTable(value) : stateBadge(String(value));
+        return el("tr", {}, el("th", { scope: "row" }, key), el("td", {}, cell));
       });
     return el("table", { class: "truth" }, el("tbody", {}, ...rows));
+  }
+
+  function stateBadge(value) {
+    const kind = value.startsWith("ACTIVE") ? "active" : value.startsWith("INACTIVE") ? "inactive" : "setting";
+    return el("span", { class: `state ${kind}` }, value);
+  }
+
+  function skillList(skills) {
+    if (!skills || !skills.length) return null;
+    return el(
+      "div",
+      { class: "skills" },
+      el("p", { class: "muted" }, `skills (${skills.length}):`),
+      el("ul", {}, ...skills.map((skill) => el("li", { title: skill.path }, el("strong", {}, skill.name), " — ", skill.description))),
+    );
   }
 
   function renderHarness(info) {
@@ -635,6 +651,7 @@
           el("p", {}, "owner ", el("strong", {}, endpoint.owner), " · features ", endpoint.features.length ? endpoint.features.join(", ") : "none"),
           truthTable(endpoint.harness),
           el("p", { class: "muted tools" }, `tools: ${endpoint.tools.join(", ") || "none"}`),
+          skillList(endpoint.skills),
         ),
       );
     }
