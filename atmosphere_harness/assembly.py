@@ -16,6 +16,7 @@ from .filesystem.primitive import FilesystemPrimitive
 from .governance.approval import ToolApprovalPolicy
 from .governance.primitive import GovernancePrimitive
 from .kernel.host import HarnessHost
+from .mcp.primitive import MCPPrimitive
 from .memory.long_term import LongTermMemory
 from .memory.primitive import MemoryPrimitive
 from .planning import PlanningPrimitive
@@ -47,6 +48,7 @@ def default_primitives(
             policies=policies, approval_policy=approval_policy, approvals=backends.approvals
         ),
         DelegationPrimitive(),
+        MCPPrimitive(),  # last: a tool-name collision is checked against every built-in
     ]
 
 
