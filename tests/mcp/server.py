@@ -3,7 +3,8 @@
 Run over stdio as a subprocess (`python tests/mcp/server.py`), or served over streamable HTTP
 in-process (`build().streamable_http_app()`). `MCP_TEST_COLLIDE=1` adds a tool named `read_file`
 (a built-in's name); `MCP_TEST_MARK=<path>` appends a line to that file on each start, so tests
-can count restarts.
+can count restarts; `MCP_TEST_FAIL_FIRST=<path>` makes the first start fail (exit 3) and
+creates that file, so the next start succeeds.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ def build() -> MCPServer:
     def fail(message: str) -> str:
         """Always fails with the given message."""
         raise ToolError(message)
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    def big(lines: int) -> str:
+        """Return a long numbered text."""
+        return "\n".join(f"line {n:05d} of the long output" for n in range(lines))
 
     @server.tool()
     def crash() -> str:
@@ -80,6 +86,10 @@ def build() -> MCPServer:
 
 
 if __name__ == "__main__":
+    first = os.environ.get("MCP_TEST_FAIL_FIRST")
+    if first and not Path(first).exists():
+        Path(first).write_text("failed once\n", encoding="utf-8")
+        sys.exit(3)
     mark = os.environ.get("MCP_TEST_MARK")
     if mark:
         with Path(mark).open("a", encoding="utf-8") as handle:

@@ -4,6 +4,7 @@ collisions and truth."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -27,11 +28,11 @@ from atmosphere_harness.settings import HarnessSettings
 from tests.agents import echo
 from tests.delegation_support import deny_when, governed_app, open_prompt
 from tests.mcp.support import calling, each_turn, http_server, rounds, since_user, stdio_server
-from tests.support import of_type, serve
+from tests.support import doc_example, of_type, serve
 from tests.support import prompt as post_prompt
 
 PATH = "/atmosphere/agent/tooled"
-SERVER_TOOLS = {"add", "greet", "wipe", "fail", "crash", "hang", "grow"}
+SERVER_TOOLS = {"add", "greet", "wipe", "fail", "big", "crash", "hang", "grow"}
 
 
 def tooled(*servers: Any, harness: Any = None) -> type:
@@ -97,7 +98,7 @@ async def check_offered_and_called(agent_cls: type, workspace: Path, server: str
     assert description == "Greet someone by name."
 
     (endpoint,) = info["endpoints"]
-    assert endpoint["harness"]["mcp"] == {server: "ACTIVE(7 tools)"}
+    assert endpoint["harness"]["mcp"] == {server: "ACTIVE(8 tools)"}
     assert endpoint["toolServers"] == dict.fromkeys(sorted(SERVER_TOOLS), server)
     assert "write_todos" in endpoint["tools"], "built-ins stay"
 
@@ -167,7 +168,7 @@ async def test_a_server_that_crashes_mid_call_answers_an_error_and_is_restarted(
     assert "restarted on the next call" in error["message"]
     assert added == "42", "the next call restarted the server"
     assert len(marks.read_text().split()) == 2, "one start, one restart"
-    assert info["endpoints"][0]["harness"]["mcp"] == {"server": "ACTIVE(7 tools)"}
+    assert info["endpoints"][0]["harness"]["mcp"] == {"server": "ACTIVE(8 tools)"}
 
 
 async def test_a_server_that_never_answers_times_out_within_the_tool_deadline(
@@ -243,7 +244,7 @@ async def test_a_collision_with_a_built_in_fails_start_up_and_prefix_resolves_it
     mine, builtin = results(frames)
     assert mine == "a/b"
     assert builtin.startswith("Error: File not found: x")
-    assert info["endpoints"][0]["harness"]["mcp"] == {"t": "ACTIVE(8 tools)"}
+    assert info["endpoints"][0]["harness"]["mcp"] == {"t": "ACTIVE(9 tools)"}
     assert info["endpoints"][0]["toolServers"]["t_add"] == "t"
 
 
@@ -260,4 +261,56 @@ async def test_a_changed_tool_list_is_offered_from_the_next_request(workspace: P
     runtime = each_turn(turn)
     ([frames], info) = await run(tooled(stdio_server()), runtime, workspace)
     assert frames[-1]["data"]["summary"] == "grew | extra works (True)"
-    assert info["endpoints"][0]["harness"]["mcp"] == {"server": "ACTIVE(8 tools)"}
+    assert info["endpoints"][0]["harness"]["mcp"] == {"server": "ACTIVE(9 tools)"}
+
+
+async def test_a_huge_result_is_offloaded_and_a_huge_argument_never_reaches_the_server(
+    workspace: Path,
+) -> None:
+    runtime = calling(
+        ToolCall("big", {"lines": 400}),
+        ToolCall("greet", {"name": "x" * 3000}),
+    )
+    ([frames], _) = await run(
+        tooled(stdio_server()),
+        runtime,
+        workspace,
+        tool_output_offload_threshold=2000,
+        max_tool_argument_chars=1024,
+    )
+    big, greeted = results(frames)
+    assert "Full output saved to tool-output/big-" in big, big[:200]
+    [saved] = (workspace / "agents" / "tooled" / "files").rglob("tool-output/big-*")
+    assert saved.read_text().splitlines()[-1] == "line 00399 of the long output"
+    assert json.loads(greeted)["error"] == "invalid_arguments"
+
+
+async def test_a_server_that_failed_at_start_up_is_started_again_by_the_next_request(
+    workspace: Path, tmp_path: Path
+) -> None:
+    runtime = calling(ToolCall("add", {"a": 4, "b": 5}))
+    server = stdio_server(MCP_TEST_FAIL_FIRST=str(tmp_path / "failed-once"))
+    app = governed_app([tooled(server)], runtime=runtime, workspace=workspace)
+    async with serve(app) as base, httpx2.AsyncClient(base_url=base, timeout=60) as client:
+        before = (await client.get("/api/console/info")).json()
+        (state,) = before["endpoints"][0]["harness"]["mcp"].values()
+        assert state.startswith("INACTIVE(failed to start: "), state
+        first = await post_prompt(client, PATH, "go")
+        assert json.loads(results(first)[0])["error"] == "unknown_tool"
+        for _ in range(300):  # the request started it again in the background
+            info = (await client.get("/api/console/info")).json()
+            if info["endpoints"][0]["harness"]["mcp"] == {"server": "ACTIVE(8 tools)"}:
+                break
+            await asyncio.sleep(0.1)
+        second = await post_prompt(client, PATH, "go")
+    assert results(second) == ["9"]
+
+
+async def test_the_docs_example_runs() -> None:
+    module = doc_example(Path(__file__).parents[2] / "docs" / "mcp.md", "mcp_doc_example")
+    async with serve(module.app) as base, httpx2.AsyncClient(base_url=base, timeout=60) as client:
+        frames = await post_prompt(client, "/atmosphere/agent/forecaster", "weather?")
+        info = (await client.get("/api/console/info")).json()
+    assert results(frames) == ["Sunny in Montreal, 21 C"]
+    assert frames[-1]["data"]["summary"] == "Tomorrow: Sunny in Montreal, 21 C"
+    assert info["endpoints"][0]["harness"]["mcp"] == {"weather_server": "ACTIVE(1 tools)"}

@@ -310,17 +310,26 @@
     return el("div", { class: `card ${kind}` }, el("div", { class: "card-title" }, title), ...body);
   }
 
+  function toolServer(tool) {
+    // Which MCP server a tool came from (GET /api/console/info, per endpoint), if any.
+    const servers = (state.endpoint && state.endpoint.toolServers) || {};
+    return Object.prototype.hasOwnProperty.call(servers, tool) ? servers[tool] : null;
+  }
+
   function toolStarted(data) {
     const status = el("span", { class: "badge running" }, "running");
     const result = el("pre", { class: "result" }, "…");
+    const server = toolServer(data.tool);
+    const origin = server ? el("span", { class: "badge mcp", title: "MCP server" }, `mcp: ${server}`) : null;
     const node = card(
       "tool",
-      el("span", {}, el("strong", {}, data.tool), " ", status),
+      el("span", {}, el("strong", {}, data.tool), " ", status, origin ? " " : null, origin),
       el("details", { class: "arguments" }, el("summary", {}, "arguments"), el("pre", {}, pretty(data.arguments))),
       result,
     );
     node.dataset.tool = data.tool;
     node.dataset.toolCallId = data.toolCallId;
+    if (server) node.dataset.mcpServer = server;
     state.tools.set(data.toolCallId, { node, status, result });
     $("#transcript").append(node);
   }
