@@ -49,6 +49,8 @@ class MCPPrimitive(Primitive):
         names: set[str] = set()
         connect_timeout = min(host.settings.tool_execution_timeout, MAX_CONNECT_TIMEOUT)
         for spec in host.specs:
+            if spec.headless:
+                continue  # no prompt loop, so nothing would ever call its tools
             for server in spec.mcp_servers:
                 if not isinstance(server, MCPServerStdio | MCPServerHTTP):
                     raise TypeError(

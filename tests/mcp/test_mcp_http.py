@@ -22,6 +22,7 @@ from atmosphere_harness import (
     agent,
 )
 from atmosphere_harness.assembly import build_host
+from atmosphere_harness.mcp import MCPPrimitive
 from atmosphere_harness.registry import spec_of
 from atmosphere_harness.runtimes.scripted import ScriptedRuntime
 from atmosphere_harness.settings import HarnessSettings
@@ -229,7 +230,8 @@ async def test_a_collision_with_a_built_in_fails_start_up_and_prefix_resolves_it
     )
     with pytest.raises(ValueError, match="collides with the built-in tool") as raised:
         await host.start()
-    await host.stop()
+    (mcp,) = [primitive for primitive in host.primitives if isinstance(primitive, MCPPrimitive)]
+    assert [c.alive for c in mcp.connections.values()] == [False], "start-up cleaned up"
     message = str(raised.value)
     assert "MCP server 'server' offers a tool named 'read_file'" in message
     assert "the built-in tool (filesystem) 'read_file'" in message
