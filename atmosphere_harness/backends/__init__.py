@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contracts import ConversationLocks, RunJournal
+from ..contracts import ConversationLocks, Resource, RunJournal
 from ..filesystem.usage import PROCESS_USAGE, WorkspaceUsage
 from ..governance.approvals import ApprovalRegistry, ApprovalStore
 from ..kernel.journal import LiveRuns
@@ -57,6 +57,8 @@ class StateBackends:
     workspace_usage: WorkspaceUsage = PROCESS_USAGE
     history: HistoryBackend | None = None
     long_term_memory: LongTermMemory | None = None
+    resources: list[Resource] = field(default_factory=list)
+    """Pools and listeners the host opens at start-up (a bad URL fails there) and closes last."""
 
     def describe(self) -> dict[str, str]:
         """The `backends` block of `GET /api/console/info`."""
