@@ -209,6 +209,12 @@ class HarnessSettings(BaseSettings):
     )
     """Seconds one tool call may run before it is cancelled."""
 
+    mcp_connect_timeout: float = Field(
+        30.0, gt=0, allow_inf_nan=False, validation_alias=_env("ATMOSPHERE_AI_MCP_CONNECT_TIMEOUT")
+    )
+    """Seconds an MCP server may take to start and answer its handshake (at start-up, and on a
+    restart, which a tool call's own deadline also bounds)."""
+
     max_tool_rounds: int = Field(50, ge=1, validation_alias=_env("ATMOSPHERE_AI_MAX_TOOL_ROUNDS"))
     """Model turns one prompt may take before the loop stops it."""
 

@@ -38,8 +38,6 @@ CLOSE_TIMEOUT = 10.0
 """Seconds a session gets to wind down (the SDK stops a stdio server within this too)."""
 PING_TIMEOUT = 5.0
 """Seconds the health check of a suspect server may take."""
-MAX_CONNECT_TIMEOUT = 30.0
-"""Start-up waits at most this long for a server (or `tool_execution_timeout`, if shorter)."""
 MAX_TOOL_PAGES = 100
 """`tools/list` pages read at most (a paginator that never ends cannot hang start-up)."""
 INSTALL_HINT = "MCP servers need the MCP SDK: pip install 'atmosphere-harness[mcp]'"
@@ -138,6 +136,7 @@ class MCPConnection:
             async with asyncio.timeout(self.connect_timeout):
                 await asyncio.shield(ready)
         except TimeoutError:
+            ready.cancel()  # nobody waits for it any more
             await self._close(graceful=False)  # it is mid-handshake: nothing to wind down
             seconds = _seconds(self.connect_timeout)
             self._down(f"no answer within {seconds}s while starting")

@@ -27,7 +27,7 @@ from ..log import get_logger
 from ..preset import MCP
 from ..runtimes.base import Message, ModelRequest
 from ..tools.base import Tool
-from .connection import INSTALL_HINT, MAX_CONNECT_TIMEOUT, MCPConnection, sdk_available
+from .connection import INSTALL_HINT, MCPConnection, sdk_available
 from .servers import MCPServerHTTP, MCPServerStdio
 from .tools import as_tool, server_of, valid_name
 
@@ -47,7 +47,7 @@ class MCPPrimitive(Primitive):
     async def start(self, host: Host) -> None:
         self._host = host
         names: set[str] = set()
-        connect_timeout = min(host.settings.tool_execution_timeout, MAX_CONNECT_TIMEOUT)
+        connect_timeout = host.settings.mcp_connect_timeout
         for spec in host.specs:
             if spec.headless:
                 continue  # no prompt loop, so nothing would ever call its tools

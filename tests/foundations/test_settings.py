@@ -160,6 +160,7 @@ KEYS = [
         (Path("/srv/skills"), Path("/opt/team-skills")),
         (Path("/other"),),
     ),
+    ("mcp_connect_timeout", "ATMOSPHERE_AI_MCP_CONNECT_TIMEOUT", None, "4.5", 4.5, 9.0),
     ("llm_max_retries", "LLM_MAX_RETRIES", None, "5", 5, 0),
     ("llm_timeout", "LLM_TIMEOUT", None, "15", 15.0, 40.0),
     ("llm_max_tokens", "LLM_MAX_TOKENS", None, "1024", 1024, 2048),

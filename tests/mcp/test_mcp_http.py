@@ -211,7 +211,7 @@ async def test_a_server_that_fails_to_start_never_stops_the_app(
     workspace: Path, server: MCPServerStdio, reason: str
 ) -> None:
     runtime = calling(ToolCall("dead_add", {"a": 1, "b": 2}))
-    ([frames], info) = await run(tooled(server), runtime, workspace, tool_execution_timeout=1.5)
+    ([frames], info) = await run(tooled(server), runtime, workspace, mcp_connect_timeout=1.5)
     assert frames[-1]["event"] == "complete"
     (result,) = results(frames)
     assert json.loads(result)["error"] == "unknown_tool", "its tools were never offered"
