@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..filesystem.base import AgentFileSystem, FileInfo, FileSystemError, GrepHit
@@ -41,6 +41,13 @@ READ_ONLY = (
 def read_only_error(path: str) -> FileSystemError:
     name = path.rsplit("/", 1)[-1] or "copy.md"
     return FileSystemError(f"Cannot change {path}: " + READ_ONLY.format(name=name))
+
+
+def _under_skills(path: object) -> bool:
+    try:
+        return is_under(check_path(path), PREFIX)
+    except FileSystemError:
+        return False
 
 
 def stage(skills: Mapping[str, Skill], root: Path, limits: FileSystemLimits) -> Path:
@@ -121,6 +128,21 @@ class SkillsView:
 
     async def grep(self, pattern: str, dir: str | None = None) -> list[GrepHit]:
         return await self._composite.grep(pattern, dir)
+
+    async def prefetch(self, paths: Sequence[str]) -> int:
+        """`read_file`'s prefetch, for the paths outside `skills/` (see
+        `WorkspaceAgentFileSystem.prefetch`); a base store that cannot prefetch reads none."""
+        prefetch = getattr(self.base, "prefetch", None)
+        if prefetch is None:
+            return 0
+        own = [path for path in paths if not _under_skills(path)]
+        count: int = await prefetch(own) if own else 0
+        return count
+
+    def drop_prefetched(self) -> None:
+        drop = getattr(self.base, "drop_prefetched", None)
+        if drop is not None:
+            drop()
 
     async def write(self, path: str, content: str) -> None:
         self._guard(path)

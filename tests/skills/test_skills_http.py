@@ -237,3 +237,31 @@ async def test_the_docs_example_runs() -> None:
     (read,) = of_type(frames, "tool-result")
     assert read["data"]["result"].startswith("---\nname: haiku\n")
     assert frames[-1]["data"]["summary"].startswith("Quiet tests at dawn")
+
+
+async def test_consecutive_reads_across_the_workspace_and_skills_answer_exactly(
+    three_sources: type, workspace: Path
+) -> None:
+    batches = [
+        [
+            ToolCall("write_file", {"path": "a.md", "content": "AAA"}),
+            ToolCall("write_file", {"path": "b.md", "content": "BBB"}),
+        ],
+        [
+            ToolCall("read_file", {"path": "a.md"}),
+            ToolCall("read_file", {"path": "skills/beta/SKILL.md"}),
+            ToolCall("read_file", {"path": "b.md"}),
+            ToolCall("read_file", {"path": "missing.md"}),
+        ],
+    ]
+
+    def turn(request: ModelRequest) -> Any:
+        done = sum(1 for m in since_user(request) if m.role == "assistant")
+        return batches[done] if done < len(batches) else "done"
+
+    frames, _ = await run(three_sources, ScriptedRuntime((), default=turn), workspace)
+    _, _, first, skill, second, missing = results(frames)
+    assert first == "AAA"
+    assert "BETA DECORATOR" in skill
+    assert second == "BBB"
+    assert missing == "Error: File not found: missing.md"
