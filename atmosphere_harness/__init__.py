@@ -42,6 +42,7 @@ from .governance import (
 )
 from .harness import Harness
 from .kernel.session import StreamingSession
+from .mcp.servers import MCPServerHTTP, MCPServerStdio
 from .memory import (
     ConversationMemory,
     InMemoryLongTermMemory,
@@ -125,6 +126,8 @@ __all__ = [
     "LongTermMemory",
     "LongTermMemoryDep",
     "LongTermMemoryInterceptor",
+    "MCPServerHTTP",
+    "MCPServerStdio",
     "Message",
     "ModelError",
     "ModelRequest",

@@ -16,12 +16,14 @@ from .filesystem.primitive import FilesystemPrimitive
 from .governance.approval import ToolApprovalPolicy
 from .governance.primitive import GovernancePrimitive
 from .kernel.host import HarnessHost
+from .mcp.primitive import MCPPrimitive
 from .memory.long_term import LongTermMemory
 from .memory.primitive import MemoryPrimitive
 from .planning import PlanningPrimitive
 from .registry import AgentSpec
 from .runtimes.base import AgentRuntime
 from .settings import HarnessSettings
+from .skills.primitive import SkillsPrimitive
 
 
 def default_primitives(
@@ -41,10 +43,12 @@ def default_primitives(
         ),
         PlanningPrimitive(backends.plan_bus, stores=backends.plan_stores),
         FilesystemPrimitive(usage=backends.workspace_usage),
+        SkillsPrimitive(),
         GovernancePrimitive(
             policies=policies, approval_policy=approval_policy, approvals=backends.approvals
         ),
         DelegationPrimitive(),
+        MCPPrimitive(),  # last: a tool-name collision is checked against every built-in
     ]
 
 

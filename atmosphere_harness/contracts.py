@@ -263,6 +263,10 @@ class Endpoint(Protocol):
         """Record what really attached (runtime truth, per endpoint and app-wide)."""
         ...
 
+    def report_detail(self, key: str, states: Mapping[str, str]) -> None:
+        """Record a map of states under `key` (e.g. `mcp`: one per server), per endpoint only."""
+        ...
+
     def derive(
         self,
         *,

@@ -17,6 +17,7 @@ overwrites an `ACTIVE` state another endpoint earned.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .cache import PromptCache
 from .harness import Harness
@@ -30,6 +31,8 @@ DELEGATION = "delegation"
 PLANNING = "planning"
 FILESYSTEM = "filesystem"
 SKILLS = "skills"
+MCP = "mcp"
+"""Per endpoint only: `{server: "ACTIVE(<n> tools)" | "INACTIVE(<reason>)"}`."""
 DURABLE_RUNS = "durable-runs"
 IDENTITY = "identity"
 """Per endpoint only (the app-wide block keeps the seed's keys): where the user comes from."""
@@ -116,14 +119,18 @@ class RuntimeTruth:
             else DISABLED,
         }
         self._endpoints: dict[str, dict[str, str]] = {}
+        self._details: dict[str, dict[str, dict[str, str]]] = {}
         self._identity = identity_of(settings)
         self.resolved_any = False
 
     def app_wide(self) -> dict[str, str]:
         return dict(self._app)
 
-    def endpoint(self, path: str) -> dict[str, str]:
-        return dict(self._endpoints.get(path, {}))
+    def endpoint(self, path: str) -> dict[str, Any]:
+        state: dict[str, Any] = dict(self._endpoints.get(path, {}))
+        for key, states in self._details.get(path, {}).items():
+            state[key] = dict(states)
+        return state
 
     def seed_endpoint(
         self,
@@ -169,11 +176,23 @@ class RuntimeTruth:
         self._endpoints.setdefault(path, {})[key] = state
         self._report_app(key, state)
 
+    def report_detail(self, path: str, key: str, states: Mapping[str, str]) -> None:
+        """A per-endpoint map of states (e.g. `mcp`: one per server); never app-wide."""
+        self._details.setdefault(path, {})[key] = dict(states)
+
     def _report_app(self, key: str, state: str) -> None:
         current = self._app.get(key)
         if current is not None and is_active(current) and not is_active(state):
             return
+        if key == SKILLS and current is not None and _count(current) > _count(state):
+            return  # app-wide: the most skills any endpoint has
         self._app[key] = state
+
+
+def _count(state: str) -> int:
+    """The number in `ACTIVE(<n>)`, else -1."""
+    inner = state[len(ACTIVE) + 1 : -1] if state.startswith(ACTIVE + "(") else ""
+    return int(inner) if inner.isdigit() else -1
 
 
 def effective_cache_policy(

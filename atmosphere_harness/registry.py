@@ -13,6 +13,7 @@ import inspect
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from os import PathLike, fspath
 from typing import Any, TypeVar
 
 from .cache import PromptCache
@@ -64,6 +65,10 @@ class AgentSpec:
     max_history_messages: int = 20
     prompt_cache: PromptCache | None = None
     fleet: tuple[type | str, ...] = ()
+    skill_sources: tuple[str, ...] = ()
+    """The decorator's `skills=` folders (each a folder of skill folders), weakest first."""
+    mcp_servers: tuple[Any, ...] = ()
+    """The decorator's `mcp_servers=` (`MCPServerStdio` / `MCPServerHTTP`)."""
 
     @property
     def owner(self) -> str:
@@ -158,6 +163,12 @@ def _harness_tuple(harness: Iterable[Harness]) -> tuple[Harness, ...]:
     return values
 
 
+def _skill_sources(skills: Sequence[str | PathLike[str]]) -> tuple[str, ...]:
+    if isinstance(skills, str | PathLike):
+        skills = (skills,)
+    return tuple(fspath(entry) for entry in skills)
+
+
 def _register(spec: AgentSpec) -> None:
     setattr(spec.cls, SPEC_ATTRIBUTE, spec)
     _registry[spec.cls] = spec
@@ -171,11 +182,15 @@ def agent(
     headless: bool = False,
     system_prompt: str | None = None,
     description: str | None = None,
+    skills: Sequence[str | PathLike[str]] = (),
+    mcp_servers: Sequence[Any] = (),
 ) -> Callable[[C], C]:
     """Declare an agent hosted at `/atmosphere/agent/{name}` with the full harness by default.
 
     `harness=()` is a deliberate opt-down to a bare loop; an agent without a `@prompt` method (or
     with `headless=True`) is never harnessed and only serves its `@skill` handlers.
+    `skills=` names folders of `SKILL.md` skills (see `docs/skills.md`); `mcp_servers=` lists
+    MCP tool servers whose tools the agent is offered (see `docs/mcp.md`).
     """
     return _agent_decorator(
         EndpointKind.AGENT,
@@ -185,6 +200,8 @@ def agent(
         headless=headless,
         system_prompt=system_prompt,
         description=description,
+        skill_sources=_skill_sources(skills),
+        mcp_servers=tuple(mcp_servers),
     )
 
 
@@ -196,8 +213,13 @@ def coordinator(
     skill_file: str | None = None,
     system_prompt: str | None = None,
     description: str | None = None,
+    skills: Sequence[str | PathLike[str]] = (),
+    mcp_servers: Sequence[Any] = (),
 ) -> Callable[[C], C]:
-    """Declare a coordinator: an agent with a fleet it can delegate to (`delegate_task`, `task`)."""
+    """Declare a coordinator: an agent with a fleet it can delegate to (`delegate_task`, `task`).
+
+    `skills=` and `mcp_servers=` as on `agent`; `task` sub-agents see the coordinator's skills.
+    """
     return _agent_decorator(
         EndpointKind.COORDINATOR,
         name,
@@ -207,6 +229,8 @@ def coordinator(
         system_prompt=system_prompt,
         description=description,
         fleet=tuple(fleet),
+        skill_sources=_skill_sources(skills),
+        mcp_servers=tuple(mcp_servers),
     )
 
 
@@ -220,6 +244,8 @@ def _agent_decorator(
     system_prompt: str | None,
     description: str | None,
     fleet: tuple[type | str, ...] = (),
+    skill_sources: tuple[str, ...] = (),
+    mcp_servers: tuple[Any, ...] = (),
 ) -> Callable[[C], C]:
     if not isinstance(name, str) or not _NAME.match(name):
         raise ValueError(
@@ -246,6 +272,8 @@ def _agent_decorator(
                 system_prompt=system_prompt,
                 description=description or inspect.getdoc(cls),
                 fleet=fleet,
+                skill_sources=skill_sources,
+                mcp_servers=mcp_servers,
             )
         )
         return cls
@@ -262,13 +290,20 @@ def ai_endpoint(
     prompt_cache: PromptCache = PromptCache.NONE,
     skill_file: str | None = None,
     system_prompt: str | None = None,
+    skills: Sequence[str | PathLike[str]] = (),
+    mcp_servers: Sequence[Any] = (),
 ) -> Callable[[C], C]:
-    """Declare a plain AI endpoint at `path`. Bare by default: opt in with `harness=(...)`."""
+    """Declare a plain AI endpoint at `path`. Bare by default: opt in with `harness=(...)`.
+
+    `skills=` and `mcp_servers=` as on `agent` (skills need the FILESYSTEM feature).
+    """
     if not isinstance(path, str) or not _PATH.match(path) or ".." in path.split("/"):
         raise ValueError(f"invalid ai_endpoint path {path!r}: expected e.g. '/atmosphere/chat'")
     if max_history_messages < 2:
         raise ValueError(f"max_history_messages must be >= 2, got {max_history_messages}")
     declared = _harness_tuple(harness)
+    sources = _skill_sources(skills)
+    servers = tuple(mcp_servers)
 
     def decorate(cls: C) -> C:
         prompt_method, skills, tool_methods = _scan(cls)
@@ -292,6 +327,8 @@ def ai_endpoint(
                 conversation_memory=conversation_memory,
                 max_history_messages=max_history_messages,
                 prompt_cache=prompt_cache,
+                skill_sources=sources,
+                mcp_servers=servers,
             )
         )
         return cls

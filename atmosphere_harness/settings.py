@@ -189,6 +189,12 @@ class HarnessSettings(BaseSettings):
     filesystem_fsync: bool = Field(False, validation_alias=_env("ATMOSPHERE_AI_FILESYSTEM_FSYNC"))
     """Flush every workspace write to disk before it returns (durable across power loss, ~1 ms)."""
 
+    skills_dirs: Annotated[tuple[Path, ...], NoDecode] = Field(
+        (), validation_alias=_env("ATMOSPHERE_AI_SKILLS_DIRS")
+    )
+    """App-wide skill folders (comma list), each a folder of `SKILL.md` skill folders; the
+    strongest source: they override an agent's own skills of the same name (`docs/skills.md`)."""
+
     tool_output_offload_threshold: int = Field(
         DEFAULT_OFFLOAD_THRESHOLD,
         validation_alias=_env(
@@ -202,6 +208,12 @@ class HarnessSettings(BaseSettings):
         validation_alias=_env("ATMOSPHERE_AI_TOOL_EXECUTION_TIMEOUT", "LLM_TOOL_EXECUTION_TIMEOUT"),
     )
     """Seconds one tool call may run before it is cancelled."""
+
+    mcp_connect_timeout: float = Field(
+        30.0, gt=0, allow_inf_nan=False, validation_alias=_env("ATMOSPHERE_AI_MCP_CONNECT_TIMEOUT")
+    )
+    """Seconds an MCP server may take to start and answer its handshake (at start-up, and on a
+    restart, which a tool call's own deadline also bounds)."""
 
     max_tool_rounds: int = Field(50, ge=1, validation_alias=_env("ATMOSPHERE_AI_MAX_TOOL_ROUNDS"))
     """Model turns one prompt may take before the loop stops it."""
@@ -351,6 +363,17 @@ class HarnessSettings(BaseSettings):
             value = value.split(",")
         if isinstance(value, list | tuple | set | frozenset):
             return frozenset(str(item).strip() for item in value if str(item).strip())
+        return value
+
+    @field_validator("skills_dirs", mode="before")
+    @classmethod
+    def _parse_skills_dirs(cls, value: object) -> object:
+        if value is None:
+            return ()
+        if isinstance(value, str | Path):
+            value = str(value).split(",")
+        if isinstance(value, list | tuple):
+            return tuple(Path(str(item).strip()) for item in value if str(item).strip())
         return value
 
     @field_validator("user_id_header", mode="before")

@@ -9,7 +9,8 @@ One call, in order (the messages are the reference's, word for word):
    `Transform` is honoured: the transformed description is what the sub-agent receives;
 4. the spawn: a fresh conversation id, its own plan store and bounded workspace under a
    per-spawn temp root, the coordinator's runtime, `write_todos` + the eight file tools (+ `task`
-   while under the depth bound), the parent's governance and approval gate;
+   while under the depth bound), the parent's governance and approval gate, and the parent's
+   skills (listed in its prompt, read-only at `skills/` of its workspace);
 5. the run, bounded by `subagent_timeout`; only its final report comes back as the result.
 
 The parent's stream gets `subagent-start` and `subagent-end` (status `completed`, `failed`,
@@ -43,6 +44,7 @@ from ..log import get_logger
 from ..planning.store import FilePlanStore, PlanStore
 from ..planning.tools import STORE_SERVICE, write_todos_tool
 from ..settings import HarnessSettings
+from ..skills.primitive import SKILLS_SERVICE, with_skills
 from ..tools.base import Tool, ToolContext
 from .fleet import forward
 
@@ -262,15 +264,20 @@ def subagent_endpoint(
     ]
     if task is not None:
         tools.append(task)
+    skills = parent.services.get(SKILLS_SERVICE)
     endpoint = parent.derive(
         agent_id=agent_id,
-        system_prompt=SYSTEM_PROMPT,
+        system_prompt=with_skills(SYSTEM_PROMPT, skills) if skills else SYSTEM_PROMPT,
         root=root,
         features=frozenset({Harness.PLANNING, Harness.FILESYSTEM}),
         tools=tools,
     )
     plans: PlanStore = FilePlanStore(root)
     files: AgentFileSystem = WorkspaceAgentFileSystem(root / "files", settings.filesystem_limits)
+    if skills is not None:
+        # The coordinator's skills, at the same read-only `skills/` route of its own workspace.
+        files = skills.view(files)
+        endpoint.services.set(SKILLS_SERVICE, skills)
     endpoint.services.set(STORE_SERVICE, plans)
     endpoint.provide(PlanStore, lambda run: plans)
     endpoint.provide(AgentFileSystem, lambda run: files)

@@ -8,7 +8,7 @@ routes requests to it. A sub-agent is a `HostedEndpoint` built directly, with no
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +123,11 @@ class HostedEndpoint:
         """Record what really attached (runtime truth, per endpoint and app-wide)."""
         if self._truth is not None:
             self._truth.report(self.path, key, state)
+
+    def report_detail(self, key: str, states: Mapping[str, str]) -> None:
+        """Record a map of states under `key` (e.g. `mcp`: one per server), per endpoint only."""
+        if self._truth is not None:
+            self._truth.report_detail(self.path, key, states)
 
     @property
     def hosted(self) -> bool:

@@ -89,17 +89,24 @@ class HarnessHost:
         except BaseException:
             await self._close_resources()
             raise
-        for primitive in self.primitives:
-            await primitive.start(self)
-            self._started.append(primitive)
-        for spec in self.specs:
-            if spec.headless:
-                log.info(
-                    "headless agent: no prompt loop, so the harness does not apply",
-                    agent=spec.name,
-                )
-                continue
-            self._host(spec)
+        try:
+            for primitive in self.primitives:
+                await primitive.start(self)
+                self._started.append(primitive)
+            for spec in self.specs:
+                if spec.headless:
+                    log.info(
+                        "headless agent: no prompt loop, so the harness does not apply",
+                        agent=spec.name,
+                    )
+                    continue
+                self._host(spec)
+        except BaseException:
+            # A start-up error (a bad route, a tool-name collision) must not leave what the
+            # primitives already opened running (MCP server processes, the skills staging
+            # directory); `stop` closes the resources last.
+            await self.stop()
+            raise
         mode = (
             "kill switch"
             if self.preset.kill_switch

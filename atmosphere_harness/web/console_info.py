@@ -8,7 +8,10 @@ from fastapi import APIRouter, Request
 
 from .._version import __version__
 from ..harness import Harness
+from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
+from ..mcp.tools import server_of
+from ..skills.primitive import SKILLS_SERVICE
 from .deps import HarnessDep, identity_source
 from .errors import HarnessRoute
 
@@ -25,6 +28,8 @@ def console_info(host: HarnessHost) -> dict[str, Any]:
             "features": [feature.value for feature in Harness.ordered(endpoint.features)],
             "harness": host.truth.endpoint(endpoint.path),
             "tools": sorted(endpoint.tools),
+            "skills": _skills(endpoint),
+            "toolServers": _tool_servers(endpoint),
         }
         for endpoint in host.endpoints.values()
     ]
@@ -34,6 +39,18 @@ def console_info(host: HarnessHost) -> dict[str, Any]:
         "capabilities": sorted(capability.value for capability in host.runtime.capabilities),
     }
     return info
+
+
+def _skills(endpoint: HostedEndpoint) -> list[dict[str, object]]:
+    """The endpoint's skills (name, description, path in the workspace), by name."""
+    found = endpoint.services.get(SKILLS_SERVICE)
+    return found.describe() if found is not None else []
+
+
+def _tool_servers(endpoint: HostedEndpoint) -> dict[str, str]:
+    """Which MCP server each MCP tool came from (the console labels its tool cards)."""
+    found = {name: server_of(tool) for name, tool in endpoint.tools.items()}
+    return {name: server for name, server in sorted(found.items()) if server is not None}
 
 
 def console_info_router() -> APIRouter:

@@ -1,6 +1,11 @@
-"""A coding agent on the scripted model: it writes code, searches it, fixes a bug, runs the
-tests (a long log, offloaded to `tool-output/` and read back by line window) and keeps a lesson
-in `memory/`, which a composite route sends to a store shared by every conversation.
+"""A coding agent on the scripted model: it reads its bug-fixing skill, writes code, searches it,
+fixes a bug, runs the tests (a long log, offloaded to `tool-output/` and read back by line window)
+and keeps a lesson in `memory/`, which a composite route sends to a store shared by every
+conversation.
+
+Its two skills live in `skills/` beside this module (found by convention): `fix-a-failing-test`
+and `write-python-tests`. The system prompt lists them; the model reads one with `read_file` from
+the read-only `skills/` folder of its workspace when a task matches it.
 
 Everything runs offline. With the planning primitive attached (`write_todos`), the script also
 plans the work first and ticks the plan off at the end; without it, it goes straight to the files.
@@ -49,6 +54,7 @@ def test_divide_by_zero() -> None:
     assert divide(1, 0) is None
 """
 
+SKILL = "skills/fix-a-failing-test/SKILL.md"
 FIX_OLD = "    # TODO: guard against division by zero\n    return a / b\n"
 FIX_NEW = "    if b == 0:\n        return None\n    return a / b\n"
 
@@ -110,6 +116,8 @@ def coding_turn(request: ModelRequest) -> list[ToolCall] | str:
     steps: list[list[ToolCall]] = []
     if planning:
         steps.append([_plan(["in_progress", "pending", "pending"])])
+    if SKILL in request.system_prompt:  # progressive disclosure: read the skill, then work
+        steps.append([ToolCall("read_file", {"path": SKILL})])
     steps += [
         [
             ToolCall("write_file", {"path": "src/calc.py", "content": BUGGY}),
@@ -126,7 +134,7 @@ def coding_turn(request: ModelRequest) -> list[ToolCall] | str:
     saved = re.search(r"Full output saved to (\S+) — ", last)
     if saved:  # the test log was offloaded: read its last lines back
         return [ToolCall("read_file", {"path": saved.group(1), "offset": 400})]
-    if "memory/lessons.md" not in " ".join(message.content for message in after):
+    if "Wrote memory/lessons.md" not in [message.content for message in after]:
         lesson = "- Guard divisions: `divide(x, 0)` must return None, not raise.\n"
         finish = [ToolCall("write_file", {"path": "memory/lessons.md", "content": lesson})]
         if planning:

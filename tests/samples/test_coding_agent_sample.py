@@ -24,6 +24,12 @@ async def test_the_coding_agent_fixes_the_bug_and_keeps_a_shared_lesson(
     results = {
         frame["data"]["tool"]: frame["data"]["result"] for frame in of_type(frames, "tool-result")
     }
+    reads = [
+        frame["data"]["result"]
+        for frame in of_type(frames, "tool-result")
+        if frame["data"]["tool"] == "read_file"
+    ]
+    assert reads[0].startswith("---\nname: fix-a-failing-test\n"), "the skill is read first"
     assert "write_todos" in results, "the planning primitive plans the work first"
     assert results["write_file"] == "Wrote memory/lessons.md"
     assert "src/calc.py:6:     # TODO: guard against division by zero" in results["grep"]
@@ -43,3 +49,8 @@ async def test_the_coding_agent_fixes_the_bug_and_keeps_a_shared_lesson(
     assert shared.read_text().startswith("- Guard divisions")
     assert of_type(again, "complete"), "a second conversation reuses the same shared store"
     assert info["harness"]["filesystem"] == "ACTIVE(builtin)"
+    assert info["harness"]["skills"] == "ACTIVE(2)"
+    assert [skill["name"] for skill in info["endpoints"][0]["skills"]] == [
+        "fix-a-failing-test",
+        "write-python-tests",
+    ]

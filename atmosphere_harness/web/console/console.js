@@ -310,17 +310,26 @@
     return el("div", { class: `card ${kind}` }, el("div", { class: "card-title" }, title), ...body);
   }
 
+  function toolServer(tool) {
+    // Which MCP server a tool came from (GET /api/console/info, per endpoint), if any.
+    const servers = (state.endpoint && state.endpoint.toolServers) || {};
+    return Object.prototype.hasOwnProperty.call(servers, tool) ? servers[tool] : null;
+  }
+
   function toolStarted(data) {
     const status = el("span", { class: "badge running" }, "running");
     const result = el("pre", { class: "result" }, "…");
+    const server = toolServer(data.tool);
+    const origin = server ? el("span", { class: "badge mcp", title: "MCP server" }, `mcp: ${server}`) : null;
     const node = card(
       "tool",
-      el("span", {}, el("strong", {}, data.tool), " ", status),
+      el("span", {}, el("strong", {}, data.tool), " ", status, origin ? " " : null, origin),
       el("details", { class: "arguments" }, el("summary", {}, "arguments"), el("pre", {}, pretty(data.arguments))),
       result,
     );
     node.dataset.tool = data.tool;
     node.dataset.toolCallId = data.toolCallId;
+    if (server) node.dataset.mcpServer = server;
     state.tools.set(data.toolCallId, { node, status, result });
     $("#transcript").append(node);
   }
@@ -614,10 +623,26 @@
       .sort()
       .map((key) => {
         const value = truth[key];
-        const kind = value.startsWith("ACTIVE") ? "active" : value.startsWith("INACTIVE") ? "inactive" : "setting";
-        return el("tr", {}, el("th", { scope: "row" }, key), el("td", {}, el("span", { class: `state ${kind}` }, value)));
+        // A map of states (`mcp`: one per server) is a nested table.
+        const cell = typeof value === "object" && value !== null ? truthTable(value) : stateBadge(String(value));
+        return el("tr", {}, el("th", { scope: "row" }, key), el("td", {}, cell));
       });
     return el("table", { class: "truth" }, el("tbody", {}, ...rows));
+  }
+
+  function stateBadge(value) {
+    const kind = value.startsWith("ACTIVE") ? "active" : value.startsWith("INACTIVE") ? "inactive" : "setting";
+    return el("span", { class: `state ${kind}` }, value);
+  }
+
+  function skillList(skills) {
+    if (!skills || !skills.length) return null;
+    return el(
+      "div",
+      { class: "skills" },
+      el("p", { class: "muted" }, `skills (${skills.length}):`),
+      el("ul", {}, ...skills.map((skill) => el("li", { title: skill.path }, el("strong", {}, skill.name), " — ", skill.description))),
+    );
   }
 
   function renderHarness(info) {
@@ -635,6 +660,7 @@
           el("p", {}, "owner ", el("strong", {}, endpoint.owner), " · features ", endpoint.features.length ? endpoint.features.join(", ") : "none"),
           truthTable(endpoint.harness),
           el("p", { class: "muted tools" }, `tools: ${endpoint.tools.join(", ") || "none"}`),
+          skillList(endpoint.skills),
         ),
       );
     }
