@@ -25,8 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..contracts import ConversationLocks, Resource, RunJournal
+from ..errors import HarnessError
 from ..filesystem.usage import PROCESS_USAGE, WorkspaceUsage
 from ..governance.approvals import ApprovalRegistry, ApprovalStore
 from ..kernel.journal import LiveRuns
@@ -66,18 +68,36 @@ class StateBackends:
 
 
 def resolve_backends(settings: HarnessSettings) -> StateBackends:
-    """The backends `settings` ask for (today: the embedded ones, whatever is set)."""
+    """The backends `settings` ask for: PostgreSQL and/or Redis when their URL is set, else
+    the embedded ones (see the module docstring)."""
     group = settings.groups.backends
-    for variable, url in (
-        ("ATMOSPHERE_REDIS_URL", group.redis_url),
-        ("ATMOSPHERE_POSTGRES_URL", group.postgres_url),
-    ):
-        if url:
-            # Said out loud: a scale-out URL that silently did nothing would let a
-            # deployment believe its workers share state when they do not.
-            log.warning(
-                "this version has no scale-out backend yet: the URL is ignored and the "
-                "embedded SQLite stores under workspace_root are used",
-                setting=variable,
-            )
+    if group.postgres_url:
+        try:
+            from .postgres import postgres_backends  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            raise HarnessError(
+                "ATMOSPHERE_POSTGRES_URL is set but the PostgreSQL backend is not available "
+                f"({exc}); install atmosphere-harness[postgres]"
+            ) from None
+        backends: StateBackends = postgres_backends(settings)  # state="postgres", events="postgres"
+        if group.redis_url:
+            with_redis_events = _redis().with_redis_events
+            backends = with_redis_events(backends, settings)  # events="redis"
+        return backends
+    if group.redis_url:
+        redis_backends = _redis().redis_backends
+        resolved: StateBackends = redis_backends(settings)  # state="redis", events="redis"
+        return resolved
     return StateBackends(state="sqlite", events="local")
+
+
+def _redis() -> Any:
+    """The Redis backend module, or a start-up error naming the extra to install."""
+    try:
+        from . import redis
+    except ImportError as exc:
+        raise HarnessError(
+            f"ATMOSPHERE_REDIS_URL is set but the Redis backend cannot load ({exc}); "
+            "install atmosphere-harness[redis]"
+        ) from None
+    return redis
