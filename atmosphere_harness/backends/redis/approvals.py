@@ -86,6 +86,13 @@ return 1
 """
 
 
+def _raise_if_cancelled() -> None:
+    """Re-raise a cancellation the driver swallowed (redis-py's timed reads can eat one)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def _answer_json(answer: Answer) -> str:
     return json.dumps(
         {"approve": answer.approve, "arguments": dict(answer.arguments or {}) or None}
@@ -334,6 +341,7 @@ class RedisApprovalStore:
                 await self._recheck_local()
                 while True:
                     message = await pubsub.get_message(timeout=RECHECK)
+                    _raise_if_cancelled()
                     if message is None:
                         continue
                     approval_id, _, text = str(as_str(message.get("data")) or "").partition(" ")

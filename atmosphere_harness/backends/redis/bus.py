@@ -298,6 +298,9 @@ class RedisPlanBus:
             self._reading = True
             try:
                 replies: Any = await self._reader.xread(wanted, count=READ_COUNT, block=BLOCK_MS)
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise asyncio.CancelledError  # the driver swallowed it
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError) as exc:
