@@ -125,7 +125,7 @@ class PrivateRedis:
     def __init__(self, directory: Path) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            require_service("redis-server", "the binary is not on PATH (a private server is needed)")
+            require_service("redis-server", "not on PATH (needed for a private server)")
         assert binary is not None
         self.binary = binary
         self.directory = directory

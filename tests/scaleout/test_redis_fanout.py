@@ -28,15 +28,7 @@ from atmosphere_harness.governance.approvals import Answer, AnswerStatus
 from atmosphere_harness.memory.history import ConversationKey
 from atmosphere_harness.planning.bus import PlanBusFull, PlanEvent
 from atmosphere_harness.runtimes.base import Message
-from tests.scaleout.redis_service import (  # noqa: F401
-    PrivateRedis,
-    connection,
-    keys_under,
-    other_connection,
-    private_redis,
-    redis_prefix,
-    url_for,
-)
+from tests.scaleout.redis_service import PrivateRedis, keys_under, url_for
 
 WAIT = 30.0
 """Hang guard for anything that must arrive (never a speed expectation)."""
@@ -77,7 +69,8 @@ async def test_an_update_published_on_one_replica_reaches_viewers_on_another(
             b.subscribe("o", "c") as second,
             b.subscribe("o", "other") as elsewhere,
         ):
-            assert first.replay is None and first.cursor == "0-0"
+            assert first.replay is None
+            assert first.cursor == "0-0"
             published = [await a.publish("o", "c", plan(n)) for n in range(3)]
             assert [e.id for e in await take(first, 3)] == [e.id for e in published]
             assert steps(await take(second, 3)) == ["step 0", "step 1", "step 2"]
@@ -180,7 +173,8 @@ async def test_a_slow_viewer_keeps_the_newest_and_blocks_nobody(
             seen: list[PlanEvent] = []
             while not seen or seen[-1].id != last.id:
                 seen.extend(await take(slow, 1))
-            assert len(seen) < 50 and seen[-1].id == last.id
+            assert len(seen) < 50
+            assert seen[-1].id == last.id
     finally:
         await bus.aclose()
 
@@ -291,15 +285,18 @@ async def test_pending_approvals_are_bounded_app_wide(
     b = RedisApprovalStore(other_connection, max_pending=2)
     first = await _open(a)
     await _open(b)
-    assert await a.open(
-        path="/p",
-        conversation_id="c",
-        user_id=None,
-        tool="t",
-        tool_call_id="x",
-        arguments={},
-        timeout=60,
-    ) is None
+    assert (
+        await a.open(
+            path="/p",
+            conversation_id="c",
+            user_id=None,
+            tool="t",
+            tool_call_id="x",
+            arguments={},
+            timeout=60,
+        )
+        is None
+    )
     await a.discard(first)
     assert await _open(a) is not None
 
@@ -396,8 +393,10 @@ async def test_an_unreachable_url_fails_naming_the_variable_never_the_password()
     with pytest.raises(HarnessError) as caught:
         await unreachable.open()
     message = str(caught.value)
-    assert "ATMOSPHERE_REDIS_URL" in message and "127.0.0.1:1" in message
-    assert "s3cret-pw" not in message and "s3cret-pw" not in repr(caught.value.__cause__)
+    assert "ATMOSPHERE_REDIS_URL" in message
+    assert "127.0.0.1:1" in message
+    assert "s3cret-pw" not in message
+    assert "s3cret-pw" not in repr(caught.value.__cause__)
 
 
 async def test_a_host_with_an_unreachable_redis_does_not_start(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -53,22 +52,17 @@ from tests.memory.test_memory_long_term import (  # noqa: F401
     test_users_are_isolated,
     test_users_do_not_share_facts_for_deduplication,
 )
-from tests.scaleout.redis_service import (  # noqa: F401
-    connection,
-    keys_under,
-    other_connection,
-    redis_prefix,
-)
+from tests.scaleout.redis_service import keys_under
 
 
 @pytest.fixture
-async def backend(connection: RedisConnection) -> AsyncIterator[HistoryBackend]:
-    yield RedisHistory(connection)
+async def backend(connection: RedisConnection) -> HistoryBackend:
+    return RedisHistory(connection)
 
 
 @pytest.fixture
-async def store(connection: RedisConnection) -> AsyncIterator[LongTermMemory]:
-    yield RedisLongTermMemory(connection, max_facts_per_user=5)
+async def store(connection: RedisConnection) -> LongTermMemory:
+    return RedisLongTermMemory(connection, max_facts_per_user=5)
 
 
 def turn(i: int) -> list[Message]:
@@ -134,7 +128,8 @@ async def test_one_close_on_two_replicas_is_extracted_once(
     a, b = RedisHistory(connection), RedisHistory(other_connection)
     key = ConversationKey("/e", "alice", "c")
     await a.append(key, turn(1))
-    assert await a.close(key) and await b.close(key)
+    assert await a.close(key)
+    assert await b.close(key)
     first, second = await asyncio.gather(a.unextracted(key, 100), b.unextracted(key, 100))
     assert sorted([len(first[0]), len(second[0])]) == [0, 2], "one replica extracts"
     await (a if first[0] else b).mark_extracted(key, 2)
