@@ -264,9 +264,7 @@ async def test_one_conversation_closed_on_both_replicas_stores_each_fact_once(pa
 def _stored_facts(prefix: str) -> int:
     client = redis.Redis(host=HOST, port=PORT, db=TEST_DB, decode_responses=True)
     try:
-        return sum(
-            int(client.hlen(key)) for key in client.scan_iter(match=prefix + "ltm:*:text")
-        )
+        return sum(int(client.hlen(key)) for key in client.scan_iter(match=prefix + "ltm:*:text"))
     finally:
         client.close()
 
@@ -341,9 +339,7 @@ async def test_a_sigkilled_replica_loses_nothing_acknowledged(tmp_path: Path) ->
     ledger = Ledger()
     try:
         async with clients(servers) as (a, b):
-            load = asyncio.gather(
-                *(_converse([a, b], f"kill-{n}", 3, ledger) for n in range(100))
-            )
+            load = asyncio.gather(*(_converse([a, b], f"kill-{n}", 3, ledger) for n in range(100)))
             while sum(len(turns) for turns in ledger.acked.values()) < 60:
                 await asyncio.sleep(0.02)
             servers.a.kill()
@@ -366,15 +362,14 @@ async def test_a_redis_restart_mid_load_ends_runs_cleanly_and_the_replicas_recov
     ledger = Ledger()
     try:
         async with clients(servers) as (a, b):
-            load = asyncio.gather(
-                *(_converse([a, b], f"outage-{n}", 4, ledger) for n in range(60))
-            )
+            load = asyncio.gather(*(_converse([a, b], f"outage-{n}", 4, ledger) for n in range(60)))
             while sum(len(turns) for turns in ledger.acked.values()) < 40:
                 await asyncio.sleep(0.02)
             redis_server.stop()
             await asyncio.sleep(1.0)
             redis_server.start()
             await asyncio.wait_for(load, 300)
+            assert ledger.errors, "the outage was felt: some runs ended with an error frame"
             assert ledger.broken == 0, "every stream ended with a frame, none was cut"
             assert all("Redis" in error for error in ledger.errors), ledger.errors
             assert set(ledger.statuses) <= {503}, ledger.statuses
