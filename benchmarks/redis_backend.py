@@ -52,7 +52,7 @@ CONCURRENCY = 16
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def one_turn(client: httpx2.AsyncClient, message: str, conversation: str) -> float:

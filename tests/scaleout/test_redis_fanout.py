@@ -476,3 +476,55 @@ async def test_an_outage_is_a_clear_error_and_the_stores_recover(
 @contextlib.asynccontextmanager
 async def _nothing() -> AsyncIterator[None]:
     yield
+
+
+async def test_with_redis_events_streams_plans_between_hosts_on_another_state_backend(
+    redis_prefix: str, tmp_path: Path
+) -> None:
+    """The state backend stays (here the embedded one, on one workspace root); only the plan
+    fan-out is Redis: a plan written through one app reaches a viewer on the other."""
+    import httpx2
+
+    from atmosphere_harness import ScriptedRuntime
+    from atmosphere_harness.assembly import default_primitives
+    from tests.scaleout.redis_app import PATH, Scribe, turn
+    from tests.support import make_app, serve
+
+    settings = HarnessSettings(workspace_root=tmp_path, redis_url=url_for(redis_prefix))
+    mixed = [with_redis_events(StateBackends("sqlite", "local"), settings) for _ in range(2)]
+    apps = [
+        make_app(
+            [Scribe],
+            runtime=ScriptedRuntime((), default=turn),
+            workspace=tmp_path,
+            router={"primitives": default_primitives(backends)},
+        )
+        for backends in mixed
+    ]
+    try:
+        async with (
+            serve(apps[0]) as first,
+            serve(apps[1]) as second,
+            httpx2.AsyncClient(base_url=first, timeout=WAIT) as a,
+            httpx2.AsyncClient(base_url=second, timeout=WAIT) as b,
+            b.stream("GET", f"{PATH}/plan/events", params={"conversationId": "m"}) as view,
+        ):
+            lines = view.aiter_lines()
+            events: list[str] = []
+
+            async def until(kind: str) -> None:
+                while True:
+                    line = await asyncio.wait_for(anext(lines), WAIT)
+                    if line.startswith("event:"):
+                        events.append(line.split(":", 1)[1].strip())
+                        if events[-1] == kind:
+                            return
+
+            await until("plan-snapshot")
+            reply = await a.post(PATH, json={"message": "plan gamma", "conversationId": "m"})
+            assert "planned gamma" in reply.text
+            await until("plan-update")
+    finally:
+        for backends in mixed:
+            for resource in backends.resources:
+                await resource.aclose()

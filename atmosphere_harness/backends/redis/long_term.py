@@ -75,6 +75,14 @@ return added
 # ARGV: key base, cap, replace ('1' or '0'), then (normalized, fact, words) per fact.
 # Words are our `query_terms` joined by spaces: letters and digits only, so `%S+` splits them.
 
+_NEWEST = """
+local base = ARGV[1]
+local norms = redis.call('ZRANGE', base .. 'order', -tonumber(ARGV[2]), -1)
+if #norms == 0 then return {} end
+return redis.call('HMGET', base .. 'text', unpack(norms))
+"""
+# One round trip for the newest facts (every prompt of a user with memory reads them).
+
 _CLEAR = """
 local base = ARGV[1]
 local used = redis.call('SMEMBERS', base .. 'vocab')
@@ -97,6 +105,7 @@ class RedisLongTermMemory(LongTermMemory):
         self.max_facts_per_user = max_facts_per_user
         self._save = connection.client.register_script(_SAVE)
         self._clear = connection.client.register_script(_CLEAR)
+        self._newest = connection.client.register_script(_NEWEST)
 
     def __repr__(self) -> str:
         return f"RedisLongTermMemory({self.connection!r})"
@@ -128,13 +137,8 @@ class RedisLongTermMemory(LongTermMemory):
     async def get_facts(self, user_id: str, limit: int = 20) -> list[str]:
         if limit <= 0 or not user_id:
             return []
-        base = self._base(user_id)
-        client = self.connection.client
         with self.connection.unavailable("reading long-term memory"):
-            norms: Any = await client.zrange(base + "order", -limit, -1)
-            if not norms:
-                return []
-            texts = await client.hmget(base + "text", norms)
+            texts: Any = await self._newest(keys=[], args=[self._base(user_id), limit])
         return [str(as_str(text)) for text in texts if text is not None]
 
     async def search(self, user_id: str, query: str, limit: int = 5) -> list[str]:
