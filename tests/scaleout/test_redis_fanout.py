@@ -314,6 +314,9 @@ async def test_an_answer_sent_while_the_listener_was_away_still_arrives(
         AnswerStatus.ACCEPTED
     )
     assert await a.wait(pending, WAIT) == Answer(False)
+    late = await _open(a)
+    assert await b.answer("/p", late.id, Answer(True), user_id="alice") is AnswerStatus.ACCEPTED
+    assert await a.wait(late, 0) == Answer(True), "an accepted answer never becomes a timeout"
 
 
 # --- locks ----------------------------------------------------------------------------------------

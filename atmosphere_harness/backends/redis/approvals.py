@@ -79,11 +79,14 @@ return 'accepted'
 # prefix, id.
 
 _CLOSE = """
+local answer = redis.call('HGET', KEYS[2], 'answer')
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('DEL', KEYS[2])
 redis.call('SREM', KEYS[3], ARGV[1])
-return 1
+return answer
 """
+# Returns the answer given before the close, if any: an answer Redis accepted (the person saw
+# "approved") is never turned into a timeout.
 
 
 def _raise_if_cancelled() -> None:
@@ -198,11 +201,13 @@ class RedisApprovalStore:
     async def wait(self, pending: PendingApproval, timeout: float) -> Answer | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        closed = False
         try:
             while True:
                 left = deadline - loop.time()
                 if left <= 0:
-                    return await self._stored_answer(pending)
+                    closed = True
+                    return await self._close(pending)
                 try:
                     return await asyncio.wait_for(
                         asyncio.shield(pending.future), min(left, RECHECK)
@@ -212,10 +217,11 @@ class RedisApprovalStore:
                     if found is not None:
                         return found
         finally:
-            await self._close(pending)
+            if not closed:
+                await self._close(pending)
 
     async def discard(self, pending: PendingApproval) -> None:
-        await self._close(pending)
+        await self._close(pending)  # an answer that raced the discard is dropped, as in memory
 
     async def answer(
         self, path: str, approval_id: str, answer: Answer, *, user_id: str | None
@@ -301,12 +307,13 @@ class RedisApprovalStore:
         text = as_str(stored)
         return _answer_from(text) if text else None
 
-    async def _close(self, pending: PendingApproval) -> None:
+    async def _close(self, pending: PendingApproval) -> Answer | None:
+        """Forget the approval everywhere; returns an answer that arrived before the close."""
         self._local.pop(pending.id, None)
         if not pending.future.done():
             pending.future.cancel()
         try:
-            await self._close_script(
+            stored = await self._close_script(
                 keys=[
                     self._pending_key(),
                     self._approval_key(pending.id),
@@ -320,6 +327,9 @@ class RedisApprovalStore:
                 "could not remove a closed approval from Redis; it expires by itself",
                 error=self.connection.scrub(exc),
             )
+            return None
+        text = as_str(stored)
+        return _answer_from(text) if text else None
 
     def _ensure_listener(self) -> None:
         if self._listener is None or self._listener.done():
