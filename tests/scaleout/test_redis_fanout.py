@@ -30,6 +30,8 @@ from atmosphere_harness.planning.bus import PlanBusFull, PlanEvent
 from atmosphere_harness.runtimes.base import Message
 from tests.scaleout.redis_service import PrivateRedis, keys_under, url_for
 
+pytestmark = pytest.mark.services
+
 WAIT = 30.0
 """Hang guard for anything that must arrive (never a speed expectation)."""
 
