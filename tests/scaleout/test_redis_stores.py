@@ -54,8 +54,8 @@ from tests.memory.test_memory_long_term import (  # noqa: F401
 )
 from tests.scaleout.redis_service import keys_under
 
-
 pytestmark = pytest.mark.services
+
 
 @pytest.fixture
 async def backend(connection: RedisConnection) -> HistoryBackend:
