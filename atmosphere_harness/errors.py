@@ -16,7 +16,8 @@ HarnessError
 ├── ModelError                          runtimes.base: a model call failed (an `error` frame)
 │   ├── LoopLimitExceeded               kernel.loop: too many tool rounds
 │   └── ScriptExhausted                 runtimes.scripted: the script has no turn left
-└── DelegationError                     delegation.fleet: a fleet member failed
+├── DelegationError                     delegation.fleet: a fleet member failed
+└── BackendUnavailable (ConnectionError) backends.unavailable: Redis / PostgreSQL is down (503)
 ```
 
 `str(error)` is always the human- (and model-) facing reason. How each maps to an HTTP status is

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..contracts import ConversationLocks, Resource, RunJournal
 from ..errors import HarnessError
@@ -86,17 +87,17 @@ def resolve_backends(settings: HarnessSettings) -> StateBackends:
         backends = postgres_backends(settings)
         if group.redis_url:
             try:
-                from .redis import with_redis_events  # type: ignore[import-not-found,unused-ignore]
+                from .redis import with_redis_events
             except ImportError as exc:
                 raise _missing("redis", "ATMOSPHERE_REDIS_URL", exc) from None
             backends = with_redis_events(backends, settings)
         return backends
     if group.redis_url:
         try:
-            from .redis import redis_backends  # type: ignore[import-not-found,unused-ignore]
+            from .redis import redis_backends
         except ImportError as exc:
             raise _missing("redis", "ATMOSPHERE_REDIS_URL", exc) from None
-        return redis_backends(settings)  # type: ignore[no-any-return,unused-ignore]
+        return redis_backends(settings)
     return StateBackends(state="sqlite", events="local")
 
 

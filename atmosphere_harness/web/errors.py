@@ -13,6 +13,7 @@ keys beside it (the admin API's 401 adds a `hint`), never FastAPI's `{"detail": 
 | `FileSystemError`, `PlanStoreError` (the caller's mistake) | 400 |
 | `ToolArgumentError` | 422 |
 | `PlanBusFull` | 503 |
+| `BackendUnavailable` (Redis or PostgreSQL is down right now) | 503 |
 | `ModelError`, `DelegationError` (something upstream failed) | 502 |
 | any other `HarnessError` | 500 |
 
@@ -40,6 +41,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from ..backends.unavailable import BackendUnavailable
 from ..delegation.fleet import DelegationError
 from ..errors import HarnessError
 from ..filesystem.base import FileNotFoundInWorkspace, FileSystemError
@@ -64,6 +66,7 @@ STATUS_OF: Sequence[tuple[type[HarnessError], int]] = (
     (PlanStoreError, 400),
     (ToolArgumentError, 422),
     (PlanBusFull, 503),
+    (BackendUnavailable, 503),
     (ModelError, 502),
     (DelegationError, 502),
 )

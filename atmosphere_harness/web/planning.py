@@ -29,6 +29,7 @@ from fastapi import Depends, Header, HTTPException, Query
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 
+from ..backends.unavailable import BackendUnavailable
 from ..ids import check_conversation_id
 from ..log import get_logger
 from ..planning.attach import SURFACE
@@ -174,7 +175,8 @@ def plan_event_response(
                     yield updates_chunk(subscription.replay)
                 async for batch in subscription:
                     yield updates_chunk(batch)
-        except PlanBusFull as exc:
+        except (PlanBusFull, BackendUnavailable) as exc:
+            # Too many viewers, or the shared backend is away: say so, the client retries.
             yield sse_event("error", None, encode({"message": str(exc)}))
 
     return FanOutResponse(stream(), ping=PING_SECONDS, send_timeout=SEND_TIMEOUT)

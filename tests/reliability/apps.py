@@ -40,7 +40,14 @@ APPROVALS: dict[str, ToolApprovalPolicy] = {"postgres": postgres_model.APPROVAL_
 
 
 def create(kind: str, settings: HarnessSettings | None = None) -> FastAPI:
-    """The sample's agents on the `kind` model; `settings=None` reads the environment."""
+    """The sample's agents on the `kind` model; `settings=None` reads the environment.
+
+    `redis`: the scale-out tests' own app (`tests.scaleout.redis_app`).
+    """
+    if kind == "redis":
+        from tests.scaleout.redis_app import create as create_replica
+
+        return create_replica(settings)
     app = FastAPI(title=f"atmosphere-harness reliability ({kind})")
     app.include_router(
         create_harness_router(

@@ -30,6 +30,7 @@ import asyncpg
 
 from ...errors import HarnessError
 from ...log import get_logger
+from ..unavailable import BackendUnavailable
 from .schema import migrate
 
 log = get_logger(__name__)
@@ -101,10 +102,6 @@ def _caused_by_disconnect(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
-
-
-class BackendUnavailable(HarnessError, RuntimeError):
-    """PostgreSQL could not be reached (start-up, or an outage mid-run)."""
 
 
 def redact(url: str) -> str:

@@ -1,0 +1,83 @@
+"""The Redis backend (`ATMOSPHERE_REDIS_URL`, extra `[redis]`): N replicas on one Redis.
+
+`redis_backends(settings)` is Redis alone: it holds every piece of shared state (conversation
+locks, history, long-term memory, plans, approvals) and carries the live fan-out (plan updates
+on Streams, approval answers routed to the replica whose run waits). `with_redis_events(backends,
+settings)` keeps another backend's state (PostgreSQL) and moves only the plan fan-out to Redis.
+
+One `RedisConnection` (pool + key prefix) is shared by every part and listed in
+`StateBackends.resources`: the host pings it at start-up, so an unreachable URL fails there, and
+closes it last. Needs a standalone Redis 7 or later (Sentinel works; Cluster does not: the
+scripts touch keys they compute).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...settings import HarnessSettings
+from .. import StateBackends
+from .approvals import RedisApprovalStore
+from .bus import RedisPlanBus
+from .connection import RedisConnection, RedisUnavailable
+from .history import RedisHistory
+from .locks import RedisConversationLocks
+from .long_term import RedisLongTermMemory
+from .plans import RedisPlanStore
+
+__all__ = [
+    "RedisApprovalStore",
+    "RedisConnection",
+    "RedisConversationLocks",
+    "RedisHistory",
+    "RedisLongTermMemory",
+    "RedisPlanBus",
+    "RedisPlanStore",
+    "RedisUnavailable",
+    "redis_backends",
+    "with_redis_events",
+]
+
+
+def _connection(settings: HarnessSettings) -> RedisConnection:
+    url = settings.groups.backends.redis_url
+    if not url:
+        raise ValueError("ATMOSPHERE_REDIS_URL is not set")
+    return RedisConnection(url)
+
+
+def redis_backends(settings: HarnessSettings) -> StateBackends:
+    """Every piece of shared state in the Redis of `ATMOSPHERE_REDIS_URL`."""
+    connection = _connection(settings)
+    bus = RedisPlanBus(connection)
+    connection.on_close(bus.aclose)
+    return StateBackends(
+        state="redis",
+        events="redis",
+        locks=RedisConversationLocks(connection),
+        plan_stores=lambda root: RedisPlanStore.for_root(connection, root),
+        plan_bus=bus,
+        approvals=RedisApprovalStore(connection),
+        history=RedisHistory(connection),
+        long_term_memory=RedisLongTermMemory(
+            connection, max_facts_per_user=settings.groups.memory.max_facts
+        ),
+        resources=[connection],
+    )
+
+
+def with_redis_events(backends: StateBackends, settings: HarnessSettings) -> StateBackends:
+    """`backends` with its live plan fan-out on Redis (`events="redis"`); its state stays.
+
+    Approvals stay with `backends` (its store already routes answers between replicas); the
+    Redis pool joins its resources, opened after theirs.
+    """
+    connection = _connection(settings)
+    bus = RedisPlanBus(connection)
+    connection.on_close(bus.aclose)
+    return dataclasses.replace(
+        backends,
+        events="redis",
+        plan_bus=bus,
+        resources=[*backends.resources, connection],
+    )

@@ -1,0 +1,110 @@
+"""`RedisConversationLocks`: one prompt at a time per conversation, across every replica.
+
+A conversation's lock is a Redis key holding a random token, set with `NX` and a TTL
+(redis-py's `Lock`: its release and extension are scripts that act only while the token is
+still ours, so a replica never frees a lock another one took over). While the block runs, a
+renewal task extends the TTL every third of it; a replica that dies stops renewing and its
+locks lapse after `ttl` seconds, so the conversation is never stuck.
+
+Prompts of one conversation on the same replica queue on an `asyncio.Lock` first, so they never
+poll Redis against each other; only prompts on different replicas poll (every `poll` seconds,
+the driver's way).
+
+The key is `lock:{digest(path, conversation)}`; `RedisHistory`'s cap reads it to never evict a
+conversation a run is using on any replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from collections.abc import AsyncIterator
+
+from redis.asyncio.lock import Lock
+from redis.exceptions import LockError, RedisError
+
+from ...log import get_logger
+from .connection import RedisConnection, digest
+
+log = get_logger(__name__)
+
+LOCK_TTL = 20.0
+"""Seconds a lock outlives its holder's last renewal (a killed replica's locks lapse then)."""
+POLL = 0.02
+"""Seconds between two attempts while another replica holds the lock."""
+
+
+def lock_key(connection: RedisConnection, path: str, conversation_id: str) -> str:
+    return connection.key("lock", digest(path, conversation_id))
+
+
+class RedisConversationLocks:
+    """A `contracts.ConversationLocks` shared by every replica on one Redis."""
+
+    def __init__(
+        self, connection: RedisConnection, *, ttl: float = LOCK_TTL, poll: float = POLL
+    ) -> None:
+        if ttl <= 0 or poll <= 0:
+            raise ValueError("lock ttl and poll must be positive")
+        self.connection = connection
+        self.ttl = ttl
+        self.poll = poll
+        self._local: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    def __repr__(self) -> str:
+        return f"RedisConversationLocks({self.connection!r})"
+
+    def _local_lock(self, key: str) -> asyncio.Lock:
+        lock = self._local.get(key)
+        if lock is None:
+            lock = self._local[key] = asyncio.Lock()
+        return lock
+
+    @contextlib.asynccontextmanager
+    async def hold(self, path: str, conversation_id: str) -> AsyncIterator[None]:
+        key = lock_key(self.connection, path, conversation_id)
+        async with self._local_lock(key):
+            lock = Lock(
+                self.connection.client,
+                key,
+                timeout=self.ttl,
+                sleep=self.poll,
+                thread_local=False,
+                raise_on_release_error=False,
+            )
+            with self.connection.unavailable("taking the conversation's lock"):
+                await lock.acquire()
+            renewal = asyncio.get_running_loop().create_task(
+                self._renew(lock, path, conversation_id), name="redis-lock-renewal"
+            )
+            try:
+                yield
+            finally:
+                renewal.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await renewal
+                try:
+                    await lock.release()
+                except (LockError, RedisError, OSError) as exc:
+                    # Lapsed (Redis was away longer than the TTL) or unreachable: the TTL
+                    # frees it either way; the run itself is over.
+                    log.warning(
+                        "conversation lock not released cleanly; it lapses by itself",
+                        conversation=conversation_id,
+                        error=self.connection.scrub(exc),
+                    )
+
+    async def _renew(self, lock: Lock, path: str, conversation_id: str) -> None:
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                await lock.reacquire()
+            except (LockError, RedisError, OSError) as exc:
+                log.warning(
+                    "could not renew a conversation lock; another replica may take it "
+                    "after its TTL",
+                    endpoint=path,
+                    conversation=conversation_id,
+                    error=self.connection.scrub(exc),
+                )

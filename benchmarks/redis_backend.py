@@ -1,0 +1,235 @@
+"""The Redis backend against the embedded default, side by side in one run.
+
+    python benchmarks/redis_backend.py [--turns 200] [--rounds 5] [--updates 500]
+        [--url redis://127.0.0.1:6379/15]
+
+1. **Per-turn cost over HTTP.** The scale-out test app (`tests.scaleout.redis_app`, one agent
+   with the whole harness on a scripted model: one model call, no tool) in a uvicorn process of
+   its own, once on the embedded stores (SQLite + files) and once with `ATMOSPHERE_REDIS_URL`.
+   A client sends `--turns` prompts one after another (10 conversations, in turn), and times each
+   from the POST to the `complete` frame. The two servers run side by side and the client
+   alternates between them round by round (`--rounds`), so load from elsewhere on the machine
+   hits both alike. Reported: median and p90 per turn, and the median added by Redis.
+2. **Throughput**, turns/s with 16 concurrent conversations: embedded with one replica, Redis
+   with one and with two replicas (the load spread over both). The load generator shares the
+   machine's cores with the servers, so the 2-replica figure is no scaling claim.
+3. **Plan fan-out between replicas.** A `RedisPlanBus` on each of two connections (two
+   replicas' buses): one publishes `--updates` plans, one after another, a viewer on the other
+   records when each arrives; the same with one `InProcessPlanBus` (the embedded, one-process
+   bus). Reported: publish -> receive latency p50/p99.
+
+Prints one JSON document. Keys go under a random `key_prefix` on the given database and are
+deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx2
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from atmosphere_harness.backends.redis import RedisConnection, RedisPlanBus  # noqa: E402
+from atmosphere_harness.planning.bus import InProcessPlanBus, PlanEventBus  # noqa: E402
+from tests.reliability.server import ServerProcess  # noqa: E402
+from tests.scaleout.redis_app import PATH  # noqa: E402
+from tests.scaleout.redis_service import delete_prefix  # noqa: E402
+
+CONVERSATIONS = 10
+CONCURRENCY = 16
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def one_turn(client: httpx2.AsyncClient, message: str, conversation: str) -> float:
+    started = time.perf_counter()
+    body = {"message": message, "conversationId": conversation}
+    async with client.stream("POST", PATH, json=body, headers={"X-User-Id": "bench"}) as response:
+        assert response.status_code == 200, response.status_code
+        async for line in response.aiter_lines():
+            if line.startswith("data:") and '"event":"complete"' in line.replace(" ", ""):
+                return (time.perf_counter() - started) * 1000
+            if line.startswith("data:") and '"event":"error"' in line.replace(" ", ""):
+                raise RuntimeError(line)
+    raise RuntimeError("stream ended without a complete frame")
+
+
+def start(workspace: Path, log: Path, url: str | None) -> ServerProcess:
+    env = {"ATMOSPHERE_AI_HARNESS_ENABLED": "true"}
+    if url:
+        env["ATMOSPHERE_REDIS_URL"] = url
+    return ServerProcess("redis", workspace, log, env).start()
+
+
+async def per_turn(root: Path, url: str, turns: int, rounds: int) -> dict[str, Any]:
+    embedded = start(root / "embedded", root / "embedded.log", None)
+    redis = start(root / "redis", root / "redis.log", url)
+    samples: dict[str, list[float]] = {"embedded": [], "redis": []}
+    try:
+        async with (
+            httpx2.AsyncClient(base_url=embedded.url, timeout=60) as e,
+            httpx2.AsyncClient(base_url=redis.url, timeout=60) as r,
+        ):
+            for client in (e, r):  # warm-up: imports, first connections, scripts loaded
+                for n in range(10):
+                    await one_turn(client, f"warm {n}", f"warm-{n % 2}")
+            per_round = max(1, turns // rounds)
+            for round_ in range(rounds):
+                order = [("embedded", e), ("redis", r)]
+                if round_ % 2:
+                    order.reverse()
+                for name, client in order:
+                    for n in range(per_round):
+                        cid = f"turns-{round_}-{n % CONVERSATIONS}"
+                        samples[name].append(await one_turn(client, f"turn {n}", cid))
+    finally:
+        embedded.stop()
+        redis.stop()
+    result = {
+        name: {
+            "turns": len(values),
+            "median_ms": round(statistics.median(values), 3),
+            "p90_ms": round(percentile(values, 0.9), 3),
+        }
+        for name, values in samples.items()
+    }
+    result["added_median_ms"] = round(
+        result["redis"]["median_ms"] - result["embedded"]["median_ms"], 3
+    )
+    return result
+
+
+async def throughput(urls: list[str], turns: int) -> float:
+    clients = [httpx2.AsyncClient(base_url=u, timeout=60) for u in urls]
+    try:
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for n in range(turns):
+            queue.put_nowait(n)
+        run = uuid.uuid4().hex[:6]
+
+        async def worker(slot: int) -> None:
+            client = clients[slot % len(clients)]
+            while True:
+                try:
+                    n = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                await one_turn(client, f"turn {n}", f"load-{run}-{slot}")
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(slot) for slot in range(CONCURRENCY)))
+        return turns / (time.perf_counter() - started)
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+async def turns_per_second(root: Path, url: str, turns: int) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    embedded = start(root / "tp-embedded", root / "tp-embedded.log", None)
+    try:
+        await throughput([embedded.url], 32)
+        figures["embedded_1_replica"] = round(await throughput([embedded.url], turns), 1)
+    finally:
+        embedded.stop()
+    a = start(root / "tp-redis", root / "tp-a.log", url)
+    b = start(root / "tp-redis", root / "tp-b.log", url)
+    try:
+        await throughput([a.url, b.url], 32)
+        figures["redis_1_replica"] = round(await throughput([a.url], turns), 1)
+        figures["redis_2_replicas"] = round(await throughput([a.url, b.url], turns), 1)
+    finally:
+        a.stop()
+        b.stop()
+    return figures
+
+
+async def fan_out(publisher: PlanEventBus, viewer_bus: PlanEventBus, updates: int) -> list[float]:
+    sent: dict[int, float] = {}
+    latencies: list[float] = []
+    async with viewer_bus.subscribe("bench", "c") as viewer:
+        await asyncio.sleep(0.2)  # the follower is reading
+
+        async def read() -> None:
+            async for batch in viewer:
+                now = time.perf_counter()
+                for event in batch:
+                    latencies.append((now - sent[int(event.data["n"])]) * 1000)
+                if len(latencies) >= updates:
+                    return
+
+        reader = asyncio.create_task(read())
+        for n in range(updates):
+            sent[n] = time.perf_counter()
+            await publisher.publish("bench", "c", {"n": n, "steps": []})
+            await asyncio.sleep(0.002)
+        await asyncio.wait_for(reader, 60)
+    return latencies
+
+
+async def plan_latency(url: str, updates: int) -> dict[str, Any]:
+    first, second = RedisConnection(url), RedisConnection(url)
+    await first.open()
+    await second.open()
+    a, b = RedisPlanBus(first), RedisPlanBus(second)
+    try:
+        await fan_out(a, b, 20)
+        redis = await fan_out(a, b, updates)
+    finally:
+        await a.aclose()
+        await b.aclose()
+        await first.aclose()
+        await second.aclose()
+    local_bus = InProcessPlanBus()
+    local = await fan_out(local_bus, local_bus, updates)
+    await local_bus.aclose()
+    return {
+        name: {
+            "updates": len(values),
+            "p50_ms": round(percentile(values, 0.5), 3),
+            "p99_ms": round(percentile(values, 0.99), 3),
+        }
+        for name, values in (("redis_two_replicas", redis), ("embedded_one_process", local))
+    }
+
+
+async def main(args: argparse.Namespace) -> None:
+    prefix = f"bench-{uuid.uuid4().hex[:10]}:"
+    base = args.url.split("?")[0]
+    url = f"{base}?key_prefix={prefix}"
+    try:
+        with tempfile.TemporaryDirectory(prefix="atmosphere-redis-bench-") as tmp:
+            root = Path(tmp)
+            document = {
+                "benchmark": "redis_backend",
+                "per_turn_http": await per_turn(root, url, args.turns, args.rounds),
+                "turns_per_second": await turns_per_second(root, url, args.turns),
+                "plan_fan_out": await plan_latency(url, args.updates),
+            }
+    finally:
+        db = int(base.rstrip("/").rsplit("/", 1)[1]) if base.count("/") >= 3 else 0
+        delete_prefix(prefix, db=db)
+    print(json.dumps(document, indent=2))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--updates", type=int, default=500)
+    parser.add_argument("--url", default="redis://127.0.0.1:6379/15")
+    asyncio.run(main(parser.parse_args()))
