@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..contracts import ConversationLocks, Resource, RunJournal
 from ..errors import HarnessError

@@ -28,9 +28,10 @@ from pathlib import Path
 
 from ...settings import HarnessSettings
 from .. import StateBackends
+from ..unavailable import BackendUnavailable
 from .approvals import PostgresApprovalStore
 from .bus import PostgresPlanBus
-from .database import BackendUnavailable, PostgresDatabase, redact
+from .database import PostgresDatabase, redact
 from .history import PostgresHistory
 from .locks import PostgresConversationLocks
 from .long_term import PostgresLongTermMemory

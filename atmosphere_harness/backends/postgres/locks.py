@@ -30,12 +30,12 @@ from typing import Any
 import asyncpg
 
 from ...log import get_logger
+from ..unavailable import BackendUnavailable
 from .database import (
     CLIENT_ERRORS,
     CONNECT_TIMEOUT,
     DISCONNECTS,
     VARIABLE,
-    BackendUnavailable,
     PostgresDatabase,
     connection_lost,
 )
