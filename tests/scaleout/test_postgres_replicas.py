@@ -1,5 +1,5 @@
-"""Two replicas on PostgreSQL alone, over real HTTP: every row of DESIGN 8.1 "What N replicas
-... must do", any replica to any other.
+"""Two replicas on PostgreSQL, alone and with Redis beside it for the live fan-out, over real
+HTTP: every row of DESIGN 8.1 "What N replicas ... must do", any replica to any other.
 
 Both servers are real uvicorn processes (`tests.reliability.server`, app kind `postgres`: the
 personal-assistant sample on `postgres_model`), on one workspace root and one fresh database.
@@ -18,6 +18,8 @@ import pytest
 from tests.reliability.server import ServerProcess
 
 from .postgres_service import create_database, drop_database
+from .redis_service import delete_prefix, new_prefix, require_redis
+from .redis_service import url_for as redis_url_for
 from .replicas import ADMIN_TOKEN, PATH, USER, prompt, read_sse, summary, two_replicas
 
 pytestmark = pytest.mark.services
@@ -34,17 +36,26 @@ def database_url() -> Iterator[str]:
         drop_database(url)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["postgres", "postgres+redis"])
 def servers(
-    database_url: str, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, database_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """Both replicas on one database; with `postgres+redis`, plan updates go through Redis."""
     base = tmp_path_factory.mktemp("replicas")
     workspace = base / "workspace"
     workspace.mkdir()
-    with two_replicas(
-        "postgres", workspace, base, {"ATMOSPHERE_POSTGRES_URL": database_url}
-    ) as pair:
-        yield pair
+    env = {"ATMOSPHERE_POSTGRES_URL": database_url}
+    prefix = None
+    if request.param == "postgres+redis":
+        require_redis()
+        prefix = new_prefix()
+        env["ATMOSPHERE_REDIS_URL"] = redis_url_for(prefix)
+    try:
+        with two_replicas("postgres", workspace, base, env) as pair:
+            yield pair
+    finally:
+        if prefix is not None:
+            delete_prefix(prefix)
 
 
 def cid() -> str:
@@ -56,7 +67,11 @@ async def test_console_info_names_the_backend_and_the_store(
 ) -> None:
     for server in servers:
         info = httpx2.get(server.url + "/api/console/info").json()
-        assert info["backends"] == {"state": "postgres", "events": "postgres"}
+        redis = "ATMOSPHERE_REDIS_URL" in server.env
+        assert info["backends"] == {
+            "state": "postgres",
+            "events": "redis" if redis else "postgres",
+        }
         assert info["harness"]["long-term-memory"] == (
             "ACTIVE(atmosphere_harness.backends.postgres.PostgresLongTermMemory)"
         )
