@@ -32,7 +32,13 @@ CELLS = [
 ]
 
 
-@pytest.mark.parametrize(("flag", "column", "expected"), CELLS, ids=lambda v: str(v)[:20])
+@pytest.mark.parametrize(
+    ("flag", "column", "expected"),
+    CELLS,
+    # Ids from the flag and the column's name only: a set's repr changes with hash order, and
+    # pytest-xdist needs every worker to collect the same ids.
+    ids=[f"{flag}-{column[0]}" for flag, column, _ in CELLS],
+)
 def test_flag_by_annotation_table(flag, column, expected) -> None:
     _, path, declared, is_agent = column
     preset = HarnessPreset(HarnessSettings(enabled=flag))

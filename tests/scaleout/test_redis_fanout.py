@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -447,11 +448,11 @@ class _Marker:
     async def aclose(self) -> None: ...
 
 
-def test_a_postgres_url_without_its_backend_says_what_to_install(tmp_path: Path) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("atmosphere_harness.backends.postgres") is not None:
-        pytest.skip("the PostgreSQL backend is installed on this branch")
+def test_a_postgres_url_without_its_backend_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As if the extra were missing: `None` in sys.modules makes the import raise ImportError.
+    monkeypatch.setitem(sys.modules, "atmosphere_harness.backends.postgres", None)
     settings = HarnessSettings(workspace_root=tmp_path, postgres_url="postgresql://x@h/db")
     with pytest.raises(HarnessError, match=r"\[postgres\]"):
         resolve_backends(settings)
