@@ -56,7 +56,7 @@ async def test_console_info_names_the_backend_and_the_store(
 ) -> None:
     for server in servers:
         info = httpx2.get(server.url + "/api/console/info").json()
-        assert info["backends"] == {"state": "postgres", "events": "postgres"}
+        assert info["backends"] == {"state": "postgres", "events": "postgres", "workspace": "files"}
         assert info["harness"]["long-term-memory"] == (
             "ACTIVE(atmosphere_harness.backends.postgres.PostgresLongTermMemory)"
         )

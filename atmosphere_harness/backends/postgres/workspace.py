@@ -1,4 +1,4 @@
-"""`PostgresAgentFileSystem`: a conversation workspace whose files are rows (issue 17, a start).
+"""`PostgresAgentFileSystem`: a workspace whose files are rows (issue 17).
 
 The same `AgentFileSystem` protocol, path rules, bounds and messages as the files backend
 (`filesystem.workspace.WorkspaceAgentFileSystem`), with files as `(store, path) -> bytes` rows
@@ -15,14 +15,17 @@ in `atmosphere_files`, so replicas with no shared volume share a conversation's 
   matchers (`filesystem.globbing`, `filesystem.search`), so a pattern means the same thing on
   both backends, including the grep deadline.
 
-Not wired yet: `ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres` needs the setting and a provider seam
-in the filesystem primitive (see `docs/scale-out.md`).
+`PostgresWorkspaceStores` (`stores`) opens these for the filesystem primitive when
+`ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres`, and for `prefix=postgres:` composite routes. A
+PostgreSQL outage reaches the model as a tool error it can act on ("PostgreSQL is unavailable
+... try again"), never as an exception.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from operator import itemgetter
-from typing import Any
+from typing import Any, TypeVar
 
 from ...filesystem.base import (
     FileInfo,
@@ -35,7 +38,12 @@ from ...filesystem.globbing import compile_glob
 from ...filesystem.paths import check_dir, check_path, is_under, shown
 from ...filesystem.search import Deadline, clip, compile_pattern, search_file
 from ...filesystem.usage import StoreUsage
-from .database import PostgresDatabase
+from .database import BackendUnavailable, PostgresDatabase
+
+T = TypeVar("T")
+OnCreate = Callable[[Any], Awaitable[None]]
+"""Called with the connection, inside the transaction, when a write creates the store (its
+first file): where the conversation cap is applied."""
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('atmosphere_files:' || $1, 0))"
 _USAGE = (
@@ -54,11 +62,24 @@ class PostgresAgentFileSystem:
     """A bounded `AgentFileSystem` in PostgreSQL rows; `store` names it (owner + conversation)."""
 
     def __init__(
-        self, database: PostgresDatabase, store: str, limits: FileSystemLimits | None = None
+        self,
+        database: PostgresDatabase,
+        store: str,
+        limits: FileSystemLimits | None = None,
+        *,
+        on_create: OnCreate | None = None,
     ) -> None:
         self.database = database
         self.store = store
         self.limits = limits or FileSystemLimits()
+        self.on_create = on_create
+
+    async def _run(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        """`database.run`, with an outage turned into a message the model can act on."""
+        try:
+            return await self.database.run(work)
+        except BackendUnavailable as exc:
+            raise FileSystemError(f"{exc} — try again shortly") from None
 
     def __repr__(self) -> str:
         return f"PostgresAgentFileSystem({self.store!r})"
@@ -82,7 +103,7 @@ class PostgresAgentFileSystem:
             )
             return rows
 
-        rows = await self.database.run(work)
+        rows = await self._run(work)
         start = len(rel) + 1 if rel else 0
         directories: dict[str, FileInfo] = {}
         files: list[FileInfo] = []
@@ -110,7 +131,7 @@ class PostgresAgentFileSystem:
             )
             return value
 
-        data = await self.database.run(work)
+        data = await self._run(work)
         if data is None:
             raise FileNotFoundInWorkspace(f"File not found: {echo}")
         limit = self.limits.max_file_bytes
@@ -147,7 +168,7 @@ class PostgresAgentFileSystem:
         async def work(connection: Any) -> Any:
             return await connection.fetchrow(_USAGE, self.store)
 
-        row = await self.database.run(work)
+        row = await self._run(work)
         return StoreUsage(int(row["files"]), int(row["bytes"]))
 
     async def _files(self, rel: str) -> list[tuple[str, bytes]]:
@@ -161,7 +182,7 @@ class PostgresAgentFileSystem:
             )
             return rows
 
-        return [(row["path"], bytes(row["content"])) for row in await self.database.run(work)]
+        return [(row["path"], bytes(row["content"])) for row in await self._run(work)]
 
     # --- changes (one transaction each, under the store's lock) ------------------------------
 
@@ -177,10 +198,12 @@ class PostgresAgentFileSystem:
                     raise FileSystemError(f"Cannot write {echo}: it is a directory")
                 await self._check_parents(connection, rel, echo)
                 old = await self._size(connection, rel)
-                await self._admit(connection, echo, len(data), old)
+                held = await self._admit(connection, echo, len(data), old)
+                if held == 0 and self.on_create is not None:
+                    await self.on_create(connection)
                 await self._put(connection, rel, data)
 
-        await self.database.run(work)
+        await self._run(work)
 
     async def edit(
         self, path: str, old_text: str, new_text: str, *, replace_all: bool = False
@@ -224,7 +247,7 @@ class PostgresAgentFileSystem:
                     await self._put(connection, rel, data)
                 return count if replace_all else 1
 
-        return await self.database.run(work)
+        return await self._run(work)
 
     async def delete(self, path: str) -> None:
         rel = check_path(path)
@@ -242,7 +265,7 @@ class PostgresAgentFileSystem:
                 if not gone:
                     raise FileNotFoundInWorkspace(f"Not found: {echo}")
 
-        await self.database.run(work)
+        await self._run(work)
 
     async def rename(self, old_path: str, new_path: str) -> None:
         old_rel, new_rel = check_path(old_path), check_path(new_path)
@@ -272,7 +295,7 @@ class PostgresAgentFileSystem:
                     new_rel,
                 )
 
-        await self.database.run(work)
+        await self._run(work)
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -298,8 +321,9 @@ class PostgresAgentFileSystem:
                 f"over the {limit}-byte per-file limit"
             )
 
-    async def _admit(self, connection: Any, echo: str, new_size: int, old_size: int | None) -> None:
-        """Refuse the change when it breaks a bound (the files backend's rule and messages)."""
+    async def _admit(self, connection: Any, echo: str, new_size: int, old_size: int | None) -> int:
+        """Refuse the change when it breaks a bound (the files backend's rule and messages);
+        returns how many files the store holds before it."""
         row = await connection.fetchrow(_USAGE, self.store)
         count, total = int(row["files"]), int(row["bytes"])
         files = 1 if old_size is None else 0
@@ -315,6 +339,7 @@ class PostgresAgentFileSystem:
                 f"Write rejected: {echo} would bring the store to {total + delta} bytes, "
                 f"over the {limits.max_total_bytes}-byte total limit"
             )
+        return count
 
     async def _put(self, connection: Any, rel: str, data: bytes) -> None:
         await connection.execute(
