@@ -124,10 +124,12 @@ async def test_a_conversation_written_on_a_is_read_grepped_and_edited_on_b(
     assert twice.startswith("Error: old_text matches 2 times in notes/plan.md"), twice
 
     back = await call(a, conversation, "read_file", path="notes/plan.md")
-    assert "gamma" in back and "beta" not in back, back
+    assert "gamma" in back, back
+    assert "beta" not in back, back
     assert "notes" in await call(a, conversation, "ls")
     # Neither replica keeps the conversation's files on its own disk.
-    assert files_under(a.workspace) == [] and files_under(b.workspace) == []
+    assert files_under(a.workspace) == []
+    assert files_under(b.workspace) == []
 
 
 async def test_admin_rest_on_b_lists_and_reads_files_written_on_a(
