@@ -51,6 +51,20 @@ _USAGE = (
     "FROM atmosphere_files WHERE store = $1"
 )
 _UNDER = "store = $1 AND starts_with(path, $2)"
+_WRITE_STATE = (
+    "SELECT (SELECT size FROM atmosphere_files WHERE store = $1 AND path = $2) AS old, "
+    "EXISTS (SELECT 1 FROM atmosphere_files WHERE store = $1 AND starts_with(path, $2 || '/')) "
+    "AS is_dir, "
+    "EXISTS (SELECT 1 FROM atmosphere_files WHERE store = $1 AND path = ANY($3::text[])) "
+    "AS parent_file, "
+    "count(*) AS files, coalesce(sum(size), 0) AS bytes FROM atmosphere_files WHERE store = $1"
+)
+"""Everything a write checks, in one round trip (after the store's lock)."""
+_EDIT_STATE = (
+    "SELECT (SELECT content FROM atmosphere_files WHERE store = $1 AND path = $2) AS content, "
+    "count(*) AS files, coalesce(sum(size), 0) AS bytes FROM atmosphere_files WHERE store = $1"
+)
+"""The file an edit changes and the store's usage, in one round trip."""
 
 
 def _parents(rel: str) -> list[str]:
@@ -145,7 +159,16 @@ class PostgresAgentFileSystem:
         if not isinstance(pattern, str):
             raise FileSystemError("pattern must not be blank")
         matcher = compile_glob(pattern)
-        return sorted(path for path, _data in await self._files("") if matcher.fullmatch(path))
+
+        async def work(connection: Any) -> list[Any]:
+            rows: list[Any] = await connection.fetch(
+                "SELECT path FROM atmosphere_files WHERE store = $1", self.store
+            )
+            return rows
+
+        return sorted(
+            row["path"] for row in await self._run(work) if matcher.fullmatch(row["path"])
+        )
 
     async def grep(self, pattern: str, dir: str | None = None) -> list[GrepHit]:
         compiled = compile_pattern(pattern)
@@ -153,7 +176,8 @@ class PostgresAgentFileSystem:
         deadline = Deadline(compiled.source)
         limit = self.limits.max_grep_hits
         hits: list[GrepHit] = []
-        for path, data in sorted(await self._files(rel), key=itemgetter(0)):
+        files = await self._files(rel, compiled.literal)
+        for path, data in sorted(files, key=itemgetter(0)):
             deadline.remaining()
             found = search_file(compiled, data, limit - len(hits), deadline)
             if found:
@@ -171,15 +195,26 @@ class PostgresAgentFileSystem:
         row = await self._run(work)
         return StoreUsage(int(row["files"]), int(row["bytes"]))
 
-    async def _files(self, rel: str) -> list[tuple[str, bytes]]:
-        """`(path, content)` of every file under `rel` (the whole store when blank)."""
+    async def _files(self, rel: str, literal: bytes | None = None) -> list[tuple[str, bytes]]:
+        """`(path, content)` of every file under `rel` (the whole store when blank); with
+        `literal`, only the files whose bytes contain it (found in SQL, so a rare literal reads
+        a few rows: a UTF-8 byte match is exactly a character match, as in the files backend)."""
 
         async def work(connection: Any) -> list[Any]:
-            rows: list[Any] = await connection.fetch(
-                f"SELECT path, content FROM atmosphere_files WHERE {_UNDER}",
-                self.store,
-                f"{rel}/" if rel else "",
-            )
+            if literal is None:
+                rows: list[Any] = await connection.fetch(
+                    f"SELECT path, content FROM atmosphere_files WHERE {_UNDER}",
+                    self.store,
+                    f"{rel}/" if rel else "",
+                )
+            else:
+                rows = await connection.fetch(
+                    f"SELECT path, content FROM atmosphere_files WHERE {_UNDER} "
+                    "AND position($3::bytea IN content) > 0",
+                    self.store,
+                    f"{rel}/" if rel else "",
+                    literal,
+                )
             return rows
 
         return [(row["path"], bytes(row["content"])) for row in await self._run(work)]
@@ -194,11 +229,14 @@ class PostgresAgentFileSystem:
         async def work(connection: Any) -> None:
             async with connection.transaction():
                 await connection.execute(_LOCK, self.store)
-                if await self._under(connection, rel):
+                state = await connection.fetchrow(_WRITE_STATE, self.store, rel, _parents(rel))
+                if state["is_dir"]:
                     raise FileSystemError(f"Cannot write {echo}: it is a directory")
-                await self._check_parents(connection, rel, echo)
-                old = await self._size(connection, rel)
-                held = await self._admit(connection, echo, len(data), old)
+                if state["parent_file"]:
+                    raise FileSystemError(f"Cannot write {echo}: a parent of it is a file")
+                old = None if state["old"] is None else int(state["old"])
+                held = int(state["files"])
+                self._check_bounds(echo, len(data), old, held, int(state["bytes"]))
                 if held == 0 and self.on_create is not None:
                     await self.on_create(connection)
                 await self._put(connection, rel, data)
@@ -218,11 +256,8 @@ class PostgresAgentFileSystem:
         async def work(connection: Any) -> int:
             async with connection.transaction():
                 await connection.execute(_LOCK, self.store)
-                found: bytes | None = await connection.fetchval(
-                    "SELECT content FROM atmosphere_files WHERE store = $1 AND path = $2",
-                    self.store,
-                    rel,
-                )
+                state = await connection.fetchrow(_EDIT_STATE, self.store, rel)
+                found: bytes | None = state["content"]
                 if found is None:
                     raise FileNotFoundInWorkspace(f"File not found: {echo}")
                 text = bytes(found).decode("utf-8")
@@ -243,7 +278,9 @@ class PostgresAgentFileSystem:
                 if updated != text:
                     data = updated.encode("utf-8")
                     self._check_size(echo, len(data))
-                    await self._admit(connection, echo, len(data), len(found))
+                    self._check_bounds(
+                        echo, len(data), len(found), int(state["files"]), int(state["bytes"])
+                    )
                     await self._put(connection, rel, data)
                 return count if replace_all else 1
 
@@ -321,11 +358,11 @@ class PostgresAgentFileSystem:
                 f"over the {limit}-byte per-file limit"
             )
 
-    async def _admit(self, connection: Any, echo: str, new_size: int, old_size: int | None) -> int:
-        """Refuse the change when it breaks a bound (the files backend's rule and messages);
-        returns how many files the store holds before it."""
-        row = await connection.fetchrow(_USAGE, self.store)
-        count, total = int(row["files"]), int(row["bytes"])
+    def _check_bounds(
+        self, echo: str, new_size: int, old_size: int | None, count: int, total: int
+    ) -> None:
+        """Refuse a change of one file from `old_size` (`None`: a new file) to `new_size` in a
+        store holding `count` files of `total` bytes (the files backend's rule and messages)."""
         files = 1 if old_size is None else 0
         delta = new_size - (old_size or 0)
         limits = self.limits
@@ -339,7 +376,6 @@ class PostgresAgentFileSystem:
                 f"Write rejected: {echo} would bring the store to {total + delta} bytes, "
                 f"over the {limits.max_total_bytes}-byte total limit"
             )
-        return count
 
     async def _put(self, connection: Any, rel: str, data: bytes) -> None:
         await connection.execute(
