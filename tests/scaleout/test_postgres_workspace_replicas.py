@@ -10,6 +10,7 @@ line makes the model call one tool and answer `result: <what the tool returned>`
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +49,7 @@ def servers(
         "ATMOSPHERE_AI_WORKSPACE_BACKEND": "postgres",
         "ATMOSPHERE_AI_FILESYSTEM_ROUTES": "memories/=postgres:",
         "ATMOSPHERE_ADMIN_TOKEN": ADMIN_TOKEN,
+        "ATMOSPHERE_AI_TOOL_OUTPUT_OFFLOAD_THRESHOLD": "2000",
     }
     roots = [base / "root-a", base / "root-b"]
     for root in roots:
@@ -130,6 +132,20 @@ async def test_a_conversation_written_on_a_is_read_grepped_and_edited_on_b(
     # Neither replica keeps the conversation's files on its own disk.
     assert files_under(a.workspace) == []
     assert files_under(b.workspace) == []
+
+
+async def test_a_result_offloaded_on_a_is_read_back_on_b(
+    servers: tuple[ServerProcess, ServerProcess],
+) -> None:
+    a, b = servers
+    conversation = cid()
+    lines = "".join(f"needle {n:03d} {'x' * 40}\n" for n in range(100))
+    await call(a, conversation, "write_file", path="big.txt", content=lines)
+    previewed = await call(a, conversation, "grep", pattern="needle")
+    found = re.search(r"tool-output/[A-Za-z0-9_.-]+\.txt", previewed)
+    assert found is not None, previewed
+    full = await call(b, conversation, "read_file", path=found.group(0), limit=500)
+    assert "needle 099" in full, full
 
 
 async def test_admin_rest_on_b_lists_and_reads_files_written_on_a(
