@@ -42,7 +42,11 @@ def default_primitives(
             fallback_long_term_memory=backends.long_term_memory,
         ),
         PlanningPrimitive(backends.plan_bus, stores=backends.plan_stores),
-        FilesystemPrimitive(usage=backends.workspace_usage),
+        FilesystemPrimitive(
+            usage=backends.workspace_usage,
+            workspaces=backends.workspaces,
+            route_stores=backends.route_stores,
+        ),
         SkillsPrimitive(),
         GovernancePrimitive(
             policies=policies, approval_policy=approval_policy, approvals=backends.approvals

@@ -99,6 +99,13 @@ class RuntimeChoice(enum.Enum):
     ANTHROPIC = "anthropic"
 
 
+class WorkspaceBackend(enum.Enum):
+    """Where conversation workspaces live (`ATMOSPHERE_AI_WORKSPACE_BACKEND`)."""
+
+    FILES = "files"
+    POSTGRES = "postgres"
+
+
 HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,64}$")
 """An HTTP header name (RFC 9110 token), at most 64 characters."""
 
@@ -316,6 +323,11 @@ class HarnessSettings(BaseSettings):
     postgres_url: str | None = Field(
         None, validation_alias=_env("ATMOSPHERE_POSTGRES_URL"), repr=False
     )
+    workspace_backend: WorkspaceBackend = Field(
+        WorkspaceBackend.FILES, validation_alias=_env("ATMOSPHERE_AI_WORKSPACE_BACKEND")
+    )
+    """Where conversation workspaces (and Claude's `/memories`) live: `files` under
+    `workspace_root`, or `postgres` rows (needs `postgres_url`; replicas need no shared volume)."""
 
     # --- sources ----------------------------------------------------------------------------
 
@@ -435,6 +447,20 @@ class HarnessSettings(BaseSettings):
             choices = ", ".join(choice.value for choice in RuntimeChoice)
             raise ValueError(f"LLM_RUNTIME must be one of {choices}, got {value!r}") from None
 
+    @field_validator("workspace_backend", mode="before")
+    @classmethod
+    def _parse_workspace_backend(cls, value: object) -> object:
+        if value is None or isinstance(value, WorkspaceBackend):
+            return value or WorkspaceBackend.FILES
+        text = str(value).strip().lower() or WorkspaceBackend.FILES.value
+        try:
+            return WorkspaceBackend(text)
+        except ValueError:
+            choices = ", ".join(choice.value for choice in WorkspaceBackend)
+            raise ValueError(
+                f"ATMOSPHERE_AI_WORKSPACE_BACKEND must be one of {choices}, got {value!r}"
+            ) from None
+
     @field_validator("filesystem_routes", mode="before")
     @classmethod
     def _parse_routes(cls, value: object) -> object:
@@ -543,6 +569,7 @@ class HarnessSettings(BaseSettings):
             backends=BackendSettings(
                 redis_url=self.redis_url,
                 postgres_url=self.postgres_url,
+                workspace_backend=self.workspace_backend,
                 durable_runs=self.durable_runs_effective,
             ),
         )
@@ -649,6 +676,7 @@ class BackendSettings(BaseModel):
     model_config = _GROUP
     redis_url: str | None = Field(repr=False)
     postgres_url: str | None = Field(repr=False)
+    workspace_backend: WorkspaceBackend
     durable_runs: bool
 
 

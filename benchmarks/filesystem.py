@@ -1,4 +1,4 @@
-"""Filesystem benchmark: `WorkspaceAgentFileSystem` vs deepagents `FilesystemBackend`, and raw `rg`.
+"""Filesystem benchmark: our files and PostgreSQL workspaces vs deepagents' backends, and `rg`.
 
 Workload (deterministic, seed 1234, the one of the deepagents peer study): 200 files of 50 KiB
 (800 lines of exactly 64 bytes) in `pkg{0..9}/sub{0,1}/`, even indices `mod_XXX.py`, odd
@@ -9,6 +9,14 @@ Each repeat runs every op on both stores in the same process, alternating which 
 a fresh empty store per repeat. Grep is the same literal for both (deepagents greps literals
 only). `rg` on the same tree is the floor: a compiled, parallel searcher with no Python around it.
 `write_all_fsync` is our write with `fsync=True`, the figure behind the default `fsync=False`.
+
+`postgres` is `PostgresAgentFileSystem` (`ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres`) on a
+throwaway database this script creates on 127.0.0.1:5432 (or `--postgres-url`, whose database
+must be empty or hold no `bench:` stores) and drops at the end: every op a round trip (or a
+transaction) to PostgreSQL, `glob`/`grep` reading the rows and matching in Python. deepagents'
+own stores beside it: `FilesystemBackend` (sync, async, Python grep) and, when
+`langgraph-checkpoint-postgres` is installed, `StoreBackend` on langgraph's `PostgresStore` (its
+way of keeping files in PostgreSQL; otherwise `peer_store: null` with the reason).
 
     python benchmarks/filesystem.py --repeats 7 > result.json
 
@@ -28,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -146,6 +155,69 @@ class Ours:
         return out
 
 
+class Postgres:
+    """One repeat on a fresh `PostgresAgentFileSystem` store, every op awaited as a tool would."""
+
+    name = "postgres"
+
+    def __init__(self, url: str, files: list[tuple[str, str]]) -> None:
+        from atmosphere_harness.backends.postgres import PostgresAgentFileSystem, PostgresDatabase
+
+        self.store_class = PostgresAgentFileSystem
+        self.files = files
+        self.expected = expected_counts(files)
+        self.loop = asyncio.new_event_loop()
+        self.database = PostgresDatabase(url)
+        self.loop.run_until_complete(self.database.open())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.database.aclose())
+        self.loop.close()
+
+    def run(self, repeat: int) -> dict[str, tuple[float, Any]]:
+        return self.loop.run_until_complete(self._run(repeat))
+
+    async def _run(self, repeat: int) -> dict[str, tuple[float, Any]]:
+        store = f"bench:{repeat}"
+        make = self.store_class
+        fs = make(self.database, store)
+        fs_all = make(self.database, store, FileSystemLimits(max_grep_hits=10_000))
+        fs_cap = make(self.database, store, FileSystemLimits(max_grep_hits=1000))
+        files = self.files
+        measure = Timings()
+
+        async def write_all() -> None:
+            for path, content in files:
+                await fs.write(path, content)
+
+        async def read_all() -> list[str]:
+            return [await fs.read(path) for path, _ in files]
+
+        async def read_window_all() -> list[str]:
+            return [read_window(await fs.read(path), path, 0, 100, 0) for path, _ in files]
+
+        await measure("write_all", write_all)
+        texts = await measure("read_all_full", read_all)
+        check(texts == [content for _, content in files], "postgres: read-back differs")
+        await measure("read_all_window", read_window_all)
+        await measure("ls_root", fs.ls)
+        expected = self.expected
+        globbed = await measure("glob_py", lambda: fs.glob("**/*.py"))
+        check(len(globbed) == expected["glob_py"], "postgres: glob")
+        hits = await measure("grep_common_all", lambda: fs_all.grep("needle_token"))
+        check(len(hits) == expected["grep_common_all"], f"postgres: {len(hits)} common hits")
+        hits = await measure("grep_common_cap", lambda: fs_cap.grep("needle_token"))
+        check(len(hits) == expected["grep_common_cap"], "postgres: capped hits")
+        hits = await measure("grep_rare", lambda: fs.grep("UNIQUE_SENTINEL_XYZ"))
+        check(len(hits) == expected["grep_rare"], "postgres: rare hit")
+        i = repeat % len(files)
+        path = files[i][0]
+        await measure(
+            "edit_once", lambda: fs.edit(path, f"EDIT_ANCHOR_{i} ", f"EDITED_ANCHOR_{i} ")
+        )
+        return measure.out
+
+
 class Peer:
     """One repeat on a fresh deepagents `FilesystemBackend(virtual_mode=True)`.
 
@@ -185,10 +257,13 @@ class Peer:
         finally:
             self.module._resolve_ripgrep_path = original
 
-    async def _run(self, repeat: int) -> dict[str, tuple[float, Any]]:
+    def backend(self, repeat: int) -> Any:
         directory = self.root / f"{self.name}-{repeat}"
         directory.mkdir()
-        backend = self.backend_class(root_dir=str(directory), virtual_mode=True)
+        return self.backend_class(root_dir=str(directory), virtual_mode=True)
+
+    async def _run(self, repeat: int) -> dict[str, tuple[float, Any]]:
+        backend = self.backend(repeat)
 
         async def call(method: str, *args: Any, **kwargs: Any) -> Any:
             if self.asynchronous:
@@ -228,6 +303,34 @@ class Peer:
         return out
 
 
+class PeerStore(Peer):
+    """deepagents' way to keep files in PostgreSQL: `StoreBackend` on langgraph's sync
+    `PostgresStore` (extra packages `langgraph-checkpoint-postgres`, `psycopg[binary,pool]`),
+    a fresh namespace per repeat, its sync methods (as `deepagents`)."""
+
+    def __init__(self, url: str, files: list[tuple[str, str]]) -> None:
+        from deepagents.backends import StoreBackend
+        from langgraph.store.postgres import PostgresStore
+
+        super().__init__(Path(), files, ripgrep=False, asynchronous=False)
+        self.name = "deepagents_store_postgres"
+        self.store_backend = StoreBackend
+        self._context = PostgresStore.from_conn_string(url)
+        self.store = self._context.__enter__()
+        self.store.setup()
+
+    def close(self) -> None:
+        self._context.__exit__(None, None, None)
+        super().close()
+
+    def run(self, repeat: int) -> dict[str, tuple[float, Any]]:
+        return self.loop.run_until_complete(self._run(repeat))
+
+    def backend(self, repeat: int) -> Any:
+        namespace = ("fsbench", str(repeat))
+        return self.store_backend(store=self.store, namespace=lambda _runtime: namespace)
+
+
 def rg_floor(tree: Path, rg: str, expected: dict[str, int]) -> dict[str, tuple[float, Any]]:
     out = {}
     for name, literal, count in (
@@ -241,11 +344,40 @@ def rg_floor(tree: Path, rg: str, expected: dict[str, int]) -> dict[str, tuple[f
     return out
 
 
+LOOPBACK = "postgresql://postgres@127.0.0.1:5432"
+
+
+async def _admin(statement: str) -> None:
+    import asyncpg
+
+    connection = await asyncpg.connect(f"{LOOPBACK}/test", timeout=5)
+    try:
+        await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+def throwaway_database() -> tuple[str | None, str | None]:
+    """`(url, None)` of a new database on the loopback PostgreSQL, or `(None, reason)`."""
+    name = f"atmo_fsbench_{uuid.uuid4().hex[:8]}"
+    try:
+        asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        return None, f"PostgreSQL unavailable on 127.0.0.1:5432: {exc}"
+    return f"{LOOPBACK}/{name}", None
+
+
+def drop_database(url: str) -> None:
+    name = url.rsplit("/", 1)[1]
+    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--files", type=int, default=200)
     parser.add_argument("--size-kib", type=int, default=50)
+    parser.add_argument("--postgres-url", default=None, help="default: a throwaway database")
     args = parser.parse_args()
 
     files = make_workload(args.files, args.size_kib)
@@ -257,6 +389,27 @@ def main() -> int:
             runners.append(Peer(base, files, ripgrep=ripgrep, asynchronous=asynchronous))
     except ImportError as exc:
         peer_reason = f"deepagents is not installed ({exc}); pip install '.[bench]'"
+    created: str | None = None
+    postgres_url, postgres_reason = args.postgres_url, None
+    if postgres_url is None:
+        postgres_url, postgres_reason = throwaway_database()
+        created = postgres_url
+    if postgres_url is not None:
+        try:
+            runners.append(Postgres(postgres_url, files))
+        except Exception as exc:
+            postgres_reason = f"PostgreSQL workspace unavailable: {type(exc).__name__}: {exc}"
+        if peer_reason is None:
+            try:
+                runners.append(PeerStore(postgres_url, files))
+            except Exception as exc:
+                store_reason = f"{type(exc).__name__}: {exc}"
+            else:
+                store_reason = None
+        else:
+            store_reason = peer_reason
+    else:
+        store_reason = postgres_reason
     rg = shutil.which("rg")
     samples: dict[str, dict[str, list[float]]] = {runner.name: {} for runner in runners}
     samples["rg"] = {}
@@ -274,6 +427,8 @@ def main() -> int:
         for runner in runners:
             runner.close()
         shutil.rmtree(base, ignore_errors=True)
+        if created is not None:
+            drop_database(created)
 
     results = {name: {op: summary(v) for op, v in ops.items()} for name, ops in samples.items()}
     ours = results["ours"]
@@ -293,6 +448,15 @@ def main() -> int:
                 )
         if op in RG_FLOOR and results["rg"]:
             entry["vs_rg"] = ratio(ours[op]["median_ms"], results["rg"][RG_FLOOR[op]]["median_ms"])
+        if "postgres" in results:
+            rows = results["postgres"][op]["median_ms"]
+            entry["postgres_vs_ours"] = ratio(rows, ours[op]["median_ms"])
+            if peer is not None:
+                entry["postgres_vs_deepagents"] = ratio(rows, peer[op]["median_ms"])
+            if "deepagents_store_postgres" in results:
+                entry["postgres_vs_deepagents_store_postgres"] = ratio(
+                    rows, results["deepagents_store_postgres"][op]["median_ms"]
+                )
         ratios[op] = entry
     document = {
         "benchmark": "filesystem",
@@ -323,6 +487,10 @@ def main() -> int:
             variant: results.get(variant) for variant in ("deepagents_async", "deepagents_pygrep")
         },
         "rg": results["rg"] or None,
+        "postgres": results.get("postgres"),
+        "postgres_reason": postgres_reason,
+        "peer_store": results.get("deepagents_store_postgres"),
+        "peer_store_reason": store_reason,
         "ratios": ratios,
         "goals": {
             "no_op_slower_than_deepagents": None

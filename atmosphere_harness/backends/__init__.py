@@ -13,21 +13,26 @@ of shared state; the kernel and the primitives only see the protocols:
 | conversation history | `memory.history.HistoryBackend` | SQLite under `workspace_root` |
 | long-term memory | `memory.LongTermMemory` | SQLite under `workspace_root` |
 | workspace usage | `filesystem.usage.WorkspaceUsage` | `SharedVolumeWorkspaceUsage` (flock) |
+| workspace files | `filesystem.stores.WorkspaceStores` | `None`: directories under the owner root |
+| `prefix=<backend>:` routes | `route_stores`, by backend name | none |
 
 For history and long-term memory, `None` here means "the embedded SQLite file": the memory
 primitive opens it under `workspace_root` when it starts (and an entry-point provider or an
 explicit `long_term_memory=` still wins over it). A PostgreSQL or Redis backend fills every
-field with its own classes; no primitive changes.
+field with its own classes; no primitive changes. Workspace files move to a backend only when
+`ATMOSPHERE_AI_WORKSPACE_BACKEND` asks for it (`workspaces`); its stores are offered to
+composite routes (`route_stores`) whenever the backend is configured.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..contracts import ConversationLocks, Resource, RunJournal
 from ..errors import HarnessError
+from ..filesystem.stores import WorkspaceStores
 from ..filesystem.usage import PROCESS_USAGE, WorkspaceUsage
 from ..governance.approvals import ApprovalRegistry, ApprovalStore
 from ..kernel.journal import LiveRuns
@@ -36,7 +41,7 @@ from ..memory.history import HistoryBackend
 from ..memory.long_term import LongTermMemory
 from ..planning.bus import InProcessPlanBus, PlanEventBus
 from ..planning.store import FilePlanStore, PlanStore
-from ..settings import HarnessSettings
+from ..settings import HarnessSettings, WorkspaceBackend
 
 
 @dataclass
@@ -53,6 +58,10 @@ class StateBackends:
     plan_bus: PlanEventBus = field(default_factory=InProcessPlanBus)
     approvals: ApprovalStore = field(default_factory=ApprovalRegistry)
     workspace_usage: WorkspaceUsage = PROCESS_USAGE
+    workspaces: WorkspaceStores | None = None
+    """Where conversation workspaces and memory stores live; `None`: directories (`files`)."""
+    route_stores: Mapping[str, WorkspaceStores] = field(default_factory=dict)
+    """Stores a composite route may name as `prefix=<name>:` (`postgres`)."""
     history: HistoryBackend | None = None
     long_term_memory: LongTermMemory | None = None
     resources: list[Resource] = field(default_factory=list)
@@ -60,11 +69,16 @@ class StateBackends:
 
     def describe(self) -> dict[str, str]:
         """The `backends` block of `GET /api/console/info`."""
-        return {"state": self.state, "events": self.events}
+        workspace = "files" if self.workspaces is None else self.workspaces.name
+        return {"state": self.state, "events": self.events, "workspace": workspace}
 
 
 class BackendMissing(HarnessError, RuntimeError):
     """A backend URL is set but the extra that implements it is not installed."""
+
+
+class BackendMisconfigured(HarnessError, ValueError):
+    """A setting asks for a backend whose URL is not set."""
 
 
 def resolve_backends(settings: HarnessSettings) -> StateBackends:
@@ -78,6 +92,12 @@ def resolve_backends(settings: HarnessSettings) -> StateBackends:
     | unset | unset | sqlite (embedded) | local (this process) |
     """
     group = settings.groups.backends
+    if group.workspace_backend is WorkspaceBackend.POSTGRES and not group.postgres_url:
+        raise BackendMisconfigured(
+            "ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres keeps workspace files in PostgreSQL, but "
+            "ATMOSPHERE_POSTGRES_URL is not set: set it, or use "
+            "ATMOSPHERE_AI_WORKSPACE_BACKEND=files"
+        )
     if group.postgres_url:
         try:
             from .postgres import postgres_backends

@@ -23,11 +23,17 @@ For every endpoint whose resolved features include FILESYSTEM it:
 
 Composite routes (`filesystem_routes`) are validated when the host starts, so a malformed or
 duplicate prefix stops the app at start-up rather than at the first tool call. Route backends
-are app-wide: every owner and conversation sees the same `{dir}/files/shared/` store.
+are app-wide: every owner and conversation sees the same `{dir}/files/shared/` store, or, for a
+route written `prefix=postgres:`, the same store of the backend of that name (`route_stores`,
+from the state backends), shared by every replica too.
+
+With `workspaces` (a state backend's `WorkspaceStores`, `ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres`)
+every conversation workspace and memory store is the backend's instead of a directory.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..contracts import Endpoint, Host, Key, Primitive, Run
@@ -41,6 +47,7 @@ from .base import AgentFileSystem, FileSystemError, UserFiles
 from .composite import CompositeAgentFileSystem, normalize_routes
 from .offload import MEMORY_VIEW, OUTPUT_DIR, READ_FILE, Reader, ToolOutputOffload
 from .provider import AgentFileSystemProvider
+from .stores import WorkspaceStores
 from .tools import file_tools
 from .usage import WorkspaceUsage
 from .workspace import WorkspaceAgentFileSystem
@@ -63,12 +70,26 @@ def native_state(runtime_name: str) -> str:
 class FilesystemPrimitive(Primitive):
     name = "filesystem"
 
-    def __init__(self, *, usage: WorkspaceUsage | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        usage: WorkspaceUsage | None = None,
+        workspaces: WorkspaceStores | None = None,
+        route_stores: Mapping[str, WorkspaceStores] | None = None,
+    ) -> None:
         """`usage` accounts every store's files and bytes (from `backends`; default: this
-        process's tally)."""
+        process's tally). `workspaces` holds the conversation workspaces instead of directories;
+        `route_stores` are the backends a route may name (`memories/=postgres:`)."""
         self.usage = usage
-        self.routes: dict[str, WorkspaceAgentFileSystem] = {}
+        self.workspaces = workspaces
+        self.route_stores: dict[str, WorkspaceStores] = dict(route_stores or {})
+        self.routes: dict[str, AgentFileSystem] = {}
         self.providers: dict[Path, AgentFileSystemProvider] = {}
+
+    @property
+    def backend(self) -> str:
+        """Where conversation workspaces live: `files` or the stores' name (`postgres`)."""
+        return "files" if self.workspaces is None else self.workspaces.name
 
     async def start(self, host: Host) -> None:
         settings = host.settings.groups.filesystem
@@ -76,21 +97,31 @@ class FilesystemPrimitive(Primitive):
             prefixes = normalize_routes(dict(settings.routes))
         except FileSystemError as exc:
             raise ValueError(f"ATMOSPHERE_AI_FILESYSTEM_ROUTES: {exc}") from None
-        self.routes = {
-            key: WorkspaceAgentFileSystem.for_conversation(
-                directory,
+        self.routes = {}
+        shown: dict[str, str] = {}
+        for key, target in prefixes.items():
+            scheme = _route_scheme(target)
+            if scheme is not None:
+                stores = self.route_stores.get(scheme)
+                if stores is None:
+                    raise ValueError(
+                        f"ATMOSPHERE_AI_FILESYSTEM_ROUTES: the route {key}/={target} needs the "
+                        f"{scheme} backend: set ATMOSPHERE_{scheme.upper()}_URL"
+                    )
+                self.routes[key] = stores.route(key, settings.limits)
+                shown[key] = f"{scheme}:"
+                continue
+            local = WorkspaceAgentFileSystem.for_conversation(
+                target,
                 SHARED_CONVERSATION,
                 settings.limits,
                 fsync=settings.fsync,
                 usage=self.usage,
             )
-            for key, directory in prefixes.items()
-        }
+            self.routes[key] = local
+            shown[key] = str(local.root)
         if self.routes:
-            log.info(
-                "filesystem routes",
-                routes={key: str(fs.root) for key, fs in self.routes.items()},
-            )
+            log.info("filesystem routes", routes=shown)
 
     def attach(self, endpoint: Endpoint, host: Host) -> None:
         if not endpoint.has(Harness.FILESYSTEM):
@@ -104,6 +135,7 @@ class FilesystemPrimitive(Primitive):
                 routes=self.routes,
                 fsync=settings.fsync,
                 usage=self.usage,
+                stores=self.workspaces,
             )
             self.providers[endpoint.root] = provider
 
@@ -166,6 +198,15 @@ class FilesystemPrimitive(Primitive):
         if reader is not None and settings.offload_threshold > 0:
             endpoint.result_hooks.append(ToolOutputOffload(settings.offload_threshold, reader))
         endpoint.report(FILESYSTEM, state)
+
+
+def _route_scheme(target: str) -> str | None:
+    """`postgres` for a route target written `postgres:` (a backend's shared store), else
+    `None` (a directory). A Windows drive letter (`C:`) is one character, never a scheme."""
+    name, colon, rest = target.strip().partition(":")
+    if colon and not rest and len(name) > 1 and name.isidentifier():
+        return name.lower()
+    return None
 
 
 def _native_tools(endpoint: Endpoint) -> list[Tool]:

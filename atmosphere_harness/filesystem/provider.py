@@ -15,6 +15,11 @@ creates and lists them again only when that count reaches the cap, or when anoth
 created or evicted one since (the section says so), so a new conversation in a process working
 alone costs no scan of its siblings. Asking for a conversation, listing it or reading from it
 never creates a directory.
+
+With `stores` (a state backend's `WorkspaceStores`, e.g. PostgreSQL rows) every conversation
+workspace and every user's memory store comes from there instead of a directory, and the
+backend applies the conversation cap itself; the composite routes, the canonical instances and
+the API below stay the same.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from ..log import get_logger
 from .base import AgentFileSystem, FileSystemError, FileSystemLimits
 from .composite import CompositeAgentFileSystem, normalize_routes
 from .paths import conversation_dir_name, store_key
+from .stores import WorkspaceStores
 from .usage import PROCESS_USAGE, WorkspaceUsage
 from .workspace import WorkspaceAgentFileSystem
 
@@ -69,7 +75,8 @@ class AgentFileSystemProvider:
     `routes` maps route prefixes to backends shared by every conversation (see
     `CompositeAgentFileSystem`); without routes each conversation gets its plain workspace.
     `usage` accounts the files and bytes of every workspace it hands out (default: the
-    process-wide in-memory `WorkspaceUsage`).
+    process-wide in-memory `WorkspaceUsage`). `stores`, when given, holds the conversation
+    workspaces and memory stores instead of `{agent_root}/files/` and `{agent_root}/memories/`.
     """
 
     def __init__(
@@ -80,7 +87,9 @@ class AgentFileSystemProvider:
         routes: Mapping[str, AgentFileSystem] | None = None,
         fsync: bool = False,
         usage: WorkspaceUsage | None = None,
+        stores: WorkspaceStores | None = None,
     ) -> None:
+        self.stores = stores
         self.agent_root = Path(store_key(agent_root))
         self.limits = limits or FileSystemLimits()
         self.fsync = fsync
@@ -89,7 +98,7 @@ class AgentFileSystemProvider:
         self._live: weakref.WeakValueDictionary[str, AgentFileSystem] = (
             weakref.WeakValueDictionary()
         )
-        self._memories: weakref.WeakValueDictionary[str, WorkspaceAgentFileSystem] = (
+        self._memories: weakref.WeakValueDictionary[str, AgentFileSystem] = (
             weakref.WeakValueDictionary()
         )
         self._lock = threading.Lock()
@@ -112,39 +121,55 @@ class AgentFileSystemProvider:
                 self._live[name] = found
             return found
 
-    def workspace(self, conversation_id: str) -> WorkspaceAgentFileSystem:
-        """The conversation's own bounded workspace (the composite's default backend)."""
+    @property
+    def backend(self) -> str:
+        """Where the workspaces live: `files`, or the stores' name (`postgres`)."""
+        return "files" if self.stores is None else self.stores.name
+
+    def workspace(self, conversation_id: str) -> AgentFileSystem:
+        """The conversation's own bounded workspace (the composite's default backend): a
+        `WorkspaceAgentFileSystem`, or the backend's store when `stores` is set."""
         found = self.for_conversation(conversation_id)
         if isinstance(found, CompositeAgentFileSystem):
-            default = found.default
-            assert isinstance(default, WorkspaceAgentFileSystem)
-            return default
-        assert isinstance(found, WorkspaceAgentFileSystem)
+            return found.default
         return found
 
-    def memories(self, user_id: str) -> WorkspaceAgentFileSystem:
+    def memories(self, user_id: str) -> AgentFileSystem:
         """The durable memory store of `user_id` with this owner, kept across conversations:
-        `{agent_root}/memories/{user}/` (no I/O: nothing is created). Same bounds as a
-        conversation's workspace; never evicted by the conversation cap."""
+        `{agent_root}/memories/{user}/` or the backend's per-user store (no I/O: nothing is
+        created). Same bounds as a conversation's workspace; never evicted by the cap."""
         name = user_dir_name(user_id)
         with self._lock:
             found = self._memories.get(name)
             if found is None:
-                found = WorkspaceAgentFileSystem(
-                    self.agent_root / "memories" / name,
-                    self.limits,
-                    fsync=self.fsync,
-                    usage=self.usage,
-                )
+                if self.stores is not None:
+                    found = self.stores.memories(self.agent_root, name, self.limits)
+                else:
+                    found = WorkspaceAgentFileSystem(
+                        self.agent_root / "memories" / name,
+                        self.limits,
+                        fsync=self.fsync,
+                        usage=self.usage,
+                    )
                 self._memories[name] = found
             return found
 
     def has_conversation(self, conversation_id: str) -> bool:
-        """Whether the conversation ever wrote a file (its directory exists). Never creates."""
+        """Whether the conversation ever wrote a file (its directory exists). Never creates.
+
+        Files backend only (a backend's stores answer `has_files`, which is async)."""
         return (self.files_root / conversation_dir_name(conversation_id)).is_dir()
 
+    async def has_files(self, conversation_id: str) -> bool:
+        """Whether the conversation ever wrote a file, on either backend. Never creates."""
+        if self.stores is None:
+            return self.has_conversation(conversation_id)
+        name = conversation_dir_name(conversation_id)
+        return await self.stores.has_conversation(self.agent_root, name)
+
     def conversations(self) -> list[str]:
-        """Conversation ids with a directory, sorted. Never creates."""
+        """Conversation ids with a directory, sorted. Never creates. Files backend only
+        (`stores.conversations` lists a backend's)."""
         try:
             with os.scandir(self.files_root) as listing:
                 return sorted(
@@ -154,13 +179,17 @@ class AgentFileSystemProvider:
             return []
 
     def _build(self, name: str) -> AgentFileSystem:
-        workspace = WorkspaceAgentFileSystem(
-            self.files_root / name,
-            self.limits,
-            fsync=self.fsync,
-            on_create=partial(self._make_room, name),
-            usage=self.usage,
-        )
+        workspace: AgentFileSystem
+        if self.stores is not None:
+            workspace = self.stores.conversation(self.agent_root, name, self.limits)
+        else:
+            workspace = WorkspaceAgentFileSystem(
+                self.files_root / name,
+                self.limits,
+                fsync=self.fsync,
+                on_create=partial(self._make_room, name),
+                usage=self.usage,
+            )
         if not self.routes:
             return workspace
         return CompositeAgentFileSystem(workspace, self.routes)

@@ -147,12 +147,13 @@ def plan_store_of(host: HarnessHost, name: str) -> PlanStore:
     return store
 
 
-def conversation_files(host: HarnessHost, name: str, session_id: str) -> AgentFileSystem:
-    """The conversation's filesystem, only if it already exists on disk (probes create nothing)."""
+async def conversation_files(host: HarnessHost, name: str, session_id: str) -> AgentFileSystem:
+    """The conversation's filesystem, only if it already holds files, on disk or in the
+    workspace backend (probes create nothing)."""
     provider = host.surface(FILE_SURFACE, name)
     if not isinstance(provider, AgentFileSystemProvider):
         raise Problem(404, f"agent {name!r} has no filesystem")
-    if not provider.has_conversation(session_id):
+    if not await provider.has_files(session_id):
         raise Problem(404, f"conversation {session_id!r} has no files")
     return provider.for_conversation(session_id)
 
@@ -248,7 +249,7 @@ def admin_router() -> APIRouter:
         path: PathQuery = None,
     ) -> Any:
         name, conversation = workspace_read(host, principal, name, conversation_id, session_id)
-        fs = conversation_files(host, name, conversation)
+        fs = await conversation_files(host, name, conversation)
         entries = await fs.ls(path)  # a FileSystemError answers 400 (web.errors)
         return {
             "agent": name,
@@ -270,7 +271,7 @@ def admin_router() -> APIRouter:
         path: PathQuery = None,
     ) -> Any:
         name, conversation = workspace_read(host, principal, name, conversation_id, session_id)
-        fs = conversation_files(host, name, conversation)
+        fs = await conversation_files(host, name, conversation)
         # FileNotFoundInWorkspace answers 404, any other FileSystemError 400 (web.errors).
         content = await fs.read(path or "")
         return {"agent": name, **conversation_keys(conversation), "path": path, "content": content}

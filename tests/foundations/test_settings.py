@@ -14,6 +14,7 @@ from atmosphere_harness.settings import (
     PromptCacheKeyMode,
     RuntimeChoice,
     SurfaceMode,
+    WorkspaceBackend,
 )
 
 # (field, primary env, fallback env or None, env value, expected parsed, programmatic value)
@@ -127,6 +128,14 @@ KEYS = [
         "postgresql://127.0.0.1/test",
         "postgresql://127.0.0.1/test",
         "postgresql://x",
+    ),
+    (
+        "workspace_backend",
+        "ATMOSPHERE_AI_WORKSPACE_BACKEND",
+        None,
+        "postgres",
+        WorkspaceBackend.POSTGRES,
+        WorkspaceBackend.FILES,
     ),
     ("max_tool_rounds", "ATMOSPHERE_AI_MAX_TOOL_ROUNDS", None, "7", 7, 3),
     ("max_tool_calls_per_message", "ATMOSPHERE_AI_MAX_TOOL_CALLS_PER_MESSAGE", None, "9", 9, 4),

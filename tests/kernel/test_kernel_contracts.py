@@ -77,7 +77,7 @@ def test_settings_groups_read_the_same_environment_names(
 
 def test_embedded_backends_are_chosen_in_one_place(workspace: Path) -> None:
     backends = resolve_backends(HarnessSettings(workspace_root=workspace))
-    assert backends.describe() == {"state": "sqlite", "events": "local"}
+    assert backends.describe() == {"state": "sqlite", "events": "local", "workspace": "files"}
     assert isinstance(backends.runs, LiveRuns)
     assert isinstance(backends.locks, InProcessConversationLocks)
     host = build_host(
@@ -85,7 +85,7 @@ def test_embedded_backends_are_chosen_in_one_place(workspace: Path) -> None:
         runtime=ScriptedRuntime(["hi"]),
         specs=[spec_of(ContractEcho)],
     )
-    assert host.backends == {"state": "sqlite", "events": "local"}
+    assert host.backends == {"state": "sqlite", "events": "local", "workspace": "files"}
 
 
 class RecordingLocks:

@@ -35,6 +35,8 @@ RUNTIMES: dict[str, Callable[[], AgentRuntime]] = {
     "hostile": hostile.runtime,
     # The two-replica tests' model (tests/scaleout): answers say what the replica saw.
     "postgres": postgres_model.runtime,
+    # The same model without the approval gate on `write_file` (the workspace tests).
+    "postgres-files": postgres_model.runtime,
 }
 APPROVALS: dict[str, ToolApprovalPolicy] = {"postgres": postgres_model.APPROVAL_POLICY}
 

@@ -11,7 +11,9 @@ what that replica saw:
 - `approve: <name>` -> `write_file approved/<name>.md` (gated: `APPROVAL_POLICY`), then
   `result: <the tool's result>`;
 - `recall?` -> `facts: <the recalled facts block>`;
-- `remember: <fact>` -> `noted`; extraction returns every such fact of the conversation.
+- `remember: <fact>` -> `noted`; extraction returns every such fact of the conversation;
+- `call: <tool> <JSON arguments>` -> that tool call, then `result: <the tool's result>` (the
+  workspace tests drive the eight file tools this way).
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ async def turn(request: ModelRequest) -> str | list[ToolCall]:
         if not results:
             name = text.removeprefix("approve: ").strip()
             return [ToolCall("write_file", {"path": f"approved/{name}.md", "content": name})]
+        return f"result: {results[-1]}"
+    if text.startswith("call: "):
+        if not results:
+            name, _space, arguments = text.removeprefix("call: ").partition(" ")
+            return [ToolCall(name, json.loads(arguments or "{}"))]
         return f"result: {results[-1]}"
     if text == "recall?":
         return "facts: " + " ".join(request.context)

@@ -71,6 +71,7 @@ async def test_console_info_names_the_backend_and_the_store(
         assert info["backends"] == {
             "state": "postgres",
             "events": "redis" if redis else "postgres",
+            "workspace": "files",
         }
         assert info["harness"]["long-term-memory"] == (
             "ACTIVE(atmosphere_harness.backends.postgres.PostgresLongTermMemory)"

@@ -81,7 +81,7 @@ def plan(*steps: str, done: int = 0) -> AgentPlan:
 
 def test_the_url_picks_postgres_for_state_and_events(workspace: Path) -> None:
     backends = resolve_backends(settings_for("postgresql://u:pw@127.0.0.1:1/x", workspace))
-    assert backends.describe() == {"state": "postgres", "events": "postgres"}
+    assert backends.describe() == {"state": "postgres", "events": "postgres", "workspace": "files"}
     assert type(backends.long_term_memory).__name__ == "PostgresLongTermMemory"
     assert backends.resources, "the pool is opened by the host at start-up"
 

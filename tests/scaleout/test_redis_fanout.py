@@ -421,7 +421,7 @@ async def test_a_host_with_an_unreachable_redis_does_not_start(tmp_path: Path) -
 def test_redis_alone_holds_every_kind_of_state(redis_prefix: str, tmp_path: Path) -> None:
     settings = HarnessSettings(workspace_root=tmp_path, redis_url=url_for(redis_prefix))
     backends = resolve_backends(settings)
-    assert backends.describe() == {"state": "redis", "events": "redis"}
+    assert backends.describe() == {"state": "redis", "events": "redis", "workspace": "files"}
     assert isinstance(backends.locks, RedisConversationLocks)
     assert isinstance(backends.history, RedisHistory)
     assert isinstance(backends.plan_bus, RedisPlanBus)
@@ -434,7 +434,7 @@ def test_with_redis_events_moves_only_the_fan_out(redis_prefix: str, tmp_path: P
     settings = HarnessSettings(workspace_root=tmp_path, redis_url=url_for(redis_prefix))
     state = StateBackends(state="sqlite", events="local", resources=[_Marker()])
     mixed = with_redis_events(state, settings)
-    assert mixed.describe() == {"state": "sqlite", "events": "redis"}
+    assert mixed.describe() == {"state": "sqlite", "events": "redis", "workspace": "files"}
     assert isinstance(mixed.plan_bus, RedisPlanBus)
     for kept in ("locks", "approvals", "history", "long_term_memory", "plan_stores", "runs"):
         assert getattr(mixed, kept) is getattr(state, kept), kept

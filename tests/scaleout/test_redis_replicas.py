@@ -152,7 +152,7 @@ async def test_both_replicas_report_redis(pair: Pair) -> None:
     async with clients(pair) as (a, b):
         for client in (a, b):
             info = (await client.get("/api/console/info")).json()
-            assert info["backends"] == {"state": "redis", "events": "redis"}
+            assert info["backends"] == {"state": "redis", "events": "redis", "workspace": "files"}
             assert "ACTIVE(atmosphere_harness.backends.redis.long_term.RedisLongTermMemory)" in (
                 json.dumps(info)
             )

@@ -13,20 +13,19 @@ connection) serves every store; the host opens it before the primitives start.
 | approvals | `PostgresApprovalStore` (answers wake the waiting replica by `NOTIFY`) |
 | conversation history | `PostgresHistory` |
 | long-term memory | `PostgresLongTermMemory` (`tsvector` search, unique facts) |
+| workspace files | `PostgresWorkspaceStores` (rows, `PostgresAgentFileSystem`) |
 
-`PostgresAgentFileSystem` (workspace files as rows, issue 17) is built and tested but not wired
-yet: `ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres` needs its setting and a provider seam in the
-filesystem primitive (`docs/scale-out.md` says how it plugs in).
+The workspace stores hold conversation workspaces and `/memories` when
+`ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres`, and `prefix=postgres:` composite routes always.
 
-The run journal stays in the process (the durable-runs issue gives it a storage protocol) and
-workspace files stay on the shared volume.
+The run journal stays in the process (the durable-runs issue gives it a storage protocol).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ...settings import HarnessSettings
+from ...settings import HarnessSettings, WorkspaceBackend
 from .. import StateBackends
 from ..unavailable import BackendUnavailable
 from .approvals import PostgresApprovalStore
@@ -36,19 +35,18 @@ from .history import PostgresHistory
 from .locks import PostgresConversationLocks
 from .long_term import PostgresLongTermMemory
 from .plans import PROTECT_SECONDS, PostgresPlanStore
+from .stores import PostgresWorkspaceStores, owner_key
 from .workspace import PostgresAgentFileSystem
 
 # Runtime truth (`long-term-memory`) and reprs show the import path users know.
-for _public in (PostgresLongTermMemory, PostgresHistory, PostgresPlanStore):
+for _public in (
+    PostgresLongTermMemory,
+    PostgresHistory,
+    PostgresPlanStore,
+    PostgresAgentFileSystem,
+    PostgresWorkspaceStores,
+):
     _public.__module__ = __name__
-
-
-def owner_key(root: Path, workspace_root: Path) -> str:
-    """How plan rows name an owner root: relative to `workspace_root`, alike on every replica."""
-    try:
-        return root.resolve().relative_to(workspace_root.resolve()).as_posix()
-    except ValueError:
-        return root.as_posix()
 
 
 def postgres_backends(settings: HarnessSettings) -> StateBackends:
@@ -69,6 +67,8 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
             protect_seconds=protect,
         )
 
+    files = PostgresWorkspaceStores(database, workspace_root, protect_seconds=protect)
+    in_postgres = settings.groups.backends.workspace_backend is WorkspaceBackend.POSTGRES
     return StateBackends(
         state="postgres",
         events="postgres",
@@ -80,6 +80,8 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
         long_term_memory=PostgresLongTermMemory(
             database, max_facts_per_user=settings.groups.memory.max_facts
         ),
+        workspaces=files if in_postgres else None,
+        route_stores={files.name: files},
         resources=[database, locks],
     )
 
@@ -94,6 +96,7 @@ __all__ = [
     "PostgresLongTermMemory",
     "PostgresPlanBus",
     "PostgresPlanStore",
+    "PostgresWorkspaceStores",
     "owner_key",
     "postgres_backends",
     "redact",

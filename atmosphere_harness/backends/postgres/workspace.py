@@ -1,4 +1,4 @@
-"""`PostgresAgentFileSystem`: a conversation workspace whose files are rows (issue 17, a start).
+"""`PostgresAgentFileSystem`: a workspace whose files are rows (issue 17).
 
 The same `AgentFileSystem` protocol, path rules, bounds and messages as the files backend
 (`filesystem.workspace.WorkspaceAgentFileSystem`), with files as `(store, path) -> bytes` rows
@@ -15,14 +15,17 @@ in `atmosphere_files`, so replicas with no shared volume share a conversation's 
   matchers (`filesystem.globbing`, `filesystem.search`), so a pattern means the same thing on
   both backends, including the grep deadline.
 
-Not wired yet: `ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres` needs the setting and a provider seam
-in the filesystem primitive (see `docs/scale-out.md`).
+`PostgresWorkspaceStores` (`stores`) opens these for the filesystem primitive when
+`ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres`, and for `prefix=postgres:` composite routes. A
+PostgreSQL outage reaches the model as a tool error it can act on ("PostgreSQL is unavailable
+... try again"), never as an exception.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from operator import itemgetter
-from typing import Any
+from typing import Any, TypeVar
 
 from ...filesystem.base import (
     FileInfo,
@@ -35,7 +38,13 @@ from ...filesystem.globbing import compile_glob
 from ...filesystem.paths import check_dir, check_path, is_under, shown
 from ...filesystem.search import Deadline, clip, compile_pattern, search_file
 from ...filesystem.usage import StoreUsage
+from ..unavailable import BackendUnavailable
 from .database import PostgresDatabase
+
+T = TypeVar("T")
+OnCreate = Callable[[Any], Awaitable[None]]
+"""Called with the connection, inside the transaction, when a write creates the store (its
+first file): where the conversation cap is applied."""
 
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('atmosphere_files:' || $1, 0))"
 _USAGE = (
@@ -43,6 +52,20 @@ _USAGE = (
     "FROM atmosphere_files WHERE store = $1"
 )
 _UNDER = "store = $1 AND starts_with(path, $2)"
+_WRITE_STATE = (
+    "SELECT (SELECT size FROM atmosphere_files WHERE store = $1 AND path = $2) AS old, "
+    "EXISTS (SELECT 1 FROM atmosphere_files WHERE store = $1 AND starts_with(path, $2 || '/')) "
+    "AS is_dir, "
+    "EXISTS (SELECT 1 FROM atmosphere_files WHERE store = $1 AND path = ANY($3::text[])) "
+    "AS parent_file, "
+    "count(*) AS files, coalesce(sum(size), 0) AS bytes FROM atmosphere_files WHERE store = $1"
+)
+"""Everything a write checks, in one round trip (after the store's lock)."""
+_EDIT_STATE = (
+    "SELECT (SELECT content FROM atmosphere_files WHERE store = $1 AND path = $2) AS content, "
+    "count(*) AS files, coalesce(sum(size), 0) AS bytes FROM atmosphere_files WHERE store = $1"
+)
+"""The file an edit changes and the store's usage, in one round trip."""
 
 
 def _parents(rel: str) -> list[str]:
@@ -54,11 +77,24 @@ class PostgresAgentFileSystem:
     """A bounded `AgentFileSystem` in PostgreSQL rows; `store` names it (owner + conversation)."""
 
     def __init__(
-        self, database: PostgresDatabase, store: str, limits: FileSystemLimits | None = None
+        self,
+        database: PostgresDatabase,
+        store: str,
+        limits: FileSystemLimits | None = None,
+        *,
+        on_create: OnCreate | None = None,
     ) -> None:
         self.database = database
         self.store = store
         self.limits = limits or FileSystemLimits()
+        self.on_create = on_create
+
+    async def _run(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        """`database.run`, with an outage turned into a message the model can act on."""
+        try:
+            return await self.database.run(work)
+        except BackendUnavailable as exc:
+            raise FileSystemError(f"{exc} — try again shortly") from None
 
     def __repr__(self) -> str:
         return f"PostgresAgentFileSystem({self.store!r})"
@@ -82,7 +118,7 @@ class PostgresAgentFileSystem:
             )
             return rows
 
-        rows = await self.database.run(work)
+        rows = await self._run(work)
         start = len(rel) + 1 if rel else 0
         directories: dict[str, FileInfo] = {}
         files: list[FileInfo] = []
@@ -110,7 +146,7 @@ class PostgresAgentFileSystem:
             )
             return value
 
-        data = await self.database.run(work)
+        data = await self._run(work)
         if data is None:
             raise FileNotFoundInWorkspace(f"File not found: {echo}")
         limit = self.limits.max_file_bytes
@@ -124,7 +160,16 @@ class PostgresAgentFileSystem:
         if not isinstance(pattern, str):
             raise FileSystemError("pattern must not be blank")
         matcher = compile_glob(pattern)
-        return sorted(path for path, _data in await self._files("") if matcher.fullmatch(path))
+
+        async def work(connection: Any) -> list[Any]:
+            rows: list[Any] = await connection.fetch(
+                "SELECT path FROM atmosphere_files WHERE store = $1", self.store
+            )
+            return rows
+
+        return sorted(
+            row["path"] for row in await self._run(work) if matcher.fullmatch(row["path"])
+        )
 
     async def grep(self, pattern: str, dir: str | None = None) -> list[GrepHit]:
         compiled = compile_pattern(pattern)
@@ -132,7 +177,8 @@ class PostgresAgentFileSystem:
         deadline = Deadline(compiled.source)
         limit = self.limits.max_grep_hits
         hits: list[GrepHit] = []
-        for path, data in sorted(await self._files(rel), key=itemgetter(0)):
+        files = await self._files(rel, compiled.literal)
+        for path, data in sorted(files, key=itemgetter(0)):
             deadline.remaining()
             found = search_file(compiled, data, limit - len(hits), deadline)
             if found:
@@ -147,21 +193,32 @@ class PostgresAgentFileSystem:
         async def work(connection: Any) -> Any:
             return await connection.fetchrow(_USAGE, self.store)
 
-        row = await self.database.run(work)
+        row = await self._run(work)
         return StoreUsage(int(row["files"]), int(row["bytes"]))
 
-    async def _files(self, rel: str) -> list[tuple[str, bytes]]:
-        """`(path, content)` of every file under `rel` (the whole store when blank)."""
+    async def _files(self, rel: str, literal: bytes | None = None) -> list[tuple[str, bytes]]:
+        """`(path, content)` of every file under `rel` (the whole store when blank); with
+        `literal`, only the files whose bytes contain it (found in SQL, so a rare literal reads
+        a few rows: a UTF-8 byte match is exactly a character match, as in the files backend)."""
 
         async def work(connection: Any) -> list[Any]:
-            rows: list[Any] = await connection.fetch(
-                f"SELECT path, content FROM atmosphere_files WHERE {_UNDER}",
-                self.store,
-                f"{rel}/" if rel else "",
-            )
+            if literal is None:
+                rows: list[Any] = await connection.fetch(
+                    f"SELECT path, content FROM atmosphere_files WHERE {_UNDER}",
+                    self.store,
+                    f"{rel}/" if rel else "",
+                )
+            else:
+                rows = await connection.fetch(
+                    f"SELECT path, content FROM atmosphere_files WHERE {_UNDER} "
+                    "AND position($3::bytea IN content) > 0",
+                    self.store,
+                    f"{rel}/" if rel else "",
+                    literal,
+                )
             return rows
 
-        return [(row["path"], bytes(row["content"])) for row in await self.database.run(work)]
+        return [(row["path"], bytes(row["content"])) for row in await self._run(work)]
 
     # --- changes (one transaction each, under the store's lock) ------------------------------
 
@@ -173,14 +230,19 @@ class PostgresAgentFileSystem:
         async def work(connection: Any) -> None:
             async with connection.transaction():
                 await connection.execute(_LOCK, self.store)
-                if await self._under(connection, rel):
+                state = await connection.fetchrow(_WRITE_STATE, self.store, rel, _parents(rel))
+                if state["is_dir"]:
                     raise FileSystemError(f"Cannot write {echo}: it is a directory")
-                await self._check_parents(connection, rel, echo)
-                old = await self._size(connection, rel)
-                await self._admit(connection, echo, len(data), old)
+                if state["parent_file"]:
+                    raise FileSystemError(f"Cannot write {echo}: a parent of it is a file")
+                old = None if state["old"] is None else int(state["old"])
+                held = int(state["files"])
+                self._check_bounds(echo, len(data), old, held, int(state["bytes"]))
+                if held == 0 and self.on_create is not None:
+                    await self.on_create(connection)
                 await self._put(connection, rel, data)
 
-        await self.database.run(work)
+        await self._run(work)
 
     async def edit(
         self, path: str, old_text: str, new_text: str, *, replace_all: bool = False
@@ -195,11 +257,8 @@ class PostgresAgentFileSystem:
         async def work(connection: Any) -> int:
             async with connection.transaction():
                 await connection.execute(_LOCK, self.store)
-                found: bytes | None = await connection.fetchval(
-                    "SELECT content FROM atmosphere_files WHERE store = $1 AND path = $2",
-                    self.store,
-                    rel,
-                )
+                state = await connection.fetchrow(_EDIT_STATE, self.store, rel)
+                found: bytes | None = state["content"]
                 if found is None:
                     raise FileNotFoundInWorkspace(f"File not found: {echo}")
                 text = bytes(found).decode("utf-8")
@@ -220,11 +279,13 @@ class PostgresAgentFileSystem:
                 if updated != text:
                     data = updated.encode("utf-8")
                     self._check_size(echo, len(data))
-                    await self._admit(connection, echo, len(data), len(found))
+                    self._check_bounds(
+                        echo, len(data), len(found), int(state["files"]), int(state["bytes"])
+                    )
                     await self._put(connection, rel, data)
                 return count if replace_all else 1
 
-        return await self.database.run(work)
+        return await self._run(work)
 
     async def delete(self, path: str) -> None:
         rel = check_path(path)
@@ -242,7 +303,7 @@ class PostgresAgentFileSystem:
                 if not gone:
                     raise FileNotFoundInWorkspace(f"Not found: {echo}")
 
-        await self.database.run(work)
+        await self._run(work)
 
     async def rename(self, old_path: str, new_path: str) -> None:
         old_rel, new_rel = check_path(old_path), check_path(new_path)
@@ -272,7 +333,7 @@ class PostgresAgentFileSystem:
                     new_rel,
                 )
 
-        await self.database.run(work)
+        await self._run(work)
 
     # --- helpers --------------------------------------------------------------------------
 
@@ -298,10 +359,11 @@ class PostgresAgentFileSystem:
                 f"over the {limit}-byte per-file limit"
             )
 
-    async def _admit(self, connection: Any, echo: str, new_size: int, old_size: int | None) -> None:
-        """Refuse the change when it breaks a bound (the files backend's rule and messages)."""
-        row = await connection.fetchrow(_USAGE, self.store)
-        count, total = int(row["files"]), int(row["bytes"])
+    def _check_bounds(
+        self, echo: str, new_size: int, old_size: int | None, count: int, total: int
+    ) -> None:
+        """Refuse a change of one file from `old_size` (`None`: a new file) to `new_size` in a
+        store holding `count` files of `total` bytes (the files backend's rule and messages)."""
         files = 1 if old_size is None else 0
         delta = new_size - (old_size or 0)
         limits = self.limits
