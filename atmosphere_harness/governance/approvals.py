@@ -90,8 +90,14 @@ class ApprovalStore(Protocol):
         tool_call_id: str,
         arguments: Mapping[str, Any],
         timeout: float,
+        approval_id: str | None = None,
+        expires_at: float | None = None,
     ) -> PendingApproval | None:
-        """Register a call that waits for an answer; `None` when too many already wait."""
+        """Register a call that waits for an answer; `None` when too many already wait.
+
+        `approval_id` and `expires_at` (epoch seconds) re-open an approval a durable run raised
+        before a restart, under its id and with its deadline; otherwise a new id, and `timeout`
+        from now."""
         ...
 
     async def wait(self, pending: PendingApproval, timeout: float) -> Answer | None:
@@ -132,19 +138,25 @@ class ApprovalRegistry:
         tool_call_id: str,
         arguments: Mapping[str, Any],
         timeout: float,
+        approval_id: str | None = None,
+        expires_at: float | None = None,
     ) -> PendingApproval | None:
-        """Register a call that waits for an answer; `None` when too many already wait."""
+        """Register a call that waits for an answer; `None` when too many already wait.
+
+        `approval_id` and `expires_at` (epoch seconds) re-open an approval a durable run raised
+        before a restart, under its id and with its deadline; otherwise a new id, and `timeout`
+        from now."""
         if len(self._pending) >= self.max_pending:
             return None
         pending = PendingApproval(
-            id=uuid.uuid4().hex,
+            id=approval_id or uuid.uuid4().hex,
             path=path,
             conversation_id=conversation_id,
             user_id=user_id,
             tool=tool,
             tool_call_id=tool_call_id,
             arguments=dict(arguments),
-            expires_at=time.time() + timeout,
+            expires_at=expires_at if expires_at is not None else time.time() + timeout,
             future=asyncio.get_running_loop().create_future(),
         )
         self._pending[pending.id] = pending
