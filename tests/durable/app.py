@@ -73,7 +73,7 @@ def _log(name: str, entry: dict[str, Any]) -> None:
 
 async def wait_while_held(name: str) -> None:
     hold = directory() / "hold" / name
-    while hold.exists():  # noqa: ASYNC110 (a file another process removes)
+    while hold.exists():  # a file another process removes
         await asyncio.sleep(0.05)
 
 
