@@ -19,10 +19,11 @@ Nothing a tool does can crash the run: only cancellation of the run itself propa
 
 Durable runs (a top-level run with a durable journal): every call's result is journalled before
 its `tool-result` frame (`result`), and a call about to reach its handler first journals its
-final arguments (`started`; for a user tool that is not `idempotent`, the executor waits until
-that is stored, so the tool never runs twice). A resumed run replays journalled results without
-running anything; a call that had `started` skips the gates (it was admitted and approved) and
-runs again if it is a built-in or idempotent tool, or else gets `INTERRUPTED`.
+final arguments (`started`: `true` when they are the model's own, the common case, so a large
+argument is not stored twice; for a user tool that is not `idempotent`, the executor waits
+until that is stored, so the tool never runs twice). A resumed run replays journalled results
+without running anything; a call that had `started` skips the gates (it was admitted and
+approved) and runs again if it is a built-in or idempotent tool, or else gets `INTERRUPTED`.
 """
 
 from __future__ import annotations
@@ -137,8 +138,12 @@ async def execute_call(call: ToolCall, run: RunContext) -> str:
         )
         return await _rejected(run, call, rejected)
     started = run.recall(call, "started")
-    if isinstance(started, Mapping):
-        return await _restarted(tool, call, dict(started), run)
+    if started is not None:
+        if isinstance(started, Mapping):
+            return await _restarted(tool, call, dict(started), run)
+        arguments, problems = validate_arguments(tool.parameters, call.arguments)
+        if not problems:
+            return await _restarted(tool, call, arguments, run)
     arguments, problems = validate_arguments(tool.parameters, call.arguments)
     if problems:
         return await _rejected(run, call, invalid_arguments(tool.name, problems))
@@ -162,7 +167,8 @@ async def execute_call(call: ToolCall, run: RunContext) -> str:
                     arguments, result = await _admit(call, tool, arguments, run)
     if result is None:
         # Journalled before the handler runs; for a tool that must not run twice, stored first.
-        await run.checkpoint(call, "started", arguments, wait=_at_most_once(tool))
+        own = isinstance(call.arguments, Mapping) and arguments == call.arguments
+        await run.checkpoint(call, "started", True if own else arguments, wait=_at_most_once(tool))
         result = await _invoke(tool, call, arguments, run)
     return await _finish(tool, call, result, run)
 

@@ -309,12 +309,18 @@ class _StoreWriter:
         self._frames: list[Frame] = []
         self._checkpoints: list[tuple[str, Any]] = []
         self._task: asyncio.Task[None] | None = None
+        self._calls: dict[str, tuple[str, Any]] = {}
+        """The last model turn's calls: id -> (its checkpoint key, its arguments)."""
 
     def frame(self, frame: Frame) -> None:
-        self._frames.append(frame)
+        self._frames.append(_by_reference(frame, self._calls))
         self._kick()
 
     def checkpoint(self, key: str, value: Any) -> None:
+        if key.startswith("model:") and isinstance(value, Mapping):
+            self._calls = {
+                str(call[0]): (key, call[2]) for call in value.get("calls") or () if len(call) == 3
+            }
         self._checkpoints.append((key, value))
         self._kick()
 
@@ -479,7 +485,7 @@ class LiveRuns:
                 session_id=stored.session_id,
                 writer=writer,
                 checkpoints=checkpoints,
-                frames=frames,
+                frames=_resolved(frames, checkpoints),
             )
             live.detached = True
             log.info(
@@ -599,6 +605,52 @@ class LiveRuns:
             runs.remove(live)
         if not runs:
             del self._runs[key]
+
+
+REFERENCE = "$model"
+"""A stored `tool-start` frame's `arguments` as `{"$model": "<checkpoint key>"}`: the very
+arguments of that call in that model turn's checkpoint (a large argument is stored once)."""
+
+
+def _by_reference(frame: Frame, calls: Mapping[str, tuple[str, Any]]) -> Frame:
+    """`frame` as the store keeps it: a `tool-start` whose arguments are the model's own refers
+    to the model turn's checkpoint instead of repeating them."""
+    if frame.event != events.TOOL_START:
+        return frame
+    known = calls.get(str(frame.data.get("toolCallId")))
+    if known is None or frame.data.get("arguments") != known[1]:
+        return frame
+    return Frame(
+        frame.event,
+        {**frame.data, "arguments": {REFERENCE: known[0]}},
+        frame.session_id,
+        frame.conversation_id,
+        frame.seq,
+    )
+
+
+def _resolved(frames: list[Frame], checkpoints: Mapping[str, Any]) -> list[Frame]:
+    """Stored frames as they were sent: references (`_by_reference`) replaced by arguments."""
+    out = []
+    for frame in frames:
+        arguments = frame.data.get("arguments")
+        if frame.event == events.TOOL_START and isinstance(arguments, Mapping):
+            key = arguments.get(REFERENCE)
+            turn = checkpoints.get(key) if isinstance(key, str) else None
+            if isinstance(turn, Mapping):
+                call_id = frame.data.get("toolCallId")
+                for call in turn.get("calls") or ():
+                    if call[0] == call_id:
+                        frame = Frame(
+                            frame.event,
+                            {**frame.data, "arguments": call[2]},
+                            frame.session_id,
+                            frame.conversation_id,
+                            frame.seq,
+                        )
+                        break
+        out.append(frame)
+    return out
 
 
 def _size(frame: Frame) -> int:
