@@ -471,6 +471,11 @@ class LiveRuns:
         resume = self._resume
         for stored in await self.store.claim(self.owner, self.lease_seconds, CLAIM_BATCH):
             checkpoints, frames = await self.store.load(stored.run_id, JOURNAL_FRAMES)
+            if frames and frames[-1].terminal:
+                # It ended (its turn is in the history: that is journalled before the last
+                # frame) but died before it was marked finished: nothing to run again.
+                await self.store.finish(stored.run_id)
+                continue
             writer = _StoreWriter(
                 self.store,
                 stored.run_id,
