@@ -495,11 +495,14 @@ class RunStore(Protocol):
     file); a scale-out backend (PostgreSQL, Redis) implements the same few operations. The
     contract, which the journal relies on:
 
-    - `append(run, frames, checkpoints, create=...)` stores frames (a run's seqs only grow) and
-      checkpoints (JSON values by key; a later value replaces an earlier one of the same key)
-      atomically, in one write; `create` carries the run's record on its first append, which
-      also takes the lease for `owner`. When it returns, what it was given survives a SIGKILL.
-    - `load(run_id, limit)` gives back every checkpoint and the newest `limit` frames.
+    - `append(run, frames, checkpoints, create=...)` stores frames, each `(seq, event, data)`
+      (a run's seqs only grow), and checkpoints, each `(key, value)` (a later value replaces an
+      earlier one of the same key), atomically, in one write. `data` and `value` are JSON text,
+      ASCII-only (the journal encodes them when they are published, so a value changed later
+      cannot change what was journalled). `create` carries the run's record on its first
+      append, which also takes the lease for `owner`. When `append` returns, what it was given
+      survives a SIGKILL.
+    - `load(run_id, limit)` gives back every checkpoint and the newest `limit` frames, decoded.
     - `claim(owner, lease_seconds, limit)` atomically takes over unfinished runs whose lease
       expired (or whose owner is known dead) and returns them; two owners never get one run.
     - `heartbeat(owner, lease_seconds)` extends the lease of every unfinished run `owner` holds;
@@ -508,6 +511,8 @@ class RunStore(Protocol):
       (the conversation history now holds the turn), a small record stays until `expire`.
     - `expire(before)` drops finished records older than `before` (epoch seconds).
     - `open()` / `aclose()`: the store's resource lifecycle (the journal calls both).
+    - Owner ids are `host/pid/token`: a store may take over at once the runs of an owner it
+      knows is dead (the embedded store does, for processes of its own host).
     """
 
     name: str
@@ -520,8 +525,8 @@ class RunStore(Protocol):
     async def append(
         self,
         run_id: str,
-        frames: Sequence[Frame],
-        checkpoints: Sequence[tuple[str, Any]],
+        frames: Sequence[tuple[int, str, str]],
+        checkpoints: Sequence[tuple[str, str]],
         *,
         create: StoredRun | None = None,
         owner: str | None = None,

@@ -71,11 +71,10 @@ WAL_TRIM = 256 * 1024
 """A WAL larger than this after a run is compacted is checkpointed and truncated."""
 
 
-def _pack(value: Any) -> bytes:
-    """A JSON value as stored: ASCII JSON (starts with `{`, `[`, `"`, a digit...) or a zlib
-    stream of it (starts with 0x78, which no JSON text does). ASCII (`\\u` escapes) because a
-    model may send a lone surrogate, which UTF-8 cannot hold; it is also the fastest encoder."""
-    raw = json.dumps(value, separators=(",", ":"), default=str).encode("ascii")
+def _pack(text: str) -> bytes:
+    """ASCII JSON text as stored: as is (it starts with `{`, `[`, `"`, a digit...) or a zlib
+    stream of it (which starts with 0x78, as no JSON text does)."""
+    raw = text.encode("ascii")
     return zlib.compress(raw, 1) if len(raw) >= PACK_FROM else raw
 
 
@@ -137,8 +136,8 @@ class SqliteRunStore:
     async def append(
         self,
         run_id: str,
-        frames: Sequence[Frame],
-        checkpoints: Sequence[tuple[str, Any]],
+        frames: Sequence[tuple[int, str, str]],
+        checkpoints: Sequence[tuple[str, str]],
         *,
         create: StoredRun | None = None,
         owner: str | None = None,
@@ -147,8 +146,8 @@ class SqliteRunStore:
         known = self._rows.get(run_id)
 
         def work(connection: sqlite3.Connection) -> int:
-            # Encoded here, on the database thread, off the event loop (zlib lets go of the GIL).
-            frame_rows = [(frame.seq, frame.event, _pack(frame.data)) for frame in frames]
+            # Compressed here, on the database thread (zlib lets go of the GIL meanwhile).
+            frame_rows = [(seq, event, _pack(data)) for seq, event, data in frames]
             checkpoint_rows = [(key, _pack(value)) for key, value in checkpoints]
             with Transaction(connection):
                 row = known

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import socket
 import time
@@ -306,14 +307,19 @@ class _StoreWriter:
         self.lease_seconds = lease_seconds
         self.on_stored = on_stored
         self._create = create
-        self._frames: list[Frame] = []
-        self._checkpoints: list[tuple[str, Any]] = []
+        self._frames: list[tuple[int, str, str]] = []
+        self._checkpoints: list[tuple[str, str]] = []
+        self._last_seq = 0
         self._task: asyncio.Task[None] | None = None
         self._calls: dict[str, tuple[str, Any]] = {}
         """The last model turn's calls: id -> (its checkpoint key, its arguments)."""
 
+    # Encoded now, when published: what is journalled is what was sent, whatever changes later.
+
     def frame(self, frame: Frame) -> None:
-        self._frames.append(_by_reference(frame, self._calls))
+        stored = _by_reference(frame, self._calls)
+        self._frames.append((frame.seq, frame.event, encode(stored.data)))
+        self._last_seq = frame.seq
         self._kick()
 
     def checkpoint(self, key: str, value: Any) -> None:
@@ -321,7 +327,7 @@ class _StoreWriter:
             self._calls = {
                 str(call[0]): (key, call[2]) for call in value.get("calls") or () if len(call) == 3
             }
-        self._checkpoints.append((key, value))
+        self._checkpoints.append((key, encode(value)))
         self._kick()
 
     def _kick(self) -> None:
@@ -353,7 +359,7 @@ class _StoreWriter:
                     exc_info=True,
                 )
             if frames and self.on_stored is not None:
-                self.on_stored(frames[-1].seq)
+                self.on_stored(frames[-1][0])
 
     async def flushed(self) -> None:
         """Return once everything given so far is stored (or its write failed)."""
@@ -610,6 +616,12 @@ class LiveRuns:
             runs.remove(live)
         if not runs:
             del self._runs[key]
+
+
+def encode(value: Any) -> str:
+    """JSON as a `RunStore` takes it: compact, ASCII (a lone surrogate a model sent survives as
+    an escape; it is also CPython's fastest encoder)."""
+    return json.dumps(value, separators=(",", ":"), default=str)
 
 
 REFERENCE = "$model"

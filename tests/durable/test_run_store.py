@@ -19,7 +19,7 @@ import pytest
 from atmosphere_harness.contracts import LiveRunHandle, StoredRun
 from atmosphere_harness.durable import SqliteRunStore
 from atmosphere_harness.events import Frame
-from atmosphere_harness.kernel.journal import LiveRuns
+from atmosphere_harness.kernel.journal import LiveRuns, encode
 
 HOST = socket.gethostname()
 
@@ -28,8 +28,12 @@ def stored(run_id: str = "run-1") -> StoredRun:
     return StoredRun(run_id, "/p", "conv", "ann", "session", "hello", 1.0)
 
 
-def frame(seq: int, text: str = "x") -> Frame:
-    return Frame("text", {"text": text}, "session", "conv", seq)
+def frame(seq: int, text: str = "x") -> tuple[int, str, str]:
+    return seq, "text", encode({"text": text})
+
+
+def checkpoint(key: str, value: Any) -> tuple[str, str]:
+    return key, encode(value)
 
 
 @pytest.fixture
@@ -54,19 +58,19 @@ async def test_what_is_appended_is_loaded_back(store: SqliteRunStore) -> None:
     await store.append(
         "run-1",
         [frame(1), frame(2, big)],
-        [("model:1", {"text": odd}), ("tool:1:a", big)],
+        [checkpoint("model:1", {"text": odd}), checkpoint("tool:1:a", big)],
         create=stored(),
         owner="me",
         lease_seconds=60,
     )
-    await store.append("run-1", [frame(3)], [("model:1", {"text": "replaced"})])
+    await store.append("run-1", [frame(3)], [checkpoint("model:1", {"text": "replaced"})])
     checkpoints, frames = await store.load("run-1", 2)
     assert checkpoints == {"model:1": {"text": "replaced"}, "tool:1:a": big}
     assert [(f.seq, f.data["text"]) for f in frames] == [(2, big), (3, "x")]
     assert frames[0].session_id == "session"
     _, every = await store.load("run-1", 10)
     assert [f.seq for f in every] == [1, 2, 3]
-    await store.append("run-1", [], [("odd", odd)])
+    await store.append("run-1", [], [checkpoint("odd", odd)])
     assert (await store.load("run-1", 0))[0]["odd"] == odd
 
 
@@ -112,7 +116,7 @@ async def test_two_claimants_never_get_the_same_run(tmp_path: Path) -> None:
 
 
 async def test_finish_compacts_and_expire_forgets(store: SqliteRunStore) -> None:
-    await store.append("run-1", [frame(1)], [("k", 1)], create=stored(), owner="gone")
+    await store.append("run-1", [frame(1)], [checkpoint("k", 1)], create=stored(), owner="gone")
     await store.finish("run-1")
     assert await store.load("run-1", 10) == ({}, [])
     assert await store.claim("me", 60, 10) == []
@@ -130,8 +134,8 @@ class GatedStore(SqliteRunStore):
     async def append(
         self,
         run_id: str,
-        frames: Sequence[Frame],
-        checkpoints: Sequence[tuple[str, Any]],
+        frames: Sequence[tuple[int, str, str]],
+        checkpoints: Sequence[tuple[str, str]],
         **more: Any,
     ) -> None:
         await self.gate.wait()
@@ -143,9 +147,12 @@ async def test_a_reader_never_gets_a_frame_the_store_does_not_hold(tmp_path: Pat
     runs = LiveRuns(store)
     published = asyncio.Event()
 
+    value = {"text": "first"}
+
     async def work(live: LiveRunHandle) -> None:
-        await live.publish(frame(1, "first"))
-        await live.checkpoint("model:1", {"text": "first"})
+        await live.publish(Frame("text", {"text": "first"}, "session", "conv", 1))
+        await live.checkpoint("model:1", value)
+        value["text"] = "changed after it was journalled"
         published.set()
 
     await store.open()
