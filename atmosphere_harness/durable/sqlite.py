@@ -118,8 +118,7 @@ class SqliteRunStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.database = SqliteDatabase(path)
-        self.database.add_schema(SCHEMA)
+        self._database: SqliteDatabase | None = None
         self._rows: dict[str, int] = {}
         """run_id -> row id, for the runs this process appended to."""
 
@@ -127,11 +126,24 @@ class SqliteRunStore:
     def under(cls, workspace_root: Path) -> SqliteRunStore:
         return cls(workspace_root / DATABASE_FILE)
 
+    @property
+    def database(self) -> SqliteDatabase:
+        if self._database is None:
+            raise RuntimeError("the durable run store is not open")
+        return self._database
+
     async def open(self) -> None:
-        await self.database.open()
+        """Join the process's instance of the file (the history's, when it is the same file:
+        one connection, so the journal and the history never wait on each other's lock)."""
+        if self._database is None:
+            self._database = SqliteDatabase.shared(self.path)
+            self._database.add_schema(SCHEMA)
+        await self._database.open()
 
     async def aclose(self) -> None:
-        await self.database.aclose()
+        if self._database is not None:
+            database, self._database = self._database, None
+            await database.aclose()
 
     async def append(
         self,
