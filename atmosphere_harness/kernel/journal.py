@@ -473,45 +473,53 @@ class LiveRuns:
 
     async def _claim(self) -> None:
         assert self.store is not None
+        for stored in await self.store.claim(self.owner, self.lease_seconds, CLAIM_BATCH):
+            try:
+                await self._resume_one(stored)
+            except Exception:
+                # One unreadable run must not keep the others (or the server) from starting.
+                log.error("could not resume a durable run", run=stored.run_id, exc_info=True)
+
+    async def _resume_one(self, stored: StoredRun) -> None:
+        assert self.store is not None
         assert self._resume is not None
         resume = self._resume
-        for stored in await self.store.claim(self.owner, self.lease_seconds, CLAIM_BATCH):
-            checkpoints, frames = await self.store.load(stored.run_id, JOURNAL_FRAMES)
-            if frames and frames[-1].terminal:
-                # It ended (its turn is in the history: that is journalled before the last
-                # frame) but died before it was marked finished: nothing to run again.
-                await self.store.finish(stored.run_id)
-                continue
-            writer = _StoreWriter(
-                self.store,
-                stored.run_id,
-                owner=self.owner,
-                lease_seconds=self.lease_seconds,
-                create=None,
-            )
-            live = LiveRun(
-                stored.path,
-                stored.conversation_id,
-                stored.user_id,
-                session_id=stored.session_id,
-                writer=writer,
-                checkpoints=checkpoints,
-                frames=_resolved(frames, checkpoints),
-            )
-            live.detached = True
-            log.info(
-                "resuming a durable run",
-                endpoint=stored.path,
-                conversation=stored.conversation_id,
-                run=stored.run_id,
-                checkpoints=len(checkpoints),
-                last_seq=live.start_seq,
-            )
+        checkpoints, frames = await self.store.load(stored.run_id, JOURNAL_FRAMES)
+        if frames and frames[-1].terminal:
+            # It ended (its turn is in the history: that is journalled before the last frame)
+            # but died before it was marked finished: nothing to run again.
+            await self.store.finish(stored.run_id)
+            return
+        writer = _StoreWriter(
+            self.store,
+            stored.run_id,
+            owner=self.owner,
+            lease_seconds=self.lease_seconds,
+            create=None,
+        )
+        live = LiveRun(
+            stored.path,
+            stored.conversation_id,
+            stored.user_id,
+            session_id=stored.session_id,
+            writer=writer,
+            checkpoints=checkpoints,
+            frames=_resolved(frames, checkpoints),
+        )
+        live.detached = True
+        log.info(
+            "resuming a durable run",
+            endpoint=stored.path,
+            conversation=stored.conversation_id,
+            run=stored.run_id,
+            checkpoints=len(checkpoints),
+            last_seq=live.start_seq,
+        )
 
-            def work(handle: LiveRunHandle, stored: StoredRun = stored) -> Coroutine[Any, Any, Any]:
-                return resume(handle, stored)
+        def work(handle: LiveRunHandle) -> Coroutine[Any, Any, Any]:
+            return resume(handle, stored)
 
-            self._launch(live, work)
+        self._launch(live, work)
 
     async def _keep(self) -> None:
         """Every third of a lease: extend ours, take over expired ones, expire finished ones."""

@@ -180,3 +180,32 @@ def live_run_id(runs: LiveRuns) -> str:
     [[live]] = runs._runs.values()
     assert live._writer is not None
     return live._writer.run_id
+
+
+async def test_a_run_that_died_after_its_last_frame_is_not_run_again(tmp_path: Path) -> None:
+    store = SqliteRunStore.under(tmp_path)
+    await store.open()
+    ended = (2, "complete", encode({"summary": "done"}))
+    await store.append("ended", [frame(1), ended], [], create=stored("ended"), owner="gone")
+    await store.append("cut", [frame(1)], [], create=stored("cut"), owner="gone")
+    await store.aclose()
+    resumed: list[str] = []
+    runs = LiveRuns(SqliteRunStore.under(tmp_path))
+
+    async def resume(live: LiveRunHandle, run: StoredRun) -> None:
+        resumed.append(run.run_id)
+        assert live.start_seq == 1
+        await live.publish(Frame("complete", {}, run.session_id, run.conversation_id, 2))
+
+    await runs.open(resume)
+    live = await runs.find("/p", "conv")
+    assert live is not None
+    assert [frame.seq async for frame in live.follow(0)] == [1, 2]
+    await runs.aclose()
+    assert resumed == ["cut"]
+    check = SqliteRunStore.under(tmp_path)
+    await check.open()
+    try:
+        assert await check.claim("anyone", 60, 10) == []  # both finished now
+    finally:
+        await check.aclose()
