@@ -42,8 +42,9 @@ class SqliteDatabase:
         self._closed = False
         self._users = 0
         """Users of a `shared` instance that have not closed it yet."""
-        self._late: list[str] = []
-        """Schemas added to a shared instance after it opened: run before the next operation."""
+        self._late: list[Callable[[sqlite3.Connection], object]] = []
+        """Schemas and migrations added to a shared instance after it opened: run before its
+        next operation."""
 
     @classmethod
     def shared(cls, path: str | Path) -> SqliteDatabase:
@@ -63,7 +64,7 @@ class SqliteDatabase:
         if self._connection is not None or self._executor is not None:
             if not self._users:
                 raise RuntimeError(f"database {self.path} is already open: add schemas before")
-            self._late.append(script)
+            self._late.append(lambda connection: connection.executescript(script))
             return
         self._schemas.append(script)
 
@@ -71,10 +72,16 @@ class SqliteDatabase:
         """Register `migrate(connection)` to run on open, after every schema script.
 
         For what DDL alone cannot do on a file written by an older version (a new column that
-        needs filling, an index that needs its rows cleaned first); it must be idempotent.
+        needs filling, an index that needs its rows cleaned first); it must be idempotent. On a
+        shared instance already open, it runs before the next operation.
         """
-        if self._connection is not None or self._closed:
-            raise RuntimeError(f"database {self.path} is already open: add migrations before")
+        if self._closed:
+            raise RuntimeError(f"database {self.path} is closed")
+        if self._connection is not None or self._executor is not None:
+            if not self._users:
+                raise RuntimeError(f"database {self.path} is already open: add migrations before")
+            self._late.append(migrate)
+            return
         self._migrations.append(migrate)
 
     async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -96,7 +103,7 @@ class SqliteDatabase:
         if self._connection is None:
             self._connection = self._connect()
         while self._late:
-            self._connection.executescript(self._late.pop(0))
+            self._late.pop(0)(self._connection)
         return work(self._connection)
 
     def _connect(self) -> sqlite3.Connection:
