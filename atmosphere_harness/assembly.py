@@ -77,6 +77,7 @@ def build_host(
         primitives=chosen,
         locks=backends.locks,
         runs=backends.runs,
+        resources=backends.resources,
     )
     host.backends = backends.describe()
     return host

@@ -353,6 +353,18 @@ class Primitive:
 # --- shared state the kernel owns -------------------------------------------------------------
 
 
+class Resource(Protocol):
+    """Something the host opens before its primitives start and closes after they stop.
+
+    A scale-out backend's connection pool is one: opening it connects (and migrates a schema)
+    so that a bad URL fails start-up, not the first request.
+    """
+
+    async def open(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
 class ConversationLocks(Protocol):
     """Prompts of one conversation run one at a time, so their history never interleaves.
 

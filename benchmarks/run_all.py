@@ -56,6 +56,12 @@ SCRIPTS: dict[str, tuple[str, list[str], list[str]]] = {
     # Fewer runs than these two scripts' defaults keep `make bench` under 15 minutes on 2 cores.
     "transports": ("transports.py", ["--runs", "10"], ["--runs", "1", "--repeats", "1"]),
     "runtimes": ("bench_runtimes.py", ["--repeats", "3"], ["--repeats", "1", "--calls", "1"]),
+    # Skipped (a `"skipped"` document) where PostgreSQL does not run on 127.0.0.1:5432.
+    "scaleout_postgres": (
+        "scaleout_postgres.py",
+        ["--turns", "300", "--updates", "200", "--rounds", "3"],
+        ["--turns", "6", "--updates", "3", "--rounds", "1"],
+    ),
     "memory": (
         "memory_bench.py",
         ["--peer-python", sys.executable],

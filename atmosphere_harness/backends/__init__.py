@@ -26,20 +26,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contracts import ConversationLocks, RunJournal
+from ..contracts import ConversationLocks, Resource, RunJournal
 from ..durable import SqliteRunStore
+from ..errors import HarnessError
 from ..filesystem.usage import PROCESS_USAGE, WorkspaceUsage
 from ..governance.approvals import ApprovalRegistry, ApprovalStore
 from ..kernel.journal import LiveRuns
 from ..kernel.locks import InProcessConversationLocks
-from ..log import get_logger
 from ..memory.history import HistoryBackend
 from ..memory.long_term import LongTermMemory
 from ..planning.bus import InProcessPlanBus, PlanEventBus
 from ..planning.store import FilePlanStore, PlanStore
 from ..settings import HarnessSettings
-
-log = get_logger(__name__)
 
 
 @dataclass
@@ -58,27 +56,48 @@ class StateBackends:
     workspace_usage: WorkspaceUsage = PROCESS_USAGE
     history: HistoryBackend | None = None
     long_term_memory: LongTermMemory | None = None
+    resources: list[Resource] = field(default_factory=list)
+    """Pools and listeners the host opens at start-up (a bad URL fails there) and closes last."""
 
     def describe(self) -> dict[str, str]:
         """The `backends` block of `GET /api/console/info`."""
         return {"state": self.state, "events": self.events}
 
 
+class BackendMissing(HarnessError, RuntimeError):
+    """A backend URL is set but the extra that implements it is not installed."""
+
+
 def resolve_backends(settings: HarnessSettings) -> StateBackends:
-    """The backends `settings` ask for (today: the embedded ones, whatever is set)."""
+    """The backends `settings` ask for: PostgreSQL and/or Redis when their URL is set.
+
+    | `postgres_url` | `redis_url` | state | events |
+    |---|---|---|---|
+    | set | unset | postgres | postgres (`LISTEN/NOTIFY`) |
+    | set | set | postgres | redis |
+    | unset | set | redis | redis |
+    | unset | unset | sqlite (embedded) | local (this process) |
+    """
     group = settings.groups.backends
-    for variable, url in (
-        ("ATMOSPHERE_REDIS_URL", group.redis_url),
-        ("ATMOSPHERE_POSTGRES_URL", group.postgres_url),
-    ):
-        if url:
-            # Said out loud: a scale-out URL that silently did nothing would let a
-            # deployment believe its workers share state when they do not.
-            log.warning(
-                "this version has no scale-out backend yet: the URL is ignored and the "
-                "embedded SQLite stores under workspace_root are used",
-                setting=variable,
-            )
+    if group.postgres_url:
+        try:
+            from .postgres import postgres_backends
+        except ImportError as exc:
+            raise _missing("postgres", "ATMOSPHERE_POSTGRES_URL", exc) from None
+        backends = postgres_backends(settings)
+        if group.redis_url:
+            try:
+                from .redis import with_redis_events  # type: ignore[import-not-found,unused-ignore]
+            except ImportError as exc:
+                raise _missing("redis", "ATMOSPHERE_REDIS_URL", exc) from None
+            backends = with_redis_events(backends, settings)
+        return backends
+    if group.redis_url:
+        try:
+            from .redis import redis_backends  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            raise _missing("redis", "ATMOSPHERE_REDIS_URL", exc) from None
+        return redis_backends(settings)  # type: ignore[no-any-return,unused-ignore]
     backends = StateBackends(state="sqlite", events="local")
     if group.durable_runs:
         backends.runs = LiveRuns(
@@ -87,3 +106,10 @@ def resolve_backends(settings: HarnessSettings) -> StateBackends:
             keep_seconds=group.durable_runs_keep_seconds,
         )
     return backends
+
+
+def _missing(extra: str, variable: str, error: ImportError) -> BackendMissing:
+    return BackendMissing(
+        f"{variable} is set but the {extra} backend cannot load ({error}): install "
+        f"atmosphere-harness[{extra}]"
+    )

@@ -90,14 +90,12 @@ class ApprovalStore(Protocol):
         tool_call_id: str,
         arguments: Mapping[str, Any],
         timeout: float,
-        approval_id: str | None = None,
-        expires_at: float | None = None,
     ) -> PendingApproval | None:
         """Register a call that waits for an answer; `None` when too many already wait.
 
-        `approval_id` and `expires_at` (epoch seconds) re-open an approval a durable run raised
-        before a restart, under its id and with its deadline; otherwise a new id, and `timeout`
-        from now."""
+        A store that serves durable runs also takes `approval_id` and `expires_at` (epoch
+        seconds): the approval a run raised before a restart, re-opened under its id and with
+        its deadline (`ApprovalRegistry` does; the gate passes them only then)."""
         ...
 
     async def wait(self, pending: PendingApproval, timeout: float) -> Answer | None:

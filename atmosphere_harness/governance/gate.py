@@ -156,6 +156,13 @@ class ApprovalGate:
             return _verdict(bool(answered.get("approve")), answered.get("arguments"))
         raised = run.recall(call, "approval")
         earlier = raised if isinstance(raised, Mapping) else None
+        # Only a resumed run re-opens an approval under its id and deadline (a store that
+        # journals no runs need not know these arguments).
+        again: dict[str, Any] = (
+            {"approval_id": str(earlier["id"]), "expires_at": float(earlier["expiresAt"])}
+            if earlier
+            else {}
+        )
         pending = await self.registry.open(
             path=root.endpoint.path,
             conversation_id=root.conversation_id,
@@ -164,8 +171,7 @@ class ApprovalGate:
             tool_call_id=call.id,
             arguments=arguments,
             timeout=self.timeout,
-            approval_id=str(earlier["id"]) if earlier else None,
-            expires_at=float(earlier["expiresAt"]) if earlier else None,
+            **again,
         )
         if pending is None:
             return Approval(False, result=TOO_MANY_APPROVALS)

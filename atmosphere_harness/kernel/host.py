@@ -17,6 +17,7 @@ from ..contracts import (
     Key,
     LiveRunHandle,
     Primitive,
+    Resource,
     Run,
     RunJournal,
     StoredRun,
@@ -52,6 +53,7 @@ class HarnessHost:
         primitives: Sequence[Primitive] = (),
         locks: ConversationLocks | None = None,
         runs: RunJournal | None = None,
+        resources: Sequence[Resource] = (),
     ) -> None:
         self.settings = settings
         self.preset = HarnessPreset(settings)
@@ -73,11 +75,21 @@ class HarnessHost:
         self._surfaces: dict[Key[Any], dict[str, Any]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started: list[Primitive] = []
+        self.resources = list(resources)
+        """Opened before the primitives start, closed after they stop (backend pools)."""
+        self._opened: list[Resource] = []
 
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
         self._index_specs()
+        try:
+            for resource in self.resources:
+                await resource.open()
+                self._opened.append(resource)
+        except BaseException:
+            await self._close_resources()
+            raise
         for primitive in self.primitives:
             await primitive.start(self)
             self._started.append(primitive)
@@ -123,6 +135,15 @@ class HarnessHost:
         close = getattr(self.runtime, "aclose", None)
         if close is not None:
             await close()
+        await self._close_resources()
+
+    async def _close_resources(self) -> None:
+        while self._opened:
+            resource = self._opened.pop()
+            try:
+                await resource.aclose()
+            except Exception:
+                log.exception("backend resource failed to close cleanly", resource=repr(resource))
 
     def _index_specs(self) -> None:
         paths: dict[str, AgentSpec] = {}

@@ -28,6 +28,7 @@ def console_info(host: HarnessHost) -> dict[str, Any]:
         }
         for endpoint in host.endpoints.values()
     ]
+    info["backends"] = dict(host.backends)
     info["runtime"] = {
         "name": host.runtime.name,
         "capabilities": sorted(capability.value for capability in host.runtime.capabilities),

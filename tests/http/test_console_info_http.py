@@ -55,6 +55,7 @@ async def test_default_agent_app(workspace: Path) -> None:
     for key in FEATURE_KEYS:
         # App-wide ACTIVE exactly when the one endpoint really attached the primitive.
         assert harness[key].startswith("ACTIVE") == (key in _attached_keys(endpoint)), key
+    assert data["backends"] == {"state": "sqlite", "events": "local"}
     assert data["runtime"] == {
         "name": "scripted",
         "capabilities": ["parallel-tool-calls", "streaming", "system-prompt", "tool-calling"],

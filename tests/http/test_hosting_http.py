@@ -384,26 +384,3 @@ def test_invalid_names_and_paths_are_rejected() -> None:
         ai_endpoint("no-slash")
     with pytest.raises(ValueError, match="max_history_messages"):
         ai_endpoint("/ok", max_history_messages=1)
-
-
-async def test_a_scale_out_url_is_named_in_a_warning_not_silently_ignored(
-    workspace: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    app = make_app(
-        [Calculator],
-        runtime=ScriptedRuntime(["hi"]),
-        workspace=workspace,
-        redis_url="redis://127.0.0.1:6379/0",
-        postgres_url="postgresql://127.0.0.1/test",
-    )
-    with caplog.at_level(logging.WARNING, logger="atmosphere_harness"):
-        async with client_for(app) as client:
-            frames = await post_prompt(client, PATH, "hello")
-    assert frames[-1]["event"] == "complete", "the app still serves, on the embedded stores"
-    warned = [r.getMessage() for r in caplog.records if "no scale-out backend" in r.getMessage()]
-    assert len(warned) == 2
-    assert any("ATMOSPHERE_REDIS_URL" in m for m in warned)
-    assert any("ATMOSPHERE_POSTGRES_URL" in m for m in warned)
-    assert not any("127.0.0.1" in m for m in warned), (
-        "the URL (it may hold a password) is not logged"
-    )

@@ -139,6 +139,64 @@ async def test_a_backend_slots_in_without_touching_a_primitive(workspace: Path) 
     assert journal.started == ["c1", "c1"]
 
 
+class RecordingResource:
+    """A `Resource` (what a backend's pool is): opened before the primitives, closed last."""
+
+    def __init__(self, name: str, events: list[str], *, fail_open: bool = False) -> None:
+        self.name = name
+        self.events = events
+        self.fail_open = fail_open
+
+    async def open(self) -> None:
+        if self.fail_open:
+            raise ConnectionError(f"{self.name} is unreachable")
+        self.events.append(f"open {self.name}")
+
+    async def aclose(self) -> None:
+        self.events.append(f"close {self.name}")
+
+
+async def test_the_host_opens_backend_resources_first_and_closes_them_last(
+    workspace: Path,
+) -> None:
+    events: list[str] = []
+    backends = StateBackends(
+        state="test",
+        events="test",
+        resources=[RecordingResource("pool", events), RecordingResource("listener", events)],
+    )
+    host = build_host(
+        HarnessSettings(workspace_root=workspace, conversation_idle_timeout=0),
+        runtime=ScriptedRuntime(["hi"]),
+        specs=[spec_of(ContractEcho)],
+    )
+    host.resources = backends.resources
+    await host.start()
+    assert events == ["open pool", "open listener"]
+    assert host.endpoints, "primitives attached after the resources opened"
+    await host.stop()
+    assert events == ["open pool", "open listener", "close listener", "close pool"]
+
+
+async def test_a_resource_that_fails_to_open_fails_start_and_closes_the_opened_ones(
+    workspace: Path,
+) -> None:
+    events: list[str] = []
+    host = HarnessHost(
+        HarnessSettings(workspace_root=workspace, conversation_idle_timeout=0),
+        runtime=ScriptedRuntime(["hi"]),
+        specs=[spec_of(ContractEcho)],
+        resources=[
+            RecordingResource("pool", events),
+            RecordingResource("redis", events, fail_open=True),
+        ],
+    )
+    with pytest.raises(ConnectionError, match="redis is unreachable"):
+        await host.start()
+    assert events == ["open pool", "close pool"]
+    assert not host.endpoints, "nothing attached on a failed start"
+
+
 def test_the_architecture_contract_holds() -> None:
     """`lint-imports` (the layers in pyproject.toml) passes on this tree."""
     result = subprocess.run(

@@ -1,4 +1,4 @@
-"""Long-term memory stores: the same contract for the in-memory and the SQLite store."""
+"""Long-term memory stores: the same contract for the in-memory, SQLite and PostgreSQL stores."""
 
 from __future__ import annotations
 
@@ -13,10 +13,18 @@ from atmosphere_harness import InMemoryLongTermMemory, LongTermMemory, SqliteLon
 from atmosphere_harness.memory.long_term import MAX_FACT_CHARS, scoped_terms
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LongTermMemory]:
     if request.param == "memory":
         yield InMemoryLongTermMemory(max_facts_per_user=5)
+        return
+    if request.param == "postgres":
+        from tests.scaleout.postgres_service import opened_database
+
+        async with opened_database() as database:
+            from atmosphere_harness.backends.postgres import PostgresLongTermMemory
+
+            yield PostgresLongTermMemory(database, max_facts_per_user=5)
         return
     sqlite_store = SqliteLongTermMemory(tmp_path / "facts.db", max_facts_per_user=5)
     yield sqlite_store

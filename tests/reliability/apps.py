@@ -14,9 +14,11 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from atmosphere_harness import HarnessSettings, ScriptedRuntime, create_harness_router, get_user_id
+from atmosphere_harness.governance.approval import ToolApprovalPolicy
 from atmosphere_harness.runtimes.base import AgentRuntime
 from atmosphere_harness.web.deps import user_id_from_header
 from samples.personal_assistant.app import Assistant, Chat
+from tests.scaleout import postgres_model
 
 from . import hostile, workload
 
@@ -31,14 +33,22 @@ RUNTIMES: dict[str, Callable[[], AgentRuntime]] = {
     "fuzz": ScriptedRuntime.demo,
     "load": workload.runtime,
     "hostile": hostile.runtime,
+    # The two-replica tests' model (tests/scaleout): answers say what the replica saw.
+    "postgres": postgres_model.runtime,
 }
+APPROVALS: dict[str, ToolApprovalPolicy] = {"postgres": postgres_model.APPROVAL_POLICY}
 
 
 def create(kind: str, settings: HarnessSettings | None = None) -> FastAPI:
     """The sample's agents on the `kind` model; `settings=None` reads the environment."""
     app = FastAPI(title=f"atmosphere-harness reliability ({kind})")
     app.include_router(
-        create_harness_router(settings, agents=[Assistant, Chat], runtime=RUNTIMES[kind]())
+        create_harness_router(
+            settings,
+            agents=[Assistant, Chat],
+            runtime=RUNTIMES[kind](),
+            approval_policy=APPROVALS.get(kind),
+        )
     )
     app.dependency_overrides[get_user_id] = user_id_from_header
     return app

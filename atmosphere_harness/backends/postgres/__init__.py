@@ -1,0 +1,99 @@
+"""The PostgreSQL state backend (`ATMOSPHERE_POSTGRES_URL`, extra `[postgres]`).
+
+PostgreSQL becomes the system of record every replica shares: conversation history, long-term
+memory, plans, approvals and conversation locks; alone, it also carries the live fan-out (plan
+updates and approval answers by `LISTEN/NOTIFY`). One `PostgresDatabase` (pool, schema, LISTEN
+connection) serves every store; the host opens it before the primitives start.
+
+| state | class |
+|---|---|
+| conversation locks | `PostgresConversationLocks` (advisory locks on one dedicated connection) |
+| plans | `PostgresPlanStore` (one per owner root) |
+| plan updates fan-out | `PostgresPlanBus` (events table + `LISTEN/NOTIFY`) |
+| approvals | `PostgresApprovalStore` (answers wake the waiting replica by `NOTIFY`) |
+| conversation history | `PostgresHistory` |
+| long-term memory | `PostgresLongTermMemory` (`tsvector` search, unique facts) |
+
+`PostgresAgentFileSystem` (workspace files as rows, issue 17) is built and tested but not wired
+yet: `ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres` needs its setting and a provider seam in the
+filesystem primitive (`docs/scale-out.md` says how it plugs in).
+
+The run journal stays in the process (the durable-runs issue gives it a storage protocol) and
+workspace files stay on the shared volume.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...settings import HarnessSettings
+from .. import StateBackends
+from .approvals import PostgresApprovalStore
+from .bus import PostgresPlanBus
+from .database import BackendUnavailable, PostgresDatabase, redact
+from .history import PostgresHistory
+from .locks import PostgresConversationLocks
+from .long_term import PostgresLongTermMemory
+from .plans import PROTECT_SECONDS, PostgresPlanStore
+from .workspace import PostgresAgentFileSystem
+
+# Runtime truth (`long-term-memory`) and reprs show the import path users know.
+for _public in (PostgresLongTermMemory, PostgresHistory, PostgresPlanStore):
+    _public.__module__ = __name__
+
+
+def owner_key(root: Path, workspace_root: Path) -> str:
+    """How plan rows name an owner root: relative to `workspace_root`, alike on every replica."""
+    try:
+        return root.resolve().relative_to(workspace_root.resolve()).as_posix()
+    except ValueError:
+        return root.as_posix()
+
+
+def postgres_backends(settings: HarnessSettings) -> StateBackends:
+    """Every shared store on the PostgreSQL database `settings` name."""
+    url = settings.groups.backends.postgres_url
+    if not url:
+        raise ValueError("postgres_backends needs settings with a postgres_url")
+    database = PostgresDatabase(url)
+    locks = PostgresConversationLocks(database)
+    workspace_root = settings.workspace_root
+    idle = settings.groups.memory.idle_timeout
+    protect = idle if idle > 0 else PROTECT_SECONDS
+
+    def plan_store(root: Path) -> PostgresPlanStore:
+        return PostgresPlanStore(
+            database,
+            owner_key(root, workspace_root),
+            protect_seconds=protect,
+        )
+
+    return StateBackends(
+        state="postgres",
+        events="postgres",
+        locks=locks,
+        plan_stores=plan_store,
+        plan_bus=PostgresPlanBus(database),
+        approvals=PostgresApprovalStore(database),
+        history=PostgresHistory(database),
+        long_term_memory=PostgresLongTermMemory(
+            database, max_facts_per_user=settings.groups.memory.max_facts
+        ),
+        resources=[database, locks],
+    )
+
+
+__all__ = [
+    "BackendUnavailable",
+    "PostgresAgentFileSystem",
+    "PostgresApprovalStore",
+    "PostgresConversationLocks",
+    "PostgresDatabase",
+    "PostgresHistory",
+    "PostgresLongTermMemory",
+    "PostgresPlanBus",
+    "PostgresPlanStore",
+    "owner_key",
+    "postgres_backends",
+    "redact",
+]

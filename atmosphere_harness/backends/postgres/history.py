@@ -1,0 +1,224 @@
+"""`PostgresHistory`: conversation histories in PostgreSQL, shared by every replica.
+
+The layout is the SQLite history's (one row per conversation, one per message), so the same
+guarantees hold across processes:
+
+- an append is one statement (`APPEND`) that upserts the conversation row first; the row lock
+  it takes serializes appends to one conversation, whichever replica makes them, so sequence
+  numbers never collide or interleave, and a turn is stored whole or not at all;
+- a load is one query (`NEWEST`): summary checkpoint and newest messages together;
+- payloads are the compact JSON of `memory.codec` (PostgreSQL's TOAST compresses large ones
+  itself, so there is no packer here);
+- nothing is cached in the process: another replica's turn is visible to the next load.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ...memory import codec
+from ...memory.compaction import Summary
+from ...memory.history import ConversationKey
+from ...runtimes.base import Message
+from .database import PostgresDatabase
+
+_KEY = "endpoint = $1 AND user_key = $2 AND conversation_id = $3"
+
+
+APPEND = """
+WITH conversation AS (
+    INSERT INTO atmosphere_conversations (endpoint, user_key, conversation_id, updated_at, last_seq)
+    VALUES ($1, $2, $3, $4, cardinality($5::bytea[]))
+    ON CONFLICT (endpoint, user_key, conversation_id) DO UPDATE SET
+        updated_at = excluded.updated_at,
+        closed_at = NULL,
+        last_seq = atmosphere_conversations.last_seq + cardinality($5::bytea[])
+    RETURNING id, last_seq - cardinality($5::bytea[]) AS base
+)
+INSERT INTO atmosphere_messages (conversation, seq, payload)
+SELECT conversation.id, conversation.base + given.position, given.payload
+FROM conversation, unnest($5::bytea[]) WITH ORDINALITY AS given (payload, position)
+"""
+"""A turn in one statement (one round trip, atomic): the upsert reserves the sequence numbers
+under the conversation row's lock, so concurrent appends from any replica never interleave."""
+
+NEWEST = """
+SELECT c.summary, c.summary_covered, m.seq, m.payload
+FROM atmosphere_conversations AS c
+LEFT JOIN LATERAL (
+    SELECT seq, payload FROM atmosphere_messages
+    WHERE conversation = c.id AND seq > coalesce($4::integer, c.summary_seq)
+    ORDER BY seq DESC LIMIT $5
+) AS m ON true
+WHERE c.endpoint = $1 AND c.user_key = $2 AND c.conversation_id = $3
+ORDER BY m.seq DESC
+"""
+"""The summary checkpoint and the newest messages after a seq (`NULL`: after the summary), in
+one query; a conversation without messages yields one row whose `seq` is `NULL`."""
+
+
+def _key_args(key: ConversationKey) -> tuple[str, str, str]:
+    return key.endpoint, key.user_key, key.conversation_id
+
+
+def _decode(payload: bytes) -> Message:
+    return codec.decode(codec.PLAIN, bytes(payload))
+
+
+class PostgresHistory:
+    """A `memory.history.HistoryBackend` on the shared PostgreSQL database."""
+
+    durable = True
+
+    def __init__(self, database: PostgresDatabase) -> None:
+        self.database = database
+
+    async def append(self, key: ConversationKey, messages: Sequence[Message]) -> None:
+        encoded = [codec.encode(message) for message in messages]
+
+        async def work(connection: Any) -> None:
+            await connection.execute(APPEND, *_key_args(key), time.time(), encoded)
+
+        await self.database.run(work)
+
+    async def _after(
+        self, key: ConversationKey, after_seq: int | None, limit: int
+    ) -> tuple[Summary | None, list[tuple[int, Message]]]:
+        """Up to `limit` newest messages after `after_seq` (`None`: after the summary)."""
+        if limit <= 0:
+            return None, []
+
+        async def work(connection: Any) -> list[Any]:
+            rows: list[Any] = await connection.fetch(NEWEST, *_key_args(key), after_seq, limit)
+            return rows
+
+        rows = await self.database.run(work)
+        if not rows:
+            return None, []
+        head = rows[0]
+        summary = (
+            Summary(head["summary"], int(head["summary_covered"]))
+            if head["summary"] is not None
+            else None
+        )
+        return summary, [
+            (int(row["seq"]), _decode(row["payload"]))
+            for row in reversed(rows)
+            if row["seq"] is not None
+        ]
+
+    async def tail(self, key: ConversationKey, limit: int) -> list[Message]:
+        _summary, items = await self._after(key, 0, limit)
+        return [message for _seq, message in items]
+
+    async def since_summary(
+        self, key: ConversationKey, limit: int
+    ) -> tuple[Summary | None, list[tuple[int, Message]]]:
+        return await self._after(key, None, limit)
+
+    async def save_summary(self, key: ConversationKey, summary: Summary, upto_seq: int) -> None:
+        async def work(connection: Any) -> None:
+            await connection.execute(
+                "UPDATE atmosphere_conversations SET summary = $4, summary_covered = $5, "
+                f"summary_seq = $6 WHERE {_KEY} AND summary_seq < $6",
+                *_key_args(key),
+                summary.text,
+                summary.covered,
+                upto_seq,
+            )
+
+        await self.database.run(work)
+
+    async def messages(self, key: ConversationKey) -> list[Message]:
+        async def work(connection: Any) -> list[Any]:
+            rows: list[Any] = await connection.fetch(
+                "SELECT m.payload FROM atmosphere_messages AS m "
+                "JOIN atmosphere_conversations AS c ON c.id = m.conversation "
+                "WHERE c.endpoint = $1 AND c.user_key = $2 AND c.conversation_id = $3 "
+                "ORDER BY m.seq",
+                *_key_args(key),
+            )
+            return rows
+
+        return [_decode(row["payload"]) for row in await self.database.run(work)]
+
+    async def clear(self, key: ConversationKey) -> None:
+        async def work(connection: Any) -> None:
+            await connection.execute(
+                f"DELETE FROM atmosphere_conversations WHERE {_KEY}", *_key_args(key)
+            )
+
+        await self.database.run(work)
+
+    async def close(self, key: ConversationKey) -> bool:
+        """Mark the conversation closed; `False` when it is unknown.
+
+        A conversation closed on two replicas at once is extracted by both; the facts table's
+        unique index stores each fact once (see `PostgresLongTermMemory`).
+        """
+        now = time.time()
+
+        async def work(connection: Any) -> bool:
+            row = await connection.fetchrow(
+                "UPDATE atmosphere_conversations SET closed_at = coalesce(closed_at, $4) "
+                f"WHERE {_KEY} RETURNING id",
+                *_key_args(key),
+                now,
+            )
+            return row is not None
+
+        return await self.database.run(work)
+
+    async def unextracted(self, key: ConversationKey, limit: int) -> tuple[list[Message], int]:
+        async def work(connection: Any) -> tuple[list[Any], int]:
+            async with connection.transaction(isolation="repeatable_read", readonly=True):
+                row = await connection.fetchrow(
+                    "SELECT id, extracted_seq, last_seq FROM atmosphere_conversations "
+                    f"WHERE {_KEY}",
+                    *_key_args(key),
+                )
+                if row is None:
+                    return [], 0
+                rows: list[Any] = await connection.fetch(
+                    "SELECT payload FROM atmosphere_messages WHERE conversation = $1 "
+                    "AND seq > $2 ORDER BY seq DESC LIMIT $3",
+                    row["id"],
+                    row["extracted_seq"],
+                    limit,
+                )
+                return rows, int(row["last_seq"])
+
+        rows, last = await self.database.run(work)
+        return [_decode(row["payload"]) for row in reversed(rows)], last
+
+    async def mark_extracted(self, key: ConversationKey, upto_seq: int) -> None:
+        async def work(connection: Any) -> None:
+            await connection.execute(
+                "UPDATE atmosphere_conversations SET extracted_seq = "
+                f"greatest(extracted_seq, $4) WHERE {_KEY}",
+                *_key_args(key),
+                upto_seq,
+            )
+
+        await self.database.run(work)
+
+    async def idle(self, before: float, limit: int) -> list[ConversationKey]:
+        async def work(connection: Any) -> list[Any]:
+            rows: list[Any] = await connection.fetch(
+                "SELECT endpoint, user_key, conversation_id FROM atmosphere_conversations "
+                "WHERE closed_at IS NULL AND updated_at < $1 ORDER BY updated_at LIMIT $2",
+                before,
+                limit,
+            )
+            return rows
+
+        return [
+            ConversationKey(row["endpoint"], row["user_key"] or None, row["conversation_id"])
+            for row in await self.database.run(work)
+        ]
+
+    async def aclose(self) -> None:
+        """Nothing to finish: the pool belongs to the backend's `PostgresDatabase`."""
+        return None

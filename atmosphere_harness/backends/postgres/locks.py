@@ -1,0 +1,161 @@
+"""`PostgresConversationLocks`: one prompt at a time per conversation, across every replica.
+
+The lock is a session-level advisory lock on a 64-bit hash of (endpoint path, conversation id).
+Session-level advisory locks belong to the connection that took them, so this replica takes all
+of its locks on **one dedicated connection** (not a pooled one that would go back to the pool,
+and not one connection per held lock, which would exhaust the pool under load):
+
+1. a local `asyncio.Lock` per conversation first, because a session's advisory locks are
+   re-entrant: two prompts of this replica must not both "get" the lock on the same session;
+2. then `pg_try_advisory_lock` on the lock connection; when another replica holds it, wait for
+   the `NOTIFY atmosphere_locks` its release sends (or `RETRY_SECONDS`, whichever is first) and
+   try again;
+3. release: `pg_advisory_unlock` and the `NOTIFY`, on the same connection.
+
+If the lock connection is lost, PostgreSQL drops its locks: the prompts holding them run to their
+end (their turns are still written atomically, one transaction each), a new connection is opened
+for the next acquisitions, and a WARN says mutual exclusion was interrupted. A lock release
+that finds its connection gone has nothing left to release.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+
+from ...log import get_logger
+from .database import (
+    CLIENT_ERRORS,
+    CONNECT_TIMEOUT,
+    DISCONNECTS,
+    VARIABLE,
+    BackendUnavailable,
+    PostgresDatabase,
+    connection_lost,
+)
+
+log = get_logger(__name__)
+
+CHANNEL = "atmosphere_locks"
+RETRY_SECONDS = 0.5
+"""Upper bound on how long a waiter sleeps between tries if a release notification is missed."""
+
+
+def lock_key(path: str, conversation_id: str) -> int:
+    """The advisory lock id of a conversation (a signed 64-bit hash)."""
+    digest = hashlib.blake2b(f"{path}\0{conversation_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class PostgresConversationLocks:
+    """A `contracts.ConversationLocks` held in PostgreSQL (see the module docstring)."""
+
+    def __init__(self, database: PostgresDatabase) -> None:
+        self.database = database
+        self._local: weakref.WeakValueDictionary[int, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._released: dict[int, asyncio.Event] = {}
+        self._connection: Any = None
+        self._guard = asyncio.Lock()
+        """One statement at a time on the lock connection (asyncpg requires it)."""
+        database.listen(CHANNEL, self._notified)
+
+    async def open(self) -> None:
+        """Nothing to do: the lock connection opens on first use."""
+
+    async def aclose(self) -> None:
+        async with self._guard:
+            connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), 5)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, path: str, conversation_id: str) -> AsyncIterator[None]:
+        key = lock_key(path, conversation_id)
+        local = self._local.get(key)
+        if local is None:
+            local = self._local[key] = asyncio.Lock()
+        async with local:
+            session = await self._acquire(key)
+            try:
+                yield
+            finally:
+                await asyncio.shield(self._release(key, session))
+
+    async def _acquire(self, key: int) -> Any:
+        """Take the advisory lock; returns the session it is held on."""
+        # The local lock is held: this is the replica's only waiter for `key`.
+        released = self._released[key] = asyncio.Event()
+        try:
+            while True:
+                released.clear()
+                got, session = await self._statement(
+                    "SELECT pg_try_advisory_lock($1)", key, retry=True
+                )
+                if got:
+                    return session
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(released.wait(), RETRY_SECONDS)
+        finally:
+            self._released.pop(key, None)
+
+    async def _release(self, key: int, session: Any) -> None:
+        if session is not self._connection:
+            # The session that held it is gone, and PostgreSQL released the lock with it.
+            return
+        try:
+            await self._statement(
+                "SELECT pg_advisory_unlock($1), pg_notify($2, $1::text)", key, CHANNEL, retry=False
+            )
+        except Exception as exc:
+            log.warning("conversation lock release failed", error=str(exc))
+
+    async def _statement(self, query: str, *args: Any, retry: bool) -> tuple[Any, Any]:
+        """Run `query` on the lock connection (reopened when lost); returns (value, session)."""
+        async with self._guard:
+            for attempt in range(2):
+                if self._connection is None or self._connection.is_closed():
+                    if self._connection is not None:
+                        log.warning(
+                            "PostgreSQL lock connection lost: conversation locks held on it "
+                            "were released by the server"
+                        )
+                    self._connection = None
+                    try:
+                        self._connection = await asyncpg.connect(
+                            self.database.url, timeout=CONNECT_TIMEOUT
+                        )
+                    except Exception as exc:
+                        raise BackendUnavailable(
+                            f"PostgreSQL is unavailable ({VARIABLE}): {self.database.scrub(exc)}"
+                        ) from None
+                session = self._connection
+                try:
+                    try:
+                        return await session.fetchval(query, *args), session
+                    except CLIENT_ERRORS as exc:
+                        if connection_lost(exc, session):
+                            raise ConnectionError(str(exc)) from exc
+                        raise
+                except DISCONNECTS as exc:
+                    session.terminate()
+                    if attempt or not retry:
+                        raise BackendUnavailable(
+                            f"PostgreSQL is unavailable ({VARIABLE}): {self.database.scrub(exc)}"
+                        ) from None
+            raise AssertionError("unreachable")
+
+    def _notified(self, payload: str) -> None:
+        try:
+            key = int(payload)
+        except ValueError:
+            return
+        released = self._released.get(key)
+        if released is not None:
+            released.set()

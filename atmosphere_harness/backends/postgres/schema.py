@@ -1,0 +1,146 @@
+"""The PostgreSQL schema, as numbered migrations the library applies itself at start-up.
+
+`migrate(connection)` runs inside one transaction that first takes a transaction-level advisory
+lock, so two replicas starting at once apply each migration exactly once: the second waits for
+the first to commit, then finds the version already recorded and does nothing. A database whose
+recorded version is newer than this library's is refused (an older replica must not run against
+tables it does not know).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import HarnessError
+
+MIGRATION_LOCK = 0x61746D6F73  # "atmos": the advisory lock every replica takes to migrate
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: every table of the state backend.
+    """
+    CREATE TABLE atmosphere_meta (
+        key text PRIMARY KEY,
+        value text NOT NULL
+    );
+    INSERT INTO atmosphere_meta (key, value)
+        VALUES ('epoch', substr(md5(random()::text || clock_timestamp()::text), 1, 8));
+
+    CREATE TABLE atmosphere_conversations (
+        id bigserial PRIMARY KEY,
+        endpoint text NOT NULL,
+        user_key text NOT NULL,
+        conversation_id text NOT NULL,
+        updated_at double precision NOT NULL,
+        closed_at double precision,
+        last_seq integer NOT NULL DEFAULT 0,
+        extracted_seq integer NOT NULL DEFAULT 0,
+        summary text,
+        summary_covered integer NOT NULL DEFAULT 0,
+        summary_seq integer NOT NULL DEFAULT 0,
+        UNIQUE (endpoint, user_key, conversation_id)
+    );
+    CREATE INDEX atmosphere_conversations_open
+        ON atmosphere_conversations (updated_at) WHERE closed_at IS NULL;
+    CREATE TABLE atmosphere_messages (
+        conversation bigint NOT NULL REFERENCES atmosphere_conversations (id) ON DELETE CASCADE,
+        seq integer NOT NULL,
+        payload bytea NOT NULL,
+        PRIMARY KEY (conversation, seq)
+    );
+
+    CREATE TABLE atmosphere_facts (
+        id bigserial PRIMARY KEY,
+        user_id text NOT NULL,
+        fact text NOT NULL,
+        norm text NOT NULL,
+        created_at double precision NOT NULL,
+        search tsvector GENERATED ALWAYS AS (to_tsvector('simple', fact)) STORED,
+        UNIQUE (user_id, norm)
+    );
+    CREATE INDEX atmosphere_facts_user ON atmosphere_facts (user_id, id);
+    CREATE INDEX atmosphere_facts_search ON atmosphere_facts USING gin (search);
+
+    CREATE TABLE atmosphere_plans (
+        owner text NOT NULL,
+        agent_id text NOT NULL,
+        conversation_id text NOT NULL,
+        plan text NOT NULL,
+        updated_at double precision NOT NULL,
+        PRIMARY KEY (owner, agent_id, conversation_id)
+    );
+    CREATE INDEX atmosphere_plans_age ON atmosphere_plans (owner, updated_at);
+
+    CREATE TABLE atmosphere_plan_events (
+        id bigserial PRIMARY KEY,
+        owner text NOT NULL,
+        conversation_id text NOT NULL,
+        data text NOT NULL,
+        created_at double precision NOT NULL
+    );
+    CREATE INDEX atmosphere_plan_events_topic
+        ON atmosphere_plan_events (owner, conversation_id, id);
+    CREATE INDEX atmosphere_plan_events_age ON atmosphere_plan_events (created_at);
+    CREATE TABLE atmosphere_plan_topics (
+        owner text NOT NULL,
+        conversation_id text NOT NULL,
+        pruned_upto bigint NOT NULL,
+        PRIMARY KEY (owner, conversation_id)
+    );
+
+    CREATE TABLE atmosphere_approvals (
+        id text PRIMARY KEY,
+        path text NOT NULL,
+        conversation_id text NOT NULL,
+        user_id text,
+        tool text NOT NULL,
+        tool_call_id text NOT NULL,
+        arguments text NOT NULL,
+        expires_at double precision NOT NULL,
+        answer text,
+        closed boolean NOT NULL DEFAULT false
+    );
+    CREATE INDEX atmosphere_approvals_open
+        ON atmosphere_approvals (path, conversation_id) WHERE NOT closed;
+    CREATE INDEX atmosphere_approvals_age ON atmosphere_approvals (expires_at);
+    """,
+    # 2: conversation workspaces as rows (`PostgresAgentFileSystem`).
+    """
+    CREATE TABLE atmosphere_files (
+        store text NOT NULL,
+        path text NOT NULL,
+        content bytea NOT NULL,
+        size integer NOT NULL,
+        updated_at double precision NOT NULL,
+        PRIMARY KEY (store, path)
+    );
+    """,
+)
+"""Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNew(HarnessError, RuntimeError):
+    """The database was migrated by a newer version of the library."""
+
+
+async def migrate(connection: Any) -> int:
+    """Bring the schema to `SCHEMA_VERSION` (idempotent, safe concurrently); returns it."""
+    async with connection.transaction():
+        await connection.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+        await connection.execute(
+            "CREATE TABLE IF NOT EXISTS atmosphere_schema ("
+            "version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        current = int(
+            await connection.fetchval("SELECT coalesce(max(version), 0) FROM atmosphere_schema")
+        )
+        if current > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"the PostgreSQL schema is at version {current}, newer than this library's "
+                f"{SCHEMA_VERSION}: upgrade atmosphere-harness on this replica"
+            )
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            await connection.execute(MIGRATIONS[version - 1])
+            await connection.execute("INSERT INTO atmosphere_schema (version) VALUES ($1)", version)
+    return SCHEMA_VERSION
