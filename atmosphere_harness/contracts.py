@@ -167,6 +167,22 @@ class Run(Protocol):
         """A run of `endpoint` inside this one (a sub-agent): its frames go to `sink`."""
         ...
 
+    def recall(self, call: ToolCall, kind: str) -> Any | None:
+        """Durable runs: what this run's first life journalled as `kind` for `call`.
+
+        Set only in a run resumed after a restart, for what was journalled before it; `None`
+        otherwise (always `None` when durable runs are off, and in sub-agents' runs).
+        """
+        ...
+
+    async def checkpoint(
+        self, call: ToolCall, kind: str, value: Any, *, wait: bool = False
+    ) -> None:
+        """Durable runs: journal `value` as `kind` for `call` (JSON-serializable), in order with
+        the run's frames; `wait` returns only once it is stored. A no-op when durable runs are
+        off and in sub-agents' runs (they run again as a whole)."""
+        ...
+
 
 Provider = Callable[[Run], Any]
 """Builds an injectable for one run."""
@@ -383,8 +399,33 @@ class LiveRunHandle(Protocol):
         """Whether something (an approval wait) keeps the run alive past its readers."""
         ...
 
+    @property
+    def durable(self) -> bool:
+        """Whether frames and checkpoints are journalled in a `RunStore` before readers see them."""
+        ...
+
+    @property
+    def suspended(self) -> bool:
+        """Stopped by a shutdown and to be resumed: the run must leave no trace of its end
+        (no history write, no `complete`/`error` frame) so that its next life finishes it."""
+        ...
+
+    @property
+    def start_seq(self) -> int:
+        """The seq of the last frame a resumed run's first life journalled (0 for a new run)."""
+        ...
+
+    @property
+    def checkpoints(self) -> Mapping[str, Any]:
+        """What a resumed run's first life journalled (model turns, tool results), by key."""
+        ...
+
     async def publish(self, frame: Frame) -> None:
         """The run's frame sink (may wait: a slow reader slows the run, bounded memory)."""
+        ...
+
+    async def checkpoint(self, key: str, value: Any, *, wait: bool = False) -> None:
+        """Journal `value` under `key`, in order with the frames (no-op unless `durable`)."""
         ...
 
     def hold(self) -> contextlib.AbstractContextManager[None]:
@@ -395,9 +436,21 @@ class LiveRunHandle(Protocol):
         """Every frame with a seq above `after`, then each new one, until the run ends."""
         ...
 
+    def interrupt(self, message: str) -> None:
+        """Server shutdown: end every reader with an `error` frame carrying `message` (not
+        journalled), and, when durable, mark the run suspended so it resumes on restart."""
+        ...
+
 
 class RunJournal(Protocol):
-    """Live (and recently finished) runs and their frames: a run outlives its connection."""
+    """Live (and recently finished) runs and their frames: a run outlives its connection.
+
+    With a `RunStore` (durable runs), runs also outlive the process: `open` resumes the runs a
+    killed process left unfinished, by calling `resume(handle, stored)` for each.
+    """
+
+    @property
+    def durable(self) -> bool: ...
 
     def start(
         self,
@@ -406,16 +459,104 @@ class RunJournal(Protocol):
         path: str,
         conversation_id: str,
         user_id: str | None,
+        session_id: str | None = None,
+        message: str = "",
     ) -> LiveRunHandle:
-        """Run `work(handle)` in its own task; it publishes its frames into `handle`."""
+        """Run `work(handle)` in its own task; it publishes its frames into `handle`.
+
+        `message` is what a durable journal stores to run the prompt again after a restart.
+        """
         ...
 
-    def find(
+    async def find(
         self, path: str, conversation_id: str, *, session_id: str | None = None
     ) -> LiveRunHandle | None:
         """The run `session_id` names, else the oldest unfinished run, else the newest one."""
         ...
 
-    async def aclose(self) -> None:
-        """Cancel every unfinished run (shutdown) and wait for them to unwind."""
+    async def open(
+        self, resume: Callable[[LiveRunHandle, StoredRun], Coroutine[Any, Any, Any]]
+    ) -> None:
+        """Start (host start-up): with a store, claim and resume unfinished runs, now and
+        whenever another process's lease on one expires."""
         ...
+
+    async def aclose(self) -> None:
+        """Stop every unfinished run (shutdown) and wait for them to unwind; a durable journal
+        leaves them unfinished in its store, to resume on the next start."""
+        ...
+
+
+# --- the durable run store ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRun:
+    """What a `RunStore` keeps of one run to start it again: who, where, and the message."""
+
+    run_id: str
+    path: str
+    conversation_id: str
+    user_id: str | None
+    session_id: str
+    message: str
+    started_at: float
+    """Epoch seconds."""
+
+
+class RunStore(Protocol):
+    """Where durable runs are journalled: the storage behind a durable `RunJournal`.
+
+    The embedded implementation is `durable.SqliteRunStore` (a table set in the harness's SQLite
+    file); a scale-out backend (PostgreSQL, Redis) implements the same few operations. The
+    contract, which the journal relies on:
+
+    - `append(run, frames, checkpoints, create=...)` stores frames, each `(seq, event, data)`
+      (a run's seqs only grow), and checkpoints, each `(key, value)` (a later value replaces an
+      earlier one of the same key), atomically, in one write. `data` and `value` are JSON text,
+      ASCII-only (the journal encodes them when they are published, so a value changed later
+      cannot change what was journalled). `create` carries the run's record on its first
+      append, which also takes the lease for `owner`. When `append` returns, what it was given
+      survives a SIGKILL.
+    - `load(run_id, limit)` gives back every checkpoint and the newest `limit` frames, decoded.
+    - `claim(owner, lease_seconds, limit)` atomically takes over unfinished runs whose lease
+      expired (or whose owner is known dead) and returns them; two owners never get one run.
+    - `heartbeat(owner, lease_seconds)` extends the lease of every unfinished run `owner` holds;
+      `release(owner)` gives them up at once (a graceful stop, so a restart resumes them now).
+    - `finish(run_id)` marks the run finished and compacts it: its frames and checkpoints go
+      (the conversation history now holds the turn), a small record stays until `expire`.
+    - `expire(before)` drops finished records older than `before` (epoch seconds).
+    - `open()` / `aclose()`: the store's resource lifecycle (the journal calls both).
+    - Owner ids are `host/pid/token`: a store may take over at once the runs of an owner it
+      knows is dead (the embedded store does, for processes of its own host).
+    """
+
+    name: str
+    """The truth's word for it: `sqlite`, `postgres`, `redis`."""
+
+    async def open(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def append(
+        self,
+        run_id: str,
+        frames: Sequence[tuple[int, str, str]],
+        checkpoints: Sequence[tuple[str, str]],
+        *,
+        create: StoredRun | None = None,
+        owner: str | None = None,
+        lease_seconds: float = 0.0,
+    ) -> None: ...
+
+    async def load(self, run_id: str, limit: int) -> tuple[dict[str, Any], list[Frame]]: ...
+
+    async def claim(self, owner: str, lease_seconds: float, limit: int) -> list[StoredRun]: ...
+
+    async def heartbeat(self, owner: str, lease_seconds: float) -> None: ...
+
+    async def release(self, owner: str) -> None: ...
+
+    async def finish(self, run_id: str) -> None: ...
+
+    async def expire(self, before: float) -> int: ...

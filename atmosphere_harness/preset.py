@@ -114,9 +114,8 @@ class RuntimeTruth:
             PLANNING: feature_seed,
             FILESYSTEM: feature_seed,
             SKILLS: "CONVENTION",
-            DURABLE_RUNS: "INACTIVE(not-implemented)"
-            if settings.durable_runs_effective
-            else DISABLED,
+            # The embedded journal; a scale-out backend reports its own store (`set_durable`).
+            DURABLE_RUNS: "ACTIVE(sqlite)" if settings.durable_runs_effective else DISABLED,
         }
         self._endpoints: dict[str, dict[str, str]] = {}
         self._details: dict[str, dict[str, dict[str, str]]] = {}
@@ -170,6 +169,12 @@ class RuntimeTruth:
         self._identity = state
         for endpoint in self._endpoints.values():
             endpoint[IDENTITY] = state
+
+    def set_durable(self, state: str) -> None:
+        """What really journals runs (`durable-runs`), app-wide and on every endpoint's map."""
+        self._app[DURABLE_RUNS] = state
+        for endpoint in self._endpoints.values():
+            endpoint[DURABLE_RUNS] = state
 
     def report(self, path: str, key: str, state: str) -> None:
         """An attach engine reports what it really attached for the endpoint at `path`."""

@@ -274,6 +274,23 @@ class HarnessSettings(BaseSettings):
     durable_runs: bool | None = Field(
         None, validation_alias=_env("ATMOSPHERE_DURABLE_RUNS_ENABLED")
     )
+    durable_runs_keep_seconds: float = Field(
+        600.0,
+        ge=0,
+        allow_inf_nan=False,
+        validation_alias=_env("ATMOSPHERE_DURABLE_RUNS_KEEP_SECONDS"),
+    )
+    """How long a finished durable run's record stays in the journal (its frames and
+    checkpoints go as soon as it finishes; see `docs/durable-runs.md`)."""
+    durable_runs_lease_seconds: float = Field(
+        15.0,
+        gt=0.5,
+        le=3600,
+        allow_inf_nan=False,
+        validation_alias=_env("ATMOSPHERE_DURABLE_RUNS_LEASE_SECONDS"),
+    )
+    """How long a process may go silent before another takes over its unfinished durable
+    runs (a dead process on the same host is noticed at once)."""
 
     llm_runtime: RuntimeChoice = Field(RuntimeChoice.AUTO, validation_alias=_env("LLM_RUNTIME"))
     llm_model: str | None = Field(None, validation_alias=_env("LLM_MODEL"))
@@ -571,6 +588,8 @@ class HarnessSettings(BaseSettings):
                 postgres_url=self.postgres_url,
                 workspace_backend=self.workspace_backend,
                 durable_runs=self.durable_runs_effective,
+                durable_runs_keep_seconds=self.durable_runs_keep_seconds,
+                durable_runs_lease_seconds=self.durable_runs_lease_seconds,
             ),
         )
 
@@ -678,6 +697,8 @@ class BackendSettings(BaseModel):
     postgres_url: str | None = Field(repr=False)
     workspace_backend: WorkspaceBackend
     durable_runs: bool
+    durable_runs_keep_seconds: float
+    durable_runs_lease_seconds: float
 
 
 class SettingsGroups(BaseModel):

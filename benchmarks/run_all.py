@@ -76,6 +76,9 @@ HEADLINES = (
     "batch_write_per_call",
     "batch_read_per_call",
     "storage_amplification",
+    "storage_amplification_durable",
+    "durable_overhead_1k",
+    "durable_overhead_50k",
     "grep_common_all",
     "grep_rare",
     "plan_fanout_p99",
@@ -109,7 +112,12 @@ def headlines(documents: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]
         found["turn_overhead_10k_conversations"] = figure(
             scale["levels"][largest]["ms_per_turn"], None
         )
-    unit = {"storage_amplification": "x"}
+    unit = {
+        "storage_amplification": "x",
+        "storage_amplification_durable": "x",
+        "durable_overhead_1k": "%",
+        "durable_overhead_50k": "%",
+    }
     return {name: found.get(name) or figure(None, None, unit.get(name, "ms")) for name in HEADLINES}
 
 

@@ -15,7 +15,12 @@ Files are the deepagents peer study's workload (seed 1234, 64-byte lines).
 - `storage`: one 60-turn 50 KiB run on a fresh `workspace_root`, then every byte under it (the
   SQLite file with its WAL, plans, workspace files) per byte the model wrote: right after the run,
   once the history packer has had its pause, and after shutdown. The peer's figure is the
-  serialized size of its `InMemorySaver` checkpoints (the peer study's measure).
+  serialized size of its `InMemorySaver` checkpoints (the peer study's measure). `durable` is the
+  same run with durable runs on (the run journalled in the same SQLite file, then compacted).
+- `durable`: the `turns` prompts started as the HTTP routes start them (`HarnessHost.start_run`,
+  the frames read back from the live-run journal), with durable runs off and on, alternated in
+  one process: `per_turn_ms` each and `overhead_pct` = on / off - 1 (every frame and checkpoint
+  written to SQLite before it is read, against the in-memory journal).
 
 Ours is the real harness in-process: an `@agent` with the default harness (conversation memory
 in SQLite, planning, files, governance) hosted by `HarnessHost` with the default primitives and
@@ -70,6 +75,7 @@ from atmosphere_harness import (
     prompt,
 )
 from atmosphere_harness.assembly import default_primitives
+from atmosphere_harness.backends import resolve_backends
 from atmosphere_harness.events import Frame
 from atmosphere_harness.kernel.host import HarnessHost
 from atmosphere_harness.kernel.run import execute_prompt
@@ -154,23 +160,28 @@ def our_turn(request: ModelRequest, stamps: list[float] | None = None) -> Any:
     return "done"
 
 
-def settings(root: Path, turns: int) -> HarnessSettings:
-    return HarnessSettings(workspace_root=root, max_tool_rounds=max(50, turns + 10))
+def settings(root: Path, turns: int, durable: bool = False) -> HarnessSettings:
+    return HarnessSettings(
+        workspace_root=root, max_tool_rounds=max(50, turns + 10), durable_runs=durable
+    )
 
 
 class Ours:
     """A started `HarnessHost` with the default primitives, one `@agent`, the scripted model."""
 
-    def __init__(self, root: Path, turns: int) -> None:
+    def __init__(self, root: Path, turns: int, *, durable: bool = False) -> None:
         self.root = root
         self.stamps: list[float] = []
         runtime = ScriptedRuntime((), default=lambda request: our_turn(request, self.stamps))
         runtime.record_requests = False
+        config = settings(root, turns, durable)
+        backends = resolve_backends(config)
         self.host = HarnessHost(
-            settings(root, turns),
+            config,
             runtime=runtime,
             specs=[spec_of(Bench)],
-            primitives=default_primitives(),
+            primitives=default_primitives(backends),
+            runs=backends.runs,
         )
 
     async def __aenter__(self) -> Ours:
@@ -204,6 +215,22 @@ class Ours:
         if seen["end"] != "complete" or seen["errors"]:
             raise AssertionError(f"ours: the run did not go cleanly: {seen}")
         return seen
+
+    async def prompt_journalled(self, message: str) -> None:
+        """One prompt as the HTTP routes run it: through the live-run journal, read back."""
+        self.stamps.clear()
+        live = self.host.start_run(
+            self.host.endpoints[PATH],
+            message=message,
+            conversation_id=uuid.uuid4().hex,
+            user_id=None,
+        )
+        frames = [frame async for frame in live.follow(0)]
+        results = [f for f in frames if f.event == "tool-result"]
+        if frames[-1].event != "complete" or any(
+            str(f.data.get("result", "")).startswith('{"error"') for f in results
+        ):
+            raise AssertionError(f"ours: the journalled run did not go cleanly: {frames[-1]}")
 
     async def settle(self, timeout: float = 60.0) -> float:
         """Wait until the history packer has packed every large payload; returns seconds.
@@ -365,13 +392,21 @@ async def batch_section(root: Path, calls: int, repeats: int, peer: bool) -> dic
     }
 
 
-async def storage_run(workspace: Path, turns: int, size: int, peer: bool) -> dict[str, Any]:
+async def storage_run(
+    workspace: Path, turns: int, size: int, peer: bool, durable: bool = False
+) -> dict[str, Any]:
     """One `--turns` run of `size` KiB writes on a fresh workspace, and the bytes it left."""
     files = workload(turns, size)
     written = written_bytes(files)
-    ours = Ours(workspace, turns)
+    ours = Ours(workspace, turns, durable=durable)
     async with ours:
-        await ours.prompt(f"seq {turns} {size}")
+        if durable:
+            await ours.prompt_journalled(f"seq {turns} {size}")
+            journal = ours.host.runs
+            while getattr(journal, "_closers", None):  # the finished run's compaction
+                await asyncio.sleep(0.01)
+        else:
+            await ours.prompt(f"seq {turns} {size}")
         after_run = disk_bytes(workspace)
         settle_seconds = await ours.settle()
         settled = disk_bytes(workspace)
@@ -413,10 +448,44 @@ async def storage_run(workspace: Path, turns: int, size: int, peer: bool) -> dic
 async def storage_section(root: Path, turns: int, peer: bool) -> dict[str, Any]:
     """The issue's figure is the 50 KiB run; the 1 KiB run shows the small-file case, whose
     content the history keeps (it is under the offload threshold)."""
-    return {
+    section = {
         f"{size}k": await storage_run(root / f"storage-{size}k", turns, size, peer)
         for size in (50, 1)
     }
+    section["50k_durable"] = await storage_run(root / "storage-50k-durable", turns, 50, False, True)
+    return section
+
+
+async def durable_section(root: Path, turns: int, repeats: int) -> dict[str, Any]:
+    """Durable runs off and on, the same prompts through the journal, alternated."""
+    async with (
+        Ours(root / "journal-memory", turns) as memory,
+        Ours(root / "journal-durable", turns, durable=True) as durable,
+    ):
+
+        def side(ours: Ours) -> Side:
+            async def run(message: str) -> tuple[float, list[float]]:
+                started = time.perf_counter()
+                await ours.prompt_journalled(message)
+                elapsed = time.perf_counter() - started
+                await ours.settle()
+                return elapsed, []
+
+            return run
+
+        sides = {"durable_off": side(memory), "durable_on": side(durable)}
+        samples = await compare(sides, [f"seq {turns} {size}" for size in (1, 50)], repeats)
+    result: dict[str, Any] = {}
+    for size in (1, 50):
+        entry = {
+            name: {"per_turn_ms": summary([wall * 1000 / turns for wall, _ in runs])}
+            for name, runs in samples[f"seq {turns} {size}"].items()
+        }
+        off = entry["durable_off"]["per_turn_ms"]["median_ms"]
+        on = entry["durable_on"]["per_turn_ms"]["median_ms"]
+        entry["overhead_pct"] = round((on / off - 1) * 100, 1)
+        result[f"{size}k"] = entry
+    return result
 
 
 # --- over HTTP ------------------------------------------------------------------------------
@@ -482,6 +551,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         http = await http_section(root, args.turns, args.repeats)
         batch = await batch_section(root, args.batch, args.repeats, peer)
         storage = await storage_section(root, args.turns, peer)
+        durable = await durable_section(root, args.turns, args.repeats)
 
     def median(section: dict[str, Any], side: str, key: str) -> float | None:
         entry = section.get(side)
@@ -505,6 +575,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "peer": stored["peer"]["checkpoint_x"] if stored["peer"] else None,
         "unit": "x",
     }
+    figures["storage_amplification_durable"] = {
+        "ours": storage["50k_durable"]["ours"]["after_packer_x"],
+        "peer": stored["peer"]["checkpoint_x"] if stored["peer"] else None,
+        "unit": "x",
+    }
+    for size in ("1k", "50k"):
+        figures[f"durable_overhead_{size}"] = {
+            "ours": durable[size]["overhead_pct"],
+            "peer": None,
+            "unit": "%",
+        }
     for figure in figures.values():
         figure["ratio"] = ratio(figure["peer"], figure["ours"])
     return {
@@ -515,6 +596,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "http": http,
         "batch": batch,
         "storage": storage,
+        "durable": durable,
         "peer_reason": reason,
         "env": machine(),
     }

@@ -6,7 +6,7 @@ of shared state; the kernel and the primitives only see the protocols:
 | state | protocol | embedded implementation (one process) |
 |---|---|---|
 | conversation locks | `contracts.ConversationLocks` | `kernel.locks.InProcessConversationLocks` |
-| live runs and their frames | `contracts.RunJournal` | `kernel.journal.LiveRuns` (memory) |
+| live runs, frames | `contracts.RunJournal` | `kernel.journal.LiveRuns` (+ `SqliteRunStore`) |
 | plans | `planning.PlanStore` | `planning.FilePlanStore` (JSON files under the owner root) |
 | plan updates fan-out | `planning.PlanEventBus` | `planning.InProcessPlanBus` |
 | approvals | `governance.approvals.ApprovalStore` | `ApprovalRegistry` (memory) |
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..contracts import ConversationLocks, Resource, RunJournal
+from ..durable import SqliteRunStore
 from ..errors import HarnessError
 from ..filesystem.stores import WorkspaceStores
 from ..filesystem.usage import PROCESS_USAGE, WorkspaceUsage
@@ -117,7 +118,14 @@ def resolve_backends(settings: HarnessSettings) -> StateBackends:
         except ImportError as exc:
             raise _missing("redis", "ATMOSPHERE_REDIS_URL", exc) from None
         return redis_backends(settings)
-    return StateBackends(state="sqlite", events="local")
+    backends = StateBackends(state="sqlite", events="local")
+    if group.durable_runs:
+        backends.runs = LiveRuns(
+            SqliteRunStore.under(settings.workspace_root),
+            lease_seconds=group.durable_runs_lease_seconds,
+            keep_seconds=group.durable_runs_keep_seconds,
+        )
+    return backends
 
 
 def _missing(extra: str, variable: str, error: ImportError) -> BackendMissing:

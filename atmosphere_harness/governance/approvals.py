@@ -91,7 +91,11 @@ class ApprovalStore(Protocol):
         arguments: Mapping[str, Any],
         timeout: float,
     ) -> PendingApproval | None:
-        """Register a call that waits for an answer; `None` when too many already wait."""
+        """Register a call that waits for an answer; `None` when too many already wait.
+
+        A store that serves durable runs also takes `approval_id` and `expires_at` (epoch
+        seconds): the approval a run raised before a restart, re-opened under its id and with
+        its deadline (`ApprovalRegistry` does; the gate passes them only then)."""
         ...
 
     async def wait(self, pending: PendingApproval, timeout: float) -> Answer | None:
@@ -132,19 +136,25 @@ class ApprovalRegistry:
         tool_call_id: str,
         arguments: Mapping[str, Any],
         timeout: float,
+        approval_id: str | None = None,
+        expires_at: float | None = None,
     ) -> PendingApproval | None:
-        """Register a call that waits for an answer; `None` when too many already wait."""
+        """Register a call that waits for an answer; `None` when too many already wait.
+
+        `approval_id` and `expires_at` (epoch seconds) re-open an approval a durable run raised
+        before a restart, under its id and with its deadline; otherwise a new id, and `timeout`
+        from now."""
         if len(self._pending) >= self.max_pending:
             return None
         pending = PendingApproval(
-            id=uuid.uuid4().hex,
+            id=approval_id or uuid.uuid4().hex,
             path=path,
             conversation_id=conversation_id,
             user_id=user_id,
             tool=tool,
             tool_call_id=tool_call_id,
             arguments=dict(arguments),
-            expires_at=time.time() + timeout,
+            expires_at=expires_at if expires_at is not None else time.time() + timeout,
             future=asyncio.get_running_loop().create_future(),
         )
         self._pending[pending.id] = pending

@@ -13,11 +13,15 @@
   emits `approval-required` and waits for `POST P/approvals/{id}`; deny and timeout answer with
   the reference's JSON, approve runs the tool (with the person's edited arguments, if any, once
   the executor has validated them and the admission hooks admitted them again).
+  In a durable run the approval is journalled (`approval`), and so is its answer (`answer`): a
+  run resumed after a restart raises it again under the same id with the same deadline (the
+  timeout counts from when it was first raised), or goes on with the answer it already had.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -147,6 +151,18 @@ class ApprovalGate:
         # The person answers on the request's own route: the top-level run's endpoint and
         # conversation, also for a sub-agent's or a fleet member's call.
         root = run.root
+        answered = run.recall(call, "answer")
+        if isinstance(answered, Mapping):
+            return _verdict(bool(answered.get("approve")), answered.get("arguments"))
+        raised = run.recall(call, "approval")
+        earlier = raised if isinstance(raised, Mapping) else None
+        # Only a resumed run re-opens an approval under its id and deadline (a store that
+        # journals no runs need not know these arguments).
+        again: dict[str, Any] = (
+            {"approval_id": str(earlier["id"]), "expires_at": float(earlier["expiresAt"])}
+            if earlier
+            else {}
+        )
         pending = await self.registry.open(
             path=root.endpoint.path,
             conversation_id=root.conversation_id,
@@ -155,18 +171,31 @@ class ApprovalGate:
             tool_call_id=call.id,
             arguments=arguments,
             timeout=self.timeout,
+            **again,
         )
         if pending is None:
             return Approval(False, result=TOO_MANY_APPROVALS)
+        if earlier is None:
+            await run.checkpoint(
+                call, "approval", {"id": pending.id, "expiresAt": pending.expires_at}
+            )
         with run.hold():
             try:
                 await run.session.emit(events.APPROVAL_REQUIRED, pending.to_wire())
             except BaseException:
                 await self.registry.discard(pending)
                 raise
-            answer = await self.registry.wait(pending, self.timeout)
+            answer = await self.registry.wait(pending, max(0.0, pending.expires_at - time.time()))
         if answer is None:
             return Approval(False, result=APPROVAL_TIMED_OUT)
-        if not answer.approve:
-            return Approval(False, result=CANCELLED_BY_USER)
-        return Approval(True, arguments=answer.arguments)
+        arguments_given = dict(answer.arguments) if answer.arguments is not None else None
+        await run.checkpoint(
+            call, "answer", {"approve": answer.approve, "arguments": arguments_given}
+        )
+        return _verdict(answer.approve, arguments_given)
+
+
+def _verdict(approve: bool, arguments: Any) -> Approval:
+    if not approve:
+        return Approval(False, result=CANCELLED_BY_USER)
+    return Approval(True, arguments=arguments if isinstance(arguments, Mapping) else None)

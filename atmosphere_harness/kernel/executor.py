@@ -16,6 +16,14 @@ Order of work for one call, the same for every tool and every runtime:
 8. `tool-result` frame carrying exactly that text.
 
 Nothing a tool does can crash the run: only cancellation of the run itself propagates.
+
+Durable runs (a top-level run with a durable journal): every call's result is journalled before
+its `tool-result` frame (`result`), and a call about to reach its handler first journals its
+final arguments (`started`: `true` when they are the model's own, the common case, so a large
+argument is not stored twice; for a user tool that is not `idempotent`, the executor waits
+until that is stored, so the tool never runs twice). A resumed run replays journalled results
+without running anything; a call that had `started` skips the gates (it was admitted and
+approved) and runs again if it is a built-in or idempotent tool, or else gets `INTERRUPTED`.
 """
 
 from __future__ import annotations
@@ -33,9 +41,14 @@ from ..tools.validation import validate_arguments
 
 if TYPE_CHECKING:
     from .run import RunContext
-    from .session import StreamingSession
 
 log = get_logger(__name__)
+
+INTERRUPTED = json_result(
+    status="interrupted",
+    message="the server restarted while this tool ran; call it again if it is still needed",
+)
+"""What a user tool's call gets when a restart cut it off (it is never run twice)."""
 
 
 async def execute_calls(
@@ -55,9 +68,15 @@ async def execute_calls(
     results: list[str] = [""] * len(calls)
     index = 0
     while index < len(calls):
+        replayed = run.recall(calls[index], "result")
+        if replayed is not None:
+            results[index] = str(replayed)  # a resumed run: its first life had this result
+            index += 1
+            continue
+        run.go_live()
         answer = answers.get(calls[index].id)
         if answer is not None:
-            results[index] = await _rejected(run.session, calls[index], answer)
+            results[index] = await _rejected(run, calls[index], answer)
             index += 1
             continue
         tool = tools.get(calls[index].name)
@@ -67,6 +86,8 @@ async def execute_calls(
                 candidate = tools.get(calls[end].name)
                 if candidate is None or not candidate.concurrent or calls[end].id in answers:
                     break
+                if end > index and run.recall(calls[end], "result") is not None:
+                    break
                 end += 1
             batch = await asyncio.gather(*(execute_call(call, run) for call in calls[index:end]))
             results[index:end] = batch
@@ -74,7 +95,7 @@ async def execute_calls(
         elif tool is not None and tool.prefetch is not None:
             end = index + 1
             while end < len(calls) and calls[end].name == tool.name:
-                if calls[end].id in answers:
+                if calls[end].id in answers or run.recall(calls[end], "result") is not None:
                     break
                 end += 1
             release = await _prefetch(tool, calls[index:end], run) if end - index > 1 else None
@@ -115,13 +136,20 @@ async def execute_call(call: ToolCall, run: RunContext) -> str:
             tool=call.name,
             message=f"Unknown tool '{call.name}'. Available tools: {available}",
         )
-        return await _rejected(session, call, rejected)
+        return await _rejected(run, call, rejected)
+    started = run.recall(call, "started")
+    if started is not None:
+        if isinstance(started, Mapping):
+            return await _restarted(tool, call, dict(started), run)
+        arguments, problems = validate_arguments(tool.parameters, call.arguments)
+        if not problems:
+            return await _restarted(tool, call, arguments, run)
     arguments, problems = validate_arguments(tool.parameters, call.arguments)
     if problems:
-        return await _rejected(session, call, invalid_arguments(tool.name, problems))
+        return await _rejected(run, call, invalid_arguments(tool.name, problems))
     arguments, answer = await _admit(call, tool, arguments, run)
     if answer is not None:
-        return await _rejected(session, call, answer, arguments)
+        return await _rejected(run, call, answer, arguments)
     await session.emit(
         events.TOOL_START, {"toolCallId": call.id, "tool": tool.name, "arguments": arguments}
     )
@@ -138,13 +166,36 @@ async def execute_call(call: ToolCall, run: RunContext) -> str:
                 else:
                     arguments, result = await _admit(call, tool, arguments, run)
     if result is None:
+        # Journalled before the handler runs; for a tool that must not run twice, stored first.
+        own = isinstance(call.arguments, Mapping) and arguments == call.arguments
+        await run.checkpoint(call, "started", True if own else arguments, wait=_at_most_once(tool))
         result = await _invoke(tool, call, arguments, run)
-    for reshape in endpoint.result_hooks:
+    return await _finish(tool, call, result, run)
+
+
+def _at_most_once(tool: Tool) -> bool:
+    # Built-ins (origin = their primitive) re-run; user and MCP tools (`mcp:<server>`) act
+    # outside the harness, so a restart answers them `interrupted` unless they are idempotent.
+    return (tool.origin == "user" or tool.origin.startswith("mcp:")) and not tool.idempotent
+
+
+async def _restarted(tool: Tool, call: ToolCall, arguments: dict[str, Any], run: RunContext) -> str:
+    """A call a restart cut off while it ran: run it again, or answer `INTERRUPTED`."""
+    if _at_most_once(tool):
+        log.info("a user tool was cut off by a restart; answering interrupted", tool=tool.name)
+        return await _finish(tool, call, INTERRUPTED, run)
+    return await _finish(tool, call, await _invoke(tool, call, arguments, run), run)
+
+
+async def _finish(tool: Tool, call: ToolCall, result: str, run: RunContext) -> str:
+    """Result hooks, then the journal, then the `tool-result` frame."""
+    for reshape in run.endpoint.result_hooks:
         try:
             result = await reshape(call, tool, result, run)
         except Exception:
             log.exception("result hook failed; returning the result unchanged", tool=tool.name)
-    await session.emit(
+    await run.checkpoint(call, "result", result)
+    await run.session.emit(
         events.TOOL_RESULT, {"toolCallId": call.id, "tool": tool.name, "result": result}
     )
     return result
@@ -167,15 +218,15 @@ async def _admit(
     return arguments, None
 
 
-async def _rejected(
-    session: StreamingSession, call: ToolCall, result: str, arguments: Any = None
-) -> str:
+async def _rejected(run: RunContext, call: ToolCall, result: str, arguments: Any = None) -> str:
     """Frames for a call that never reached its tool: the client sees what the model got.
 
     `arguments` are the ones the call was judged on (default: the model's, as it sent them)."""
+    session = run.session
     if arguments is None:
         raw = call.arguments
         arguments = dict(raw) if isinstance(raw, Mapping) else raw
+    await run.checkpoint(call, "result", result)
     await session.emit(
         events.TOOL_START, {"toolCallId": call.id, "tool": call.name, "arguments": arguments}
     )

@@ -20,6 +20,7 @@ from ..contracts import (
     Resource,
     Run,
     RunJournal,
+    StoredRun,
     TypedMap,
 )
 from ..harness import Harness
@@ -101,6 +102,15 @@ class HarnessHost:
                     )
                     continue
                 self._host(spec)
+            # Last: a resumed run needs its endpoint attached.
+            await self.runs.open(self._resume)
+            if self.settings.durable_runs_effective:
+                store = getattr(self.runs, "store", None)
+                self.truth.set_durable(
+                    f"ACTIVE({getattr(store, 'name', 'custom')})"
+                    if self.runs.durable
+                    else "INACTIVE(no-store)"
+                )
         except BaseException:
             # A start-up error (a bad route, a tool-name collision) must not leave what the
             # primitives already opened running (MCP server processes, the skills staging
@@ -234,10 +244,36 @@ class HarnessHost:
                 user_id=user_id,
                 sink=live.publish,
                 holder=live.hold,
+                live=live,
             )
 
         return self.runs.start(
-            work, path=endpoint.path, conversation_id=conversation_id, user_id=user_id
+            work,
+            path=endpoint.path,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            message=message,
+        )
+
+    async def _resume(self, live: LiveRunHandle, stored: StoredRun) -> RunContext | None:
+        """Run again a durable run a dead process left unfinished (see `kernel.journal`)."""
+        endpoint = self.endpoints.get(stored.path)
+        if endpoint is None:
+            log.warning(
+                "a durable run's endpoint is no longer hosted; the run ends",
+                endpoint=stored.path,
+                conversation=stored.conversation_id,
+            )
+            return None
+        return await execute_prompt(
+            self,
+            endpoint,
+            message=stored.message,
+            conversation_id=stored.conversation_id,
+            user_id=stored.user_id,
+            sink=live.publish,
+            holder=live.hold,
+            live=live,
         )
 
     async def prompt(

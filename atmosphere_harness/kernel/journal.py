@@ -19,7 +19,15 @@ Rules, in order:
   `KEPT_FINISHED_RUNS`, for `KEEP_FINISHED_SECONDS`) so a client that reconnects after the end
   still gets it.
 
-Journals are in memory: a restart forgets them (durable runs are a separate feature).
+Without a store, journals are in memory: a restart forgets them. With a `contracts.RunStore`
+(durable runs, `ATMOSPHERE_DURABLE_RUNS_ENABLED`), every frame and checkpoint is also written to
+the store before any reader sees it: frames are appended to the in-memory journal at once, but a
+reader only gets those the store holds (`_stored_seq`). Writes are grouped: while one write is in
+flight, the frames and checkpoints published meanwhile wait and go in the next one, so a streamed
+answer of many small frames costs a few writes, not one each. `LiveRuns.open` claims the runs a
+dead process left unfinished and starts them again (`resume`), keeps this process's leases alive
+and expires finished records; `aclose` (shutdown) ends every reader with an `error` frame and
+leaves the runs unfinished in the store, released for the next start.
 """
 
 from __future__ import annotations
@@ -27,12 +35,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
+import os
+import socket
 import time
+import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mapping
 from typing import Any
 
-from ..contracts import LiveRunHandle
+from .. import events
+from ..contracts import LiveRunHandle, RunStore, StoredRun
 from ..events import Frame
 from ..log import get_logger
 
@@ -44,21 +57,46 @@ JOURNAL_BYTES = 2 * 1024 * 1024
 KEPT_FINISHED_RUNS = 32
 KEEP_FINISHED_SECONDS = 600.0
 RUNS_PER_CONVERSATION = 4
+LEASE_SECONDS = 15.0
+"""How long a durable run's owner may go silent before another process takes the run over."""
+CLAIM_BATCH = 64
+"""Runs one claim scan resumes at most (the next scan takes more)."""
+ENDED = "ended"
+"""Checkpoint key: the run's client stopped it (it is not resumed)."""
+RESTARTING = "server is restarting; the run resumes"
+STOPPING = "server is shutting down; the run was stopped"
+
+Resume = Callable[[LiveRunHandle, StoredRun], Coroutine[Any, Any, Any]]
 
 
 class LiveRun:
     """One prompt run, its journal of frames, its readers and what holds it alive."""
 
     def __init__(
-        self, path: str, conversation_id: str, user_id: str | None, capacity: int = JOURNAL_FRAMES
+        self,
+        path: str,
+        conversation_id: str,
+        user_id: str | None,
+        capacity: int = JOURNAL_FRAMES,
+        *,
+        session_id: str | None = None,
+        writer: _StoreWriter | None = None,
+        checkpoints: Mapping[str, Any] | None = None,
+        frames: list[Frame] | None = None,
     ) -> None:
         self.path = path
         self.conversation_id = conversation_id
         self.user_id = user_id
         self.capacity = capacity
-        self.session_id: str | None = None
+        self.session_id: str | None = session_id
         self.task: asyncio.Task[object] | None = None
         self.finished_at: float | None = None
+        self.detached = False
+        """A resumed run: nobody started it in this process, so no reader leaving stops it."""
+        self._writer = writer
+        self._checkpoints: Mapping[str, Any] = checkpoints or {}
+        self._suspended = False
+        self._interrupt: str | None = None
         self._frames: deque[Frame] = deque(maxlen=capacity)
         self._sizes: deque[int] = deque(maxlen=capacity)
         self._bytes = 0
@@ -68,10 +106,35 @@ class LiveRun:
         self._holds = 0
         self._wake = asyncio.Event()
         self._writer_waiting = False
+        self._stored_seq = 0
+        """Durable: the last seq the store holds; readers never get past it."""
+        self._start_seq = 0
+        for frame in frames or ():
+            self._frames.append(frame)
+            self._sizes.append(_size(frame))
+            self._bytes += self._sizes[-1]
+        if self._frames:
+            self._start_seq = self._stored_seq = self._frames[-1].seq
 
     @property
     def finished(self) -> bool:
         return self.finished_at is not None
+
+    @property
+    def durable(self) -> bool:
+        return self._writer is not None
+
+    @property
+    def suspended(self) -> bool:
+        return self._suspended
+
+    @property
+    def start_seq(self) -> int:
+        return self._start_seq
+
+    @property
+    def checkpoints(self) -> Mapping[str, Any]:
+        return self._checkpoints
 
     @property
     def readers(self) -> int:
@@ -100,6 +163,32 @@ class LiveRun:
         self._sizes.append(size)
         self._bytes += size
         self._trim()
+        if self._writer is not None:
+            # Readers get it once the store holds it (`_stored`), not before.
+            self._writer.frame(frame)
+            return
+        self._signal()
+
+    async def checkpoint(self, key: str, value: Any, *, wait: bool = False) -> None:
+        """Journal `value` under `key` in order with the frames; `wait` until it is stored."""
+        if self._writer is None:
+            return
+        self._writer.checkpoint(key, value)
+        if wait:
+            await self._writer.flushed()
+
+    def _stored(self, seq: int) -> None:
+        """The store holds every frame up to `seq`: readers may have them."""
+        if seq > self._stored_seq:
+            self._stored_seq = seq
+            self._signal()
+
+    def interrupt(self, message: str) -> None:
+        """End every reader with an `error` frame (shutdown); a durable run is suspended."""
+        if self.finished or self._interrupt is not None:
+            return
+        self._interrupt = message
+        self._suspended = self.durable
         self._signal()
 
     def _trim(self) -> None:
@@ -147,6 +236,16 @@ class LiveRun:
                             self._signal()
                         yield frame
                     continue
+                if self._interrupt is not None and not self.finished:
+                    # Not journalled: the run goes on (in its next life, when durable).
+                    yield Frame(
+                        events.ERROR,
+                        {"message": self._interrupt, "type": "ServerShutdown"},
+                        self.session_id or "",
+                        self.conversation_id,
+                        self._readers[token],
+                    )
+                    return
                 if self.finished:
                     return
                 await self._changed()
@@ -161,10 +260,15 @@ class LiveRun:
         if not self._frames:
             return []
         start = max(0, seq - self._frames[0].seq + 1)
-        return list(itertools.islice(self._frames, start, None))
+        if self._writer is None:
+            return list(itertools.islice(self._frames, start, None))
+        stop = self._stored_seq - self._frames[0].seq + 1
+        return list(itertools.islice(self._frames, start, max(start, stop)))
 
     def _reader_left(self) -> None:
         if self._readers or self.finished or self.task is None or self.task.done():
+            return
+        if self.detached and not self._suspended:
             return
         if self.held:
             log.info(
@@ -173,6 +277,10 @@ class LiveRun:
                 conversation=self.conversation_id,
             )
             return
+        if self._writer is not None and not self._suspended:
+            # Journalled before the cancellation writes anything: a run its client stopped is
+            # over, and a restart that finds it unfinished must not run it again.
+            self._writer.checkpoint(ENDED, "client-left")
         self.task.cancel()
 
     # --- wake-ups ----------------------------------------------------------------------------
@@ -185,15 +293,115 @@ class LiveRun:
         await self._wake.wait()
 
 
+class _StoreWriter:
+    """One durable run's writes to its store, grouped: what comes while a write is in flight
+    goes in the next one. Readers are told each stored seq (`on_stored`)."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        run_id: str,
+        *,
+        owner: str,
+        lease_seconds: float,
+        create: StoredRun | None,
+        on_stored: Callable[[int], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.owner = owner
+        self.lease_seconds = lease_seconds
+        self.on_stored = on_stored
+        self._create = create
+        self._frames: list[tuple[int, str, str]] = []
+        self._checkpoints: list[tuple[str, str]] = []
+        self._last_seq = 0
+        self._task: asyncio.Task[None] | None = None
+        self._calls: dict[str, tuple[str, Any]] = {}
+        """The last model turn's calls: id -> (its checkpoint key, its arguments)."""
+
+    # Encoded now, when published: what is journalled is what was sent, whatever changes later.
+
+    def frame(self, frame: Frame) -> None:
+        stored = _by_reference(frame, self._calls)
+        self._frames.append((frame.seq, frame.event, encode(stored.data)))
+        self._last_seq = frame.seq
+        self._kick()
+
+    def checkpoint(self, key: str, value: Any) -> None:
+        if key.startswith("model:") and isinstance(value, Mapping):
+            self._calls = {
+                str(call[0]): (key, call[2]) for call in value.get("calls") or () if len(call) == 3
+            }
+        self._checkpoints.append((key, encode(value)))
+        self._kick()
+
+    def _kick(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                self._drain(), name=f"journal:{self.run_id}"
+            )
+
+    async def _drain(self) -> None:
+        while self._frames or self._checkpoints or self._create is not None:
+            frames, self._frames = self._frames, []
+            checkpoints, self._checkpoints = self._checkpoints, []
+            create, self._create = self._create, None
+            try:
+                await self.store.append(
+                    self.run_id,
+                    frames,
+                    checkpoints,
+                    create=create,
+                    owner=self.owner,
+                    lease_seconds=self.lease_seconds,
+                )
+            except Exception:
+                # The run goes on (its client still gets its frames); only a restart would
+                # lose what this write held. Said loudly: durability is degraded.
+                log.error(
+                    "durable run journal write failed; frames sent unjournalled",
+                    run=self.run_id,
+                    exc_info=True,
+                )
+            if frames and self.on_stored is not None:
+                self.on_stored(frames[-1][0])
+
+    async def flushed(self) -> None:
+        """Return once everything given so far is stored (or its write failed)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+
 class LiveRuns:
     """The app's live (and recently finished) runs, by endpoint path and conversation.
 
-    The embedded `contracts.RunJournal`: journals live in this process's memory.
+    The embedded `contracts.RunJournal`: journals live in this process's memory and, with a
+    `store` (durable runs), in the store too (see the module docstring).
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        store: RunStore | None = None,
+        *,
+        lease_seconds: float = LEASE_SECONDS,
+        keep_seconds: float = KEEP_FINISHED_SECONDS,
+    ) -> None:
+        self.store = store
+        self.lease_seconds = lease_seconds
+        self.keep_seconds = keep_seconds
+        self.owner = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex}"
+        """This process as a lease owner (`host/pid/token`, see `RunStore`)."""
         self._runs: dict[tuple[str, str], list[LiveRun]] = {}
         self._finished: OrderedDict[int, LiveRun] = OrderedDict()
+        self._resume: Resume | None = None
+        self._keeper: asyncio.Task[None] | None = None
+        self._closers: set[asyncio.Task[None]] = set()
+        self._opened = False
+
+    @property
+    def durable(self) -> bool:
+        return self.store is not None
 
     def start(
         self,
@@ -202,19 +410,47 @@ class LiveRuns:
         path: str,
         conversation_id: str,
         user_id: str | None,
+        session_id: str | None = None,
+        message: str = "",
     ) -> LiveRun:
         """Run `work(live)` in its own task, writing its frames into a new journal."""
-        live = LiveRun(path, conversation_id, user_id)
+        writer = None
+        if self.store is not None:
+            session_id = session_id or uuid.uuid4().hex
+            run_id = uuid.uuid4().hex
+            writer = _StoreWriter(
+                self.store,
+                run_id,
+                owner=self.owner,
+                lease_seconds=self.lease_seconds,
+                create=StoredRun(
+                    run_id=run_id,
+                    path=path,
+                    conversation_id=conversation_id,
+                    user_id=user_id,
+                    session_id=session_id,
+                    message=message,
+                    started_at=time.time(),
+                ),
+            )
+        live = LiveRun(path, conversation_id, user_id, session_id=session_id, writer=writer)
+        return self._launch(live, work)
+
+    def _launch(
+        self, live: LiveRun, work: Callable[[LiveRunHandle], Coroutine[Any, Any, Any]]
+    ) -> LiveRun:
+        if live._writer is not None:
+            live._writer.on_stored = live._stored
         live.task = asyncio.get_running_loop().create_task(
-            work(live), name=f"prompt:{path}:{conversation_id}"
+            work(live), name=f"prompt:{live.path}:{live.conversation_id}"
         )
         live.task.add_done_callback(lambda _: self._finish(live))
-        runs = self._runs.setdefault((path, conversation_id), [])
+        runs = self._runs.setdefault((live.path, live.conversation_id), [])
         runs.append(live)
         self._trim(runs)
         return live
 
-    def find(
+    async def find(
         self, path: str, conversation_id: str, *, session_id: str | None = None
     ) -> LiveRun | None:
         """The run `session_id` names, else the oldest unfinished run, else the newest one."""
@@ -229,22 +465,144 @@ class LiveRuns:
                 return live
         return runs[-1] if runs else None
 
+    # --- durable: resume, leases, expiry ------------------------------------------------------
+
+    async def open(self, resume: Resume) -> None:
+        """Open the store, resume the unfinished runs it holds, and keep leases alive."""
+        if self.store is None or self._opened:
+            return
+        self._opened = True
+        await self.store.open()
+        self._resume = resume
+        await self._claim()
+        self._keeper = asyncio.get_running_loop().create_task(self._keep(), name="run-journal")
+
+    async def _claim(self) -> None:
+        assert self.store is not None
+        for stored in await self.store.claim(self.owner, self.lease_seconds, CLAIM_BATCH):
+            try:
+                await self._resume_one(stored)
+            except Exception:
+                # One unreadable run must not keep the others (or the server) from starting.
+                log.error("could not resume a durable run", run=stored.run_id, exc_info=True)
+
+    async def _resume_one(self, stored: StoredRun) -> None:
+        assert self.store is not None
+        assert self._resume is not None
+        resume = self._resume
+        checkpoints, frames = await self.store.load(stored.run_id, JOURNAL_FRAMES)
+        if ENDED in checkpoints or (frames and frames[-1].terminal):
+            # It ended (its turn is in the history: that is journalled before the last frame)
+            # or its client stopped it, but it died before it was marked finished: nothing to
+            # run again.
+            await self.store.finish(stored.run_id)
+            return
+        writer = _StoreWriter(
+            self.store,
+            stored.run_id,
+            owner=self.owner,
+            lease_seconds=self.lease_seconds,
+            create=None,
+        )
+        live = LiveRun(
+            stored.path,
+            stored.conversation_id,
+            stored.user_id,
+            session_id=stored.session_id,
+            writer=writer,
+            checkpoints=checkpoints,
+            frames=_resolved(frames, checkpoints),
+        )
+        live.detached = True
+        log.info(
+            "resuming a durable run",
+            endpoint=stored.path,
+            conversation=stored.conversation_id,
+            run=stored.run_id,
+            checkpoints=len(checkpoints),
+            last_seq=live.start_seq,
+        )
+
+        def work(handle: LiveRunHandle) -> Coroutine[Any, Any, Any]:
+            return resume(handle, stored)
+
+        self._launch(live, work)
+
+    async def _keep(self) -> None:
+        """Every third of a lease: extend ours, take over expired ones, expire finished ones."""
+        assert self.store is not None
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            try:
+                await self.store.heartbeat(self.owner, self.lease_seconds)
+                await self._claim()
+                await self.store.expire(time.time() - self.keep_seconds)
+            except Exception:
+                log.warning("run journal upkeep failed; retrying", exc_info=True)
+
+    # --- shutdown -------------------------------------------------------------------------
+
     async def aclose(self) -> None:
-        """Cancel every unfinished run (shutdown) and wait for them to unwind."""
-        tasks = [
-            live.task
+        """Shutdown: end every reader with an `error` frame, stop every unfinished run and wait
+        for it to unwind; durable runs stay unfinished in the store, released for a restart."""
+        message = RESTARTING if self.store is not None else STOPPING
+        live_runs = [
+            live
             for runs in self._runs.values()
             for live in runs
             if live.task is not None and not live.task.done()
         ]
+        for live in live_runs:
+            live.interrupt(message)
+        tasks = [live.task for live in live_runs if live.task is not None]
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=10)
+        if self._closers:
+            await asyncio.wait(set(self._closers), timeout=10)
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+            self._keeper = None
+        if self.store is not None and self._opened:
+            try:
+                await self.store.release(self.owner)
+            finally:
+                await self.store.aclose()
+                self._opened = False
         self._runs.clear()
         self._finished.clear()
 
+    # --- bookkeeping ----------------------------------------------------------------------
+
     def _finish(self, live: LiveRun) -> None:
+        if live._writer is not None:
+            closer = asyncio.get_running_loop().create_task(self._finish_durable(live))
+            self._closers.add(closer)
+            closer.add_done_callback(self._closers.discard)
+            return
+        self._finished_now(live)
+
+    async def _finish_durable(self, live: LiveRun) -> None:
+        """Store the run's last frames before readers see its end, then compact it (unless a
+        shutdown suspended it: it stays unfinished, to resume)."""
+        writer = live._writer
+        assert writer is not None
+        assert self.store is not None
+        try:
+            await writer.flushed()
+        finally:
+            self._finished_now(live)
+        if live.suspended:
+            return
+        try:
+            await self.store.finish(writer.run_id)
+        except Exception:
+            log.error("could not mark a durable run finished", run=writer.run_id, exc_info=True)
+
+    def _finished_now(self, live: LiveRun) -> None:
         live.finish()
         self._finished[id(live)] = live
         while len(self._finished) > KEPT_FINISHED_RUNS:
@@ -273,6 +631,58 @@ class LiveRuns:
             runs.remove(live)
         if not runs:
             del self._runs[key]
+
+
+def encode(value: Any) -> str:
+    """JSON as a `RunStore` takes it: compact, ASCII (a lone surrogate a model sent survives as
+    an escape; it is also CPython's fastest encoder)."""
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+REFERENCE = "$model"
+"""A stored `tool-start` frame's `arguments` as `{"$model": "<checkpoint key>"}`: the very
+arguments of that call in that model turn's checkpoint (a large argument is stored once)."""
+
+
+def _by_reference(frame: Frame, calls: Mapping[str, tuple[str, Any]]) -> Frame:
+    """`frame` as the store keeps it: a `tool-start` whose arguments are the model's own refers
+    to the model turn's checkpoint instead of repeating them."""
+    if frame.event != events.TOOL_START:
+        return frame
+    known = calls.get(str(frame.data.get("toolCallId")))
+    if known is None or frame.data.get("arguments") != known[1]:
+        return frame
+    return Frame(
+        frame.event,
+        {**frame.data, "arguments": {REFERENCE: known[0]}},
+        frame.session_id,
+        frame.conversation_id,
+        frame.seq,
+    )
+
+
+def _resolved(frames: list[Frame], checkpoints: Mapping[str, Any]) -> list[Frame]:
+    """Stored frames as they were sent: references (`_by_reference`) replaced by arguments."""
+    out = []
+    for frame in frames:
+        arguments = frame.data.get("arguments")
+        if frame.event == events.TOOL_START and isinstance(arguments, Mapping):
+            key = arguments.get(REFERENCE)
+            turn = checkpoints.get(key) if isinstance(key, str) else None
+            if isinstance(turn, Mapping):
+                call_id = frame.data.get("toolCallId")
+                for call in turn.get("calls") or ():
+                    if call[0] == call_id:
+                        frame = Frame(
+                            frame.event,
+                            {**frame.data, "arguments": call[2]},
+                            frame.session_id,
+                            frame.conversation_id,
+                            frame.seq,
+                        )
+                        break
+        out.append(frame)
+    return out
 
 
 def _size(frame: Frame) -> int:

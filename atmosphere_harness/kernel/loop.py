@@ -3,6 +3,12 @@
 Build the request (stable system prompt, history, tools), ask the runtime, run the tool calls it
 asked for through the executor, feed the results back, and repeat until the model answers without
 tools or the round limit stops it.
+
+Durable runs: each model answer is journalled (`model:<n>`, in order with the frames, so before
+any frame that follows it is sent); a resumed run takes its journalled answers instead of asking
+the model again, and asks the model only for the turns its first life had not finished. The
+turn is written to history once (`history:<n>` marks it written), and not at all when a shutdown
+suspends the run (its next life writes the whole turn).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..cache import CacheHint, PromptCache
 from ..log import get_logger
-from ..runtimes.base import Message, ModelError, ModelRequest, ToolCall
+from ..runtimes.base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, Usage
 from ..tools.bounds import screen_calls
 from .executor import execute_calls
 
@@ -36,6 +42,8 @@ async def run_loop(run: RunContext, message: str, *, cache_hint: CacheHint | Non
     `CacheHint.none()` switches caching off for this prompt).
     """
     endpoint = run.endpoint
+    run.loops += 1
+    loop_index = run.loops
     history = await endpoint.history.load(run) if endpoint.history is not None else []
     user = Message.user(message)
     working: list[Message] = [*history, user]
@@ -44,16 +52,26 @@ async def run_loop(run: RunContext, message: str, *, cache_hint: CacheHint | Non
         cache_hint = CacheHint(endpoint.cache_policy)
     try:
         for _ in range(endpoint.max_rounds):
-            request = ModelRequest(
-                system_prompt=endpoint.system_prompt,
-                messages=tuple(working),
-                tools=endpoint.tool_specs(),
-                conversation_id=run.conversation_id,
-                cache_hint=cache_hint,
-            )
-            for interceptor in endpoint.interceptors:
-                request = await interceptor.before_request(run, request)
-            response = await endpoint.runtime.complete(request, on_text=run.session.send)
+            run.model_turns += 1
+            turn_key = f"model:{run.model_turns}"
+            recalled = run.recalled(turn_key)
+            if recalled is not None:
+                response = load_response(recalled)
+            else:
+                run.go_live()
+                request = ModelRequest(
+                    system_prompt=endpoint.system_prompt,
+                    messages=tuple(working),
+                    tools=endpoint.tool_specs(),
+                    conversation_id=run.conversation_id,
+                    cache_hint=cache_hint,
+                )
+                for interceptor in endpoint.interceptors:
+                    request = await interceptor.before_request(run, request)
+                response = await endpoint.runtime.complete(request, on_text=run.session.send)
+                if run.live is not None:
+                    await run.record(turn_key, dump_response(response))
+            run.current_turn = run.model_turns
             run.add_usage(response.usage)
             if not response.tool_calls:
                 answer = Message.assistant(response.text)
@@ -80,16 +98,52 @@ async def run_loop(run: RunContext, message: str, *, cache_hint: CacheHint | Non
             "(raise ATMOSPHERE_AI_MAX_TOOL_ROUNDS if this task needs more)"
         )
     finally:
-        await asyncio.shield(_finish_turn(run, complete_pairs(turn)))
+        if not run.suspended:
+            await asyncio.shield(_finish_turn(run, complete_pairs(turn), loop_index))
 
 
-async def _finish_turn(run: RunContext, turn: Sequence[Message]) -> None:
+async def _finish_turn(run: RunContext, turn: Sequence[Message], loop_index: int) -> None:
     """Persist and announce the turn, even when it ended in an error or a cancellation."""
     endpoint = run.endpoint
-    if endpoint.history is not None:
+    written = f"history:{loop_index}"
+    if endpoint.history is not None and run.recalled(written) is None:
         await endpoint.history.append(run, recorded(turn, endpoint.tools))
+        # Stored before anything else happens: a restart must not write the turn twice.
+        await run.record(written, 1, wait=True)
     for interceptor in endpoint.interceptors:
         await interceptor.after_turn(run, turn)
+
+
+def dump_response(response: ModelResponse) -> dict[str, object]:
+    """A model answer as a durable run journals it (JSON)."""
+    data: dict[str, object] = {"text": response.text}
+    if response.tool_calls:
+        data["calls"] = [[call.id, call.name, call.arguments] for call in response.tool_calls]
+    usage = response.usage.to_wire()
+    if any(usage.values()):
+        data["usage"] = usage
+    if response.stop_reason is not None:
+        data["stop"] = response.stop_reason
+    return data
+
+
+def load_response(data: Mapping[str, object]) -> ModelResponse:
+    """`dump_response` read back."""
+    calls = data.get("calls") or []
+    usage = data.get("usage") or {}
+    assert isinstance(calls, list)
+    assert isinstance(usage, dict)
+    return ModelResponse(
+        text=str(data.get("text", "")),
+        tool_calls=tuple(ToolCall(name, arguments, call_id) for call_id, name, arguments in calls),
+        usage=Usage(
+            input_tokens=int(usage.get("inputTokens", 0)),
+            output_tokens=int(usage.get("outputTokens", 0)),
+            cache_read_tokens=int(usage.get("cacheReadTokens", 0)),
+            cache_write_tokens=int(usage.get("cacheWriteTokens", 0)),
+        ),
+        stop_reason=data.get("stop") if isinstance(data.get("stop"), str) else None,  # type: ignore[arg-type]
+    )
 
 
 def recorded(turn: Sequence[Message], tools: Mapping[str, Tool]) -> list[Message]:

@@ -8,9 +8,9 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..contracts import Endpoint, FrameSink, TypedMap
+from ..contracts import Endpoint, FrameSink, LiveRunHandle, TypedMap
 from ..log import get_logger
-from ..runtimes.base import Usage
+from ..runtimes.base import ToolCall, Usage
 from .endpoint import HostedEndpoint
 from .session import StreamingSession
 
@@ -37,14 +37,30 @@ class RunContext:
         sink: FrameSink,
         parent: RunContext | None = None,
         holder: Holder | None = None,
+        live: LiveRunHandle | None = None,
     ) -> None:
         self.host = host
         self.endpoint = endpoint
         self.conversation_id = conversation_id
         self.user_id = user_id
         self.parent = parent
-        self.session_id = uuid.uuid4().hex
-        self.session = StreamingSession(self, sink)
+        self.live = live if live is not None and live.durable and parent is None else None
+        """The durable journal of this (top-level) run; `None` when durable runs are off."""
+        self.session_id = (
+            live.session_id if live is not None and live.session_id else uuid.uuid4().hex
+        )
+        self.replaying = self.live is not None and bool(self.live.checkpoints)
+        """A resumed run replays its first life (its frames are not sent again) until it does
+        the first thing that life had not finished (`go_live`)."""
+        self.model_turns = 0
+        """Model turns this run took (replayed ones included): the key of each turn's checkpoint."""
+        self.current_turn = 0
+        """The model turn whose tool calls run now (scopes their checkpoints)."""
+        self.loops = 0
+        """`session.stream` calls so far (scopes the history checkpoint of each)."""
+        self.session = StreamingSession(
+            self, sink, start_seq=self.live.start_seq if self.live else 0
+        )
         self.usage = Usage()
         self.state = TypedMap()
         """Per-run scratch space for primitives (keyed by the primitive's own `Key`s)."""
@@ -83,6 +99,46 @@ class RunContext:
         root = self.root
         return root._holder() if root._holder is not None else contextlib.nullcontext()
 
+    # --- durable runs -----------------------------------------------------------------------
+
+    @property
+    def suspended(self) -> bool:
+        """Stopped by a shutdown, to resume on restart: leave no trace of an end."""
+        live = self.root.live
+        return live is not None and live.suspended
+
+    def go_live(self) -> None:
+        """The replay of a resumed run is over: from here on its frames are new and sent."""
+        root = self.root
+        if root.replaying:
+            root.replaying = False
+            log.info(
+                "resumed run caught up with its journal",
+                endpoint=root.endpoint.path,
+                conversation=root.conversation_id,
+            )
+
+    def recalled(self, key: str) -> Any | None:
+        """What the first life journalled under `key` (only in a resumed top-level run)."""
+        live = self.live
+        return live.checkpoints.get(key) if live is not None else None
+
+    async def record(self, key: str, value: Any, *, wait: bool = False) -> None:
+        if self.live is not None:
+            await self.live.checkpoint(key, value, wait=wait)
+
+    def call_key(self, call: ToolCall, kind: str) -> str:
+        return f"{kind}:{self.current_turn}:{call.id}"
+
+    def recall(self, call: ToolCall, kind: str) -> Any | None:
+        return self.recalled(self.call_key(call, kind)) if self.live is not None else None
+
+    async def checkpoint(
+        self, call: ToolCall, kind: str, value: Any, *, wait: bool = False
+    ) -> None:
+        if self.live is not None:
+            await self.live.checkpoint(self.call_key(call, kind), value, wait=wait)
+
     def child(self, endpoint: Endpoint, *, conversation_id: str, sink: FrameSink) -> RunContext:
         """A sub-agent's run inside this one, on an endpoint `derive` built."""
         if not isinstance(endpoint, HostedEndpoint):
@@ -107,12 +163,15 @@ async def execute_prompt(
     sink: FrameSink,
     parent: RunContext | None = None,
     holder: Holder | None = None,
+    live: LiveRunHandle | None = None,
 ) -> RunContext:
     """Call the endpoint's `@prompt` method for one message and finish its stream.
 
     The stream always ends with exactly one `complete` or `error` frame, whatever the method
-    does; prompts of one conversation run one at a time. `parent` makes the run part of another
-    (a fleet member answering a coordinator); `holder` keeps it alive past its connection.
+    does (unless a shutdown suspends a durable run: its next life ends it); prompts of one
+    conversation run one at a time. `parent` makes the run part of another (a fleet member
+    answering a coordinator); `holder` keeps it alive past its connection; `live` is its
+    journal (a durable one makes the run resumable, and replays a resumed run's first life).
     """
     run = RunContext(
         host=host,
@@ -122,6 +181,7 @@ async def execute_prompt(
         sink=sink,
         parent=parent,
         holder=holder,
+        live=live,
     )
     session = run.session
     spec = endpoint.spec
@@ -141,6 +201,8 @@ async def execute_prompt(
     except asyncio.CancelledError:
         raise
     except Exception as exc:
+        if run.suspended:
+            raise
         log.warning("prompt run failed", endpoint=endpoint.path, error=str(exc), exc_info=True)
         await session.error(exc)
     return run

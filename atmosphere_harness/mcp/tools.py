@@ -56,6 +56,14 @@ def kind_of(tool: mcp_types.Tool) -> ToolKind:
     return ToolKind.OTHER
 
 
+def idempotent(tool: mcp_types.Tool) -> bool:
+    """Whether a durable run may call `tool` again after a restart cut a call off: only when
+    the server says so (`idempotentHint` or `readOnlyHint`); any other MCP call has effects
+    outside the harness, so, like a user tool, it runs at most once."""
+    hints = tool.annotations
+    return hints is not None and (hints.idempotent_hint is True or hints.read_only_hint is True)
+
+
 def schema_of(tool: mcp_types.Tool) -> dict[str, Any]:
     schema = dict(tool.input_schema or {})
     schema.setdefault("type", "object")
@@ -91,6 +99,7 @@ def as_tool(connection: MCPConnection, remote: mcp_types.Tool, name: str) -> Too
         handler=handler,
         kind=kind_of(remote),
         origin=origin(connection.name),
+        idempotent=idempotent(remote),
     )
 
 

@@ -5,6 +5,10 @@ one at a time in submission order (SQLite allows a single writer anyway) and the
 waits on disk. This is what `aiosqlite` does, in the few lines the harness needs, without the
 dependency. The file runs in WAL mode with `synchronous=NORMAL`: a crash of the process loses
 nothing committed; a power cut can lose the last transactions, never corrupt the file.
+
+`SqliteDatabase.shared(path)` gives every user of one file in a process (the history, long-term
+memory, the durable run journal) the same instance: one connection and one thread, so they never
+wait on each other's write lock; it closes when its last user closes it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ T = TypeVar("T")
 DATABASE_FILE = "atmosphere.db"
 """The harness's embedded database, directly under `workspace_root`."""
 
+_SHARED: dict[Path, SqliteDatabase] = {}
+
 
 class SqliteDatabase:
     """A lazily opened SQLite file with its own thread; `schema` scripts run once on open."""
@@ -34,21 +40,48 @@ class SqliteDatabase:
         self._executor: ThreadPoolExecutor | None = None
         self._guard = threading.Lock()
         self._closed = False
+        self._users = 0
+        """Users of a `shared` instance that have not closed it yet."""
+        self._late: list[Callable[[sqlite3.Connection], object]] = []
+        """Schemas and migrations added to a shared instance after it opened: run before its
+        next operation."""
+
+    @classmethod
+    def shared(cls, path: str | Path) -> SqliteDatabase:
+        """This process's instance for `path`, one more user counted (`aclose` un-counts)."""
+        key = Path(path).absolute()
+        database = _SHARED.get(key)
+        if database is None or database._closed:
+            database = _SHARED[key] = cls(key)
+        database._users += 1
+        return database
 
     def add_schema(self, script: str) -> None:
-        """Register DDL (idempotent `CREATE ... IF NOT EXISTS`) to run when the file opens."""
-        if self._connection is not None or self._closed:
-            raise RuntimeError(f"database {self.path} is already open: add schemas before")
+        """Register DDL (idempotent `CREATE ... IF NOT EXISTS`) to run when the file opens
+        (on a shared instance already open: before its next operation)."""
+        if self._closed:
+            raise RuntimeError(f"database {self.path} is closed")
+        if self._connection is not None or self._executor is not None:
+            if not self._users:
+                raise RuntimeError(f"database {self.path} is already open: add schemas before")
+            self._late.append(lambda connection: connection.executescript(script))
+            return
         self._schemas.append(script)
 
     def add_migration(self, migrate: Callable[[sqlite3.Connection], None]) -> None:
         """Register `migrate(connection)` to run on open, after every schema script.
 
         For what DDL alone cannot do on a file written by an older version (a new column that
-        needs filling, an index that needs its rows cleaned first); it must be idempotent.
+        needs filling, an index that needs its rows cleaned first); it must be idempotent. On a
+        shared instance already open, it runs before the next operation.
         """
-        if self._connection is not None or self._closed:
-            raise RuntimeError(f"database {self.path} is already open: add migrations before")
+        if self._closed:
+            raise RuntimeError(f"database {self.path} is closed")
+        if self._connection is not None or self._executor is not None:
+            if not self._users:
+                raise RuntimeError(f"database {self.path} is already open: add migrations before")
+            self._late.append(migrate)
+            return
         self._migrations.append(migrate)
 
     async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -69,6 +102,8 @@ class SqliteDatabase:
     def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
         if self._connection is None:
             self._connection = self._connect()
+        while self._late:
+            self._late.pop(0)(self._connection)
         return work(self._connection)
 
     def _connect(self) -> sqlite3.Connection:
@@ -92,9 +127,15 @@ class SqliteDatabase:
         return connection
 
     async def aclose(self) -> None:
-        """Checkpoint the WAL into the main file and close; later calls raise."""
+        """Checkpoint the WAL into the main file and close; later calls raise. A shared
+        instance closes when its last user closes it."""
         if self._closed:
             return
+        if self._users > 1:
+            self._users -= 1
+            return
+        if _SHARED.get(self.path) is self:
+            del _SHARED[self.path]
         executor = self._executor
         if executor is not None:
             await asyncio.get_running_loop().run_in_executor(executor, self._close_connection)

@@ -88,6 +88,9 @@ class Tool:
     timeout: float | None = None
     origin: str = "user"
     """`user` for host tools, otherwise the primitive that registered it (e.g. `planning`)."""
+    idempotent: bool = False
+    """Durable runs: a call a restart cut off runs again (`True`) instead of being answered
+    `interrupted` (user tools run at most once unless they say so; built-ins always re-run)."""
     native: Mapping[str, Any] | None = None
     """A provider-native declaration, see `ToolSpec.native`."""
     history_arguments: HistoryArguments | None = None
@@ -121,6 +124,7 @@ class ToolOptions:
     concurrent: bool = False
     description: str | None = None
     timeout: float | None = None
+    idempotent: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -140,6 +144,7 @@ def tool(
     concurrent: bool = False,
     description: str | None = None,
     timeout: float | None = None,
+    idempotent: bool = False,
 ) -> Callable[[F], F]: ...
 
 
@@ -151,6 +156,7 @@ def tool(
     concurrent: bool = False,
     description: str | None = None,
     timeout: float | None = None,
+    idempotent: bool = False,
 ) -> Any:
     """Mark a function (or an agent method) as a tool.
 
@@ -158,6 +164,9 @@ def tool(
     descriptions come from the docstring (Google style `Args:`). Parameters annotated with an
     injectable type (`ToolContext`, `PlanStore`, `AgentFileSystem`, ...) are filled by the harness
     and never shown to the model. The function is returned unchanged, so it stays callable.
+
+    `idempotent=True` says running a call twice does no harm: with durable runs, a call a
+    restart cut off then runs again, instead of being answered `interrupted`.
 
     Example:
         ```python
@@ -179,6 +188,7 @@ def tool(
         concurrent=concurrent,
         description=description,
         timeout=timeout,
+        idempotent=idempotent,
     )
     if options.name is not None and not _NAME.match(options.name):
         raise ValueError(f"invalid tool name {options.name!r}: use letters, digits, _ or -")
@@ -248,6 +258,7 @@ def build_tool(fn: Callable[..., Any], *, bind: object | None = None) -> Tool:
         requires_approval=options.requires_approval,
         concurrent=options.concurrent,
         timeout=options.timeout,
+        idempotent=options.idempotent,
     )
 
 

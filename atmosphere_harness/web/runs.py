@@ -5,6 +5,11 @@ The stream replays the frames of the run after `Last-Event-ID` (a frame's `seq`;
 run (every frame carries it); without it, the conversation's oldest unfinished run, else its most
 recent one. An id from another run (a `sessionId` that does not match) replays from the start.
 404 when the conversation has no live or recently finished run (or it belongs to another user).
+
+With durable runs, a run the server was running when it was killed is resumed at start-up with
+its journalled frames, so a client re-attaches after a restart with the `Last-Event-ID` it had:
+it gets the frames it missed (the resumed run's new ones continue the same seqs). A run that
+finished before the restart is in the conversation's history, not here.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ def run_event_routes(spec: AgentSpec) -> list[RouteSpec]:
             check_conversation_id(conversation_id)
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
-        live = host.runs.find(endpoint.path, conversation_id, session_id=session_id)
+        live = await host.runs.find(endpoint.path, conversation_id, session_id=session_id)
         if live is None or (live.user_id is not None and live.user_id != user_id):
             raise HTTPException(404, f"no run to follow in conversation {conversation_id!r}")
         raw = last_event_id if last_event_id is not None else resume_from

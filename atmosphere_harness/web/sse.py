@@ -18,6 +18,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextvars import ContextVar
 
+import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from sse_starlette.sse import SendTimeoutError
 from starlette.types import Receive, Scope, Send
@@ -26,12 +27,15 @@ from ..contracts import LiveRunHandle
 from ..events import Frame
 from ..kernel.endpoint import HostedEndpoint
 from ..kernel.host import HarnessHost
+from ..kernel.journal import RESTARTING, STOPPING
 from ..log import get_logger
 
 log = get_logger(__name__)
 
 SEND_TIMEOUT = 30.0
 PING_SECONDS = 15
+SHUTDOWN_GRACE = 1.0
+"""Seconds a stream has, once the server is stopping, to send its last `error` frame."""
 QUEUE_FRAMES = 256
 """Frames a transport may buffer for one slow client (the WebSocket outbox)."""
 
@@ -139,19 +143,35 @@ def follow_run(live: LiveRunHandle, after: int) -> EventSourceResponse:
 def _follow(
     open_run: Callable[[], LiveRunHandle], after: int, conversation_id: str
 ) -> EventSourceResponse:
+    stopping = anyio.Event()
+
     # The run starts inside the generator: a response that never streams never starts one.
     async def events() -> AsyncIterator[ServerSentEvent]:
-        async for frame in open_run().follow(after):
-            yield frame_event(frame)
-            # A replay (or a burst) is written without the loop ever running in between, so a
-            # client gone after its first frame would not be noticed until all were written
-            # into the dead socket (one asyncio WARNING each). One turn of the loop per frame
-            # lets the server see the disconnect and drop the rest.
-            await asyncio.sleep(0)
+        live = open_run()
+        # When the server stops, the stream ends with an `error` frame saying so (and a
+        # durable run is suspended, to resume on restart) instead of just being cut.
+        watcher = asyncio.get_running_loop().create_task(_interrupt_on(stopping, live))
+        try:
+            async for frame in live.follow(after):
+                yield frame_event(frame)
+                # A replay (or a burst) is written without the loop ever running in between, so
+                # a client gone after its first frame would not be noticed until all were
+                # written into the dead socket (one asyncio WARNING each). One turn of the loop
+                # per frame lets the server see the disconnect and drop the rest.
+                await asyncio.sleep(0)
+        finally:
+            watcher.cancel()
 
     return HarnessEventSource(
         events(),
         ping=PING_SECONDS,
         send_timeout=SEND_TIMEOUT,
         headers={"X-Conversation-Id": conversation_id},
+        shutdown_event=stopping,
+        shutdown_grace_period=SHUTDOWN_GRACE,
     )
+
+
+async def _interrupt_on(stopping: anyio.Event, live: LiveRunHandle) -> None:
+    await stopping.wait()
+    live.interrupt(RESTARTING if live.durable else STOPPING)

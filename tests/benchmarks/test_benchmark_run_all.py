@@ -21,11 +21,21 @@ NAMES = [
     "batch_write_per_call",
     "batch_read_per_call",
     "storage_amplification",
+    "storage_amplification_durable",
+    "durable_overhead_1k",
+    "durable_overhead_50k",
     "grep_common_all",
     "grep_rare",
     "plan_fanout_p99",
     "turn_overhead_10k_conversations",
 ]
+
+UNITS = {
+    "storage_amplification": "x",
+    "storage_amplification_durable": "x",
+    "durable_overhead_1k": "%",
+    "durable_overhead_50k": "%",
+}
 
 
 def test_results_json_has_every_name_and_the_figures_of_what_ran(tmp_path: Path) -> None:
@@ -48,7 +58,7 @@ def test_results_json_has_every_name_and_the_figures_of_what_ran(tmp_path: Path)
     assert list(results) == NAMES
     for name, figure in results.items():
         assert set(figure) == {"ours", "peer", "unit", "ratio"}
-        assert figure["unit"] == ("x" if name == "storage_amplification" else "ms")
+        assert figure["unit"] == UNITS.get(name, "ms")
     scaled = results["turn_overhead_10k_conversations"]
     assert scaled["ours"] > 0
     assert scaled["peer"] is None

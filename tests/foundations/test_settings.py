@@ -93,6 +93,8 @@ KEYS = [
         PromptCacheKeyMode.DISABLED,
     ),
     ("durable_runs", "ATMOSPHERE_DURABLE_RUNS_ENABLED", None, "true", True, False),
+    ("durable_runs_keep_seconds", "ATMOSPHERE_DURABLE_RUNS_KEEP_SECONDS", None, "60", 60.0, 5.0),
+    ("durable_runs_lease_seconds", "ATMOSPHERE_DURABLE_RUNS_LEASE_SECONDS", None, "3", 3.0, 9.0),
     ("llm_runtime", "LLM_RUNTIME", None, "scripted", RuntimeChoice.SCRIPTED, RuntimeChoice.AUTO),
     ("llm_model", "LLM_MODEL", None, "gpt-x", "gpt-x", "other"),
     (

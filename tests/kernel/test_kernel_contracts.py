@@ -107,9 +107,11 @@ class RecordingJournal(LiveRuns):
         super().__init__()
         self.started: list[str] = []
 
-    def start(self, work, *, path, conversation_id, user_id):  # type: ignore[no-untyped-def]
+    def start(self, work, *, path, conversation_id, user_id, **more):  # type: ignore[no-untyped-def]
         self.started.append(conversation_id)
-        return super().start(work, path=path, conversation_id=conversation_id, user_id=user_id)
+        return super().start(
+            work, path=path, conversation_id=conversation_id, user_id=user_id, **more
+        )
 
 
 async def test_a_backend_slots_in_without_touching_a_primitive(workspace: Path) -> None:

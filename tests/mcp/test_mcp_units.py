@@ -6,7 +6,7 @@ import mcp_types
 import pytest
 
 from atmosphere_harness import MCPServerHTTP, MCPServerStdio, ToolKind
-from atmosphere_harness.mcp.tools import kind_of, render
+from atmosphere_harness.mcp.tools import idempotent, kind_of, render
 
 
 @pytest.mark.parametrize(
@@ -46,6 +46,15 @@ def test_annotations_map_to_tool_kinds() -> None:
     assert kind_of(_tool(read_only_hint=True)) is ToolKind.READ
     assert kind_of(_tool(destructive_hint=False)) is ToolKind.OTHER
     assert kind_of(_tool()) is ToolKind.OTHER, "an unannotated tool is not assumed destructive"
+
+
+def test_only_annotated_mcp_tools_may_run_again_after_a_restart() -> None:
+    # Durable runs answer an MCP call a restart cut off `interrupted` unless the server says a
+    # second call is harmless.
+    assert idempotent(_tool(idempotent_hint=True))
+    assert idempotent(_tool(read_only_hint=True))
+    assert not idempotent(_tool(destructive_hint=True))
+    assert not idempotent(_tool()), "an unannotated tool runs at most once"
 
 
 def test_results_render_text_exactly_and_describe_the_rest() -> None:

@@ -38,8 +38,11 @@ class ServerProcess:
         workspace: Path,
         log_path: Path,
         env: Mapping[str, str] | None = None,
+        module: str = "tests.reliability.server",
     ) -> None:
         self.kind = kind
+        self.module = module
+        """The module `python -m` runs: it prints `PORT <n>` and serves (see `serve_app`)."""
         self.workspace = workspace
         self.log_path = log_path
         self.env = dict(env or {})
@@ -68,7 +71,7 @@ class ServerProcess:
         )
         self._log = self.log_path.open("a", encoding="utf-8")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.reliability.server", self.kind],
+            [sys.executable, "-m", self.module, self.kind],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
@@ -168,9 +171,14 @@ def running(
 
 
 def _serve(kind: str) -> None:
-    import uvicorn
-
     from tests.reliability.apps import create
+
+    serve_app(create(kind))
+
+
+def serve_app(app: object) -> None:
+    """Serve `app` on a free loopback port, printing `PORT <n>` first (what `start` reads)."""
+    import uvicorn
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY on accepted connections only
@@ -180,7 +188,7 @@ def _serve(kind: str) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(
-        create(kind),
+        app,  # type: ignore[arg-type]
         log_level="warning",
         lifespan="on",
         backlog=2048,

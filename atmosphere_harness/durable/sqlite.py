@@ -1,0 +1,332 @@
+"""`SqliteRunStore`: durable runs journalled in the harness's SQLite file (`atmosphere.db`).
+
+Three tables next to the conversation history: one row per run (who, where, the message, the
+lease), its frames (event and JSON data, the ids live on the run row) and its checkpoints (JSON
+by key). An `append` is one transaction; `SqliteDatabase` commits with WAL and
+`synchronous=NORMAL`, so what a committed append holds survives a SIGKILL of the process (a
+power cut may lose the last commits, never corrupt the file).
+
+Payloads of `PACK_FROM` bytes or more are stored zlib-compressed (level 1: about a third of the
+size of model-written text for a fraction of a millisecond, on the database thread), which keeps
+a run's writes, and so the WAL, small. A finished run is compacted at once: its frames and
+checkpoints are deleted (the history holds the turn now) and the run row waits for `expire`. The
+freed pages go back to the file system (`incremental_vacuum`) and a WAL grown past `WAL_TRIM`
+is checkpointed and truncated, so the journal adds next to nothing to the disk once runs end.
+
+Leases: the embedded store serves one process, but a killed process's runs must not wait for
+their lease to run out, so an owner id names its host and pid (`host/pid/token`): a run whose
+owner is a dead process on this host (or an earlier life of this very pid) is claimed at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import time
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..contracts import StoredRun
+from ..events import Frame
+from ..memory.sqlite import DATABASE_FILE, SqliteDatabase, Transaction
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS durable_runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL UNIQUE,
+    path TEXT NOT NULL,
+    conversation_id TEXT NOT NULL,
+    user_key TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    message TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    owner TEXT,
+    lease_until REAL NOT NULL DEFAULT 0,
+    finished_at REAL
+);
+CREATE INDEX IF NOT EXISTS durable_runs_unfinished
+    ON durable_runs (lease_until) WHERE finished_at IS NULL;
+CREATE TABLE IF NOT EXISTS durable_frames (
+    run INTEGER NOT NULL REFERENCES durable_runs (id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (run, seq)
+);
+CREATE TABLE IF NOT EXISTS durable_checkpoints (
+    run INTEGER NOT NULL REFERENCES durable_runs (id) ON DELETE CASCADE,
+    key TEXT NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (run, key)
+);
+"""
+
+PACK_FROM = 1024
+"""Payloads at least this long (bytes of JSON) are stored zlib-compressed."""
+WAL_TRIM = 256 * 1024
+"""A WAL larger than this after a run is compacted is checkpointed and truncated."""
+
+
+def _pack(text: str) -> bytes:
+    """ASCII JSON text as stored: as is (it starts with `{`, `[`, `"`, a digit...) or a zlib
+    stream of it (which starts with 0x78, as no JSON text does)."""
+    raw = text.encode("ascii")
+    return zlib.compress(raw, 1) if len(raw) >= PACK_FROM else raw
+
+
+def _unpack(stored: bytes | str) -> Any:
+    if isinstance(stored, str):
+        return json.loads(stored)
+    return json.loads(zlib.decompress(stored) if stored[:1] == b"\x78" else stored)
+
+
+def owner_id(token: str) -> str:
+    """An owner id for this process: `host/pid/token`."""
+    return f"{socket.gethostname()}/{os.getpid()}/{token}"
+
+
+def _owner_dead(owner: str | None, claimant: str) -> bool:
+    """Whether `owner` is a process of this host that no longer runs (never guessed remote)."""
+    if not owner or owner == claimant:
+        return False
+    parts = owner.rsplit("/", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname():
+        return False
+    try:
+        pid = int(parts[1])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return True  # an earlier life of this pid (a restarted container's pid 1)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class SqliteRunStore:
+    """A `contracts.RunStore` in an SQLite file (by default the harness's `atmosphere.db`)."""
+
+    name = "sqlite"
+
+    def __init__(self, path: Path, *, database: SqliteDatabase | None = None) -> None:
+        """`database`: a connection of its own instead of the process's shared one (tests of
+        two processes on one file use it)."""
+        self.path = path
+        self._own = database
+        if database is not None:
+            database.add_schema(SCHEMA)
+        self._database: SqliteDatabase | None = None
+        self._rows: dict[str, int] = {}
+        """run_id -> row id, for the runs this process appended to."""
+
+    @classmethod
+    def under(cls, workspace_root: Path) -> SqliteRunStore:
+        return cls(workspace_root / DATABASE_FILE)
+
+    @property
+    def database(self) -> SqliteDatabase:
+        if self._database is None:
+            raise RuntimeError("the durable run store is not open")
+        return self._database
+
+    async def open(self) -> None:
+        """Join the process's instance of the file (the history's, when it is the same file:
+        one connection, so the journal and the history never wait on each other's lock)."""
+        if self._database is None:
+            if self._own is not None:
+                self._database = self._own
+            else:
+                self._database = SqliteDatabase.shared(self.path)
+                self._database.add_schema(SCHEMA)
+        await self._database.open()
+
+    async def aclose(self) -> None:
+        if self._database is not None:
+            database, self._database = self._database, None
+            await database.aclose()
+
+    async def append(
+        self,
+        run_id: str,
+        frames: Sequence[tuple[int, str, str]],
+        checkpoints: Sequence[tuple[str, str]],
+        *,
+        create: StoredRun | None = None,
+        owner: str | None = None,
+        lease_seconds: float = 0.0,
+    ) -> None:
+        known = self._rows.get(run_id)
+
+        def work(connection: sqlite3.Connection) -> int:
+            # Compressed here, on the database thread (zlib lets go of the GIL meanwhile).
+            frame_rows = [(seq, event, _pack(data)) for seq, event, data in frames]
+            checkpoint_rows = [(key, _pack(value)) for key, value in checkpoints]
+            with Transaction(connection):
+                row = known
+                if create is not None:
+                    row = connection.execute(
+                        "INSERT INTO durable_runs (run_id, path, conversation_id, user_key, "
+                        "session_id, message, started_at, owner, lease_until) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                        (
+                            create.run_id,
+                            create.path,
+                            create.conversation_id,
+                            create.user_id or "",
+                            create.session_id,
+                            create.message,
+                            create.started_at,
+                            owner,
+                            time.time() + lease_seconds,
+                        ),
+                    ).fetchone()[0]
+                if row is None:
+                    found = connection.execute(
+                        "SELECT id FROM durable_runs WHERE run_id = ?", (run_id,)
+                    ).fetchone()
+                    if found is None:
+                        raise LookupError(f"durable run {run_id} is not in the store")
+                    row = int(found[0])
+                if frame_rows:
+                    connection.executemany(
+                        "INSERT OR REPLACE INTO durable_frames (run, seq, event, data) "
+                        "VALUES (?, ?, ?, ?)",
+                        [(row, *entry) for entry in frame_rows],
+                    )
+                if checkpoint_rows:
+                    connection.executemany(
+                        "INSERT OR REPLACE INTO durable_checkpoints (run, key, value) "
+                        "VALUES (?, ?, ?)",
+                        [(row, *entry) for entry in checkpoint_rows],
+                    )
+                return int(row)
+
+        self._rows[run_id] = await self.database.run(work)
+
+    async def load(self, run_id: str, limit: int) -> tuple[dict[str, Any], list[Frame]]:
+        def work(
+            connection: sqlite3.Connection,
+        ) -> tuple[tuple[Any, ...] | None, list[Any], list[Any]]:
+            run = connection.execute(
+                "SELECT id, session_id, conversation_id FROM durable_runs WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+            if run is None:
+                return None, [], []
+            checkpoints = connection.execute(
+                "SELECT key, value FROM durable_checkpoints WHERE run = ?", (run[0],)
+            ).fetchall()
+            frames = connection.execute(
+                "SELECT seq, event, data FROM durable_frames WHERE run = ? "
+                "ORDER BY seq DESC LIMIT ?",
+                (run[0], limit),
+            ).fetchall()
+            return run, checkpoints, frames
+
+        run, checkpoints, frames = await self.database.run(work)
+        if run is None:
+            return {}, []
+        self._rows[run_id] = int(run[0])
+        return (
+            {key: _unpack(value) for key, value in checkpoints},
+            [
+                Frame(event, _unpack(data), run[1], run[2], int(seq))
+                for seq, event, data in reversed(frames)
+            ],
+        )
+
+    async def claim(self, owner: str, lease_seconds: float, limit: int) -> list[StoredRun]:
+        def work(connection: sqlite3.Connection) -> list[Any]:
+            now = time.time()
+            with Transaction(connection):
+                rows = connection.execute(
+                    "SELECT id, run_id, path, conversation_id, user_key, session_id, message, "
+                    "started_at, owner, lease_until FROM durable_runs "
+                    "WHERE finished_at IS NULL AND (owner IS NULL OR owner != ?) "
+                    "ORDER BY started_at",
+                    (owner,),
+                ).fetchall()
+                taken = [row for row in rows if row[9] < now or _owner_dead(row[8], owner)][:limit]
+                connection.executemany(
+                    "UPDATE durable_runs SET owner = ?, lease_until = ? WHERE id = ?",
+                    [(owner, now + lease_seconds, row[0]) for row in taken],
+                )
+                return taken
+
+        taken = await self.database.run(work)
+        claimed = []
+        for row in taken:
+            self._rows[row[1]] = int(row[0])
+            claimed.append(
+                StoredRun(
+                    run_id=row[1],
+                    path=row[2],
+                    conversation_id=row[3],
+                    user_id=row[4] or None,
+                    session_id=row[5],
+                    message=row[6],
+                    started_at=float(row[7]),
+                )
+            )
+        return claimed
+
+    async def heartbeat(self, owner: str, lease_seconds: float) -> None:
+        until = time.time() + lease_seconds
+        await self.database.run(
+            lambda connection: connection.execute(
+                "UPDATE durable_runs SET lease_until = ? WHERE owner = ? AND finished_at IS NULL",
+                (until, owner),
+            )
+        )
+
+    async def release(self, owner: str) -> None:
+        await self.database.run(
+            lambda connection: connection.execute(
+                "UPDATE durable_runs SET lease_until = 0 WHERE owner = ? AND finished_at IS NULL",
+                (owner,),
+            )
+        )
+
+    async def finish(self, run_id: str) -> None:
+        now = time.time()
+
+        def work(connection: sqlite3.Connection) -> None:
+            with Transaction(connection):
+                row = connection.execute(
+                    "UPDATE durable_runs SET finished_at = ?, message = '' WHERE run_id = ? "
+                    "RETURNING id",
+                    (now, run_id),
+                ).fetchone()
+                if row is not None:
+                    connection.execute("DELETE FROM durable_frames WHERE run = ?", row)
+                    connection.execute("DELETE FROM durable_checkpoints WHERE run = ?", row)
+            # Give the compacted pages back (`auto_vacuum=INCREMENTAL`, see `SqliteDatabase`).
+            connection.executescript("PRAGMA incremental_vacuum;")
+            wal = self.path.with_name(self.path.name + "-wal")
+            try:
+                grown = wal.stat().st_size > WAL_TRIM
+            except OSError:
+                grown = False
+            if grown:
+                connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+        self._rows.pop(run_id, None)
+        await self.database.run(work)
+
+    async def expire(self, before: float) -> int:
+        def work(connection: sqlite3.Connection) -> int:
+            cursor = connection.execute(
+                "DELETE FROM durable_runs WHERE finished_at IS NOT NULL AND finished_at < ?",
+                (before,),
+            )
+            return cursor.rowcount
+
+        return await self.database.run(work)

@@ -1,0 +1,217 @@
+"""`SqliteRunStore` (the embedded `RunStore`) and the durable journal's ordering rule, in process.
+
+The restart behaviour itself is tested over real processes in `test_durable_restart`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from atmosphere_harness.contracts import LiveRunHandle, StoredRun
+from atmosphere_harness.durable import SqliteRunStore
+from atmosphere_harness.events import Frame
+from atmosphere_harness.kernel.journal import ENDED, LiveRuns, encode
+from atmosphere_harness.memory.sqlite import SqliteDatabase
+
+HOST = socket.gethostname()
+
+
+def stored(run_id: str = "run-1") -> StoredRun:
+    return StoredRun(run_id, "/p", "conv", "ann", "session", "hello", 1.0)
+
+
+def frame(seq: int, text: str = "x") -> tuple[int, str, str]:
+    return seq, "text", encode({"text": text})
+
+
+def checkpoint(key: str, value: Any) -> tuple[str, str]:
+    return key, encode(value)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteRunStore]:
+    store = SqliteRunStore.under(tmp_path)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+async def test_what_is_appended_is_loaded_back(store: SqliteRunStore) -> None:
+    big = "line of model text\n" * 500  # compressed on disk
+    odd = "lone \ud800 surrogate and é"  # not UTF-8 encodable: stored as ASCII escapes
+    await store.append(
+        "run-1",
+        [frame(1), frame(2, big)],
+        [checkpoint("model:1", {"text": odd}), checkpoint("tool:1:a", big)],
+        create=stored(),
+        owner="me",
+        lease_seconds=60,
+    )
+    await store.append("run-1", [frame(3)], [checkpoint("model:1", {"text": "replaced"})])
+    checkpoints, frames = await store.load("run-1", 2)
+    assert checkpoints == {"model:1": {"text": "replaced"}, "tool:1:a": big}
+    assert [(f.seq, f.data["text"]) for f in frames] == [(2, big), (3, "x")]
+    assert frames[0].session_id == "session"
+    _, every = await store.load("run-1", 10)
+    assert [f.seq for f in every] == [1, 2, 3]
+    await store.append("run-1", [], [checkpoint("odd", odd)])
+    assert (await store.load("run-1", 0))[0]["odd"] == odd
+
+
+async def test_a_live_lease_is_not_taken_an_expired_or_dead_one_is(
+    store: SqliteRunStore,
+) -> None:
+    await store.append("live", [], [], create=stored("live"), owner="far/1/x", lease_seconds=60)
+    await store.append("expired", [], [], create=stored("expired"), owner="far/1/x")
+    owner = f"{HOST}/{dead_pid()}/token"
+    await store.append("dead", [], [], create=stored("dead"), owner=owner, lease_seconds=60)
+    claimed = await store.claim("me", 60, 10)
+    assert sorted(run.run_id for run in claimed) == ["dead", "expired"]
+    assert claimed[0].message == "hello"
+    assert await store.claim("someone-else", 60, 10) == []  # now held by "me"
+    await store.release("me")
+    assert sorted(r.run_id for r in await store.claim("someone-else", 60, 10)) == [
+        "dead",
+        "expired",
+    ]
+
+
+async def test_heartbeat_keeps_a_lease(store: SqliteRunStore) -> None:
+    await store.append("run-1", [], [], create=stored(), owner="far/1/x", lease_seconds=0)
+    await store.heartbeat("far/1/x", 60)
+    assert await store.claim("me", 60, 10) == []
+
+
+async def test_two_claimants_never_get_the_same_run(tmp_path: Path) -> None:
+    # Two connections to one file, as two processes would have.
+    path = tmp_path / "atmosphere.db"
+    first = SqliteRunStore(path, database=SqliteDatabase(path))
+    second = SqliteRunStore(path, database=SqliteDatabase(path))
+    await first.open()
+    await second.open()
+    try:
+        for index in range(20):
+            await first.append(f"r{index}", [], [], create=stored(f"r{index}"), owner="gone")
+        got = await asyncio.gather(
+            *(store.claim(f"owner-{n}", 60, 100) for n, store in enumerate((first, second) * 3))
+        )
+        ids = [run.run_id for runs in got for run in runs]
+        assert sorted(ids) == sorted(f"r{index}" for index in range(20))
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_finish_compacts_and_expire_forgets(store: SqliteRunStore) -> None:
+    await store.append("run-1", [frame(1)], [checkpoint("k", 1)], create=stored(), owner="gone")
+    await store.finish("run-1")
+    assert await store.load("run-1", 10) == ({}, [])
+    assert await store.claim("me", 60, 10) == []
+    assert await store.expire(before=0) == 0
+    assert await store.expire(before=float("inf")) == 1
+
+
+class GatedStore(SqliteRunStore):
+    """Holds every append until the test opens the gate."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.gate = asyncio.Event()
+
+    async def append(
+        self,
+        run_id: str,
+        frames: Sequence[tuple[int, str, str]],
+        checkpoints: Sequence[tuple[str, str]],
+        **more: Any,
+    ) -> None:
+        await self.gate.wait()
+        await super().append(run_id, frames, checkpoints, **more)
+
+
+async def test_a_reader_never_gets_a_frame_the_store_does_not_hold(tmp_path: Path) -> None:
+    store = GatedStore(tmp_path / "atmosphere.db")
+    runs = LiveRuns(store)
+    published = asyncio.Event()
+
+    value = {"text": "first"}
+
+    async def work(live: LiveRunHandle) -> None:
+        await live.publish(Frame("text", {"text": "first"}, "session", "conv", 1))
+        await live.checkpoint("model:1", value)
+        value["text"] = "changed after it was journalled"
+        published.set()
+
+    await store.open()
+    try:
+        live = runs.start(work, path="/p", conversation_id="conv", user_id=None, message="m")
+        reader = live.follow(0)
+        first = asyncio.ensure_future(reader.__anext__())
+        await published.wait()
+        await asyncio.sleep(0.05)
+        assert not first.done()  # published, not stored yet: not readable
+        store.gate.set()
+        got = await first
+        assert got.data == {"text": "first"}
+        checkpoints, frames = await store.load(live_run_id(runs), 10)
+        assert checkpoints == {"model:1": {"text": "first"}}
+        assert [f.seq for f in frames] == [1]
+        await reader.aclose()
+    finally:
+        await runs.aclose()
+        await store.aclose()
+    assert os.path.exists(tmp_path / "atmosphere.db")
+
+
+def live_run_id(runs: LiveRuns) -> str:
+    [[live]] = runs._runs.values()
+    assert live._writer is not None
+    return live._writer.run_id
+
+
+async def test_a_run_that_ended_or_was_stopped_is_not_run_again(tmp_path: Path) -> None:
+    store = SqliteRunStore.under(tmp_path)
+    await store.open()
+    ended = (2, "complete", encode({"summary": "done"}))
+    await store.append("ended", [frame(1), ended], [], create=stored("ended"), owner="gone")
+    await store.append("cut", [frame(1)], [], create=stored("cut"), owner="gone")
+    stopped = [checkpoint(ENDED, "client-left")]  # its client stopped it
+    await store.append("stopped", [frame(1)], stopped, create=stored("stopped"), owner="gone")
+    await store.aclose()
+    resumed: list[str] = []
+    runs = LiveRuns(SqliteRunStore.under(tmp_path))
+
+    async def resume(live: LiveRunHandle, run: StoredRun) -> None:
+        resumed.append(run.run_id)
+        assert live.start_seq == 1
+        await live.publish(Frame("complete", {}, run.session_id, run.conversation_id, 2))
+
+    await runs.open(resume)
+    live = await runs.find("/p", "conv")
+    assert live is not None
+    assert [frame.seq async for frame in live.follow(0)] == [1, 2]
+    await runs.aclose()
+    assert resumed == ["cut"]
+    check = SqliteRunStore.under(tmp_path)
+    await check.open()
+    try:
+        assert await check.claim("anyone", 60, 10) == []  # all three finished now
+    finally:
+        await check.aclose()
