@@ -13,19 +13,21 @@ connection) serves every store; the host opens it before the primitives start.
 | approvals | `PostgresApprovalStore` (answers wake the waiting replica by `NOTIFY`) |
 | conversation history | `PostgresHistory` |
 | long-term memory | `PostgresLongTermMemory` (`tsvector` search, unique facts) |
+| durable runs (when enabled) | `PostgresRunStore` behind `kernel.journal.LiveRuns` |
 
 `PostgresAgentFileSystem` (workspace files as rows, issue 17) is built and tested but not wired
 yet: `ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres` needs its setting and a provider seam in the
 filesystem primitive (`docs/scale-out.md` says how it plugs in).
 
-The run journal stays in the process (the durable-runs issue gives it a storage protocol) and
-workspace files stay on the shared volume.
+Without durable runs the run journal stays in the process; workspace files stay on the shared
+volume.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ...kernel.journal import LiveRuns
 from ...settings import HarnessSettings
 from .. import StateBackends
 from .approvals import PostgresApprovalStore
@@ -35,10 +37,11 @@ from .history import PostgresHistory
 from .locks import PostgresConversationLocks
 from .long_term import PostgresLongTermMemory
 from .plans import PROTECT_SECONDS, PostgresPlanStore
+from .runs import LeaseLost, PostgresRunStore
 from .workspace import PostgresAgentFileSystem
 
 # Runtime truth (`long-term-memory`) and reprs show the import path users know.
-for _public in (PostgresLongTermMemory, PostgresHistory, PostgresPlanStore):
+for _public in (PostgresLongTermMemory, PostgresHistory, PostgresPlanStore, PostgresRunStore):
     _public.__module__ = __name__
 
 
@@ -68,7 +71,7 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
             protect_seconds=protect,
         )
 
-    return StateBackends(
+    backends = StateBackends(
         state="postgres",
         events="postgres",
         locks=locks,
@@ -81,10 +84,19 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
         ),
         resources=[database, locks],
     )
+    group = settings.groups.backends
+    if group.durable_runs:
+        backends.runs = LiveRuns(
+            PostgresRunStore(database),
+            lease_seconds=group.durable_runs_lease_seconds,
+            keep_seconds=group.durable_runs_keep_seconds,
+        )
+    return backends
 
 
 __all__ = [
     "BackendUnavailable",
+    "LeaseLost",
     "PostgresAgentFileSystem",
     "PostgresApprovalStore",
     "PostgresConversationLocks",
@@ -93,6 +105,7 @@ __all__ = [
     "PostgresLongTermMemory",
     "PostgresPlanBus",
     "PostgresPlanStore",
+    "PostgresRunStore",
     "owner_key",
     "postgres_backends",
     "redact",
