@@ -192,7 +192,8 @@ def test_replica_b_takes_over_a_run_of_killed_replica_a(replicas: Replicas) -> N
     assert {frame["sessionId"] for frame in before + after} == {before[0]["sessionId"]}
     assert after[-1]["event"] == "complete", after[-3:]
     assert [f["data"]["result"] for f in after if f["event"] == "tool-result"] == [INTERRUPTED]
-    assert replicas.a.process is not None and replicas.a.process.poll() is not None  # A is dead
+    assert replicas.a.process is not None
+    assert replicas.a.process.poll() is not None  # A is dead: B ran it
 
     prompt(replicas.b, "cut", "followup")
     # Turn 0 was journalled on A: never asked again. Turn 1 once, on B. The tool ran once.
@@ -203,3 +204,52 @@ def test_replica_b_takes_over_a_run_of_killed_replica_a(replicas: Replicas) -> N
     assert [m for m in cut_history if m[1] != INTERRUPTED] == [
         m for m in ref_history if m[1] != "rested"
     ]
+
+
+def test_an_approval_answered_on_b_while_a_is_dead_is_taken_over_with_the_run(
+    replicas: Replicas,
+) -> None:
+    prompt_approving(replicas.b, "ref", "approval please")
+    prompt(replicas.b, "ref", "followup")
+
+    # Replica A raises the approval and is SIGKILLed while it waits.
+    before: list[Frame] = []
+    body = {"message": "approval please", "conversationId": "cut"}
+    with httpx2.stream("POST", replicas.a.url + PATH, json=body, timeout=WAIT) as response:
+        read(sse_frames(response), lambda f: f["event"] == "approval-required", before)
+        replicas.a.kill()
+    approval_id = before[-1]["data"]["approvalId"]
+
+    # The approval is still pending (its row is shared): answered on B before any replica runs
+    # the run again, the answer is kept, and the run B resumes goes on with it.
+    answer(replicas.b, approval_id)
+    wait_for(lambda: replicas.calls("cut").get(1) == 1, "replica B to resume the run")
+    after = follow(replicas.b, "cut", before[-1]["seq"])
+    assert after[-1]["event"] == "complete", after[-3:]
+    assert {frame["sessionId"] for frame in before + after} == {before[0]["sessionId"]}
+    announced = [f["data"]["approvalId"] for f in after if f["event"] == "approval-required"]
+    assert announced == [approval_id]  # re-announced under its id, already answered
+
+    prompt(replicas.b, "cut", "followup")
+    assert replicas.calls("cut") == {0: 1, 1: 1}
+    assert replicas.tool_runs("cut") == ["approve_me"]
+    assert replicas.history("cut") == replicas.history("ref")
+
+
+def answer(server: ServerProcess, approval_id: str) -> None:
+    response = httpx2.post(
+        f"{server.url}{PATH}/approvals/{approval_id}", json={"approve": True}, timeout=WAIT
+    )
+    assert response.status_code == 200, response.text
+
+
+def prompt_approving(server: ServerProcess, conversation: str, message: str) -> None:
+    seen: list[Frame] = []
+    body = {"message": message, "conversationId": conversation}
+    with httpx2.stream("POST", server.url + PATH, json=body, timeout=WAIT) as response:
+        stream = sse_frames(response)
+        while not terminal(
+            read(stream, lambda f: terminal(f) or f["event"] == "approval-required", seen)
+        ):
+            answer(server, seen[-1]["data"]["approvalId"])
+    assert seen[-1]["event"] == "complete", seen[-3:]
