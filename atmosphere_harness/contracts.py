@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload, runtime_checkable
 
 from .cache import PromptCache
 from .events import Frame
@@ -556,3 +556,25 @@ class RunStore(Protocol):
     async def finish(self, run_id: str) -> None: ...
 
     async def expire(self, before: float) -> int: ...
+
+
+@runtime_checkable
+class RunFeed(Protocol):
+    """A `RunStore` other processes can follow a run from while it runs elsewhere.
+
+    Optional: with it, `GET P/conversations/{id}/events` on one replica replays and follows a
+    run another replica executes (`kernel.journal.RemoteRun` polls it). A store without it
+    serves re-attaching only on the replica that runs the run.
+    """
+
+    async def latest(
+        self, path: str, conversation_id: str, *, session_id: str | None = None
+    ) -> tuple[StoredRun, bool] | None:
+        """The run `session_id` names, else the oldest unfinished run, else the newest one,
+        with whether it is finished; `None` when the conversation has none."""
+        ...
+
+    async def frames_after(self, run_id: str, after: int, limit: int) -> tuple[list[Frame], bool]:
+        """Up to `limit` stored frames with a seq above `after`, oldest first, and whether the
+        run is finished (read together, so "finished" covers every frame before it)."""
+        ...

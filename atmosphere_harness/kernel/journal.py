@@ -45,9 +45,10 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mappi
 from typing import Any
 
 from .. import events
-from ..contracts import LiveRunHandle, RunStore, StoredRun
+from ..contracts import LiveRunHandle, RunFeed, RunStore, StoredRun
 from ..events import Frame
 from ..log import get_logger
+from .remote import RemoteRun
 
 log = get_logger(__name__)
 
@@ -446,8 +447,46 @@ class LiveRuns:
 
     async def find(
         self, path: str, conversation_id: str, *, session_id: str | None = None
+    ) -> LiveRunHandle | None:
+        """The run `session_id` names, else the oldest unfinished run, else the newest one.
+
+        Runs of this process first; with a store that is a `RunFeed`, a run that another
+        replica executes is found there and followed from it (`kernel.remote.RemoteRun`)."""
+        local = self._find_local(path, conversation_id, session_id)
+        feed: object = self.store
+        if self.store is None or not isinstance(feed, RunFeed):
+            return local
+        if (
+            local is not None
+            and not local.finished
+            and (session_id is None or local.session_id == session_id)
+        ):
+            return local
+        try:
+            found = await feed.latest(path, conversation_id, session_id=session_id)
+        except Exception:
+            log.warning("could not look for the run in the shared journal", exc_info=True)
+            return local
+        if found is None:
+            return local
+        stored, finished = found
+        if local is not None and (finished or local.session_id == stored.session_id):
+            return local
+        if finished:
+            # Ended on another replica: followable while its frames are kept (a client that
+            # re-attaches just after the end gets the tail), else the history has it.
+            try:
+                kept, _ = await feed.frames_after(stored.run_id, 0, 1)
+            except Exception:
+                log.warning("could not read the run from the shared journal", exc_info=True)
+                return None
+            if not kept:
+                return None
+        return RemoteRun(feed, stored, _resolved, self.store)
+
+    def _find_local(
+        self, path: str, conversation_id: str, session_id: str | None
     ) -> LiveRun | None:
-        """The run `session_id` names, else the oldest unfinished run, else the newest one."""
         self._expire()
         runs = self._runs.get((path, conversation_id), [])
         if session_id is not None:

@@ -253,3 +253,41 @@ def prompt_approving(server: ServerProcess, conversation: str, message: str) -> 
         ):
             answer(server, seen[-1]["data"]["approvalId"])
     assert seen[-1]["event"] == "complete", seen[-3:]
+
+
+def test_events_on_b_replay_and_follow_a_run_executing_on_a(replicas: Replicas) -> None:
+    replicas.hold("live-tool")
+    on_a: list[Frame] = []
+    body = {"message": "sleep now", "conversationId": "live"}
+    with httpx2.stream("POST", replicas.a.url + PATH, json=body, timeout=WAIT) as response:
+        stream = sse_frames(response)
+
+        def sleeping(frame: Frame) -> bool:
+            if frame["event"] != "tool-start":
+                return False
+            wait_for(lambda: replicas.tool_runs("live") == ["sleepy"], "the tool to start")
+            return True
+
+        read(stream, sleeping, on_a)
+        # B does not run it: it replays it from the shared journal and follows it live once
+        # the tool returns on A.
+        seen_on_b: list[Frame] = []
+        with httpx2.stream(
+            "GET",
+            f"{replicas.b.url}{PATH}/conversations/live/events",
+            headers={"Last-Event-ID": "0"},
+            timeout=WAIT,
+        ) as followed:
+            assert followed.status_code == 200, followed.read()
+            from_b = sse_frames(followed)
+            read(from_b, lambda f: f["seq"] == on_a[-1]["seq"], seen_on_b)
+            assert seen_on_b == on_a
+            replicas.release("live-tool")
+            read(from_b, terminal, seen_on_b)
+        read(stream, terminal, on_a)
+    assert seen_on_b == on_a
+    assert on_a[-1]["event"] == "complete"
+    assert replicas.calls("live") == {0: 1, 1: 1}
+
+    # From the middle, after it ended: its frames stay a little for the other replicas.
+    assert follow(replicas.b, "live", on_a[2]["seq"]) == on_a[3:]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from atmosphere_harness import HarnessSettings
 from atmosphere_harness.backends import resolve_backends
 from atmosphere_harness.backends.postgres import LeaseLost, PostgresDatabase, PostgresRunStore
 from atmosphere_harness.contracts import StoredRun
+from atmosphere_harness.kernel import journal, remote
 from atmosphere_harness.kernel.journal import LiveRuns, encode
 
 from .postgres_service import create_database, drop_database
@@ -134,14 +136,13 @@ async def test_heartbeat_keeps_the_lease_release_gives_it_up(
     assert [run.run_id for run in await b.claim("b", 60, 10)] == ["r"]
 
 
-async def test_finish_compacts_and_expire_drops_the_record(
+async def test_finish_marks_the_run_and_expire_drops_it(
     stores: list[PostgresRunStore], databases: list[PostgresDatabase]
 ) -> None:
     a, _ = stores
     await a.append("r", [frame(1), frame(2)], [checkpoint("k", 1)], create=stored("r"), owner="a")
     await a.append("kept", [frame(1)], [], create=stored("kept"), owner="a")
     await a.finish("r")
-    assert await a.load("r", 10) == ({}, [])
 
     async def count(connection: Any) -> tuple[int, int, int]:
         return (
@@ -150,9 +151,14 @@ async def test_finish_compacts_and_expire_drops_the_record(
             await connection.fetchval("SELECT count(*) FROM atmosphere_run_checkpoints"),
         )
 
-    assert await databases[0].run(count) == (2, 1, 0)
-    assert await a.claim("b", 60, 10) != []  # "kept" (lease 0): never the finished one
+    # Frames and checkpoints stay a little, for readers on other replicas
+    # (`FOLLOW_GRACE_SECONDS`; a record past it is tested on the remote reader).
+    assert await databases[0].run(count) == (2, 3, 1)
+    frames, finished = await a.frames_after("r", 0, 10)
+    assert ([f.seq for f in frames], finished) == ([1, 2], True)
+    assert [run.run_id for run in await a.claim("b", 60, 10)] == ["kept"]  # never "r"
     assert await a.expire(0.0) == 0
+    assert await databases[0].run(count) == (2, 3, 1)
     assert await a.expire(1e12) == 1
     assert await databases[0].run(count) == (1, 1, 0)
 
@@ -186,3 +192,36 @@ async def test_postgres_with_durable_runs_journals_in_postgres(url: str, tmp_pat
     assert runs.store.name == "postgres"
     plain = resolve_backends(HarnessSettings(workspace_root=tmp_path, postgres_url=url)).runs
     assert not plain.durable
+
+
+async def test_another_replica_finds_and_reads_a_run(stores: list[PostgresRunStore]) -> None:
+    a, b = stores
+    assert await b.latest("/p", "conv") is None
+    await a.append("old", [frame(1)], [], create=stored("old", 1.0), owner="a")
+    await a.finish("old")
+    assert await b.latest("/p", "conv") == (replace(stored("old", 1.0), message=""), True)
+    first = StoredRun("first", "/p", "conv", None, "s-first", "hi", 2.0)
+    second = StoredRun("second", "/p", "conv", None, "s-second", "hi", 3.0)
+    await a.append("first", [frame(1), frame(2)], [], create=first, owner="a")
+    await a.append("second", [], [], create=second, owner="a")
+    # The oldest unfinished run, else the one a session id names; another endpoint sees none.
+    assert await b.latest("/p", "conv") == (first, False)
+    assert await b.latest("/p", "conv", session_id="s-second") == (second, False)
+    assert await b.latest("/p", "conv", session_id="unknown") == (first, False)
+    assert await b.latest("/other", "conv") is None
+
+    frames, finished = await b.frames_after("first", 0, 10)
+    assert ([f.seq for f in frames], finished) == ([1, 2], False)
+    assert frames[0].session_id == "s-first"
+    await a.append("first", [frame(3), frame(4)], [], owner="a")
+    frames, _ = await b.frames_after("first", 2, 1)
+    assert [f.seq for f in frames] == [3]
+    await a.finish("first")
+    frames, finished = await b.frames_after("first", 3, 10)
+    assert ([f.seq for f in frames], finished) == ([4], True)
+    assert await b.frames_after("never", 0, 10) == ([], True)
+    assert await b.latest("/p", "conv") == (second, False)
+
+
+def test_the_remote_reader_resolves_references_as_the_journal_writes_them() -> None:
+    assert remote.REFERENCE == journal.REFERENCE

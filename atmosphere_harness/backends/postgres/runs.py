@@ -16,6 +16,11 @@ compresses values past ~2 kB itself, TOAST). What makes it a multi-replica store
   replica restarted in place therefore resumes its runs once their lease ran out
   (`ATMOSPHERE_DURABLE_RUNS_LEASE_SECONDS`, 15 s by default); a graceful stop `release`s them
   at once.
+- It is a `contracts.RunFeed`: another replica follows a run from its rows (`latest`,
+  `frames_after`, and `load` for the model turns a `tool-start` frame refers to). So that
+  such a reader sees a run's last frames, `finish` marks the run finished at once but deletes
+  its frames and checkpoints `FOLLOW_GRACE_SECONDS` later (in `expire`, which the journal
+  calls every third of a lease).
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from .database import PostgresDatabase
 
 NOW = "extract(epoch FROM clock_timestamp())"
 """The database's clock, in epoch seconds: what every lease is measured against."""
+
+FOLLOW_GRACE_SECONDS = 30.0
+"""How long a finished run's frames stay for readers on other replicas to catch up."""
 
 RUN_COLUMNS = "id, run_id, path, conversation_id, user_key, session_id, message, started_at"
 
@@ -218,28 +226,29 @@ class PostgresRunStore:
         await self.database.run(work)
 
     async def finish(self, run_id: str) -> None:
+        """Mark the run finished; its frames and checkpoints go in `expire`, once
+        `FOLLOW_GRACE_SECONDS` have passed (readers on other replicas catch up meanwhile)."""
         now = time.time()
 
         async def work(connection: Any) -> None:
-            async with connection.transaction():
-                row = await connection.fetchval(
-                    "UPDATE atmosphere_runs SET finished_at = $2, message = '' "
-                    "WHERE run_id = $1 RETURNING id",
-                    run_id,
-                    now,
-                )
-                if row is not None:
-                    await connection.execute(
-                        "DELETE FROM atmosphere_run_frames WHERE run = $1", row
-                    )
-                    await connection.execute(
-                        "DELETE FROM atmosphere_run_checkpoints WHERE run = $1", row
-                    )
+            await connection.execute(
+                "UPDATE atmosphere_runs SET finished_at = $2, message = '' WHERE run_id = $1",
+                run_id,
+                now,
+            )
 
         await self.database.run(work)
 
     async def expire(self, before: float) -> int:
+        grace = time.time() - FOLLOW_GRACE_SECONDS
+
         async def work(connection: Any) -> int:
+            for table in ("atmosphere_run_frames", "atmosphere_run_checkpoints"):
+                await connection.execute(
+                    f"DELETE FROM {table} WHERE run IN (SELECT id FROM atmosphere_runs "
+                    "WHERE finished_at IS NOT NULL AND finished_at < $1)",
+                    grace,
+                )
             status = await connection.execute(
                 "DELETE FROM atmosphere_runs WHERE finished_at IS NOT NULL AND finished_at < $1",
                 before,
@@ -247,3 +256,63 @@ class PostgresRunStore:
             return int(str(status).rsplit(" ", 1)[-1])
 
         return await self.database.run(work)
+
+    # --- contracts.RunFeed: following a run another replica executes ----------------------
+
+    async def latest(
+        self, path: str, conversation_id: str, *, session_id: str | None = None
+    ) -> tuple[StoredRun, bool] | None:
+        async def work(connection: Any) -> Any:
+            # The one `session_id` names, else the oldest unfinished, else the newest.
+            return await connection.fetchrow(
+                f"SELECT {RUN_COLUMNS}, finished_at IS NOT NULL AS finished "
+                "FROM atmosphere_runs WHERE path = $1 AND conversation_id = $2 "
+                "AND ($3::text IS NULL OR session_id = $3) "
+                "ORDER BY finished_at IS NOT NULL, "
+                "CASE WHEN finished_at IS NULL THEN started_at ELSE -started_at END "
+                "LIMIT 1",
+                path,
+                conversation_id,
+                session_id,
+            )
+
+        row = await self.database.run(work)
+        if row is None:
+            if session_id is not None:
+                return await self.latest(path, conversation_id)
+            return None
+        return _stored(row), bool(row["finished"])
+
+    async def frames_after(self, run_id: str, after: int, limit: int) -> tuple[list[Frame], bool]:
+        async def work(connection: Any) -> tuple[Any, list[Any]]:
+            async with connection.transaction(isolation="repeatable_read", readonly=True):
+                run = await connection.fetchrow(
+                    "SELECT id, session_id, conversation_id, finished_at IS NOT NULL AS finished "
+                    "FROM atmosphere_runs WHERE run_id = $1",
+                    run_id,
+                )
+                if run is None:
+                    return None, []
+                frames = await connection.fetch(
+                    "SELECT seq, event, data FROM atmosphere_run_frames "
+                    "WHERE run = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                    run["id"],
+                    after,
+                    limit,
+                )
+                return run, list(frames)
+
+        run, rows = await self.database.run(work)
+        if run is None:
+            return [], True  # expired: nothing more will come
+        frames = [
+            Frame(
+                row["event"],
+                json.loads(row["data"]),
+                run["session_id"],
+                run["conversation_id"],
+                int(row["seq"]),
+            )
+            for row in rows
+        ]
+        return frames, bool(run["finished"])
