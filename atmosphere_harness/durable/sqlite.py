@@ -116,8 +116,13 @@ class SqliteRunStore:
 
     name = "sqlite"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, database: SqliteDatabase | None = None) -> None:
+        """`database`: a connection of its own instead of the process's shared one (tests of
+        two processes on one file use it)."""
         self.path = path
+        self._own = database
+        if database is not None:
+            database.add_schema(SCHEMA)
         self._database: SqliteDatabase | None = None
         self._rows: dict[str, int] = {}
         """run_id -> row id, for the runs this process appended to."""
@@ -136,8 +141,11 @@ class SqliteRunStore:
         """Join the process's instance of the file (the history's, when it is the same file:
         one connection, so the journal and the history never wait on each other's lock)."""
         if self._database is None:
-            self._database = SqliteDatabase.shared(self.path)
-            self._database.add_schema(SCHEMA)
+            if self._own is not None:
+                self._database = self._own
+            else:
+                self._database = SqliteDatabase.shared(self.path)
+                self._database.add_schema(SCHEMA)
         await self._database.open()
 
     async def aclose(self) -> None:

@@ -20,6 +20,7 @@ from atmosphere_harness.contracts import LiveRunHandle, StoredRun
 from atmosphere_harness.durable import SqliteRunStore
 from atmosphere_harness.events import Frame
 from atmosphere_harness.kernel.journal import LiveRuns, encode
+from atmosphere_harness.memory.sqlite import SqliteDatabase
 
 HOST = socket.gethostname()
 
@@ -99,7 +100,10 @@ async def test_heartbeat_keeps_a_lease(store: SqliteRunStore) -> None:
 
 
 async def test_two_claimants_never_get_the_same_run(tmp_path: Path) -> None:
-    first, second = SqliteRunStore.under(tmp_path), SqliteRunStore.under(tmp_path)
+    # Two connections to one file, as two processes would have.
+    path = tmp_path / "atmosphere.db"
+    first = SqliteRunStore(path, database=SqliteDatabase(path))
+    second = SqliteRunStore(path, database=SqliteDatabase(path))
     await first.open()
     await second.open()
     try:
