@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload, runtime_checkable
 
 from .cache import PromptCache
+from .errors import HarnessError
 from .events import Frame
 from .harness import Harness
 
@@ -514,6 +515,9 @@ class RunStore(Protocol):
       cannot change what was journalled). `create` carries the run's record on its first
       append, which also takes the lease for `owner`. When `append` returns, what it was given
       survives a SIGKILL.
+    - With an `owner`, a shared store refuses the append of a run another owner has taken over
+      (this one's lease ran out: a stalled process) by raising `LeaseLost`; the journal then
+      stops the run here, since its new owner runs it.
     - `load(run_id, limit)` gives back every checkpoint and the newest `limit` frames, decoded.
     - `claim(owner, lease_seconds, limit)` atomically takes over unfinished runs whose lease
       expired (or whose owner is known dead) and returns them; two owners never get one run.
@@ -556,6 +560,10 @@ class RunStore(Protocol):
     async def finish(self, run_id: str) -> None: ...
 
     async def expire(self, before: float) -> int: ...
+
+
+class LeaseLost(HarnessError, RuntimeError):
+    """A `RunStore.append` for a run another owner has taken over (this one's lease ran out)."""
 
 
 @runtime_checkable

@@ -45,7 +45,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mappi
 from typing import Any
 
 from .. import events
-from ..contracts import LiveRunHandle, RunFeed, RunStore, StoredRun
+from ..contracts import LeaseLost, LiveRunHandle, RunFeed, RunStore, StoredRun
 from ..events import Frame
 from ..log import get_logger
 from .remote import RemoteRun
@@ -64,6 +64,7 @@ CLAIM_BATCH = 64
 """Runs one claim scan resumes at most (the next scan takes more)."""
 RESTARTING = "server is restarting; the run resumes"
 STOPPING = "server is shutting down; the run was stopped"
+MOVED = "another server took this run over; re-attach to follow it"
 
 Resume = Callable[[LiveRunHandle, StoredRun], Coroutine[Any, Any, Any]]
 
@@ -307,6 +308,9 @@ class _StoreWriter:
         self.owner = owner
         self.lease_seconds = lease_seconds
         self.on_stored = on_stored
+        self.on_lost: Callable[[], None] | None = None
+        """Called once if the store says another owner took the run over (`LeaseLost`)."""
+        self.lost = False
         self._create = create
         self._frames: list[tuple[int, str, str]] = []
         self._checkpoints: list[tuple[str, str]] = []
@@ -332,6 +336,10 @@ class _StoreWriter:
         self._kick()
 
     def _kick(self) -> None:
+        if self.lost:
+            self._frames.clear()
+            self._checkpoints.clear()
+            return
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(
                 self._drain(), name=f"journal:{self.run_id}"
@@ -351,6 +359,18 @@ class _StoreWriter:
                     owner=self.owner,
                     lease_seconds=self.lease_seconds,
                 )
+            except LeaseLost:
+                log.warning(
+                    "another process took this durable run over; stopping it here",
+                    run=self.run_id,
+                    exc_info=True,
+                )
+                self.lost = True
+                self._frames.clear()
+                self._checkpoints.clear()
+                if self.on_lost is not None:
+                    self.on_lost()
+                return
             except Exception:
                 # The run goes on (its client still gets its frames); only a restart would
                 # lose what this write held. Said loudly: durability is degraded.
@@ -436,6 +456,7 @@ class LiveRuns:
     ) -> LiveRun:
         if live._writer is not None:
             live._writer.on_stored = live._stored
+            live._writer.on_lost = lambda: self._lost(live)
         live.task = asyncio.get_running_loop().create_task(
             work(live), name=f"prompt:{live.path}:{live.conversation_id}"
         )
@@ -608,6 +629,14 @@ class LiveRuns:
         self._finished.clear()
 
     # --- bookkeeping ----------------------------------------------------------------------
+
+    def _lost(self, live: LiveRun) -> None:
+        """Another process owns the run now (this one stalled past its lease): stop it here
+        without a trace of its end (suspended: no history write, no `complete`), so that only
+        the new owner finishes it; readers get an `error` frame telling them to re-attach."""
+        live.interrupt(MOVED)
+        if live.task is not None and not live.task.done():
+            live.task.cancel()
 
     def _finish(self, live: LiveRun) -> None:
         if live._writer is not None:

@@ -18,7 +18,8 @@ import pytest
 from atmosphere_harness import HarnessSettings
 from atmosphere_harness.backends import resolve_backends
 from atmosphere_harness.backends.postgres import LeaseLost, PostgresDatabase, PostgresRunStore
-from atmosphere_harness.contracts import StoredRun
+from atmosphere_harness.contracts import LiveRunHandle, StoredRun
+from atmosphere_harness.events import Frame
 from atmosphere_harness.kernel import journal, remote
 from atmosphere_harness.kernel.journal import LiveRuns, encode
 
@@ -225,3 +226,35 @@ async def test_another_replica_finds_and_reads_a_run(stores: list[PostgresRunSto
 
 def test_the_remote_reader_resolves_references_as_the_journal_writes_them() -> None:
     assert remote.REFERENCE == journal.REFERENCE
+
+
+async def test_a_replica_that_lost_its_run_stops_it_without_a_trace(
+    stores: list[PostgresRunStore],
+) -> None:
+    a, b = stores
+    runs = LiveRuns(a, lease_seconds=60)
+    go_on = asyncio.Event()
+
+    async def work(handle: LiveRunHandle) -> None:
+        await handle.publish(Frame("text", {"text": "one"}, "s", "conv", 1))
+        await go_on.wait()
+        await handle.publish(Frame("text", {"text": "two"}, "s", "conv", 2))
+        await asyncio.sleep(3600)  # a run that would go on here
+
+    live = runs.start(
+        work, path="/p", conversation_id="conv", user_id=None, session_id="s", message="m"
+    )
+    reader = live.follow(0)
+    assert (await anext(reader)).data == {"text": "one"}
+    # This replica stalls past its lease; another one takes the run over.
+    await a.release(runs.owner)
+    [taken] = await b.claim("b", 60, 10)
+    go_on.set()
+    moved = await asyncio.wait_for(anext(reader), 30)
+    assert (moved.event, moved.data["message"]) == ("error", journal.MOVED)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(live.task), 30)  # type: ignore[arg-type]
+    assert live.suspended  # no history write, no `complete`
+    _, frames = await b.load(taken.run_id, 10)
+    assert [f.seq for f in frames] == [1]  # nothing of it written into the new owner's journal
+    await runs.aclose()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...contracts import LeaseLost
 from ...kernel.journal import LiveRuns
 from ...settings import HarnessSettings
 from .. import StateBackends
@@ -37,7 +38,7 @@ from .history import PostgresHistory
 from .locks import PostgresConversationLocks
 from .long_term import PostgresLongTermMemory
 from .plans import PROTECT_SECONDS, PostgresPlanStore
-from .runs import LeaseLost, PostgresRunStore
+from .runs import PostgresRunStore
 from .workspace import PostgresAgentFileSystem
 
 # Runtime truth (`long-term-memory`) and reprs show the import path users know.

@@ -30,8 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ...contracts import StoredRun
-from ...errors import HarnessError
+from ...contracts import LeaseLost, StoredRun
 from ...events import Frame
 from .database import PostgresDatabase
 
@@ -42,10 +41,6 @@ FOLLOW_GRACE_SECONDS = 30.0
 """How long a finished run's frames stay for readers on other replicas to catch up."""
 
 RUN_COLUMNS = "id, run_id, path, conversation_id, user_key, session_id, message, started_at"
-
-
-class LeaseLost(HarnessError, RuntimeError):
-    """An append for a run another owner has taken over (this one's lease ran out)."""
 
 
 def _stored(row: Any) -> StoredRun:
