@@ -62,6 +62,8 @@ LEASE_SECONDS = 15.0
 """How long a durable run's owner may go silent before another process takes the run over."""
 CLAIM_BATCH = 64
 """Runs one claim scan resumes at most (the next scan takes more)."""
+ENDED = "ended"
+"""Checkpoint key: the run's client stopped it (it is not resumed)."""
 RESTARTING = "server is restarting; the run resumes"
 STOPPING = "server is shutting down; the run was stopped"
 MOVED = "another server took this run over; re-attach to follow it"
@@ -277,6 +279,10 @@ class LiveRun:
                 conversation=self.conversation_id,
             )
             return
+        if self._writer is not None and not self._suspended:
+            # Journalled before the cancellation writes anything: a run its client stopped is
+            # over, and a restart that finds it unfinished must not run it again.
+            self._writer.checkpoint(ENDED, "client-left")
         self.task.cancel()
 
     # --- wake-ups ----------------------------------------------------------------------------
@@ -545,9 +551,10 @@ class LiveRuns:
         assert self._resume is not None
         resume = self._resume
         checkpoints, frames = await self.store.load(stored.run_id, JOURNAL_FRAMES)
-        if frames and frames[-1].terminal:
+        if ENDED in checkpoints or (frames and frames[-1].terminal):
             # It ended (its turn is in the history: that is journalled before the last frame)
-            # but died before it was marked finished: nothing to run again.
+            # or its client stopped it, but it died before it was marked finished: nothing to
+            # run again.
             await self.store.finish(stored.run_id)
             return
         writer = _StoreWriter(

@@ -108,7 +108,8 @@ async def _finish_turn(run: RunContext, turn: Sequence[Message], loop_index: int
     written = f"history:{loop_index}"
     if endpoint.history is not None and run.recalled(written) is None:
         await endpoint.history.append(run, recorded(turn, endpoint.tools))
-        await run.record(written, 1)
+        # Stored before anything else happens: a restart must not write the turn twice.
+        await run.record(written, 1, wait=True)
     for interceptor in endpoint.interceptors:
         await interceptor.after_turn(run, turn)
 

@@ -211,9 +211,13 @@ def cut(
         json={"message": message, "conversationId": conversation},
         timeout=WAIT,
     ) as response:
-        read(sse_frames(response), until, seen)
+        # Held until the kill: a generator dropped here would close the connection first,
+        # and the server would stop the run as a client-left one.
+        stream = sse_frames(response)
+        read(stream, until, seen)
         assert harness.server is not None
         harness.server.kill()
+        stream.close()
     return seen
 
 

@@ -19,7 +19,7 @@ import pytest
 from atmosphere_harness.contracts import LiveRunHandle, StoredRun
 from atmosphere_harness.durable import SqliteRunStore
 from atmosphere_harness.events import Frame
-from atmosphere_harness.kernel.journal import LiveRuns, encode
+from atmosphere_harness.kernel.journal import ENDED, LiveRuns, encode
 from atmosphere_harness.memory.sqlite import SqliteDatabase
 
 HOST = socket.gethostname()
@@ -186,12 +186,14 @@ def live_run_id(runs: LiveRuns) -> str:
     return live._writer.run_id
 
 
-async def test_a_run_that_died_after_its_last_frame_is_not_run_again(tmp_path: Path) -> None:
+async def test_a_run_that_ended_or_was_stopped_is_not_run_again(tmp_path: Path) -> None:
     store = SqliteRunStore.under(tmp_path)
     await store.open()
     ended = (2, "complete", encode({"summary": "done"}))
     await store.append("ended", [frame(1), ended], [], create=stored("ended"), owner="gone")
     await store.append("cut", [frame(1)], [], create=stored("cut"), owner="gone")
+    stopped = [checkpoint(ENDED, "client-left")]  # its client stopped it
+    await store.append("stopped", [frame(1)], stopped, create=stored("stopped"), owner="gone")
     await store.aclose()
     resumed: list[str] = []
     runs = LiveRuns(SqliteRunStore.under(tmp_path))
@@ -210,6 +212,6 @@ async def test_a_run_that_died_after_its_last_frame_is_not_run_again(tmp_path: P
     check = SqliteRunStore.under(tmp_path)
     await check.open()
     try:
-        assert await check.claim("anyone", 60, 10) == []  # both finished now
+        assert await check.claim("anyone", 60, 10) == []  # all three finished now
     finally:
         await check.aclose()
