@@ -18,9 +18,10 @@ import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload, runtime_checkable
 
 from .cache import PromptCache
+from .errors import HarnessError
 from .events import Frame
 from .harness import Harness
 
@@ -518,6 +519,9 @@ class RunStore(Protocol):
       cannot change what was journalled). `create` carries the run's record on its first
       append, which also takes the lease for `owner`. When `append` returns, what it was given
       survives a SIGKILL.
+    - With an `owner`, a shared store refuses the append of a run another owner has taken over
+      (this one's lease ran out: a stalled process) by raising `LeaseLost`; the journal then
+      stops the run here, since its new owner runs it.
     - `load(run_id, limit)` gives back every checkpoint and the newest `limit` frames, decoded.
     - `claim(owner, lease_seconds, limit)` atomically takes over unfinished runs whose lease
       expired (or whose owner is known dead) and returns them; two owners never get one run.
@@ -560,3 +564,29 @@ class RunStore(Protocol):
     async def finish(self, run_id: str) -> None: ...
 
     async def expire(self, before: float) -> int: ...
+
+
+class LeaseLost(HarnessError, RuntimeError):
+    """A `RunStore.append` for a run another owner has taken over (this one's lease ran out)."""
+
+
+@runtime_checkable
+class RunFeed(Protocol):
+    """A `RunStore` other processes can follow a run from while it runs elsewhere.
+
+    Optional: with it, `GET P/conversations/{id}/events` on one replica replays and follows a
+    run another replica executes (`kernel.journal.RemoteRun` polls it). A store without it
+    serves re-attaching only on the replica that runs the run.
+    """
+
+    async def latest(
+        self, path: str, conversation_id: str, *, session_id: str | None = None
+    ) -> tuple[StoredRun, bool] | None:
+        """The run `session_id` names, else the oldest unfinished run, else the newest one,
+        with whether it is finished; `None` when the conversation has none."""
+        ...
+
+    async def frames_after(self, run_id: str, after: int, limit: int) -> tuple[list[Frame], bool]:
+        """Up to `limit` stored frames with a seq above `after`, oldest first, and whether the
+        run is finished (read together, so "finished" covers every frame before it)."""
+        ...

@@ -14,8 +14,9 @@ Figures (one JSON document on stdout):
 - `turn_ms`: client-side latency of a sequential turn (POST -> `complete`), p50/p90/p99, for
   `embedded`, `postgres` (the server's default `synchronous_commit=on`: each stored turn waits
   for its WAL flush) and `postgres_synchronous_commit_off` (the URL's `?synchronous_commit=off`:
-  the embedded SQLite's durability class, see `docs/scale-out.md`), measured in alternating
-  rounds so background load hits all alike; `added_median_ms_*` is the difference to embedded
+  the embedded SQLite's durability class, see `docs/scale-out.md`) and `postgres_durable_runs`
+  (durable runs on: the run journalled in PostgreSQL), measured in alternating rounds so
+  background load hits all alike; `added_median_ms_*` is the difference to embedded
   (the issue's goal: <= 1 ms);
 - `turns_per_s`: 16 concurrent clients, for embedded (1 replica) and PostgreSQL with 1 and 2
   replicas (the load generator shares the machine's cores, so the 2-replica ratio is no goal);
@@ -88,11 +89,13 @@ def serve(port: int, workspace: str) -> None:
 
 
 class Server:
-    def __init__(self, workspace: Path, url: str | None) -> None:
+    def __init__(self, workspace: Path, url: str | None, *, durable: bool = False) -> None:
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("ATMOSPHERE_")}
         if url:
             env["ATMOSPHERE_POSTGRES_URL"] = url
+        if durable:
+            env["ATMOSPHERE_DURABLE_RUNS_ENABLED"] = "true"
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--serve", str(self.port), str(workspace)], env=env
         )
@@ -220,10 +223,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 relaxed = await stack.enter_async_context(
                     Server(pg_root, url + "?synchronous_commit=off")
                 )
+                durable = await stack.enter_async_context(Server(pg_root, url, durable=True))
                 bases = {
                     "embedded": embedded.base,
                     "postgres": a.base,
                     "postgres_synchronous_commit_off": relaxed.base,
+                    "postgres_durable_runs": durable.base,
                 }
                 for base in (*bases.values(), b.base):  # warm-up
                     await sequential_turns(base, 20)
@@ -233,7 +238,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     for key, base in bases.items():
                         turns[key] += await sequential_turns(base, per_round)
                 turn_ms: dict[str, Any] = {key: quantiles(value) for key, value in turns.items()}
-                for key in ("postgres", "postgres_synchronous_commit_off"):
+                for key in ("postgres", "postgres_synchronous_commit_off", "postgres_durable_runs"):
                     turn_ms[f"added_median_ms_{key}"] = round(
                         turn_ms[key]["p50"] - turn_ms["embedded"]["p50"], 3
                     )

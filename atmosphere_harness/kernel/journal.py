@@ -45,9 +45,10 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mappi
 from typing import Any
 
 from .. import events
-from ..contracts import LiveRunHandle, RunStore, StoredRun
+from ..contracts import LeaseLost, LiveRunHandle, RunFeed, RunStore, StoredRun
 from ..events import Frame
 from ..log import get_logger
+from .remote import RemoteRun
 
 log = get_logger(__name__)
 
@@ -65,6 +66,7 @@ ENDED = "ended"
 """Checkpoint key: the run's client stopped it (it is not resumed)."""
 RESTARTING = "server is restarting; the run resumes"
 STOPPING = "server is shutting down; the run was stopped"
+MOVED = "another server took this run over; re-attach to follow it"
 
 Resume = Callable[[LiveRunHandle, StoredRun], Coroutine[Any, Any, Any]]
 
@@ -312,6 +314,9 @@ class _StoreWriter:
         self.owner = owner
         self.lease_seconds = lease_seconds
         self.on_stored = on_stored
+        self.on_lost: Callable[[], None] | None = None
+        """Called once if the store says another owner took the run over (`LeaseLost`)."""
+        self.lost = False
         self._create = create
         self._frames: list[tuple[int, str, str]] = []
         self._checkpoints: list[tuple[str, str]] = []
@@ -337,6 +342,10 @@ class _StoreWriter:
         self._kick()
 
     def _kick(self) -> None:
+        if self.lost:
+            self._frames.clear()
+            self._checkpoints.clear()
+            return
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(
                 self._drain(), name=f"journal:{self.run_id}"
@@ -356,6 +365,18 @@ class _StoreWriter:
                     owner=self.owner,
                     lease_seconds=self.lease_seconds,
                 )
+            except LeaseLost:
+                log.warning(
+                    "another process took this durable run over; stopping it here",
+                    run=self.run_id,
+                    exc_info=True,
+                )
+                self.lost = True
+                self._frames.clear()
+                self._checkpoints.clear()
+                if self.on_lost is not None:
+                    self.on_lost()
+                return
             except Exception:
                 # The run goes on (its client still gets its frames); only a restart would
                 # lose what this write held. Said loudly: durability is degraded.
@@ -441,6 +462,7 @@ class LiveRuns:
     ) -> LiveRun:
         if live._writer is not None:
             live._writer.on_stored = live._stored
+            live._writer.on_lost = lambda: self._lost(live)
         live.task = asyncio.get_running_loop().create_task(
             work(live), name=f"prompt:{live.path}:{live.conversation_id}"
         )
@@ -452,8 +474,46 @@ class LiveRuns:
 
     async def find(
         self, path: str, conversation_id: str, *, session_id: str | None = None
+    ) -> LiveRunHandle | None:
+        """The run `session_id` names, else the oldest unfinished run, else the newest one.
+
+        Runs of this process first; with a store that is a `RunFeed`, a run that another
+        replica executes is found there and followed from it (`kernel.remote.RemoteRun`)."""
+        local = self._find_local(path, conversation_id, session_id)
+        feed: object = self.store
+        if self.store is None or not isinstance(feed, RunFeed):
+            return local
+        if (
+            local is not None
+            and not local.finished
+            and (session_id is None or local.session_id == session_id)
+        ):
+            return local
+        try:
+            found = await feed.latest(path, conversation_id, session_id=session_id)
+        except Exception:
+            log.warning("could not look for the run in the shared journal", exc_info=True)
+            return local
+        if found is None:
+            return local
+        stored, finished = found
+        if local is not None and (finished or local.session_id == stored.session_id):
+            return local
+        if finished:
+            # Ended on another replica: followable while its frames are kept (a client that
+            # re-attaches just after the end gets the tail), else the history has it.
+            try:
+                kept, _ = await feed.frames_after(stored.run_id, 0, 1)
+            except Exception:
+                log.warning("could not read the run from the shared journal", exc_info=True)
+                return None
+            if not kept:
+                return None
+        return RemoteRun(feed, stored, _resolved, self.store)
+
+    def _find_local(
+        self, path: str, conversation_id: str, session_id: str | None
     ) -> LiveRun | None:
-        """The run `session_id` names, else the oldest unfinished run, else the newest one."""
         self._expire()
         runs = self._runs.get((path, conversation_id), [])
         if session_id is not None:
@@ -576,6 +636,14 @@ class LiveRuns:
         self._finished.clear()
 
     # --- bookkeeping ----------------------------------------------------------------------
+
+    def _lost(self, live: LiveRun) -> None:
+        """Another process owns the run now (this one stalled past its lease): stop it here
+        without a trace of its end (suspended: no history write, no `complete`), so that only
+        the new owner finishes it; readers get an `error` frame telling them to re-attach."""
+        live.interrupt(MOVED)
+        if live.task is not None and not live.task.done():
+            live.task.cancel()
 
     def _finish(self, live: LiveRun) -> None:
         if live._writer is not None:

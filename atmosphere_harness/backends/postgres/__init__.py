@@ -14,17 +14,20 @@ connection) serves every store; the host opens it before the primitives start.
 | conversation history | `PostgresHistory` |
 | long-term memory | `PostgresLongTermMemory` (`tsvector` search, unique facts) |
 | workspace files | `PostgresWorkspaceStores` (rows, `PostgresAgentFileSystem`) |
+| durable runs (when enabled) | `PostgresRunStore` behind `kernel.journal.LiveRuns` |
 
 The workspace stores hold conversation workspaces and `/memories` when
 `ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres`, and `prefix=postgres:` composite routes always.
 
-The run journal stays in the process (the durable-runs issue gives it a storage protocol).
+Without durable runs the run journal stays in the process.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ...contracts import LeaseLost
+from ...kernel.journal import LiveRuns
 from ...settings import HarnessSettings, WorkspaceBackend
 from .. import StateBackends
 from ..unavailable import BackendUnavailable
@@ -35,6 +38,7 @@ from .history import PostgresHistory
 from .locks import PostgresConversationLocks
 from .long_term import PostgresLongTermMemory
 from .plans import PROTECT_SECONDS, PostgresPlanStore
+from .runs import PostgresRunStore
 from .stores import PostgresWorkspaceStores, owner_key
 from .workspace import PostgresAgentFileSystem
 
@@ -45,6 +49,7 @@ for _public in (
     PostgresPlanStore,
     PostgresAgentFileSystem,
     PostgresWorkspaceStores,
+    PostgresRunStore,
 ):
     _public.__module__ = __name__
 
@@ -69,7 +74,7 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
 
     files = PostgresWorkspaceStores(database, workspace_root, protect_seconds=protect)
     in_postgres = settings.groups.backends.workspace_backend is WorkspaceBackend.POSTGRES
-    return StateBackends(
+    backends = StateBackends(
         state="postgres",
         events="postgres",
         locks=locks,
@@ -84,10 +89,19 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
         route_stores={files.name: files},
         resources=[database, locks],
     )
+    group = settings.groups.backends
+    if group.durable_runs:
+        backends.runs = LiveRuns(
+            PostgresRunStore(database),
+            lease_seconds=group.durable_runs_lease_seconds,
+            keep_seconds=group.durable_runs_keep_seconds,
+        )
+    return backends
 
 
 __all__ = [
     "BackendUnavailable",
+    "LeaseLost",
     "PostgresAgentFileSystem",
     "PostgresApprovalStore",
     "PostgresConversationLocks",
@@ -96,6 +110,7 @@ __all__ = [
     "PostgresLongTermMemory",
     "PostgresPlanBus",
     "PostgresPlanStore",
+    "PostgresRunStore",
     "PostgresWorkspaceStores",
     "owner_key",
     "postgres_backends",

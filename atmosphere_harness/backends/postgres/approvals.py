@@ -15,6 +15,7 @@ Answered and closed rows stay for `REMEMBER_SECONDS` past their expiry, so a sec
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import uuid
@@ -63,19 +64,31 @@ class PostgresApprovalStore:
         tool_call_id: str,
         arguments: Mapping[str, Any],
         timeout: float,
+        approval_id: str | None = None,
+        expires_at: float | None = None,
     ) -> PendingApproval | None:
+        """Register a call that waits for an answer; `None` when too many already wait.
+
+        `approval_id` and `expires_at` re-open the approval a durable run raised before its
+        replica died (the run resumed here, possibly on another replica): its row is opened
+        again, keeping an answer given meanwhile, which then resolves the wait at once."""
         now = time.time()
         pending = PendingApproval(
-            id=uuid.uuid4().hex,
+            id=approval_id or uuid.uuid4().hex,
             path=path,
             conversation_id=conversation_id,
             user_id=user_id,
             tool=tool,
             tool_call_id=tool_call_id,
             arguments=dict(arguments),
-            expires_at=now + timeout,
+            expires_at=expires_at if expires_at is not None else now + timeout,
             future=asyncio.get_running_loop().create_future(),
         )
+        if approval_id is not None:
+            await self.database.run(functools.partial(self._reopen, pending))
+            self._waiting[pending.id] = pending
+            self._spawn_check(pending)
+            return pending
 
         async def work(connection: Any) -> bool:
             async with connection.transaction():
@@ -114,6 +127,23 @@ class PostgresApprovalStore:
             return None
         self._waiting[pending.id] = pending
         return pending
+
+    async def _reopen(self, pending: PendingApproval, connection: Any) -> None:
+        """The row of a resumed run's approval, open again (never counted against
+        `max_pending` a second time: it was when it was raised)."""
+        await connection.execute(
+            "INSERT INTO atmosphere_approvals (id, path, conversation_id, user_id, tool, "
+            "tool_call_id, arguments, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) "
+            "ON CONFLICT (id) DO UPDATE SET closed = false",
+            pending.id,
+            pending.path,
+            pending.conversation_id,
+            pending.user_id,
+            pending.tool,
+            pending.tool_call_id,
+            json.dumps(pending.arguments, default=str),
+            pending.expires_at,
+        )
 
     async def wait(self, pending: PendingApproval, timeout: float) -> Answer | None:
         """The answer, or `None` when `timeout` passed first; closed either way."""

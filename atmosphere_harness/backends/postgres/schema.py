@@ -114,6 +114,41 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (store, path)
     );
     """,
+    # 3: durable runs (`PostgresRunStore`): one row per run, its frames and its checkpoints.
+    """
+    CREATE TABLE atmosphere_runs (
+        id bigserial PRIMARY KEY,
+        run_id text NOT NULL UNIQUE,
+        path text NOT NULL,
+        conversation_id text NOT NULL,
+        user_key text NOT NULL,
+        session_id text NOT NULL,
+        message text NOT NULL,
+        started_at double precision NOT NULL,
+        owner text,
+        lease_until double precision NOT NULL DEFAULT 0,
+        finished_at double precision
+    );
+    CREATE INDEX atmosphere_runs_unfinished
+        ON atmosphere_runs (lease_until) WHERE finished_at IS NULL;
+    CREATE INDEX atmosphere_runs_conversation
+        ON atmosphere_runs (path, conversation_id, started_at);
+    CREATE INDEX atmosphere_runs_finished
+        ON atmosphere_runs (finished_at) WHERE finished_at IS NOT NULL;
+    CREATE TABLE atmosphere_run_frames (
+        run bigint NOT NULL REFERENCES atmosphere_runs (id) ON DELETE CASCADE,
+        seq integer NOT NULL,
+        event text NOT NULL,
+        data text NOT NULL,
+        PRIMARY KEY (run, seq)
+    );
+    CREATE TABLE atmosphere_run_checkpoints (
+        run bigint NOT NULL REFERENCES atmosphere_runs (id) ON DELETE CASCADE,
+        key text NOT NULL,
+        value text NOT NULL,
+        PRIMARY KEY (run, key)
+    );
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 

@@ -1,0 +1,297 @@
+"""Durable runs on PostgreSQL over two real replicas: replica A is SIGKILLed mid-run and replica
+B, on its own, takes the run over once A's lease ran out and completes it.
+
+Both replicas are uvicorn processes of the durable-runs test app (`tests.durable.app`: a
+scripted model that counts its calls in a file, tools the test can hold) on one workspace root
+and one fresh database, with a short lease (`ATMOSPHERE_DURABLE_RUNS_LEASE_SECONDS`). Replica
+B is never restarted: it notices the expired lease in its own upkeep loop.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from tests.durable.app import PATH
+from tests.reliability.server import ServerProcess
+
+from .postgres_service import create_database, drop_database
+
+pytestmark = pytest.mark.services
+
+LEASE_SECONDS = "2"
+WAIT = 60.0
+"""Hang guard for anything the test waits on (not a speed expectation)."""
+INTERRUPTED = (
+    '{"status":"interrupted","message":"the server restarted while this tool ran; '
+    'call it again if it is still needed"}'
+)
+
+Frame = dict[str, Any]
+
+
+class Replicas:
+    """Replicas A and B of the durable test app on one database, and the files they write."""
+
+    def __init__(self, root: Path, url: str) -> None:
+        self.root = root
+        (root / "hold").mkdir()
+        env = {
+            "ATMOSPHERE_POSTGRES_URL": url,
+            "ATMOSPHERE_DURABLE_RUNS_ENABLED": "true",
+            "ATMOSPHERE_DURABLE_RUNS_LEASE_SECONDS": LEASE_SECONDS,
+            "DURABLE_TEST_DIR": str(root),
+        }
+        self.a = self._server("a", env)
+        self.b = self._server("b", env)
+
+    def _server(self, name: str, env: dict[str, str]) -> ServerProcess:
+        return ServerProcess(
+            "durable",
+            self.root / "workspace",
+            self.root / f"{name}.log",
+            env,
+            module="tests.durable.app",
+        ).start()
+
+    def hold(self, name: str) -> None:
+        (self.root / "hold" / name).touch()
+
+    def release(self, name: str) -> None:
+        (self.root / "hold" / name).unlink(missing_ok=True)
+
+    def log(self, name: str) -> list[dict[str, Any]]:
+        path = self.root / name
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def calls(self, conversation: str) -> dict[int, int]:
+        """Model calls per round of `conversation`'s first prompt, over both replicas."""
+        counted: dict[int, int] = {}
+        for entry in self.log("calls.jsonl"):
+            if entry["conversation"] == conversation and entry["scenario"] != "followup":
+                counted[entry["round"]] = counted.get(entry["round"], 0) + 1
+        return counted
+
+    def tool_runs(self, conversation: str) -> list[str]:
+        return [e["tool"] for e in self.log("tools.jsonl") if e["conversation"] == conversation]
+
+    def history(self, conversation: str) -> list[Any]:
+        """What the model was sent on the follow-up prompt: the stored history, then it."""
+        for entry in self.log("calls.jsonl"):
+            if entry["conversation"] == conversation and entry["scenario"] == "followup":
+                return list(entry["messages"])
+        raise AssertionError(f"no follow-up prompt in {conversation}")
+
+    def close(self) -> None:
+        self.a.kill()
+        self.b.kill()
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[Replicas]:
+    url = create_database()
+    try:
+        pair = Replicas(tmp_path, url)
+        try:
+            yield pair
+        finally:
+            pair.close()
+    finally:
+        drop_database(url)
+
+
+def sse_frames(response: httpx2.Response) -> Iterator[Frame]:
+    data: list[str] = []
+    for line in response.iter_lines():
+        if line.startswith("data:"):
+            data.append(line[5:].strip())
+        elif not line and data:
+            yield json.loads("\n".join(data))
+            data = []
+
+
+def read(stream: Iterator[Frame], until: Callable[[Frame], bool], seen: list[Frame]) -> Frame:
+    for frame in stream:
+        seen.append(frame)
+        if until(frame):
+            return frame
+    raise AssertionError(f"the stream ended before the awaited frame: {seen[-3:]}")
+
+
+def terminal(frame: Frame) -> bool:
+    return frame["event"] in ("complete", "error")
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+def prompt(server: ServerProcess, conversation: str, message: str) -> list[Frame]:
+    seen: list[Frame] = []
+    body = {"message": message, "conversationId": conversation}
+    with httpx2.stream("POST", server.url + PATH, json=body, timeout=WAIT) as response:
+        assert response.status_code == 200
+        read(sse_frames(response), terminal, seen)
+    assert seen[-1]["event"] == "complete", seen[-3:]
+    return seen
+
+
+def follow(server: ServerProcess, conversation: str, last_seq: int) -> list[Frame]:
+    seen: list[Frame] = []
+    with httpx2.stream(
+        "GET",
+        f"{server.url}{PATH}/conversations/{conversation}/events",
+        headers={"Last-Event-ID": str(last_seq)},
+        timeout=WAIT,
+    ) as response:
+        assert response.status_code == 200, response.read()
+        read(sse_frames(response), terminal, seen)
+    return seen
+
+
+def test_replica_b_takes_over_a_run_of_killed_replica_a(replicas: Replicas) -> None:
+    for server in (replicas.a, replicas.b):
+        info = httpx2.get(server.url + "/api/console/info", timeout=WAIT).json()
+        assert info["harness"]["durable-runs"] == "ACTIVE(postgres)"
+        assert info["backends"] == {"state": "postgres", "events": "postgres"}
+    # The reference: the same prompt, undisturbed, on replica B.
+    prompt(replicas.b, "ref", "sleep now")
+    prompt(replicas.b, "ref", "followup")
+
+    # Replica A runs the prompt; it is SIGKILLed while its (non-idempotent) tool sleeps.
+    replicas.hold("cut-tool")
+    before: list[Frame] = []
+    body = {"message": "sleep now", "conversationId": "cut"}
+    with httpx2.stream("POST", replicas.a.url + PATH, json=body, timeout=WAIT) as response:
+
+        def sleeping(frame: Frame) -> bool:
+            if frame["event"] != "tool-start":
+                return False
+            wait_for(lambda: replicas.tool_runs("cut") == ["sleepy"], "the tool to start")
+            return True
+
+        read(sse_frames(response), sleeping, before)
+        replicas.a.kill()
+    replicas.release("cut-tool")
+
+    # Replica B, never restarted, claims the run once A's lease ran out, and asks the model for
+    # the one turn left.
+    wait_for(lambda: replicas.calls("cut").get(1) == 1, "replica B to resume the run")
+    # (B's own journal serves the run: `follow` finds it in B's memory, where the resume put it.)
+    after = follow(replicas.b, "cut", before[-1]["seq"])
+    seqs = [frame["seq"] for frame in after]
+    assert seqs == list(range(before[-1]["seq"] + 1, before[-1]["seq"] + 1 + len(after)))
+    assert {frame["sessionId"] for frame in before + after} == {before[0]["sessionId"]}
+    assert after[-1]["event"] == "complete", after[-3:]
+    assert [f["data"]["result"] for f in after if f["event"] == "tool-result"] == [INTERRUPTED]
+    assert replicas.a.process is not None
+    assert replicas.a.process.poll() is not None  # A is dead: B ran it
+
+    prompt(replicas.b, "cut", "followup")
+    # Turn 0 was journalled on A: never asked again. Turn 1 once, on B. The tool ran once.
+    assert replicas.calls("cut") == {0: 1, 1: 1}
+    assert replicas.tool_runs("cut") == ["sleepy"]
+    cut_history, ref_history = replicas.history("cut"), replicas.history("ref")
+    assert [m[1] for m in cut_history if m[0] == "tool"] == [INTERRUPTED]
+    assert [m for m in cut_history if m[1] != INTERRUPTED] == [
+        m for m in ref_history if m[1] != "rested"
+    ]
+
+
+def test_an_approval_answered_on_b_while_a_is_dead_is_taken_over_with_the_run(
+    replicas: Replicas,
+) -> None:
+    prompt_approving(replicas.b, "ref", "approval please")
+    prompt(replicas.b, "ref", "followup")
+
+    # Replica A raises the approval and is SIGKILLed while it waits.
+    before: list[Frame] = []
+    body = {"message": "approval please", "conversationId": "cut"}
+    with httpx2.stream("POST", replicas.a.url + PATH, json=body, timeout=WAIT) as response:
+        read(sse_frames(response), lambda f: f["event"] == "approval-required", before)
+        replicas.a.kill()
+    approval_id = before[-1]["data"]["approvalId"]
+
+    # The approval is still pending (its row is shared): answered on B before any replica runs
+    # the run again, the answer is kept, and the run B resumes goes on with it.
+    answer(replicas.b, approval_id)
+    wait_for(lambda: replicas.calls("cut").get(1) == 1, "replica B to resume the run")
+    after = follow(replicas.b, "cut", before[-1]["seq"])
+    assert after[-1]["event"] == "complete", after[-3:]
+    assert {frame["sessionId"] for frame in before + after} == {before[0]["sessionId"]}
+    announced = [f["data"]["approvalId"] for f in after if f["event"] == "approval-required"]
+    assert announced == [approval_id]  # re-announced under its id, already answered
+
+    prompt(replicas.b, "cut", "followup")
+    assert replicas.calls("cut") == {0: 1, 1: 1}
+    assert replicas.tool_runs("cut") == ["approve_me"]
+    assert replicas.history("cut") == replicas.history("ref")
+
+
+def answer(server: ServerProcess, approval_id: str) -> None:
+    response = httpx2.post(
+        f"{server.url}{PATH}/approvals/{approval_id}", json={"approve": True}, timeout=WAIT
+    )
+    assert response.status_code == 200, response.text
+
+
+def prompt_approving(server: ServerProcess, conversation: str, message: str) -> None:
+    seen: list[Frame] = []
+    body = {"message": message, "conversationId": conversation}
+    with httpx2.stream("POST", server.url + PATH, json=body, timeout=WAIT) as response:
+        stream = sse_frames(response)
+        while not terminal(
+            read(stream, lambda f: terminal(f) or f["event"] == "approval-required", seen)
+        ):
+            answer(server, seen[-1]["data"]["approvalId"])
+    assert seen[-1]["event"] == "complete", seen[-3:]
+
+
+def test_events_on_b_replay_and_follow_a_run_executing_on_a(replicas: Replicas) -> None:
+    replicas.hold("live-tool")
+    on_a: list[Frame] = []
+    body = {"message": "sleep now", "conversationId": "live"}
+    with httpx2.stream("POST", replicas.a.url + PATH, json=body, timeout=WAIT) as response:
+        stream = sse_frames(response)
+
+        def sleeping(frame: Frame) -> bool:
+            if frame["event"] != "tool-start":
+                return False
+            wait_for(lambda: replicas.tool_runs("live") == ["sleepy"], "the tool to start")
+            return True
+
+        read(stream, sleeping, on_a)
+        # B does not run it: it replays it from the shared journal and follows it live once
+        # the tool returns on A.
+        seen_on_b: list[Frame] = []
+        with httpx2.stream(
+            "GET",
+            f"{replicas.b.url}{PATH}/conversations/live/events",
+            headers={"Last-Event-ID": "0"},
+            timeout=WAIT,
+        ) as followed:
+            assert followed.status_code == 200, followed.read()
+            from_b = sse_frames(followed)
+            read(from_b, lambda f: f["seq"] == on_a[-1]["seq"], seen_on_b)
+            assert seen_on_b == on_a
+            replicas.release("live-tool")
+            read(from_b, terminal, seen_on_b)
+        read(stream, terminal, on_a)
+    assert seen_on_b == on_a
+    assert on_a[-1]["event"] == "complete"
+    assert replicas.calls("live") == {0: 1, 1: 1}
+
+    # From the middle, after it ended: its frames stay a little for the other replicas.
+    assert follow(replicas.b, "live", on_a[2]["seq"]) == on_a[3:]
