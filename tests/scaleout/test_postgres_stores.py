@@ -213,6 +213,40 @@ async def test_summary_extraction_marks_close_and_idle(
     assert await b.history.messages(KEY) == []
 
 
+async def test_a_conversation_closed_on_two_replicas_is_extracted_by_one(
+    pair: tuple[StateBackends, StateBackends],
+) -> None:
+    """Both replicas close it; only one gets the messages to extract (one model call, not
+    two), until it marks them extracted or its claim expires."""
+    import asyncio
+
+    from atmosphere_harness.backends.postgres import history as postgres_history
+
+    a, b = pair
+    assert a.history is not None
+    assert b.history is not None
+    await a.history.append(KEY, [Message("user", f"fact {i}") for i in range(3)])
+    assert await a.history.close(KEY)
+    assert await b.history.close(KEY)
+    got = await asyncio.gather(a.history.unextracted(KEY, 100), b.history.unextracted(KEY, 100))
+    assert sorted(len(messages) for messages, _last in got) == [0, 3]
+    assert await a.history.unextracted(KEY, 100) == ([], 0), "still claimed"
+    winner = a.history if got[0][0] else b.history
+    await winner.mark_extracted(KEY, 3)
+    await a.history.append(KEY, [Message("user", "later")])
+    # A replica that dies mid-extraction leaves its claim to expire (here: one that already has).
+    original = postgres_history.EXTRACTION_CLAIM
+    postgres_history.EXTRACTION_CLAIM = -1.0
+    try:
+        fresh, last = await b.history.unextracted(KEY, 100)
+    finally:
+        postgres_history.EXTRACTION_CLAIM = original
+    assert [m.content for m in fresh] == ["later"], "the claim ended with mark_extracted"
+    assert last == 4
+    retaken, _ = await a.history.unextracted(KEY, 100)
+    assert [m.content for m in retaken] == ["later"]
+
+
 # --- plans --------------------------------------------------------------------------------------
 
 

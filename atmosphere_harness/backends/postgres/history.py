@@ -26,6 +26,9 @@ from .database import PostgresDatabase
 
 _KEY = "endpoint = $1 AND user_key = $2 AND conversation_id = $3"
 
+EXTRACTION_CLAIM = 300.0
+"""Seconds one replica's claim to extract a conversation holds if it never finishes."""
+
 
 APPEND = """
 WITH conversation AS (
@@ -155,8 +158,8 @@ class PostgresHistory:
     async def close(self, key: ConversationKey) -> bool:
         """Mark the conversation closed; `False` when it is unknown.
 
-        A conversation closed on two replicas at once is extracted by both; the facts table's
-        unique index stores each fact once (see `PostgresLongTermMemory`).
+        A conversation closed on two replicas at once is closed on both, but extracted by one:
+        `unextracted` claims it (see there).
         """
         now = time.time()
 
@@ -172,15 +175,27 @@ class PostgresHistory:
         return await self.database.run(work)
 
     async def unextracted(self, key: ConversationKey, limit: int) -> tuple[list[Message], int]:
+        """The messages extraction has not read yet, claimed for this caller.
+
+        The claim (`extracting_until`, `EXTRACTION_CLAIM` seconds) is taken in the same
+        statement that reads the bounds, so of two replicas closing one conversation at once
+        only one gets messages and calls the model; `mark_extracted` ends the claim, and a
+        replica that died mid-extraction leaves it to expire.
+        """
+        now = time.time()
+
         async def work(connection: Any) -> tuple[list[Any], int]:
-            async with connection.transaction(isolation="repeatable_read", readonly=True):
+            async with connection.transaction(isolation="read_committed"):
                 row = await connection.fetchrow(
-                    "SELECT id, extracted_seq, last_seq FROM atmosphere_conversations "
-                    f"WHERE {_KEY}",
+                    "UPDATE atmosphere_conversations SET extracting_until = $4 + $5 "
+                    f"WHERE {_KEY} AND (extracting_until IS NULL OR extracting_until < $4) "
+                    "RETURNING id, extracted_seq, last_seq",
                     *_key_args(key),
+                    now,
+                    EXTRACTION_CLAIM,
                 )
                 if row is None:
-                    return [], 0
+                    return [], 0  # unknown, or another replica is extracting it
                 rows: list[Any] = await connection.fetch(
                     "SELECT payload FROM atmosphere_messages WHERE conversation = $1 "
                     "AND seq > $2 ORDER BY seq DESC LIMIT $3",
@@ -188,6 +203,12 @@ class PostgresHistory:
                     row["extracted_seq"],
                     limit,
                 )
+                if not rows:
+                    await connection.execute(
+                        "UPDATE atmosphere_conversations SET extracting_until = NULL "
+                        "WHERE id = $1",
+                        row["id"],
+                    )
                 return rows, int(row["last_seq"])
 
         rows, last = await self.database.run(work)
@@ -197,7 +218,7 @@ class PostgresHistory:
         async def work(connection: Any) -> None:
             await connection.execute(
                 "UPDATE atmosphere_conversations SET extracted_seq = "
-                f"greatest(extracted_seq, $4) WHERE {_KEY}",
+                f"greatest(extracted_seq, $4), extracting_until = NULL WHERE {_KEY}",
                 *_key_args(key),
                 upto_seq,
             )

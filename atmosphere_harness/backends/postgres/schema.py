@@ -149,6 +149,10 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (run, key)
     );
     """,
+    # 4: one replica extracts a conversation closed on several at once (a claim with a deadline).
+    """
+    ALTER TABLE atmosphere_conversations ADD COLUMN extracting_until double precision;
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 
