@@ -165,7 +165,7 @@ def test_replica_b_takes_over_a_run_of_killed_replica_a(replicas: Replicas) -> N
     for server in (replicas.a, replicas.b):
         info = httpx2.get(server.url + "/api/console/info", timeout=WAIT).json()
         assert info["harness"]["durable-runs"] == "ACTIVE(postgres)"
-        assert info["backends"] == {"state": "postgres", "events": "postgres"}
+        assert info["backends"] == {"state": "postgres", "events": "postgres", "workspace": "files"}
     # The reference: the same prompt, undisturbed, on replica B.
     prompt(replicas.b, "ref", "sleep now")
     prompt(replicas.b, "ref", "followup")
