@@ -100,11 +100,17 @@ def encode(data: Mapping[str, Any]) -> str:
     return json_line(data)
 
 
-@dataclass(eq=False, slots=True)
-class _Subscriber:
+@dataclass(eq=False)
+class Subscriber:
+    """One viewer's bounded queue of plan updates: the `PlanSubscription` every bus hands out.
+
+    Shared by the embedded, PostgreSQL and Redis buses so that a slow viewer is treated the same
+    on each (its oldest pending updates go, with one WARN) and batches come out the same way.
+    """
+
     pending: deque[PlanEvent]
-    replay: Sequence[PlanEvent] | None
-    cursor: str
+    replay: Sequence[PlanEvent] | None = None
+    cursor: str = ""
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
     dropped: int = 0
@@ -146,7 +152,7 @@ class _Topic:
     seq: int = 0
     history: deque[tuple[int, PlanEvent]] = field(default_factory=deque)
     history_bytes: int = 0
-    subscribers: set[_Subscriber] = field(default_factory=set)
+    subscribers: set[Subscriber] = field(default_factory=set)
 
     def cursor(self) -> str:
         return f"{self.epoch}-{self.seq}"
@@ -215,7 +221,7 @@ class InProcessPlanBus:
             raise PlanBusFull(
                 f"conversation {conversation_id!r} already has {self.max_subscribers} viewers"
             )
-        subscriber = _Subscriber(
+        subscriber = Subscriber(
             deque(maxlen=self.queue_size), topic.replay_after(last_event_id), topic.cursor()
         )
         if self._closed:

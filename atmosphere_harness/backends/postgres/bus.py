@@ -26,7 +26,7 @@ import contextlib
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from ...planning.bus import (
     PlanBusFull,
     PlanEvent,
     PlanSubscription,
+    Subscriber,
     encode,
 )
 from .database import PostgresDatabase
@@ -53,46 +54,10 @@ Topic = tuple[str, str]
 
 
 @dataclass(eq=False)
-class _Viewer:
+class _Viewer(Subscriber):
     """One subscription: what it still has to read, from `after` on."""
 
-    pending: deque[PlanEvent]
-    replay: Sequence[PlanEvent] | None = None
-    cursor: str = ""
     after: int = 0
-    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
-    closed: bool = False
-    dropped: int = 0
-
-    def push(self, event: PlanEvent) -> None:
-        if len(self.pending) == self.pending.maxlen:
-            if not self.dropped:
-                log.warning(
-                    "slow plan subscriber: dropping its oldest pending updates",
-                    buffer=self.pending.maxlen,
-                )
-            self.dropped += 1
-        self.pending.append(event)
-        self.wakeup.set()
-
-    def close(self) -> None:
-        self.closed = True
-        self.wakeup.set()
-
-    def __aiter__(self) -> AsyncIterator[Sequence[PlanEvent]]:
-        return self._batches()
-
-    async def _batches(self) -> AsyncIterator[Sequence[PlanEvent]]:
-        while True:
-            if self.pending:
-                batch = list(self.pending)
-                self.pending.clear()
-                yield batch
-                continue
-            if self.closed:
-                return
-            self.wakeup.clear()
-            await self.wakeup.wait()
 
 
 @dataclass(eq=False)

@@ -205,8 +205,7 @@ class PostgresHistory:
                 )
                 if not rows:
                     await connection.execute(
-                        "UPDATE atmosphere_conversations SET extracting_until = NULL "
-                        "WHERE id = $1",
+                        "UPDATE atmosphere_conversations SET extracting_until = NULL WHERE id = $1",
                         row["id"],
                     )
                 return rows, int(row["last_seq"])

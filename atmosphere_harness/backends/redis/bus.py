@@ -25,7 +25,7 @@ import json
 import re
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ from ...planning.bus import (
     PlanBusFull,
     PlanEvent,
     PlanSubscription,
+    Subscriber,
     encode,
 )
 from .connection import RedisConnection, digest
@@ -67,50 +68,17 @@ def parse_id(value: str) -> tuple[int, int] | None:
     return int(first), int(second)
 
 
-@dataclass(eq=False, slots=True)
-class _Viewer:
+@dataclass(eq=False)
+class _Viewer(Subscriber):
     """One subscription: its bounded buffer, its replay and the cursor it started after."""
 
-    pending: deque[PlanEvent]
-    replay: Sequence[PlanEvent] | None
-    cursor: str
-    after: tuple[int, int]
-    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
-    closed: bool = False
-    dropped: int = 0
+    after: tuple[int, int] = (0, 0)
 
-    def push(self, event: PlanEvent, order: tuple[int, int]) -> None:
+    def offer(self, event: PlanEvent, order: tuple[int, int]) -> None:
         if order <= self.after:
             return  # already in the snapshot or the replay this viewer was given
         self.after = order
-        if len(self.pending) == self.pending.maxlen:
-            if not self.dropped:
-                log.warning(
-                    "slow plan subscriber: dropping its oldest pending updates",
-                    buffer=self.pending.maxlen,
-                )
-            self.dropped += 1
-        self.pending.append(event)
-        self.wakeup.set()
-
-    def close(self) -> None:
-        self.closed = True
-        self.wakeup.set()
-
-    def __aiter__(self) -> AsyncIterator[Sequence[PlanEvent]]:
-        return self._batches()
-
-    async def _batches(self) -> AsyncIterator[Sequence[PlanEvent]]:
-        while True:
-            if self.pending:
-                batch = list(self.pending)
-                self.pending.clear()
-                yield batch
-                continue
-            if self.closed:
-                return
-            self.wakeup.clear()
-            await self.wakeup.wait()
+        self.push(event)
 
 
 @dataclass(eq=False, slots=True)
@@ -188,7 +156,7 @@ class RedisPlanBus:
             deque(maxlen=self.queue_size),
             replay,
             cursor,
-            parse_id(replay[-1].id if replay else cursor) or (0, 0),
+            after=parse_id(replay[-1].id if replay else cursor) or (0, 0),
         )
         if self._closed:
             viewer.close()
@@ -331,7 +299,7 @@ class RedisPlanBus:
                     order = parse_id(event.id) or (0, 0)
                     following.last_id = event.id
                     for viewer in list(following.viewers):
-                        viewer.push(event, order)
+                        viewer.offer(event, order)
         await self._drop_reader()
 
     async def _drop_reader(self) -> None:
