@@ -99,6 +99,27 @@ def check_key(label: str, value: object) -> str:
     return value
 
 
+def checked_put(
+    agent_id: str, conversation_id: str, plan: AgentPlan, *, max_steps: int, max_plan_bytes: int
+) -> tuple[str, str, bytes]:
+    """A `PlanStore.put`'s arguments validated, as `(agent, conversation, UTF-8 JSON)`: every
+    store (files, PostgreSQL, Redis) rejects the same plans with the same messages."""
+    if plan is None:
+        raise PlanStoreError("plan must not be None")
+    agent = check_key("agentId", agent_id)
+    conversation = check_key("conversationId", conversation_id)
+    if len(plan.steps) > max_steps:
+        raise PlanStoreError(
+            f"plan rejected: {len(plan.steps)} steps exceeds the {max_steps}-step limit"
+        )
+    data = plan.to_json().encode("utf-8")
+    if len(data) > max_plan_bytes:
+        raise PlanStoreError(
+            f"plan rejected: {len(data)} bytes exceeds the {max_plan_bytes}-byte limit"
+        )
+    return agent, conversation, data
+
+
 class FilePlanStore:
     """Plans as JSON files under `{root}/plans/`; see the module docstring for the guarantees.
 
@@ -138,19 +159,13 @@ class FilePlanStore:
         return await asyncio.to_thread(self._read, agent, conversation)
 
     async def put(self, agent_id: str, conversation_id: str, plan: AgentPlan) -> None:
-        if plan is None:
-            raise PlanStoreError("plan must not be None")
-        agent = check_key("agentId", agent_id)
-        conversation = check_key("conversationId", conversation_id)
-        if len(plan.steps) > self.max_steps:
-            raise PlanStoreError(
-                f"plan rejected: {len(plan.steps)} steps exceeds the {self.max_steps}-step limit"
-            )
-        data = plan.to_json().encode("utf-8")
-        if len(data) > self.max_plan_bytes:
-            raise PlanStoreError(
-                f"plan rejected: {len(data)} bytes exceeds the {self.max_plan_bytes}-byte limit"
-            )
+        agent, conversation, data = checked_put(
+            agent_id,
+            conversation_id,
+            plan,
+            max_steps=self.max_steps,
+            max_plan_bytes=self.max_plan_bytes,
+        )
         key = (agent, conversation)
         lock = self._locks.get(key)
         if lock is None:

@@ -19,7 +19,13 @@ from typing import Any
 
 from ...log import get_logger
 from ...planning.model import AgentPlan
-from ...planning.store import MAX_PLAN_BYTES, MAX_PLAN_FILES, MAX_STEPS, PlanStoreError, check_key
+from ...planning.store import (
+    MAX_PLAN_BYTES,
+    MAX_PLAN_FILES,
+    MAX_STEPS,
+    check_key,
+    checked_put,
+)
 from .database import PostgresDatabase
 
 log = get_logger(__name__)
@@ -76,20 +82,14 @@ class PostgresPlanStore:
             return None
 
     async def put(self, agent_id: str, conversation_id: str, plan: AgentPlan) -> None:
-        if plan is None:
-            raise PlanStoreError("plan must not be None")
-        agent = check_key("agentId", agent_id)
-        conversation = check_key("conversationId", conversation_id)
-        if len(plan.steps) > self.max_steps:
-            raise PlanStoreError(
-                f"plan rejected: {len(plan.steps)} steps exceeds the {self.max_steps}-step limit"
-            )
-        text = plan.to_json()
-        size = len(text.encode("utf-8"))
-        if size > self.max_plan_bytes:
-            raise PlanStoreError(
-                f"plan rejected: {size} bytes exceeds the {self.max_plan_bytes}-byte limit"
-            )
+        agent, conversation, encoded = checked_put(
+            agent_id,
+            conversation_id,
+            plan,
+            max_steps=self.max_steps,
+            max_plan_bytes=self.max_plan_bytes,
+        )
+        text = encoded.decode("utf-8")
         now = time.time()
 
         async def work(connection: Any) -> int:

@@ -25,6 +25,7 @@ from ...planning.store import (
     MAX_STEPS,
     PlanStoreError,
     check_key,
+    checked_put,
 )
 from .connection import RedisConnection, as_str, digest
 
@@ -108,20 +109,14 @@ class RedisPlanStore:
             return None
 
     async def put(self, agent_id: str, conversation_id: str, plan: AgentPlan) -> None:
-        if plan is None:
-            raise PlanStoreError("plan must not be None")
-        agent = check_key("agentId", agent_id)
-        conversation = check_key("conversationId", conversation_id)
-        if len(plan.steps) > self.max_steps:
-            raise PlanStoreError(
-                f"plan rejected: {len(plan.steps)} steps exceeds the {self.max_steps}-step limit"
-            )
-        data = plan.to_json()
-        size = len(data.encode("utf-8"))
-        if size > self.max_plan_bytes:
-            raise PlanStoreError(
-                f"plan rejected: {size} bytes exceeds the {self.max_plan_bytes}-byte limit"
-            )
+        agent, conversation, encoded = checked_put(
+            agent_id,
+            conversation_id,
+            plan,
+            max_steps=self.max_steps,
+            max_plan_bytes=self.max_plan_bytes,
+        )
+        data = encoded.decode("utf-8")
         name = self._name(agent, conversation)
         with self.connection.unavailable("saving the plan"):
             evicted = int(
