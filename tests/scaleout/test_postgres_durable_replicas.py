@@ -39,11 +39,13 @@ Frame = dict[str, Any]
 class Replicas:
     """Replicas A and B of the durable test app on one database, and the files they write."""
 
-    def __init__(self, root: Path, url: str) -> None:
+    def __init__(self, root: Path, url: str, backend: str = "postgres") -> None:
         self.root = root
+        self.backend = backend
+        """The store the replicas share: `postgres` or `redis` (`test_redis_durable_replicas`)."""
         (root / "hold").mkdir()
         env = {
-            "ATMOSPHERE_POSTGRES_URL": url,
+            f"ATMOSPHERE_{backend.upper()}_URL": url,
             "ATMOSPHERE_DURABLE_RUNS_ENABLED": "true",
             "ATMOSPHERE_DURABLE_RUNS_LEASE_SECONDS": LEASE_SECONDS,
             "DURABLE_TEST_DIR": str(root),
@@ -164,8 +166,12 @@ def follow(server: ServerProcess, conversation: str, last_seq: int) -> list[Fram
 def test_replica_b_takes_over_a_run_of_killed_replica_a(replicas: Replicas) -> None:
     for server in (replicas.a, replicas.b):
         info = httpx2.get(server.url + "/api/console/info", timeout=WAIT).json()
-        assert info["harness"]["durable-runs"] == "ACTIVE(postgres)"
-        assert info["backends"] == {"state": "postgres", "events": "postgres", "workspace": "files"}
+        assert info["harness"]["durable-runs"] == f"ACTIVE({replicas.backend})"
+        assert info["backends"] == {
+            "state": replicas.backend,
+            "events": replicas.backend,
+            "workspace": "files",
+        }
     # The reference: the same prompt, undisturbed, on replica B.
     prompt(replicas.b, "ref", "sleep now")
     prompt(replicas.b, "ref", "followup")

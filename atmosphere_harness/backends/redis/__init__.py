@@ -7,14 +7,18 @@ settings)` keeps another backend's state (PostgreSQL) and moves only the plan fa
 
 One `RedisConnection` (pool + key prefix) is shared by every part and listed in
 `StateBackends.resources`: the host pings it at start-up, so an unreachable URL fails there, and
-closes it last. Needs a standalone Redis 7 or later (Sentinel works; Cluster does not: the
-scripts touch keys they compute).
+closes it last. With durable runs on, the run journal is `RedisRunStore` behind
+`kernel.journal.LiveRuns` (a resumed run's approvals are reopened under their id).
+
+Needs a standalone Redis 7 or later (Sentinel works; Cluster does not: the scripts touch keys
+they compute).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from ...kernel.journal import LiveRuns
 from ...settings import HarnessSettings
 from .. import StateBackends
 from .approvals import RedisApprovalStore
@@ -24,6 +28,7 @@ from .history import RedisHistory
 from .locks import RedisConversationLocks
 from .long_term import RedisLongTermMemory
 from .plans import RedisPlanStore
+from .runs import RedisRunStore
 
 __all__ = [
     "RedisApprovalStore",
@@ -33,6 +38,7 @@ __all__ = [
     "RedisLongTermMemory",
     "RedisPlanBus",
     "RedisPlanStore",
+    "RedisRunStore",
     "RedisUnavailable",
     "redis_backends",
     "with_redis_events",
@@ -51,7 +57,7 @@ def redis_backends(settings: HarnessSettings) -> StateBackends:
     connection = _connection(settings)
     bus = RedisPlanBus(connection)
     connection.on_close(bus.aclose)
-    return StateBackends(
+    backends = StateBackends(
         state="redis",
         events="redis",
         locks=RedisConversationLocks(connection),
@@ -64,6 +70,14 @@ def redis_backends(settings: HarnessSettings) -> StateBackends:
         ),
         resources=[connection],
     )
+    group = settings.groups.backends
+    if group.durable_runs:
+        backends.runs = LiveRuns(
+            RedisRunStore(connection),
+            lease_seconds=group.durable_runs_lease_seconds,
+            keep_seconds=group.durable_runs_keep_seconds,
+        )
+    return backends
 
 
 def with_redis_events(backends: StateBackends, settings: HarnessSettings) -> StateBackends:

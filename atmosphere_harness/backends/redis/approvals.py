@@ -59,6 +59,27 @@ return 1
 # ARGV: now, max pending, expires, id, path, conversation, user, has_user, tool, call,
 #       arguments, replica, grace.
 
+_REOPEN = """
+if redis.call('EXISTS', KEYS[2]) == 1 then
+    redis.call('HSET', KEYS[2], 'replica', ARGV[12])
+else
+    redis.call('HSET', KEYS[2], 'path', ARGV[5], 'conversation', ARGV[6], 'user', ARGV[7],
+        'has_user', ARGV[8], 'tool', ARGV[9], 'call', ARGV[10], 'arguments', ARGV[11],
+        'expires', ARGV[3], 'replica', ARGV[12], 'state', 'pending')
+    redis.call('EXPIREAT', KEYS[2], math.floor(tonumber(ARGV[3])) + tonumber(ARGV[13]))
+end
+if redis.call('HGET', KEYS[2], 'state') == 'pending' then
+    redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
+    redis.call('SADD', KEYS[3], ARGV[4])
+    local ttl = math.floor(tonumber(ARGV[3]) - tonumber(ARGV[1])) + tonumber(ARGV[13])
+    if ttl > 0 and redis.call('TTL', KEYS[3]) < ttl then redis.call('EXPIRE', KEYS[3], ttl) end
+end
+return redis.call('HGET', KEYS[2], 'answer')
+"""
+# The approval a resumed durable run raised before its replica died, open again on this
+# replica (its answers now wake us; never counted against max pending a second time: it was
+# when it was raised). Returns an answer given meanwhile. KEYS and ARGV as `_OPEN`'s.
+
 _ANSWER = """
 local state = redis.call('HMGET', KEYS[1], 'path', 'user', 'has_user', 'state', 'replica',
     'expires')
@@ -120,6 +141,7 @@ class RedisApprovalStore:
         self._local: dict[str, PendingApproval] = {}
         self._listener: asyncio.Task[None] | None = None
         self._open_script = connection.client.register_script(_OPEN)
+        self._reopen_script = connection.client.register_script(_REOPEN)
         self._answer_script = connection.client.register_script(_ANSWER)
         self._close_script = connection.client.register_script(_CLOSE)
         connection.on_close(self.aclose)
@@ -156,22 +178,30 @@ class RedisApprovalStore:
         tool_call_id: str,
         arguments: Mapping[str, Any],
         timeout: float,
+        approval_id: str | None = None,
+        expires_at: float | None = None,
     ) -> PendingApproval | None:
+        """Register a call that waits for an answer; `None` when too many already wait.
+
+        `approval_id` and `expires_at` re-open the approval a durable run raised before its
+        replica died (the run resumed here, possibly on another replica): its hash is taken
+        over by this replica, keeping an answer given meanwhile, which resolves the wait."""
         self._ensure_listener()
         now = time.time()
         pending = PendingApproval(
-            id=uuid.uuid4().hex,
+            id=approval_id or uuid.uuid4().hex,
             path=path,
             conversation_id=conversation_id,
             user_id=user_id,
             tool=tool,
             tool_call_id=tool_call_id,
             arguments=dict(arguments),
-            expires_at=now + timeout,
+            expires_at=expires_at if expires_at is not None else now + timeout,
             future=asyncio.get_running_loop().create_future(),
         )
+        script = self._open_script if approval_id is None else self._reopen_script
         with self.connection.unavailable("registering an approval"):
-            added = await self._open_script(
+            added = await script(
                 keys=[
                     self._pending_key(),
                     self._approval_key(pending.id),
@@ -193,6 +223,12 @@ class RedisApprovalStore:
                     GRACE,
                 ],
             )
+        if approval_id is not None:
+            self._local[pending.id] = pending
+            text = as_str(added)
+            if text:
+                pending.future.set_result(_answer_from(text))
+            return pending
         if not added:
             return None
         self._local[pending.id] = pending
