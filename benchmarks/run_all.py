@@ -62,6 +62,13 @@ SCRIPTS: dict[str, tuple[str, list[str], list[str]]] = {
         ["--turns", "300", "--updates", "200", "--rounds", "3"],
         ["--turns", "6", "--updates", "3", "--rounds", "1"],
     ),
+    # Needs Redis on 127.0.0.1:6379 (every machine of this project has it); keys go under a
+    # random prefix on database 15 and are deleted at the end.
+    "redis_backend": (
+        "redis_backend.py",
+        ["--turns", "200", "--rounds", "3", "--updates", "200"],
+        ["--turns", "4", "--rounds", "1", "--updates", "3"],
+    ),
     "memory": (
         "memory_bench.py",
         ["--peer-python", sys.executable],
