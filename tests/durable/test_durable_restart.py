@@ -16,8 +16,6 @@ the client re-attaches with `Last-Event-ID` and reads it to its end. Then:
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,24 +24,24 @@ import httpx2
 import pytest
 
 from tests.durable.app import PATH, STREAMED
+from tests.durable.support import (
+    INTERRUPTED,
+    WAIT,
+    Frame,
+    ScenarioFiles,
+    read,
+    sse_frames,
+    terminal,
+    wait_for,
+)
 from tests.reliability.server import ServerProcess
 
-INTERRUPTED = (
-    '{"status":"interrupted","message":"the server restarted while this tool ran; '
-    'call it again if it is still needed"}'
-)
-WAIT = 60.0
-"""Hang guard for anything the test waits on (not a speed expectation)."""
 
-Frame = dict[str, Any]
-
-
-class Harness:
-    """One test's directory: the workspace, the logs the app writes, and its servers."""
+class Harness(ScenarioFiles):
+    """One test's directory (see `ScenarioFiles`) and its server, restarted as the test says."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        (root / "hold").mkdir()
+        super().__init__(root)
         self.server: ServerProcess | None = None
         self.lives = 0
 
@@ -67,36 +65,6 @@ class Harness:
         assert self.server is not None
         return self.server.url + PATH
 
-    def hold(self, name: str) -> None:
-        (self.root / "hold" / name).touch()
-
-    def release(self, name: str) -> None:
-        (self.root / "hold" / name).unlink(missing_ok=True)
-
-    def log(self, name: str) -> list[dict[str, Any]]:
-        path = self.root / name
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-    def calls(self, conversation: str) -> dict[int, int]:
-        """Model calls per round of `conversation`'s first prompt (the scenario's)."""
-        counted: dict[int, int] = {}
-        for entry in self.log("calls.jsonl"):
-            if entry["conversation"] == conversation and entry["scenario"] != "followup":
-                counted[entry["round"]] = counted.get(entry["round"], 0) + 1
-        return counted
-
-    def tool_runs(self, conversation: str) -> list[str]:
-        return [e["tool"] for e in self.log("tools.jsonl") if e["conversation"] == conversation]
-
-    def history(self, conversation: str) -> list[Any]:
-        """What the model was sent on the follow-up prompt: the stored history, then it."""
-        for entry in self.log("calls.jsonl"):
-            if entry["conversation"] == conversation and entry["scenario"] == "followup":
-                return list(entry["messages"])
-        raise AssertionError(f"no follow-up prompt in {conversation}")
-
     def close(self) -> None:
         if self.server is not None:
             self.server.kill()
@@ -114,31 +82,8 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
 # --- reading a stream ---------------------------------------------------------------------
 
 
-def sse_frames(response: httpx2.Response) -> Iterator[Frame]:
-    """Each frame of an SSE response, as it arrives."""
-    data: list[str] = []
-    for line in response.iter_lines():
-        if line.startswith("data:"):
-            data.append(line[5:].strip())
-        elif not line and data:
-            yield json.loads("\n".join(data))
-            data = []
-
-
-def read(stream: Iterator[Frame], until: Callable[[Frame], bool], seen: list[Frame]) -> Frame:
-    for frame in stream:
-        seen.append(frame)
-        if until(frame):
-            return frame
-    raise AssertionError(f"the stream ended before the awaited frame: {seen[-3:]}")
-
-
 def is_event(name: str) -> Callable[[Frame], bool]:
     return lambda frame: frame["event"] == name
-
-
-def terminal(frame: Frame) -> bool:
-    return frame["event"] in ("complete", "error")
 
 
 def prompt(harness: Harness, conversation: str, message: str) -> list[Frame]:
@@ -185,14 +130,6 @@ def follow(harness: Harness, conversation: str, last_seq: int) -> list[Frame]:
                 break
             answer(harness, frame["data"]["approvalId"])
     return seen
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.05)
 
 
 def wait_for_true(condition: Callable[[], bool]) -> bool:

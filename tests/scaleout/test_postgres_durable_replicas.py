@@ -9,16 +9,23 @@ B is never restarted: it notices the expired lease in its own upkeep loop.
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx2
 import pytest
 
 from tests.durable.app import PATH
+from tests.durable.support import (
+    INTERRUPTED,
+    WAIT,
+    Frame,
+    ScenarioFiles,
+    read,
+    sse_frames,
+    terminal,
+    wait_for,
+)
 from tests.reliability.server import ServerProcess
 
 from .postgres_service import create_database, drop_database
@@ -26,24 +33,15 @@ from .postgres_service import create_database, drop_database
 pytestmark = pytest.mark.services
 
 LEASE_SECONDS = "2"
-WAIT = 60.0
-"""Hang guard for anything the test waits on (not a speed expectation)."""
-INTERRUPTED = (
-    '{"status":"interrupted","message":"the server restarted while this tool ran; '
-    'call it again if it is still needed"}'
-)
-
-Frame = dict[str, Any]
 
 
-class Replicas:
+class Replicas(ScenarioFiles):
     """Replicas A and B of the durable test app on one database, and the files they write."""
 
     def __init__(self, root: Path, url: str, backend: str = "postgres") -> None:
-        self.root = root
+        super().__init__(root)
         self.backend = backend
         """The store the replicas share: `postgres` or `redis` (`test_redis_durable_replicas`)."""
-        (root / "hold").mkdir()
         env = {
             f"ATMOSPHERE_{backend.upper()}_URL": url,
             "ATMOSPHERE_DURABLE_RUNS_ENABLED": "true",
@@ -62,36 +60,6 @@ class Replicas:
             module="tests.durable.app",
         ).start()
 
-    def hold(self, name: str) -> None:
-        (self.root / "hold" / name).touch()
-
-    def release(self, name: str) -> None:
-        (self.root / "hold" / name).unlink(missing_ok=True)
-
-    def log(self, name: str) -> list[dict[str, Any]]:
-        path = self.root / name
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-    def calls(self, conversation: str) -> dict[int, int]:
-        """Model calls per round of `conversation`'s first prompt, over both replicas."""
-        counted: dict[int, int] = {}
-        for entry in self.log("calls.jsonl"):
-            if entry["conversation"] == conversation and entry["scenario"] != "followup":
-                counted[entry["round"]] = counted.get(entry["round"], 0) + 1
-        return counted
-
-    def tool_runs(self, conversation: str) -> list[str]:
-        return [e["tool"] for e in self.log("tools.jsonl") if e["conversation"] == conversation]
-
-    def history(self, conversation: str) -> list[Any]:
-        """What the model was sent on the follow-up prompt: the stored history, then it."""
-        for entry in self.log("calls.jsonl"):
-            if entry["conversation"] == conversation and entry["scenario"] == "followup":
-                return list(entry["messages"])
-        raise AssertionError(f"no follow-up prompt in {conversation}")
-
     def close(self) -> None:
         self.a.kill()
         self.b.kill()
@@ -108,36 +76,6 @@ def replicas(tmp_path: Path) -> Iterator[Replicas]:
             pair.close()
     finally:
         drop_database(url)
-
-
-def sse_frames(response: httpx2.Response) -> Iterator[Frame]:
-    data: list[str] = []
-    for line in response.iter_lines():
-        if line.startswith("data:"):
-            data.append(line[5:].strip())
-        elif not line and data:
-            yield json.loads("\n".join(data))
-            data = []
-
-
-def read(stream: Iterator[Frame], until: Callable[[Frame], bool], seen: list[Frame]) -> Frame:
-    for frame in stream:
-        seen.append(frame)
-        if until(frame):
-            return frame
-    raise AssertionError(f"the stream ended before the awaited frame: {seen[-3:]}")
-
-
-def terminal(frame: Frame) -> bool:
-    return frame["event"] in ("complete", "error")
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.05)
 
 
 def prompt(server: ServerProcess, conversation: str, message: str) -> list[Frame]:
