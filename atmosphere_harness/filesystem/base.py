@@ -37,6 +37,32 @@ class FileNotFoundInWorkspace(FileSystemError):
     every other `FileSystemError` is the caller's mistake (400)."""
 
 
+def encode_content(content: str, echo: str, limits: FileSystemLimits) -> bytes:
+    """`content` as UTF-8 within the per-file limit, or the `FileSystemError` every workspace
+    backend answers (`echo` is the path as the model wrote it)."""
+    if content is None:
+        raise FileSystemError("content must not be null")
+    if not isinstance(content, str):
+        raise FileSystemError(f"content must be text, got {type(content).__name__}")
+    try:
+        data = content.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FileSystemError(
+            f"Write rejected: the content for {echo} is not valid Unicode text"
+        ) from None
+    check_file_size(echo, len(data), limits)
+    return data
+
+
+def check_file_size(echo: str, size: int, limits: FileSystemLimits) -> None:
+    """Reject a file that would be over the per-file limit (a write or an edit's result)."""
+    limit = limits.max_file_bytes
+    if size > limit:
+        raise FileSystemError(
+            f"Write rejected: {echo} would be {size} bytes, over the {limit}-byte per-file limit"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class FileInfo:
     """One `ls` entry: a path relative to the store root; size is 0 for directories."""

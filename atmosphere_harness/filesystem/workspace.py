@@ -43,7 +43,15 @@ from typing import TypeVar
 
 from . import workers
 from .atomic import read_bytes, write_atomic
-from .base import FileInfo, FileNotFoundInWorkspace, FileSystemError, FileSystemLimits, GrepHit
+from .base import (
+    FileInfo,
+    FileNotFoundInWorkspace,
+    FileSystemError,
+    FileSystemLimits,
+    GrepHit,
+    check_file_size,
+    encode_content,
+)
 from .containment import resolve
 from .globbing import compile_glob, literal_prefix
 from .paths import (
@@ -191,7 +199,7 @@ class WorkspaceAgentFileSystem:
     async def write(self, path: str, content: str) -> None:
         rel = check_path(path)
         echo = shown(path)
-        data = self._encode(content, echo)
+        data = encode_content(content, echo, self.limits)
         self.drop_prefetched()
         await self._run("write", echo, self._locked, self._write, rel, echo, data)
 
@@ -316,28 +324,6 @@ class WorkspaceAgentFileSystem:
                 self._tally.forget()  # the disk may differ from the count now
                 self._ledger.recount(None)
                 raise
-
-    def _encode(self, content: str, echo: str) -> bytes:
-        if content is None:
-            raise FileSystemError("content must not be null")
-        if not isinstance(content, str):
-            raise FileSystemError(f"content must be text, got {type(content).__name__}")
-        try:
-            data = content.encode("utf-8")
-        except UnicodeEncodeError:
-            raise FileSystemError(
-                f"Write rejected: the content for {echo} is not valid Unicode text"
-            ) from None
-        self._check_size(echo, len(data))
-        return data
-
-    def _check_size(self, echo: str, size: int) -> None:
-        limit = self.limits.max_file_bytes
-        if size > limit:
-            raise FileSystemError(
-                f"Write rejected: {echo} would be {size} bytes, "
-                f"over the {limit}-byte per-file limit"
-            )
 
     def _real(self) -> str:
         """The root's real path (symlinks of its ancestors resolved), cached once it exists."""
@@ -545,7 +531,7 @@ class WorkspaceAgentFileSystem:
         updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
         if updated != text:
             data = updated.encode("utf-8")
-            self._check_size(echo, len(data))
+            check_file_size(echo, len(data), self.limits)
             key = self._key(target)
             chain = self._chain(target)
             reserved = self._admit(key, echo, len(data), info.st_size, chain)

@@ -33,6 +33,8 @@ from ...filesystem.base import (
     FileSystemError,
     FileSystemLimits,
     GrepHit,
+    check_file_size,
+    encode_content,
 )
 from ...filesystem.globbing import compile_glob
 from ...filesystem.paths import check_dir, check_path, is_under, shown
@@ -225,7 +227,7 @@ class PostgresAgentFileSystem:
     async def write(self, path: str, content: str) -> None:
         rel = check_path(path)
         echo = shown(path)
-        data = self._encode(content, echo)
+        data = encode_content(content, echo, self.limits)
 
         async def work(connection: Any) -> None:
             async with connection.transaction():
@@ -278,7 +280,7 @@ class PostgresAgentFileSystem:
                 )
                 if updated != text:
                     data = updated.encode("utf-8")
-                    self._check_size(echo, len(data))
+                    check_file_size(echo, len(data), self.limits)
                     self._check_bounds(
                         echo, len(data), len(found), int(state["files"]), int(state["bytes"])
                     )
@@ -336,28 +338,6 @@ class PostgresAgentFileSystem:
         await self._run(work)
 
     # --- helpers --------------------------------------------------------------------------
-
-    def _encode(self, content: str, echo: str) -> bytes:
-        if content is None:
-            raise FileSystemError("content must not be null")
-        if not isinstance(content, str):
-            raise FileSystemError(f"content must be text, got {type(content).__name__}")
-        try:
-            data = content.encode("utf-8")
-        except UnicodeEncodeError:
-            raise FileSystemError(
-                f"Write rejected: the content for {echo} is not valid Unicode text"
-            ) from None
-        self._check_size(echo, len(data))
-        return data
-
-    def _check_size(self, echo: str, size: int) -> None:
-        limit = self.limits.max_file_bytes
-        if size > limit:
-            raise FileSystemError(
-                f"Write rejected: {echo} would be {size} bytes, "
-                f"over the {limit}-byte per-file limit"
-            )
 
     def _check_bounds(
         self, echo: str, new_size: int, old_size: int | None, count: int, total: int
