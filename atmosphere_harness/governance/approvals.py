@@ -57,6 +57,37 @@ class PendingApproval:
     """Wall-clock expiry (epoch seconds)."""
     future: asyncio.Future[Answer] = field(repr=False)
 
+    @classmethod
+    def create(
+        cls,
+        *,
+        path: str,
+        conversation_id: str,
+        user_id: str | None,
+        tool: str,
+        tool_call_id: str,
+        arguments: Mapping[str, Any],
+        timeout: float,
+        approval_id: str | None = None,
+        expires_at: float | None = None,
+        now: float | None = None,
+    ) -> PendingApproval:
+        """What every `ApprovalStore.open` registers: a new id and `timeout` from `now`, or, for
+        an approval a durable run re-opens, its own id and deadline."""
+        if expires_at is None:
+            expires_at = (time.time() if now is None else now) + timeout
+        return cls(
+            id=approval_id or uuid.uuid4().hex,
+            path=path,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            tool=tool,
+            tool_call_id=tool_call_id,
+            arguments=dict(arguments),
+            expires_at=expires_at,
+            future=asyncio.get_running_loop().create_future(),
+        )
+
     def expires_at_iso(self) -> str:
         moment = datetime.fromtimestamp(self.expires_at, UTC)
         return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -146,16 +177,16 @@ class ApprovalRegistry:
         from now."""
         if len(self._pending) >= self.max_pending:
             return None
-        pending = PendingApproval(
-            id=approval_id or uuid.uuid4().hex,
+        pending = PendingApproval.create(
             path=path,
             conversation_id=conversation_id,
             user_id=user_id,
             tool=tool,
             tool_call_id=tool_call_id,
-            arguments=dict(arguments),
-            expires_at=expires_at if expires_at is not None else time.time() + timeout,
-            future=asyncio.get_running_loop().create_future(),
+            arguments=arguments,
+            timeout=timeout,
+            approval_id=approval_id,
+            expires_at=expires_at,
         )
         self._pending[pending.id] = pending
         return pending

@@ -18,7 +18,6 @@ import asyncio
 import functools
 import json
 import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,16 +72,17 @@ class PostgresApprovalStore:
         replica died (the run resumed here, possibly on another replica): its row is opened
         again, keeping an answer given meanwhile, which then resolves the wait at once."""
         now = time.time()
-        pending = PendingApproval(
-            id=approval_id or uuid.uuid4().hex,
+        pending = PendingApproval.create(
             path=path,
             conversation_id=conversation_id,
             user_id=user_id,
             tool=tool,
             tool_call_id=tool_call_id,
-            arguments=dict(arguments),
-            expires_at=expires_at if expires_at is not None else now + timeout,
-            future=asyncio.get_running_loop().create_future(),
+            arguments=arguments,
+            timeout=timeout,
+            approval_id=approval_id,
+            expires_at=expires_at,
+            now=now,
         )
         if approval_id is not None:
             await self.database.run(functools.partial(self._reopen, pending))

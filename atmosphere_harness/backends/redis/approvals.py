@@ -22,7 +22,6 @@ import contextlib
 import json
 import secrets
 import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -188,16 +187,17 @@ class RedisApprovalStore:
         over by this replica, keeping an answer given meanwhile, which resolves the wait."""
         self._ensure_listener()
         now = time.time()
-        pending = PendingApproval(
-            id=approval_id or uuid.uuid4().hex,
+        pending = PendingApproval.create(
             path=path,
             conversation_id=conversation_id,
             user_id=user_id,
             tool=tool,
             tool_call_id=tool_call_id,
-            arguments=dict(arguments),
-            expires_at=expires_at if expires_at is not None else now + timeout,
-            future=asyncio.get_running_loop().create_future(),
+            arguments=arguments,
+            timeout=timeout,
+            approval_id=approval_id,
+            expires_at=expires_at,
+            now=now,
         )
         script = self._open_script if approval_id is None else self._reopen_script
         with self.connection.unavailable("registering an approval"):
