@@ -533,6 +533,10 @@ class RunStore(Protocol):
     - `open()` / `aclose()`: the store's resource lifecycle (the journal calls both).
     - Owner ids are `host/pid/token`: a store may take over at once the runs of an owner it
       knows is dead (the embedded store does, for processes of its own host).
+    - An owner starting with `FEED_OWNER` (a replica with durable runs off that shares its
+      frames so other replicas can follow them, `RunFeed`) holds runs that are never claimed
+      and never resumed; its appends are not a durability promise (a store may skip waiting
+      for its disk) and are refused (`LeaseLost`) once the run is finished.
     """
 
     name: str
@@ -566,6 +570,10 @@ class RunStore(Protocol):
     async def expire(self, before: float) -> int: ...
 
 
+FEED_OWNER = "feed:"
+"""The prefix of a `RunStore` owner whose runs are only followed, never resumed (`RunFeed`)."""
+
+
 class LeaseLost(HarnessError, RuntimeError):
     """A `RunStore.append` for a run another owner has taken over (this one's lease ran out)."""
 
@@ -575,8 +583,10 @@ class RunFeed(Protocol):
     """A `RunStore` other processes can follow a run from while it runs elsewhere.
 
     Optional: with it, `GET P/conversations/{id}/events` on one replica replays and follows a
-    run another replica executes (`kernel.journal.RemoteRun` polls it). A store without it
-    serves re-attaching only on the replica that runs the run.
+    run another replica executes (`kernel.remote.RemoteRun` polls it). A store without it
+    serves re-attaching only on the replica that runs the run. With durable runs off, the
+    journal still writes a run's frames to it (the frame feed, owner `FEED_OWNER`...) so that
+    other replicas can follow the run; see `kernel.journal`.
     """
 
     async def latest(
@@ -589,4 +599,11 @@ class RunFeed(Protocol):
     async def frames_after(self, run_id: str, after: int, limit: int) -> tuple[list[Frame], bool]:
         """Up to `limit` stored frames with a seq above `after`, oldest first, and whether the
         run is finished (read together, so "finished" covers every frame before it)."""
+        ...
+
+    async def abandon(self, message: str, limit: int) -> int:
+        """End up to `limit` followed-only runs (owner `FEED_OWNER`...) whose lease ran out
+        (their replica died): each gets a terminal `error` frame saying `message` after its
+        last stored frame and is marked finished, so its readers end instead of polling on.
+        Returns how many it ended."""
         ...

@@ -28,6 +28,15 @@ answer of many small frames costs a few writes, not one each. `LiveRuns.open` cl
 dead process left unfinished and starts them again (`resume`), keeps this process's leases alive
 and expires finished records; `aclose` (shutdown) ends every reader with an `error` frame and
 leaves the runs unfinished in the store, released for the next start.
+
+The frame feed (durable runs off, a shared store that is a `contracts.RunFeed`: PostgreSQL or
+Redis) is the light version that lets another replica follow a run (`kernel.remote.RemoteRun`):
+frames go to the store grouped and in the background, as above, but readers never wait for it
+(`_stored_seq` plays no part), nothing else is journalled (no checkpoints, no message), and the
+runs are owned as `contracts.FEED_OWNER`..., so no replica ever claims or resumes them. A write
+that fails or lags costs remote readers frames, never the run or its local readers. A replica
+that dies leaves its runs unfinished: once their lease runs out, any replica's upkeep ends them
+with an `error` frame (`RunFeed.abandon`), so their readers stop.
 """
 
 from __future__ import annotations
@@ -41,11 +50,11 @@ import socket
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any
 
 from .. import events
-from ..contracts import LeaseLost, LiveRunHandle, RunFeed, RunStore, StoredRun
+from ..contracts import FEED_OWNER, LeaseLost, LiveRunHandle, RunFeed, RunStore, StoredRun
 from ..events import Frame
 from ..log import get_logger
 from .remote import RemoteRun
@@ -67,6 +76,10 @@ ENDED = "ended"
 RESTARTING = "server is restarting; the run resumes"
 STOPPING = "server is shutting down; the run was stopped"
 MOVED = "another server took this run over; re-attach to follow it"
+ABANDONED = "the server running this run stopped; the frames it had not shared are lost"
+"""The frame feed's last word on a run whose replica died (`RunFeed.abandon`)."""
+STOPPED = "the run was stopped before it finished"
+"""The frame feed's last frame for a run that ended without one (its client left)."""
 
 Resume = Callable[[LiveRunHandle, StoredRun], Coroutine[Any, Any, Any]]
 
@@ -85,6 +98,7 @@ class LiveRun:
         writer: _StoreWriter | None = None,
         checkpoints: Mapping[str, Any] | None = None,
         frames: list[Frame] | None = None,
+        feed: _StoreWriter | None = None,
     ) -> None:
         self.path = path
         self.conversation_id = conversation_id
@@ -96,6 +110,8 @@ class LiveRun:
         self.detached = False
         """A resumed run: nobody started it in this process, so no reader leaving stops it."""
         self._writer = writer
+        self._feed = feed
+        """The frame feed: frames shared for other replicas' readers, never waited for."""
         self._checkpoints: Mapping[str, Any] = checkpoints or {}
         self._suspended = False
         self._interrupt: str | None = None
@@ -169,6 +185,8 @@ class LiveRun:
             # Readers get it once the store holds it (`_stored`), not before.
             self._writer.frame(frame)
             return
+        if self._feed is not None:
+            self._feed.frame(frame)
         self._signal()
 
     async def checkpoint(self, key: str, value: Any, *, wait: bool = False) -> None:
@@ -398,21 +416,29 @@ class LiveRuns:
     """The app's live (and recently finished) runs, by endpoint path and conversation.
 
     The embedded `contracts.RunJournal`: journals live in this process's memory and, with a
-    `store` (durable runs), in the store too (see the module docstring).
+    `store` (durable runs), in the store too; with a `feed` instead (durable runs off, a shared
+    store), frames are shared there for other replicas to follow (see the module docstring).
     """
 
     def __init__(
         self,
         store: RunStore | None = None,
         *,
+        feed: RunStore | None = None,
         lease_seconds: float = LEASE_SECONDS,
         keep_seconds: float = KEEP_FINISHED_SECONDS,
     ) -> None:
+        if store is not None and feed is not None:
+            raise ValueError("a run journal has a durable store or a frame feed, not both")
         self.store = store
+        self.feed = feed
+        """The frame feed's store (durable runs off): frames only, for other replicas."""
         self.lease_seconds = lease_seconds
         self.keep_seconds = keep_seconds
         self.owner = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex}"
         """This process as a lease owner (`host/pid/token`, see `RunStore`)."""
+        if feed is not None:
+            self.owner = FEED_OWNER + self.owner
         self._runs: dict[tuple[str, str], list[LiveRun]] = {}
         self._finished: OrderedDict[int, LiveRun] = OrderedDict()
         self._resume: Resume | None = None
@@ -454,7 +480,28 @@ class LiveRuns:
                     started_at=time.time(),
                 ),
             )
-        live = LiveRun(path, conversation_id, user_id, session_id=session_id, writer=writer)
+        feed = None
+        if self.feed is not None:
+            session_id = session_id or uuid.uuid4().hex
+            run_id = uuid.uuid4().hex
+            feed = _StoreWriter(
+                _FeedStore(self.feed),
+                run_id,
+                owner=self.owner,
+                lease_seconds=self.lease_seconds,
+                create=StoredRun(
+                    run_id=run_id,
+                    path=path,
+                    conversation_id=conversation_id,
+                    user_id=user_id,
+                    session_id=session_id,
+                    message="",  # never run again: the message stays out of the store
+                    started_at=time.time(),
+                ),
+            )
+        live = LiveRun(
+            path, conversation_id, user_id, session_id=session_id, writer=writer, feed=feed
+        )
         return self._launch(live, work)
 
     def _launch(
@@ -477,11 +524,12 @@ class LiveRuns:
     ) -> LiveRunHandle | None:
         """The run `session_id` names, else the oldest unfinished run, else the newest one.
 
-        Runs of this process first; with a store that is a `RunFeed`, a run that another
-        replica executes is found there and followed from it (`kernel.remote.RemoteRun`)."""
+        Runs of this process first; with a store (or frame feed) that is a `RunFeed`, a run that
+        another replica executes is found there and followed from it (`kernel.remote.RemoteRun`)."""
         local = self._find_local(path, conversation_id, session_id)
-        feed: object = self.store
-        if self.store is None or not isinstance(feed, RunFeed):
+        shared = self.store if self.store is not None else self.feed
+        feed: object = shared
+        if shared is None or not isinstance(feed, RunFeed):
             return local
         if (
             local is not None
@@ -509,7 +557,7 @@ class LiveRuns:
                 return None
             if not kept:
                 return None
-        return RemoteRun(feed, stored, _resolved, self.store)
+        return RemoteRun(feed, stored, _resolved, shared, durable=self.durable)
 
     def _find_local(
         self, path: str, conversation_id: str, session_id: str | None
@@ -529,6 +577,13 @@ class LiveRuns:
 
     async def open(self, resume: Resume) -> None:
         """Open the store, resume the unfinished runs it holds, and keep leases alive."""
+        if self.feed is not None and not self._opened:
+            self._opened = True
+            await self.feed.open()
+            self._keeper = asyncio.get_running_loop().create_task(
+                self._keep_feed(), name="run-feed"
+            )
+            return
         if self.store is None or self._opened:
             return
         self._opened = True
@@ -597,8 +652,22 @@ class LiveRuns:
                 await self.store.heartbeat(self.owner, self.lease_seconds)
                 await self._claim()
                 await self.store.expire(time.time() - self.keep_seconds)
+                await _abandon(self.store)
             except Exception:
                 log.warning("run journal upkeep failed; retrying", exc_info=True)
+
+    async def _keep_feed(self) -> None:
+        """The frame feed's upkeep, every third of a lease: extend this replica's leases (so
+        its runs read as alive), end the runs of replicas that died, drop finished ones."""
+        assert self.feed is not None
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            try:
+                await self.feed.heartbeat(self.owner, self.lease_seconds)
+                await _abandon(self.feed)
+                await self.feed.expire(time.time() - self.keep_seconds)
+            except Exception:
+                log.warning("run feed upkeep failed; retrying", exc_info=True)
 
     # --- shutdown -------------------------------------------------------------------------
 
@@ -626,11 +695,12 @@ class LiveRuns:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keeper
             self._keeper = None
-        if self.store is not None and self._opened:
+        shared = self.store if self.store is not None else self.feed
+        if shared is not None and self._opened:
             try:
-                await self.store.release(self.owner)
+                await shared.release(self.owner)
             finally:
-                await self.store.aclose()
+                await shared.aclose()
                 self._opened = False
         self._runs.clear()
         self._finished.clear()
@@ -652,6 +722,39 @@ class LiveRuns:
             closer.add_done_callback(self._closers.discard)
             return
         self._finished_now(live)
+        if live._feed is not None:
+            closer = asyncio.get_running_loop().create_task(self._finish_feed(live))
+            self._closers.add(closer)
+            closer.add_done_callback(self._closers.discard)
+
+    async def _finish_feed(self, live: LiveRun) -> None:
+        """Share the run's last frames (and a last `error` frame if it ended without one, so
+        remote readers end), then mark it finished (its frames go after a grace period)."""
+        writer = live._feed
+        assert writer is not None
+        assert self.feed is not None
+        last = live._frames[-1] if live._frames else None
+        if last is None or not last.terminal:
+            shutdown = live._interrupt is not None
+            writer.frame(
+                Frame(
+                    events.ERROR,
+                    {
+                        "message": live._interrupt if shutdown else STOPPED,
+                        "type": "ServerShutdown" if shutdown else "RunStopped",
+                    },
+                    live.session_id or "",
+                    live.conversation_id,
+                    (last.seq if last is not None else 0) + 1,
+                )
+            )
+        await writer.flushed()
+        if writer.lost:
+            return
+        try:
+            await self.feed.finish(writer.run_id)
+        except Exception:
+            log.warning("could not mark a shared run finished", run=writer.run_id, exc_info=True)
 
     async def _finish_durable(self, live: LiveRun) -> None:
         """Store the run's last frames before readers see its end, then compact it (unless a
@@ -699,6 +802,70 @@ class LiveRuns:
             runs.remove(live)
         if not runs:
             del self._runs[key]
+
+
+class _FeedStore:
+    """The frame feed's store as its `_StoreWriter` sees it: a failed write is a warning
+    (remote readers miss those frames; the run and its local readers do not notice), not the
+    loss of durability a durable journal's failed write is."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+        self.name = store.name
+
+    async def append(
+        self,
+        run_id: str,
+        frames: Sequence[tuple[int, str, str]],
+        checkpoints: Sequence[tuple[str, str]],
+        *,
+        create: StoredRun | None = None,
+        owner: str | None = None,
+        lease_seconds: float = 0.0,
+    ) -> None:
+        try:
+            await self.store.append(
+                run_id, frames, checkpoints, create=create, owner=owner, lease_seconds=lease_seconds
+            )
+        except LeaseLost:
+            raise  # ended as abandoned (this replica stalled past its lease): stop sharing
+        except Exception:
+            log.warning(
+                "could not share a run's frames with other replicas", run=run_id, exc_info=True
+            )
+
+    # The rest of `RunStore` is never called on a writer's store.
+
+    async def open(self) -> None:
+        await self.store.open()
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
+
+    async def load(self, run_id: str, limit: int) -> tuple[dict[str, Any], list[Frame]]:
+        return await self.store.load(run_id, limit)
+
+    async def claim(self, owner: str, lease_seconds: float, limit: int) -> list[StoredRun]:
+        return []
+
+    async def heartbeat(self, owner: str, lease_seconds: float) -> None:
+        await self.store.heartbeat(owner, lease_seconds)
+
+    async def release(self, owner: str) -> None:
+        await self.store.release(owner)
+
+    async def finish(self, run_id: str) -> None:
+        await self.store.finish(run_id)
+
+    async def expire(self, before: float) -> int:
+        return await self.store.expire(before)
+
+
+async def _abandon(store: RunStore) -> None:
+    """End the frame-feed runs of replicas that died (their lease ran out), if `store` can."""
+    feed: object = store
+    if isinstance(feed, RunFeed):
+        await feed.abandon(ABANDONED, CLAIM_BATCH)
 
 
 def encode(value: Any) -> str:

@@ -1,12 +1,15 @@
 """`RemoteRun`: a run another replica executes, followed from the shared `RunStore`.
 
-With durable runs on a store that is a `contracts.RunFeed` (PostgreSQL), a client that
+With a shared store that is a `contracts.RunFeed` (PostgreSQL, Redis), as the durable journal
+or as the frame feed (durable runs off, `kernel.journal`), a client that
 re-attaches with `GET P/conversations/{id}/events` on a replica that does not run the
 conversation's run gets a `RemoteRun` from `LiveRuns.find`: it replays the stored frames after
 the client's `Last-Event-ID` and then polls the store every `POLL_SECONDS` for new ones until
 the run ends. Frames reach the store in the writer's groups, so a remote reader lags the
-replica that runs the run by up to one write plus one poll; a run taken over by a third replica
-(its owner died) goes on in the same rows, so the reader never notices the move.
+replica that runs the run by up to one write plus one poll; a durable run taken over by a third
+replica (its owner died) goes on in the same rows, so the reader never notices the move. A
+frame-feed run whose replica died is never taken over: once its lease ran out, a replica's
+upkeep ends it with a terminal `error` frame (`RunFeed.abandon`), which ends the reader.
 
 A `RemoteRun` only reads: it cannot publish, hold or cancel the run (a reader leaving never
 stops a run on another replica, unlike a local reader of an unheld run).
@@ -41,6 +44,8 @@ class RemoteRun:
         stored: StoredRun,
         resolve: Callable[[list[Frame], Mapping[str, Any]], list[Frame]],
         store: RunStore,
+        *,
+        durable: bool = True,
     ) -> None:
         self.feed = feed
         self.store = store
@@ -56,6 +61,8 @@ class RemoteRun:
         self._finished = False
         self._interrupt: str | None = None
         self._wake = asyncio.Event()
+        self._durable = durable
+        """Followed from a durable journal, or from the frame feed (durable runs off)."""
 
     @property
     def finished(self) -> bool:
@@ -67,7 +74,7 @@ class RemoteRun:
 
     @property
     def durable(self) -> bool:
-        return True
+        return self._durable
 
     @property
     def suspended(self) -> bool:

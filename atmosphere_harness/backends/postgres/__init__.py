@@ -14,12 +14,13 @@ connection) serves every store; the host opens it before the primitives start.
 | conversation history | `PostgresHistory` |
 | long-term memory | `PostgresLongTermMemory` (`tsvector` search, unique facts) |
 | workspace files | `PostgresWorkspaceStores` (rows, `PostgresAgentFileSystem`) |
-| durable runs (when enabled) | `PostgresRunStore` behind `kernel.journal.LiveRuns` |
+| durable runs, or the frame feed | `PostgresRunStore` behind `kernel.journal.LiveRuns` |
 
 The workspace stores hold conversation workspaces and `/memories` when
 `ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres`, and `prefix=postgres:` composite routes always.
 
-Without durable runs the run journal stays in the process.
+Without durable runs the same `PostgresRunStore` is the frame feed (`kernel.journal`): a run's
+frames are shared, not journalled, so any replica can follow a run another one executes.
 """
 
 from __future__ import annotations
@@ -90,12 +91,15 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
         resources=[database, locks],
     )
     group = settings.groups.backends
-    if group.durable_runs:
-        backends.runs = LiveRuns(
-            PostgresRunStore(database),
-            lease_seconds=group.durable_runs_lease_seconds,
-            keep_seconds=group.durable_runs_keep_seconds,
-        )
+    runs = PostgresRunStore(database)
+    # Durable runs journal every run there; without them it is the frame feed: other replicas
+    # follow a run from it (re-attaching anywhere), nothing is resumed.
+    backends.runs = LiveRuns(
+        runs if group.durable_runs else None,
+        feed=None if group.durable_runs else runs,
+        lease_seconds=group.durable_runs_lease_seconds,
+        keep_seconds=group.durable_runs_keep_seconds,
+    )
     return backends
 
 

@@ -21,6 +21,10 @@ compresses values past ~2 kB itself, TOAST). What makes it a multi-replica store
   such a reader sees a run's last frames, `finish` marks the run finished at once but deletes
   its frames and checkpoints `FOLLOW_GRACE_SECONDS` later (in `expire`, which the journal
   calls every third of a lease).
+- It is also the frame feed (durable runs off): runs owned as `FEED_OWNER`... are never
+  claimed; their appends commit with `synchronous_commit = off` (no wait for the WAL flush:
+  the feed is not durability) and are refused once the run is finished; `abandon` ends those
+  whose replica died (lease run out) with a terminal `error` frame.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ...contracts import LeaseLost, StoredRun
+from ...contracts import FEED_OWNER, LeaseLost, StoredRun
 from ...events import Frame
 from .database import PostgresDatabase
 
@@ -86,8 +90,13 @@ class PostgresRunStore:
         owner: str | None = None,
         lease_seconds: float = 0.0,
     ) -> None:
+        feed = owner is not None and owner.startswith(FEED_OWNER)
+
         async def work(connection: Any) -> None:
             async with connection.transaction():
+                if feed:
+                    # Shared frames for other replicas' readers, not a durability promise.
+                    await connection.execute("SET LOCAL synchronous_commit = off")
                 if create is not None:
                     row = await connection.fetchval(
                         "INSERT INTO atmosphere_runs (run_id, path, conversation_id, user_key, "
@@ -109,11 +118,14 @@ class PostgresRunStore:
                 else:
                     # Locks the row: a concurrent claim skips it, a committed one is seen here.
                     found = await connection.fetchrow(
-                        "SELECT id, owner FROM atmosphere_runs WHERE run_id = $1 FOR NO KEY UPDATE",
+                        "SELECT id, owner, finished_at FROM atmosphere_runs WHERE run_id = $1 "
+                        "FOR NO KEY UPDATE",
                         run_id,
                     )
                     if found is None:
                         raise LookupError(f"durable run {run_id} is not in the store")
+                    if feed and found["finished_at"] is not None:
+                        raise LeaseLost(f"shared run {run_id} was ended: {owner} went silent")
                     if owner is not None and found["owner"] != owner:
                         raise LeaseLost(
                             f"durable run {run_id} was taken over by {found['owner']}: "
@@ -188,11 +200,13 @@ class PostgresRunStore:
                     f"UPDATE atmosphere_runs SET owner = $1, lease_until = {NOW} + $2 "
                     "WHERE id IN (SELECT id FROM atmosphere_runs WHERE finished_at IS NULL "
                     f"AND lease_until < {NOW} AND owner IS DISTINCT FROM $1 "
+                    "AND (owner IS NULL OR NOT starts_with(owner, $4)) "
                     "ORDER BY started_at LIMIT $3 FOR UPDATE SKIP LOCKED) "
                     f"RETURNING {RUN_COLUMNS}",
                     owner,
                     lease_seconds,
                     limit,
+                    FEED_OWNER,
                 )
             )
 
@@ -311,3 +325,30 @@ class PostgresRunStore:
             for row in rows
         ]
         return frames, bool(run["finished"])
+
+    async def abandon(self, message: str, limit: int) -> int:
+        """End the frame-feed runs whose replica died: a terminal `error` frame after the last
+        stored one, and `finished_at` (their frames go after the grace period, as any run's)."""
+        data = json.dumps({"message": message, "type": "ServerLost"}, separators=(",", ":"))
+        now = time.time()
+
+        async def work(connection: Any) -> int:
+            # Row locks order this after a concurrent append (it holds `FOR NO KEY UPDATE`);
+            # an append that comes later finds the run finished and stops (`LeaseLost`).
+            status = await connection.execute(
+                "WITH dead AS (SELECT id FROM atmosphere_runs WHERE finished_at IS NULL "
+                f"AND lease_until < {NOW} AND starts_with(owner, $1) "
+                "ORDER BY lease_until LIMIT $2 FOR UPDATE SKIP LOCKED), "
+                "ended AS (UPDATE atmosphere_runs SET finished_at = $3 "
+                "WHERE id IN (SELECT id FROM dead) RETURNING id) "
+                "INSERT INTO atmosphere_run_frames (run, seq, event, data) "
+                "SELECT ended.id, coalesce((SELECT max(seq) FROM atmosphere_run_frames f "
+                "WHERE f.run = ended.id), 0) + 1, 'error', $4 FROM ended",
+                FEED_OWNER,
+                limit,
+                now,
+                data,
+            )
+            return int(str(status).rsplit(" ", 1)[-1])
+
+        return await self.database.run(work)

@@ -8,7 +8,8 @@ settings)` keeps another backend's state (PostgreSQL) and moves only the plan fa
 One `RedisConnection` (pool + key prefix) is shared by every part and listed in
 `StateBackends.resources`: the host pings it at start-up, so an unreachable URL fails there, and
 closes it last. With durable runs on, the run journal is `RedisRunStore` behind
-`kernel.journal.LiveRuns` (a resumed run's approvals are reopened under their id).
+`kernel.journal.LiveRuns` (a resumed run's approvals are reopened under their id); with them
+off, the same store is the frame feed (any replica follows a run another one executes).
 
 Needs a standalone Redis 7 or later (Sentinel works; Cluster does not: the scripts touch keys
 they compute).
@@ -71,12 +72,15 @@ def redis_backends(settings: HarnessSettings) -> StateBackends:
         resources=[connection],
     )
     group = settings.groups.backends
-    if group.durable_runs:
-        backends.runs = LiveRuns(
-            RedisRunStore(connection),
-            lease_seconds=group.durable_runs_lease_seconds,
-            keep_seconds=group.durable_runs_keep_seconds,
-        )
+    runs = RedisRunStore(connection)
+    # Durable runs journal every run there; without them it is the frame feed: other replicas
+    # follow a run from it (re-attaching anywhere), nothing is resumed.
+    backends.runs = LiveRuns(
+        runs if group.durable_runs else None,
+        feed=None if group.durable_runs else runs,
+        lease_seconds=group.durable_runs_lease_seconds,
+        keep_seconds=group.durable_runs_keep_seconds,
+    )
     return backends
 
 

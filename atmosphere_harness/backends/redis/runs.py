@@ -23,6 +23,10 @@ What makes it a multi-replica store, as `PostgresRunStore`:
   restarted in place resumes its runs once their lease ran out; a graceful stop `release`s.
 - It is a `contracts.RunFeed`; `finish` marks the run finished at once and `expire` drops its
   frames and checkpoints `FOLLOW_GRACE_SECONDS` later, so readers elsewhere see the last frames.
+- It is also the frame feed (durable runs off): runs owned as `FEED_OWNER`... are never
+  claimed, their appends are refused once the run is finished, and `abandon` ends those whose
+  replica died (lease run out) with a terminal `error` frame. An append is one script call
+  (one round trip) either way.
 - Every key also has a TTL (`SAFETY_TTL`, refreshed by writes and heartbeats; shorter once a
   run finished), so nothing outlives a Redis whose replicas all went away.
 
@@ -36,7 +40,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ...contracts import LeaseLost, StoredRun
+from ...contracts import FEED_OWNER, LeaseLost, StoredRun
 from ...events import Frame
 from .connection import RedisConnection, as_str, digest
 
@@ -54,13 +58,18 @@ LATEST_SCAN = 200
 """A conversation's newest runs `latest` looks at."""
 SEP = "\x1f"
 
-_LIB = """
+_LIB = (
+    """
 local function now()
     local t = redis.call('TIME')
     return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 local function runkey(prefix, id) return prefix .. 'run:' .. id end
 """
+    # A frame-feed run's owner (never claimed; its appends end with the run).
+    + f"local function feed(owner) return string.sub(owner, 1, {len(FEED_OWNER)}) == "
+    + f"'{FEED_OWNER}' end\n"
+)
 
 _APPEND = (
     _LIB
@@ -88,6 +97,9 @@ else
     local current = redis.call('HGET', KEYS[1], 'owner')
     if not current then return {'missing'} end
     if owner ~= '' and current ~= owner then return {'lost', current} end
+    if feed(owner) and redis.call('HEXISTS', KEYS[1], 'finished') == 1 then
+        return {'ended'}
+    end
 end
 for n = 1, nframes do
     local seq = ARGV[i]
@@ -125,7 +137,7 @@ for _, id in ipairs(candidates) do
     local run = redis.call('HMGET', key, 'owner', 'finished')
     if not run[1] or run[2] then
         redis.call('ZREM', KEYS[1], id)  -- gone or finished: no lease to give
-    elseif run[1] ~= owner then
+    elseif run[1] ~= owner and not feed(run[1]) then
         if run[1] ~= '' then redis.call('SREM', prefix .. 'runs:owner:' .. run[1], id) end
         redis.call('HSET', key, 'owner', owner)
         redis.call('EXPIRE', key, ttl)
@@ -226,6 +238,41 @@ return dropped
 )
 # KEYS: compact zset, finished zset. ARGV: prefix, compact before, drop before, batch.
 
+_ABANDON = (
+    _LIB
+    + """
+local prefix, message, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local at, ttl, frames_ttl = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local t = now()
+local ended = 0
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. t, 'LIMIT', 0,
+        limit + tonumber(ARGV[7]))) do
+    if ended >= limit then break end
+    local key = runkey(prefix, id)
+    local run = redis.call('HMGET', key, 'owner', 'finished')
+    if not run[1] or run[2] then
+        redis.call('ZREM', KEYS[1], id)
+    elseif feed(run[1]) then
+        local last = redis.call('ZRANGE', key .. ':frames', -1, -1, 'WITHSCORES')
+        local seq = 1
+        if #last > 0 then seq = tonumber(last[2]) + 1 end
+        redis.call('ZADD', key .. ':frames', seq, seq .. '\31error\31' .. message)
+        redis.call('HSET', key, 'finished', at, 'message', '')
+        redis.call('ZREM', KEYS[1], id)
+        redis.call('SREM', prefix .. 'runs:owner:' .. run[1], id)
+        redis.call('ZADD', KEYS[2], tonumber(at), id)
+        redis.call('ZADD', KEYS[3], tonumber(at), id)
+        redis.call('EXPIRE', key, ttl)
+        redis.call('EXPIRE', key .. ':frames', frames_ttl)
+        ended = ended + 1
+    end
+end
+return ended
+"""
+)
+# KEYS: leases, compact zset, finished zset.
+# ARGV: prefix, error data (JSON), limit, finished at, record ttl, frames ttl, extra scan.
+
 _RECORD = ("run_id", "path", "conversation", "user", "session", "message", "started")
 
 
@@ -267,6 +314,7 @@ class RedisRunStore:
         self._release = client.register_script(_RELEASE)
         self._finish = client.register_script(_FINISH)
         self._expire = client.register_script(_EXPIRE)
+        self._abandon = client.register_script(_ABANDON)
 
     def __repr__(self) -> str:
         return f"RedisRunStore({self.connection!r})"
@@ -338,6 +386,8 @@ class RedisRunStore:
         status = as_str(reply[0])
         if status == "missing":
             raise LookupError(f"durable run {run_id} is not in the store")
+        if status == "ended":
+            raise LeaseLost(f"shared run {run_id} was ended: {owner} went silent")
         if status == "lost":
             raise LeaseLost(
                 f"durable run {run_id} was taken over by {as_str(reply[1])}: "
@@ -466,3 +516,26 @@ class RedisRunStore:
             [_frame(member, session, conversation or "") for member in members],
             finished is not None,
         )
+
+    async def abandon(self, message: str, limit: int) -> int:
+        """End the frame-feed runs whose replica died: a terminal `error` frame after the last
+        stored one, and finished (their frames go after the grace period, as any run's)."""
+        data = json.dumps({"message": message, "type": "ServerLost"}, separators=(",", ":"))
+        with self.connection.unavailable("ending shared runs whose replica stopped"):
+            ended = await self._abandon(
+                keys=[
+                    self._leases(),
+                    self.connection.key("runs", "compact"),
+                    self.connection.key("runs", "finished"),
+                ],
+                args=[
+                    self.connection.prefix,
+                    data,
+                    limit,
+                    repr(time.time()),
+                    FINISHED_TTL,
+                    int(FOLLOW_GRACE_SECONDS * 4),
+                    CLAIM_SCAN,
+                ],
+            )
+        return int(ended)
