@@ -256,7 +256,7 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. t, 'LIMI
         local last = redis.call('ZRANGE', key .. ':frames', -1, -1, 'WITHSCORES')
         local seq = 1
         if #last > 0 then seq = tonumber(last[2]) + 1 end
-        redis.call('ZADD', key .. ':frames', seq, seq .. '\31error\31' .. message)
+        redis.call('ZADD', key .. ':frames', seq, seq .. '\\31error\\31' .. message)
         redis.call('HSET', key, 'finished', at, 'message', '')
         redis.call('ZREM', KEYS[1], id)
         redis.call('SREM', prefix .. 'runs:owner:' .. run[1], id)
