@@ -1,0 +1,249 @@
+"""The run frame feed on a real PostgreSQL and a real Redis (durable runs off).
+
+Each test runs on both stores, two "replicas" each (two pools / connections on one database):
+feed runs are never claimed or resumed, a dead replica's runs end with an `error` frame once its
+lease ran out (`abandon`), a finished run's frames go after the grace period, and `LiveRuns`
+in feed mode shares frames without making its own readers wait for the store. Over real
+processes: `test_run_feed_replicas`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from atmosphere_harness import HarnessSettings, events
+from atmosphere_harness.backends import resolve_backends
+from atmosphere_harness.backends.postgres import PostgresDatabase, PostgresRunStore
+from atmosphere_harness.backends.postgres import runs as postgres_runs
+from atmosphere_harness.backends.redis import RedisConnection, RedisRunStore
+from atmosphere_harness.backends.redis import runs as redis_runs
+from atmosphere_harness.contracts import FEED_OWNER, LeaseLost, LiveRunHandle, StoredRun
+from atmosphere_harness.events import Frame
+from atmosphere_harness.kernel.journal import ABANDONED, STOPPED, LiveRuns
+from atmosphere_harness.kernel.remote import RemoteRun
+
+from .postgres_service import create_database, drop_database
+from .redis_service import url_for
+from .test_postgres_runs import frame, stored
+
+pytestmark = pytest.mark.services
+
+Store = PostgresRunStore | RedisRunStore
+
+
+@pytest.fixture(params=["postgres", "redis"])
+async def stores(request: pytest.FixtureRequest) -> AsyncIterator[list[Store]]:
+    """Replica A's store and replica B's, on one PostgreSQL database or one Redis prefix."""
+    if request.param == "postgres":
+        url = await asyncio.to_thread(create_database)
+        databases = [PostgresDatabase(url, pool_max=4) for _ in range(2)]
+        try:
+            for database in databases:
+                await database.open()
+            yield [PostgresRunStore(database) for database in databases]
+        finally:
+            for database in databases:
+                await database.aclose()
+            await asyncio.to_thread(drop_database, url)
+    else:
+        prefix = request.getfixturevalue("redis_prefix")
+        connections = [RedisConnection(url_for(prefix)) for _ in range(2)]
+        try:
+            for connection in connections:
+                await connection.open()
+            yield [RedisRunStore(connection) for connection in connections]
+        finally:
+            for connection in connections:
+                await connection.aclose()
+
+
+async def test_a_feed_run_is_never_claimed_and_ends_as_abandoned_once_its_lease_ran_out(
+    stores: list[Store],
+) -> None:
+    a, b = stores
+    owner = FEED_OWNER + "a"
+    await a.append(
+        "feed", [frame(1), frame(2)], [], create=stored("feed"), owner=owner, lease_seconds=0.3
+    )
+    await a.append(
+        "durable", [frame(1)], [], create=stored("durable", 2.0), owner="a", lease_seconds=0.3
+    )
+    assert await b.abandon(ABANDONED, 10) == 0  # alive: nothing to end
+    await asyncio.sleep(0.5)
+    # Both leases ran out: the durable run is taken over, the feed run never is.
+    assert [run.run_id for run in await b.claim("b", 60, 10)] == ["durable"]
+    assert await b.claim("c", 60, 10) == []
+    # The feed run ends with a terminal frame after its last one; the durable one is left alone.
+    assert await b.abandon(ABANDONED, 10) == 1
+    frames, finished = await b.frames_after("feed", 0, 10)
+    assert finished
+    assert [(f.seq, f.event) for f in frames] == [(1, "text"), (2, "text"), (3, events.ERROR)]
+    assert frames[-1].data == {"message": ABANDONED, "type": "ServerLost"}
+    assert frames[-1].terminal
+    assert frames[-1].session_id == "session"
+    assert await b.abandon(ABANDONED, 10) == 0  # once
+    # Replica A comes back from its stall: its writes are refused, nothing overwrites the end.
+    with pytest.raises(LeaseLost):
+        await a.append("feed", [frame(3, "late")], [], owner=owner)
+    assert (await b.frames_after("feed", 2, 10))[0][0].event == events.ERROR
+    _, durable_finished = await b.frames_after("durable", 0, 10)
+    assert not durable_finished
+
+
+async def test_a_heartbeat_keeps_a_feed_run_alive(stores: list[Store]) -> None:
+    a, b = stores
+    owner = FEED_OWNER + "a"
+    await a.append("feed", [frame(1)], [], create=stored("feed"), owner=owner, lease_seconds=0.4)
+    for _ in range(3):
+        await asyncio.sleep(0.2)
+        await a.heartbeat(owner, 0.4)
+        assert await b.abandon(ABANDONED, 10) == 0
+    assert (await b.frames_after("feed", 0, 10))[1] is False
+
+
+async def test_a_finished_feed_run_is_followable_for_the_grace_period_then_dropped(
+    stores: list[Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = stores
+    owner = FEED_OWNER + "a"
+    await a.append(
+        "feed", [frame(1), frame(2)], [], create=stored("feed"), owner=owner, lease_seconds=60
+    )
+    await a.finish("feed")
+    await b.expire(time.time() - 3600)
+    assert [f.seq for f in (await b.frames_after("feed", 0, 10))[0]] == [1, 2]
+    # Past the grace period, `expire` (each replica's upkeep) drops the frames.
+    module: Any = postgres_runs if isinstance(a, PostgresRunStore) else redis_runs
+    monkeypatch.setattr(module, "FOLLOW_GRACE_SECONDS", -1.0)
+    await b.expire(time.time() - 3600)
+    assert await b.frames_after("feed", 0, 10) == ([], True)
+
+
+async def test_feed_mode_shares_frames_without_checkpoints_and_never_resumes(
+    stores: list[Store],
+) -> None:
+    a, b = stores
+    # A stale durable run and a stale feed run of dead replicas: a feed journal resumes neither.
+    await a.append(
+        "stale", [frame(1)], [], create=stored("stale", 0.5), owner="dead", lease_seconds=0
+    )
+    resumed: list[str] = []
+
+    async def resume(handle: LiveRunHandle, run: StoredRun) -> None:
+        resumed.append(run.run_id)
+
+    runs_a = LiveRuns(feed=a, lease_seconds=0.6)
+    runs_b = LiveRuns(feed=b, lease_seconds=0.6)
+    await runs_a.open(resume)
+    await runs_b.open(resume)
+    try:
+        assert not runs_a.durable
+        assert runs_a.owner.startswith(FEED_OWNER)
+        go_on = asyncio.Event()
+
+        async def work(handle: LiveRunHandle) -> None:
+            await handle.checkpoint("model:0", {"calls": []})  # no-op: the feed is frames only
+            await handle.publish(Frame("text", {"text": "one"}, "s", "live", 1))
+            await go_on.wait()
+            await handle.publish(Frame(events.COMPLETE, {"summary": "ok"}, "s", "live", 2))
+
+        live = runs_a.start(
+            work, path="/p", conversation_id="live", user_id=None, message="secret prompt"
+        )
+        local = live.follow()
+        # A local reader is not held back by the store.
+        assert (await anext(local)).data == {"text": "one"}
+        remote = await until(lambda: runs_b.find("/p", "live"), RemoteRun)
+        assert not remote.durable
+        followed = remote.follow()
+        assert (await anext(followed)).data == {"text": "one"}
+        go_on.set()
+        assert (await anext(local)).event == events.COMPLETE
+        assert (await anext(followed)).event == events.COMPLETE
+        await anext(followed, None)
+        checkpoints, frames = await b.load(live_run_id(live), 10)
+        assert checkpoints == {}
+        assert [f.seq for f in frames] == [1, 2]
+        found = await b.latest("/p", "live", session_id=live.session_id)
+        assert found is not None
+        assert found[0].message == ""  # never run again: not kept
+        # Upkeep (every third of a lease) never claims: the stale durable run stays unresumed.
+        await asyncio.sleep(0.5)
+        assert resumed == []
+    finally:
+        await runs_a.aclose()
+        await runs_b.aclose()
+
+
+async def test_a_feed_run_stopped_before_its_end_tells_remote_readers(
+    stores: list[Store],
+) -> None:
+    a, b = stores
+    runs_a = LiveRuns(feed=a, lease_seconds=60)
+
+    async def work(handle: LiveRunHandle) -> None:
+        await handle.publish(Frame("text", {"text": "one"}, "s", "conv", 1))
+        await asyncio.Event().wait()
+
+    await runs_a.open(_no_resume)
+    try:
+        live = runs_a.start(work, path="/p", conversation_id="conv", user_id=None)
+        local = live.follow()
+        await anext(local)
+        await local.aclose()  # its only client left: the run is stopped
+        runs_b = LiveRuns(feed=b, lease_seconds=60)
+        remote = await until(lambda: runs_b.find("/p", "conv"), RemoteRun)
+        seen = [f async for f in remote.follow()]
+        assert [(f.seq, f.event) for f in seen] == [(1, "text"), (2, events.ERROR)]
+        assert seen[-1].data == {"message": STOPPED, "type": "RunStopped"}
+    finally:
+        await runs_a.aclose()
+
+
+def test_only_a_scale_out_backend_gets_a_feed(tmp_path: Any) -> None:
+    embedded = resolve_backends(HarnessSettings(workspace_root=tmp_path, durable_runs=False))
+    assert isinstance(embedded.runs, LiveRuns)
+    assert embedded.runs.store is None
+    assert embedded.runs.feed is None
+    for postgres, redis in (("postgresql://u@127.0.0.1:1/x", None), (None, url_for("p:"))):
+
+        def settings(
+            durable: bool, postgres: str | None = postgres, redis: str | None = redis
+        ) -> HarnessSettings:
+            return HarnessSettings(
+                workspace_root=tmp_path,
+                durable_runs=durable,
+                postgres_url=postgres,
+                redis_url=redis,
+            )
+
+        off = resolve_backends(settings(False))
+        on = resolve_backends(settings(True))
+        assert isinstance(off.runs, LiveRuns)
+        assert isinstance(on.runs, LiveRuns)
+        assert (off.runs.store, off.runs.durable) == (None, False)
+        assert off.runs.feed is not None
+        assert (on.runs.feed, on.runs.durable) == (None, True)
+
+
+async def _no_resume(handle: LiveRunHandle, run: StoredRun) -> None:
+    raise AssertionError("a feed journal resumes nothing")
+
+
+async def until(find: Any, kind: type[RemoteRun]) -> RemoteRun:
+    """What `find()` returns once it is a `kind` (the feed's first write is in the background)."""
+    async with asyncio.timeout(30):
+        while True:
+            found = await find()
+            if isinstance(found, kind):
+                return found
+            await asyncio.sleep(0.02)
+
+
+def live_run_id(live: Any) -> str:
+    return str(live._feed.run_id)
