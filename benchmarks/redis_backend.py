@@ -9,7 +9,10 @@
    A client sends `--turns` prompts one after another (10 conversations, in turn), and times each
    from the POST to the `complete` frame. The two servers run side by side and the client
    alternates between them round by round (`--rounds`), so load from elsewhere on the machine
-   hits both alike. Reported: median and p90 per turn, and the median added by Redis.
+   hits both alike. Reported: median and p90 per turn, and the median added by Redis. A third
+   server, Redis without the run frame feed (`benchmarks/without_run_feed.py`: as before the
+   feed existed), takes its turns in the same rounds: `added_median_ms_run_feed` is what the
+   feed (each run's frames shared in Redis so other replicas can follow it) adds to a turn.
 2. **Throughput**, turns/s with 16 concurrent conversations: embedded with one replica, Redis
    with one and with two replicas (the load spread over both). The load generator shares the
    machine's cores with the servers, so the 2-replica figure is no scaling claim.
@@ -68,28 +71,31 @@ async def one_turn(client: httpx2.AsyncClient, message: str, conversation: str) 
     raise RuntimeError("stream ended without a complete frame")
 
 
-def start(workspace: Path, log: Path, url: str | None) -> ServerProcess:
+def start(workspace: Path, log: Path, url: str | None, *, feed: bool = True) -> ServerProcess:
     env = {"ATMOSPHERE_AI_HARNESS_ENABLED": "true"}
     if url:
         env["ATMOSPHERE_REDIS_URL"] = url
-    return ServerProcess("redis", workspace, log, env).start()
+    module = "tests.reliability.server" if feed else "benchmarks.without_run_feed"
+    return ServerProcess("redis", workspace, log, env, module=module).start()
 
 
 async def per_turn(root: Path, url: str, turns: int, rounds: int) -> dict[str, Any]:
     embedded = start(root / "embedded", root / "embedded.log", None)
     redis = start(root / "redis", root / "redis.log", url)
-    samples: dict[str, list[float]] = {"embedded": [], "redis": []}
+    no_feed = start(root / "redis-no-feed", root / "redis-no-feed.log", url, feed=False)
+    samples: dict[str, list[float]] = {"embedded": [], "redis": [], "redis_without_run_feed": []}
     try:
         async with (
             httpx2.AsyncClient(base_url=embedded.url, timeout=60) as e,
             httpx2.AsyncClient(base_url=redis.url, timeout=60) as r,
+            httpx2.AsyncClient(base_url=no_feed.url, timeout=60) as n,
         ):
-            for client in (e, r):  # warm-up: imports, first connections, scripts loaded
-                for n in range(10):
-                    await one_turn(client, f"warm {n}", f"warm-{n % 2}")
+            for client in (e, r, n):  # warm-up: imports, first connections, scripts loaded
+                for i in range(10):
+                    await one_turn(client, f"warm {i}", f"warm-{i % 2}")
             per_round = max(1, turns // rounds)
             for round_ in range(rounds):
-                order = [("embedded", e), ("redis", r)]
+                order = [("embedded", e), ("redis", r), ("redis_without_run_feed", n)]
                 if round_ % 2:
                     order.reverse()
                 for name, client in order:
@@ -99,7 +105,8 @@ async def per_turn(root: Path, url: str, turns: int, rounds: int) -> dict[str, A
     finally:
         embedded.stop()
         redis.stop()
-    result = {
+        no_feed.stop()
+    result: dict[str, Any] = {
         name: {
             "turns": len(values),
             "median_ms": round(statistics.median(values), 3),
@@ -109,6 +116,9 @@ async def per_turn(root: Path, url: str, turns: int, rounds: int) -> dict[str, A
     }
     result["added_median_ms"] = round(
         result["redis"]["median_ms"] - result["embedded"]["median_ms"], 3
+    )
+    result["added_median_ms_run_feed"] = round(
+        result["redis"]["median_ms"] - result["redis_without_run_feed"]["median_ms"], 3
     )
     return result
 

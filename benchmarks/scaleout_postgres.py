@@ -15,9 +15,12 @@ Figures (one JSON document on stdout):
   `embedded`, `postgres` (the server's default `synchronous_commit=on`: each stored turn waits
   for its WAL flush) and `postgres_synchronous_commit_off` (the URL's `?synchronous_commit=off`:
   the embedded SQLite's durability class, see `docs/scale-out.md`) and `postgres_durable_runs`
-  (durable runs on: the run journalled in PostgreSQL), measured in alternating rounds so
+  (durable runs on: the run journalled in PostgreSQL) and `postgres_without_run_feed` (as
+  before the run frame feed existed: `benchmarks/without_run_feed.py`), measured in rounds so
   background load hits all alike; `added_median_ms_*` is the difference to embedded
-  (the issue's goal: <= 1 ms);
+  (the issue's goal: <= 1 ms), and `added_median_ms_run_feed` what the frame feed (each run's
+  frames shared in PostgreSQL so other replicas can follow it) adds: postgres minus
+  postgres_without_run_feed;
 - `turns_per_s`: 16 concurrent clients, for embedded (1 replica) and PostgreSQL with 1 and 2
   replicas (the load generator shares the machine's cores, so the 2-replica ratio is no goal);
 - `plan_update_ms`: from `write_todos` in the model to the `plan-update` bytes at a viewer,
@@ -81,6 +84,10 @@ def serve(port: int, workspace: str) -> None:
         todos = [{"content": f"step {i}", "status": "pending"} for i in range(5)]
         return [ToolCall("write_todos", {"todos": todos, "goal": str(time.monotonic_ns())})]
 
+    if os.environ.pop("BENCH_WITHOUT_RUN_FEED", None):
+        from without_run_feed import disable
+
+        disable()
     os.environ["ATMOSPHERE_WORKSPACE_ROOT"] = workspace
     os.environ["ATMOSPHERE_AI_CONVERSATION_IDLE_TIMEOUT"] = "0"
     app = FastAPI()
@@ -89,13 +96,17 @@ def serve(port: int, workspace: str) -> None:
 
 
 class Server:
-    def __init__(self, workspace: Path, url: str | None, *, durable: bool = False) -> None:
+    def __init__(
+        self, workspace: Path, url: str | None, *, durable: bool = False, feed: bool = True
+    ) -> None:
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("ATMOSPHERE_")}
         if url:
             env["ATMOSPHERE_POSTGRES_URL"] = url
         if durable:
             env["ATMOSPHERE_DURABLE_RUNS_ENABLED"] = "true"
+        if not feed:
+            env["BENCH_WITHOUT_RUN_FEED"] = "1"
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--serve", str(self.port), str(workspace)], env=env
         )
@@ -224,9 +235,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     Server(pg_root, url + "?synchronous_commit=off")
                 )
                 durable = await stack.enter_async_context(Server(pg_root, url, durable=True))
+                no_feed = await stack.enter_async_context(Server(pg_root, url, feed=False))
                 bases = {
                     "embedded": embedded.base,
                     "postgres": a.base,
+                    "postgres_without_run_feed": no_feed.base,
                     "postgres_synchronous_commit_off": relaxed.base,
                     "postgres_durable_runs": durable.base,
                 }
@@ -234,14 +247,20 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     await sequential_turns(base, 20)
                 turns: dict[str, list[float]] = {key: [] for key in bases}
                 per_round = max(args.turns // args.rounds, 1)
-                for _ in range(args.rounds):
-                    for key, base in bases.items():
+                for round_ in range(args.rounds):
+                    order = list(bases.items())
+                    if round_ % 2:
+                        order.reverse()  # neither side always goes first
+                    for key, base in order:
                         turns[key] += await sequential_turns(base, per_round)
                 turn_ms: dict[str, Any] = {key: quantiles(value) for key, value in turns.items()}
                 for key in ("postgres", "postgres_synchronous_commit_off", "postgres_durable_runs"):
                     turn_ms[f"added_median_ms_{key}"] = round(
                         turn_ms[key]["p50"] - turn_ms["embedded"]["p50"], 3
                     )
+                turn_ms["added_median_ms_run_feed"] = round(
+                    turn_ms["postgres"]["p50"] - turn_ms["postgres_without_run_feed"]["p50"], 3
+                )
                 result["turn_ms"] = turn_ms
                 result["turns_per_s"] = {
                     "embedded_1_replica": round(await throughput([embedded.base], args.turns), 1),

@@ -90,13 +90,14 @@ class PostgresRunStore:
         owner: str | None = None,
         lease_seconds: float = 0.0,
     ) -> None:
-        feed = owner is not None and owner.startswith(FEED_OWNER)
+        if owner is not None and owner.startswith(FEED_OWNER):
+            if checkpoints:
+                raise ValueError("a frame-feed run journals frames only, no checkpoints")
+            await self._append_feed(run_id, frames, create, owner, lease_seconds)
+            return
 
         async def work(connection: Any) -> None:
             async with connection.transaction():
-                if feed:
-                    # Shared frames for other replicas' readers, not a durability promise.
-                    await connection.execute("SET LOCAL synchronous_commit = off")
                 if create is not None:
                     row = await connection.fetchval(
                         "INSERT INTO atmosphere_runs (run_id, path, conversation_id, user_key, "
@@ -118,14 +119,11 @@ class PostgresRunStore:
                 else:
                     # Locks the row: a concurrent claim skips it, a committed one is seen here.
                     found = await connection.fetchrow(
-                        "SELECT id, owner, finished_at FROM atmosphere_runs WHERE run_id = $1 "
-                        "FOR NO KEY UPDATE",
+                        "SELECT id, owner FROM atmosphere_runs WHERE run_id = $1 FOR NO KEY UPDATE",
                         run_id,
                     )
                     if found is None:
                         raise LookupError(f"durable run {run_id} is not in the store")
-                    if feed and found["finished_at"] is not None:
-                        raise LeaseLost(f"shared run {run_id} was ended: {owner} went silent")
                     if owner is not None and found["owner"] != owner:
                         raise LeaseLost(
                             f"durable run {run_id} was taken over by {found['owner']}: "
@@ -155,6 +153,74 @@ class PostgresRunStore:
                     )
 
         await self.database.run(work)
+
+    async def _append_feed(
+        self,
+        run_id: str,
+        frames: Sequence[tuple[int, str, str]],
+        create: StoredRun | None,
+        owner: str,
+        lease_seconds: float,
+    ) -> None:
+        """A frame-feed write: one statement, one round trip (an implicit transaction), that
+        commits without waiting for the WAL flush (`set_config(..., is_local)` lasts until that
+        commit: the feed is not a durability promise). Without `create`, it writes only while
+        the run is this owner's and unfinished (`abandon` may have ended it)."""
+        seqs = [entry[0] for entry in frames]
+        names = [entry[1] for entry in frames]
+        data = [entry[2] for entry in frames]
+        if create is not None:
+            run = (
+                "INSERT INTO atmosphere_runs (run_id, path, conversation_id, user_key, "
+                "session_id, message, started_at, owner, lease_until) "
+                f"SELECT $1, $5, $6, $7, $8, $9, $10, $11, {NOW} + $12 FROM relaxed "
+                # A retry (the first attempt's commit reply was lost) finds its row.
+                "ON CONFLICT (run_id) DO UPDATE SET run_id = EXCLUDED.run_id RETURNING id"
+            )
+            args: tuple[Any, ...] = (
+                create.path,
+                create.conversation_id,
+                create.user_id or "",
+                create.session_id,
+                create.message,
+                create.started_at,
+                owner,
+                lease_seconds,
+            )
+        else:
+            run = (
+                "SELECT id FROM atmosphere_runs, relaxed WHERE run_id = $1 AND owner = $5 "
+                "AND finished_at IS NULL FOR NO KEY UPDATE OF atmosphere_runs"
+            )
+            args = (owner,)
+        statement = (
+            "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), "
+            f"run AS ({run}) "
+            "INSERT INTO atmosphere_run_frames (run, seq, event, data) "
+            "SELECT run.id, f.seq, f.event, f.data FROM run, "
+            "unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, event, data) "
+            "ON CONFLICT (run, seq) DO UPDATE SET event = EXCLUDED.event, data = EXCLUDED.data"
+        )
+
+        async def work(connection: Any) -> str:
+            return str(await connection.execute(statement, run_id, seqs, names, data, *args))
+
+        status = await self.database.run(work)
+        if create is None and frames and status.rsplit(" ", 1)[-1] == "0":
+            await self._refused(run_id, owner)
+
+    async def _refused(self, run_id: str, owner: str) -> None:
+        """Why a frame-feed write wrote nothing: the run is gone, another's, or ended."""
+
+        async def work(connection: Any) -> Any:
+            return await connection.fetchrow(
+                "SELECT owner, finished_at FROM atmosphere_runs WHERE run_id = $1", run_id
+            )
+
+        found = await self.database.run(work)
+        if found is None:
+            raise LookupError(f"shared run {run_id} is not in the store")
+        raise LeaseLost(f"shared run {run_id} was ended or taken: {owner} no longer writes it")
 
     async def load(self, run_id: str, limit: int) -> tuple[dict[str, Any], list[Frame]]:
         async def work(connection: Any) -> tuple[Any, list[Any], list[Any]]:
@@ -240,10 +306,14 @@ class PostgresRunStore:
         now = time.time()
 
         async def work(connection: Any) -> None:
+            # A frame-feed run's end is no durability promise either: no wait for the flush.
             await connection.execute(
-                "UPDATE atmosphere_runs SET finished_at = $2, message = '' WHERE run_id = $1",
+                "UPDATE atmosphere_runs SET finished_at = $2, message = '' WHERE run_id = $1 "
+                "RETURNING set_config('synchronous_commit', CASE WHEN starts_with(owner, $3) "
+                "THEN 'off' ELSE current_setting('synchronous_commit') END, true)",
                 run_id,
                 now,
+                FEED_OWNER,
             )
 
         await self.database.run(work)
