@@ -536,7 +536,9 @@ class RunStore(Protocol):
     - An owner starting with `FEED_OWNER` (a replica with durable runs off that shares its
       frames so other replicas can follow them, `RunFeed`) holds runs that are never claimed
       and never resumed; its appends are not a durability promise (a store may skip waiting
-      for its disk) and are refused (`LeaseLost`) once the run is finished.
+      for its disk), carry frames only, are refused (`LeaseLost`) once the run is finished, and
+      finish the run when their last frame is terminal (the feed calls `finish` only when that
+      write failed).
     """
 
     name: str

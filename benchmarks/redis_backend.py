@@ -88,14 +88,14 @@ async def per_turn(root: Path, url: str, turns: int, rounds: int) -> dict[str, A
         async with (
             httpx2.AsyncClient(base_url=embedded.url, timeout=60) as e,
             httpx2.AsyncClient(base_url=redis.url, timeout=60) as r,
-            httpx2.AsyncClient(base_url=no_feed.url, timeout=60) as n,
+            httpx2.AsyncClient(base_url=no_feed.url, timeout=60) as w,
         ):
-            for client in (e, r, n):  # warm-up: imports, first connections, scripts loaded
+            for client in (e, r, w):  # warm-up: imports, first connections, scripts loaded
                 for i in range(10):
                     await one_turn(client, f"warm {i}", f"warm-{i % 2}")
             per_round = max(1, turns // rounds)
             for round_ in range(rounds):
-                order = [("embedded", e), ("redis", r), ("redis_without_run_feed", n)]
+                order = [("embedded", e), ("redis", r), ("redis_without_run_feed", w)]
                 if round_ % 2:
                     order.reverse()
                 for name, client in order:

@@ -76,6 +76,9 @@ ENDED = "ended"
 RESTARTING = "server is restarting; the run resumes"
 STOPPING = "server is shutting down; the run was stopped"
 MOVED = "another server took this run over; re-attach to follow it"
+FEED_LINGER_SECONDS = 0.05
+"""The frame feed gathers a run's frames this long before each write (remote readers poll
+every `kernel.remote.POLL_SECONDS`, 0.25 s, so they do not notice)."""
 ABANDONED = "the server running this run stopped; the frames it had not shared are lost"
 """The frame feed's last word on a run whose replica died (`RunFeed.abandon`)."""
 STOPPED = "the run was stopped before it finished"
@@ -484,7 +487,7 @@ class LiveRuns:
         if self.feed is not None:
             session_id = session_id or uuid.uuid4().hex
             run_id = uuid.uuid4().hex
-            feed = _StoreWriter(
+            feed = _FeedWriter(
                 _FeedStore(self.feed),
                 run_id,
                 owner=self.owner,
@@ -749,8 +752,9 @@ class LiveRuns:
                 )
             )
         await writer.flushed()
-        if writer.lost:
-            return
+        shared = writer.store
+        if writer.lost or (isinstance(shared, _FeedStore) and not shared.failed):
+            return  # (its terminal frame's write finished it in the store)
         try:
             await self.feed.finish(writer.run_id)
         except Exception:
@@ -804,6 +808,19 @@ class LiveRuns:
             del self._runs[key]
 
 
+class _FeedWriter(_StoreWriter):
+    """The frame feed's writer: a `_StoreWriter` whose first write (the run's record, so that
+    other replicas find the run at once) goes at once, and every later group after gathering
+    frames for `FEED_LINGER_SECONDS`: a long run costs a write per linger at most, a short one
+    two (the second, with its terminal frame, also finishes it: `RunStore`). Remote readers
+    poll slower than the linger anyway."""
+
+    async def _drain(self) -> None:
+        if self._create is None:
+            await asyncio.sleep(FEED_LINGER_SECONDS)
+        await super()._drain()
+
+
 class _FeedStore:
     """The frame feed's store as its `_StoreWriter` sees it: a failed write is a warning
     (remote readers miss those frames; the run and its local readers do not notice), not the
@@ -812,6 +829,8 @@ class _FeedStore:
     def __init__(self, store: RunStore) -> None:
         self.store = store
         self.name = store.name
+        self.failed = False
+        """A write failed: the run's end may not be in the store (`_finish_feed` finishes it)."""
 
     async def append(
         self,
@@ -830,6 +849,7 @@ class _FeedStore:
         except LeaseLost:
             raise  # ended as abandoned (this replica stalled past its lease): stop sharing
         except Exception:
+            self.failed = True
             log.warning(
                 "could not share a run's frames with other replicas", run=run_id, exc_info=True
             )

@@ -24,7 +24,7 @@ from atmosphere_harness.backends.redis import RedisConnection, RedisRunStore
 from atmosphere_harness.backends.redis import runs as redis_runs
 from atmosphere_harness.contracts import FEED_OWNER, LeaseLost, LiveRunHandle, StoredRun
 from atmosphere_harness.events import Frame
-from atmosphere_harness.kernel.journal import ABANDONED, STOPPED, LiveRuns
+from atmosphere_harness.kernel.journal import ABANDONED, STOPPED, LiveRuns, encode
 from atmosphere_harness.kernel.remote import RemoteRun
 
 from .postgres_service import create_database, drop_database
@@ -93,6 +93,27 @@ async def test_a_feed_run_is_never_claimed_and_ends_as_abandoned_once_its_lease_
     assert (await b.frames_after("feed", 2, 10))[0][0].event == events.ERROR
     _, durable_finished = await b.frames_after("durable", 0, 10)
     assert not durable_finished
+
+
+async def test_a_feed_append_ending_with_a_terminal_frame_finishes_the_run(
+    stores: list[Store],
+) -> None:
+    a, b = stores
+    owner = FEED_OWNER + "a"
+    done = (2, events.COMPLETE, encode({"summary": "ok"}))
+    await a.append("one", [frame(1), done], [], create=stored("one"), owner=owner, lease_seconds=60)
+    frames, finished = await b.frames_after("one", 0, 10)
+    assert ([f.seq for f in frames], finished) == ([1, 2], True)
+    await a.append("two", [frame(1)], [], create=stored("two", 2.0), owner=owner, lease_seconds=60)
+    assert (await b.frames_after("two", 0, 10))[1] is False
+    await a.append("two", [(2, events.ERROR, encode({"message": "no"}))], [], owner=owner)
+    frames, finished = await b.frames_after("two", 0, 10)
+    assert ([f.event for f in frames], finished) == (["text", events.ERROR], True)
+    with pytest.raises(LeaseLost):
+        await a.append("two", [frame(3)], [], owner=owner)
+    # A durable owner's terminal frame finishes nothing: the journal calls `finish` itself.
+    await a.append("three", [frame(1), done], [], create=stored("three", 3.0), owner="a")
+    assert (await b.frames_after("three", 0, 10))[1] is False
 
 
 async def test_a_heartbeat_keeps_a_feed_run_alive(stores: list[Store]) -> None:
@@ -166,6 +187,8 @@ async def test_feed_mode_shares_frames_without_checkpoints_and_never_resumes(
         assert (await anext(local)).event == events.COMPLETE
         assert (await anext(followed)).event == events.COMPLETE
         await anext(followed, None)
+        # Its terminal frame's write finished it in the store (no `finish` call of its own).
+        assert (await b.frames_after(live_run_id(live), 0, 10))[1] is True
         checkpoints, frames = await b.load(live_run_id(live), 10)
         assert checkpoints == {}
         assert [f.seq for f in frames] == [1, 2]

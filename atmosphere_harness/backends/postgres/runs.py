@@ -22,8 +22,9 @@ compresses values past ~2 kB itself, TOAST). What makes it a multi-replica store
   its frames and checkpoints `FOLLOW_GRACE_SECONDS` later (in `expire`, which the journal
   calls every third of a lease).
 - It is also the frame feed (durable runs off): runs owned as `FEED_OWNER`... are never
-  claimed; their appends commit with `synchronous_commit = off` (no wait for the WAL flush:
-  the feed is not durability) and are refused once the run is finished; `abandon` ends those
+  claimed; their appends are one statement each, commit with `synchronous_commit = off` (no
+  wait for the WAL flush: the feed is not durability), finish the run when their last frame is
+  terminal, and are refused once the run is finished; `abandon` ends those
   whose replica died (lease run out) with a terminal `error` frame.
 """
 
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...contracts import FEED_OWNER, LeaseLost, StoredRun
-from ...events import Frame
+from ...events import TERMINAL, Frame
 from .database import PostgresDatabase
 
 NOW = "extract(epoch FROM clock_timestamp())"
@@ -165,15 +166,17 @@ class PostgresRunStore:
         """A frame-feed write: one statement, one round trip (an implicit transaction), that
         commits without waiting for the WAL flush (`set_config(..., is_local)` lasts until that
         commit: the feed is not a durability promise). Without `create`, it writes only while
-        the run is this owner's and unfinished (`abandon` may have ended it)."""
+        the run is this owner's and unfinished (`abandon` may have ended it). A terminal last
+        frame finishes the run in the same statement (the feed's end needs no `finish`)."""
         seqs = [entry[0] for entry in frames]
         names = [entry[1] for entry in frames]
         data = [entry[2] for entry in frames]
+        finished = time.time() if frames and frames[-1][1] in TERMINAL else None
         if create is not None:
             run = (
                 "INSERT INTO atmosphere_runs (run_id, path, conversation_id, user_key, "
-                "session_id, message, started_at, owner, lease_until) "
-                f"SELECT $1, $5, $6, $7, $8, $9, $10, $11, {NOW} + $12 FROM relaxed "
+                "session_id, message, started_at, owner, lease_until, finished_at) "
+                f"SELECT $1, $5, $6, $7, $8, $9, $10, $11, {NOW} + $12, $13 FROM relaxed "
                 # A retry (the first attempt's commit reply was lost) finds its row.
                 "ON CONFLICT (run_id) DO UPDATE SET run_id = EXCLUDED.run_id RETURNING id"
             )
@@ -186,7 +189,15 @@ class PostgresRunStore:
                 create.started_at,
                 owner,
                 lease_seconds,
+                finished,
             )
+        elif finished is not None:
+            run = (
+                "UPDATE atmosphere_runs SET finished_at = $6, message = '' FROM relaxed "
+                "WHERE run_id = $1 AND owner = $5 AND finished_at IS NULL "
+                "RETURNING atmosphere_runs.id"
+            )
+            args = (owner, finished)
         else:
             run = (
                 "SELECT id FROM atmosphere_runs, relaxed WHERE run_id = $1 AND owner = $5 "

@@ -24,9 +24,9 @@ What makes it a multi-replica store, as `PostgresRunStore`:
 - It is a `contracts.RunFeed`; `finish` marks the run finished at once and `expire` drops its
   frames and checkpoints `FOLLOW_GRACE_SECONDS` later, so readers elsewhere see the last frames.
 - It is also the frame feed (durable runs off): runs owned as `FEED_OWNER`... are never
-  claimed, their appends are refused once the run is finished, and `abandon` ends those whose
-  replica died (lease run out) with a terminal `error` frame. An append is one script call
-  (one round trip) either way.
+  claimed, their appends are refused once the run is finished, an append whose last frame is
+  terminal is pipelined with `finish` (one round trip for both), and `abandon` ends those whose
+  replica died (lease run out) with a terminal `error` frame.
 - Every key also has a TTL (`SAFETY_TTL`, refreshed by writes and heartbeats; shorter once a
   run finished), so nothing outlives a Redis whose replicas all went away.
 
@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...contracts import FEED_OWNER, LeaseLost, StoredRun
-from ...events import Frame
+from ...events import TERMINAL, Frame
 from .connection import RedisConnection, as_str, digest
 
 FOLLOW_GRACE_SECONDS = 30.0
@@ -378,11 +378,19 @@ class RedisRunStore:
             args += [seq, f"{seq}{SEP}{event}{SEP}{data}"]
         for key, value in checkpoints:
             args += [key, value]
-        with self.connection.unavailable("journalling a durable run"):
-            reply = await self._append(
-                keys=[run, run + ":frames", self._leases(), conversation, run + ":checkpoints"],
-                args=args,
-            )
+        keys = [run, run + ":frames", self._leases(), conversation, run + ":checkpoints"]
+        if owner and owner.startswith(FEED_OWNER) and frames and frames[-1][1] in TERMINAL:
+            # The frame feed's end: the run finishes with its terminal frame, one round trip.
+            with self.connection.unavailable("sharing a run's frames"):
+                async with self.connection.client.pipeline(transaction=False) as pipe:
+                    await self._append(keys=keys, args=args, client=pipe)
+                    await self._finish(
+                        keys=self._finish_keys(run_id), args=self._finish_args(run_id), client=pipe
+                    )
+                    reply, _ = await pipe.execute()
+        else:
+            with self.connection.unavailable("journalling a durable run"):
+                reply = await self._append(keys=keys, args=args)
         status = as_str(reply[0])
         if status == "missing":
             raise LookupError(f"durable run {run_id} is not in the store")
@@ -444,21 +452,24 @@ class RedisRunStore:
         """Mark the run finished; its frames and checkpoints go in `expire`, once
         `FOLLOW_GRACE_SECONDS` have passed (readers on other replicas catch up meanwhile)."""
         with self.connection.unavailable("finishing a durable run"):
-            await self._finish(
-                keys=[
-                    self._run(run_id),
-                    self._leases(),
-                    self.connection.key("runs", "compact"),
-                    self.connection.key("runs", "finished"),
-                ],
-                args=[
-                    self.connection.prefix,
-                    run_id,
-                    repr(time.time()),
-                    FINISHED_TTL,
-                    int(FOLLOW_GRACE_SECONDS * 4),
-                ],
-            )
+            await self._finish(keys=self._finish_keys(run_id), args=self._finish_args(run_id))
+
+    def _finish_keys(self, run_id: str) -> list[str]:
+        return [
+            self._run(run_id),
+            self._leases(),
+            self.connection.key("runs", "compact"),
+            self.connection.key("runs", "finished"),
+        ]
+
+    def _finish_args(self, run_id: str) -> list[Any]:
+        return [
+            self.connection.prefix,
+            run_id,
+            repr(time.time()),
+            FINISHED_TTL,
+            int(FOLLOW_GRACE_SECONDS * 4),
+        ]
 
     async def expire(self, before: float) -> int:
         with self.connection.unavailable("expiring durable runs"):
