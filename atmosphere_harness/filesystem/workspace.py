@@ -64,7 +64,7 @@ from .paths import (
     shown,
     store_key,
 )
-from .search import Deadline, LinePattern, clip, compile_pattern, search_file
+from .search import Deadline, LinePattern, compile_pattern, grep_hits
 from .tally import (
     DIR_CHECK_SECONDS,
     FULL_RESYNC_SECONDS,
@@ -614,10 +614,12 @@ class WorkspaceAgentFileSystem:
             except OSError:
                 continue
             found = (
-                None if data is None else search_file(pattern, data, limit - len(hits), deadline)
+                None
+                if data is None
+                else grep_hits(pattern, path, data, limit - len(hits), deadline)
             )
             if found:
-                hits.extend(GrepHit(path, number, clip(line)) for number, line in found)
+                hits.extend(found)
             if len(hits) >= limit:
                 break
         return hits
