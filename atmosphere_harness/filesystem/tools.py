@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..settings import DEFAULT_OFFLOAD_THRESHOLD
-from ..tools.base import HistoryArguments, Prefetch, Tool, ToolContext, ToolKind
+from ..tools.base import Batch, HistoryArguments, Prefetch, Tool, ToolContext, ToolKind
 from .base import AgentFileSystem, FileSystemError
 
 if TYPE_CHECKING:
@@ -153,6 +153,48 @@ async def prefetch_reads(arguments: Sequence[Any], run: Run) -> Callable[[], Non
     return release
 
 
+async def write_batch(arguments: Sequence[Mapping[str, Any]], run: Run) -> list[Any]:
+    """`write_file`'s batch: a message's consecutive writes in one worker-thread hop.
+
+    Only a store that can (`WorkspaceAgentFileSystem.write_many`) writes them together; any
+    other runs them one by one. Either way each call gets exactly what its own `write_file`
+    would have answered, in order.
+    """
+    fs = bound_file_system(run)
+    if fs is None:
+        return [UNAVAILABLE] * len(arguments)
+    results: list[Any] = [None] * len(arguments)
+    wanted: list[tuple[int, str, str]] = []
+    for position, item in enumerate(arguments):
+        try:
+            path = _required(item, "path")
+        except FileSystemError as exc:
+            results[position] = f"Error: {exc}"
+            continue
+        content = item.get("content")
+        wanted.append((position, path, "" if content is None else content))
+    write_many = getattr(fs, "write_many", None)
+    if write_many is None:
+        errors: list[Exception | None] = []
+        for _, path, content in wanted:
+            try:
+                await fs.write(path, content)
+            except Exception as exc:
+                errors.append(exc)
+            else:
+                errors.append(None)
+    else:
+        errors = await write_many([(path, content) for _, path, content in wanted])
+    for (position, path, _), error in zip(wanted, errors, strict=True):
+        if error is None:
+            results[position] = f"Wrote {path}"
+        elif isinstance(error, FileSystemError):
+            results[position] = f"Error: {error}"
+        else:
+            results[position] = error
+    return results
+
+
 def _tool(
     name: str,
     description: str,
@@ -162,6 +204,7 @@ def _tool(
     operation: Operation,
     history_arguments: HistoryArguments | None = None,
     prefetch: Prefetch | None = None,
+    batch: Batch | None = None,
 ) -> Tool:
     async def handler(arguments: Mapping[str, Any], context: ToolContext) -> str:
         fs = bound_file_system(context.run)
@@ -187,6 +230,7 @@ def _tool(
         origin=ORIGIN,
         history_arguments=history_arguments,
         prefetch=prefetch,
+        batch=batch,
     )
 
 
@@ -334,6 +378,7 @@ def file_tools(
             ["path", "content"],
             write_file,
             written_note(read_budget) if read_budget > 0 else None,
+            batch=write_batch,
         ),
         _tool(
             "edit_file",

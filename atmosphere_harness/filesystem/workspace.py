@@ -26,7 +26,8 @@ What it guarantees, whatever the caller does:
 
 Blocking work runs in a worker thread (`workers.run`), one hop per operation; a run of
 consecutive reads can share one hop (`prefetch`, which the `read_file` tool calls for a
-message's consecutive reads).
+message's consecutive reads), and so can a run of writes (`write_many`, the `write_file` tool's
+batch).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ from .paths import (
     shown,
     store_key,
 )
-from .search import Deadline, LinePattern, clip, compile_pattern, search_file
+from .search import Deadline, LinePattern, compile_pattern, grep_hits
 from .tally import (
     DIR_CHECK_SECONDS,
     FULL_RESYNC_SECONDS,
@@ -250,6 +251,33 @@ class WorkspaceAgentFileSystem:
         )
 
     # --- beyond the protocol ---------------------------------------------------------------
+
+    async def write_many(self, items: Sequence[tuple[str, str]]) -> list[Exception | None]:
+        """`write(path, content)` for each item in order, all in one worker-thread hop; returns
+        each write's error (`None` when it wrote), in order.
+
+        Each write is exactly what `write` would have done at its turn: validated, admitted
+        against the bounds after the writes before it (under its own hold of the ledger, so
+        other processes interleave between writes, never inside one), and written atomically.
+        One that fails changes nothing and the others go on, as they would one by one (its
+        error is a `FileSystemError`, or whatever else `write` would have raised). The
+        `write_file` tool's batch uses it for a message's consecutive writes.
+        """
+        errors: list[Exception | None] = [None] * len(items)
+        wanted: list[tuple[int, str, str, bytes]] = []
+        for position, (path, content) in enumerate(items):
+            try:
+                rel = check_path(path)
+                echo = shown(path)
+                wanted.append((position, rel, echo, encode_content(content, echo, self.limits)))
+            except FileSystemError as exc:
+                errors[position] = exc
+        if wanted:
+            self.drop_prefetched()
+            written = await self._run("write", ".", self._write_many, wanted)
+            for (position, *_), error in zip(wanted, written, strict=True):
+                errors[position] = error
+        return errors
 
     async def prefetch(self, paths: Sequence[str]) -> int:
         """Read `paths` in one worker-thread hop, so that the `read` of each that follows soon
@@ -503,6 +531,21 @@ class WorkspaceAgentFileSystem:
             read[rel] = text
         return read
 
+    def _write_many(self, wanted: list[tuple[int, str, str, bytes]]) -> list[Exception | None]:
+        errors: list[Exception | None] = []
+        for _, rel, echo, data in wanted:
+            try:
+                self._locked(self._write, rel, echo, data)
+            except FileSystemError as exc:
+                errors.append(exc)
+            except OSError as exc:
+                errors.append(_failed("write", echo, exc))
+            except Exception as exc:  # a bug: this write's call fails, the others go on
+                errors.append(exc)
+            else:
+                errors.append(None)
+        return errors
+
     def _write(self, rel: str, echo: str, data: bytes) -> None:
         target, info = self._resolve(rel, echo, follow=True)
         if info is not None and stat.S_ISDIR(info.st_mode):
@@ -571,10 +614,12 @@ class WorkspaceAgentFileSystem:
             except OSError:
                 continue
             found = (
-                None if data is None else search_file(pattern, data, limit - len(hits), deadline)
+                None
+                if data is None
+                else grep_hits(pattern, path, data, limit - len(hits), deadline)
             )
             if found:
-                hits.extend(GrepHit(path, number, clip(line)) for number, line in found)
+                hits.extend(found)
             if len(hits) >= limit:
                 break
         return hits

@@ -60,6 +60,9 @@ async def execute_calls(
     before it. Consecutive calls to tools marked `concurrent` (sub-agent spawns, delegations) run
     together, and one failing never cancels the others. Consecutive calls to a tool with a
     `prefetch` (`read_file`) still run one after another, after one prefetch for all of them.
+    Consecutive calls to a tool with a `batch` (`write_file`) each pass every gate in order
+    (their `tool-start` frames come first), then run together in the model's order, and then
+    get their results (and `tool-result` frames) in that order.
     A call whose id is in `answers` (the loop's bounds, `tools.bounds`) never runs: it gets its
     start and result frames with that answer, like any rejected call.
     """
@@ -92,12 +95,16 @@ async def execute_calls(
             batch = await asyncio.gather(*(execute_call(call, run) for call in calls[index:end]))
             results[index:end] = batch
             index = end
-        elif tool is not None and tool.prefetch is not None:
+        elif tool is not None and (tool.prefetch is not None or tool.batch is not None):
             end = index + 1
             while end < len(calls) and calls[end].name == tool.name:
                 if calls[end].id in answers or run.recall(calls[end], "result") is not None:
                     break
                 end += 1
+            if tool.batch is not None and end - index > 1:
+                results[index:end] = await _execute_batch(tool, calls[index:end], run)
+                index = end
+                continue
             release = await _prefetch(tool, calls[index:end], run) if end - index > 1 else None
             try:
                 for position in range(index, end):
@@ -126,6 +133,33 @@ async def _prefetch(
 
 async def execute_call(call: ToolCall, run: RunContext) -> str:
     """Run one tool call through every gate; always returns the model-facing text."""
+    gated = await _gate(call, run)
+    if isinstance(gated, str):
+        return gated
+    tool, arguments = gated
+    return await _finish(tool, call, await _invoke(tool, call, arguments, run), run)
+
+
+async def _execute_batch(tool: Tool, calls: Sequence[ToolCall], run: RunContext) -> list[str]:
+    """Calls to a tool with a `batch`: every gate in order, one batch, then results in order."""
+    results: list[str] = [""] * len(calls)
+    ready: list[tuple[int, dict[str, Any]]] = []
+    for position, call in enumerate(calls):
+        gated = await _gate(call, run)
+        if isinstance(gated, str):
+            results[position] = gated
+        else:
+            ready.append((position, gated[1]))
+    if ready:
+        outcomes = await _invoke_batch(tool, [arguments for _, arguments in ready], run)
+        for (position, _), outcome in zip(ready, outcomes, strict=True):
+            results[position] = await _finish(tool, calls[position], outcome, run)
+    return results
+
+
+async def _gate(call: ToolCall, run: RunContext) -> str | tuple[Tool, dict[str, Any]]:
+    """Every gate up to the handler: the tool and the arguments to run it with (the call's
+    start is emitted and journalled), or the call's final text when it never reaches it."""
     endpoint = run.endpoint
     session = run.session
     tool = endpoint.tools.get(call.name)
@@ -165,12 +199,12 @@ async def execute_call(call: ToolCall, run: RunContext) -> str:
                     result = invalid_arguments(tool.name, problems)
                 else:
                     arguments, result = await _admit(call, tool, arguments, run)
-    if result is None:
-        # Journalled before the handler runs; for a tool that must not run twice, stored first.
-        own = isinstance(call.arguments, Mapping) and arguments == call.arguments
-        await run.checkpoint(call, "started", True if own else arguments, wait=_at_most_once(tool))
-        result = await _invoke(tool, call, arguments, run)
-    return await _finish(tool, call, result, run)
+    if result is not None:
+        return await _finish(tool, call, result, run)
+    # Journalled before the handler runs; for a tool that must not run twice, stored first.
+    own = isinstance(call.arguments, Mapping) and arguments == call.arguments
+    await run.checkpoint(call, "started", True if own else arguments, wait=_at_most_once(tool))
+    return tool, arguments
 
 
 def _at_most_once(tool: Tool) -> bool:
@@ -179,12 +213,14 @@ def _at_most_once(tool: Tool) -> bool:
     return (tool.origin == "user" or tool.origin.startswith("mcp:")) and not tool.idempotent
 
 
-async def _restarted(tool: Tool, call: ToolCall, arguments: dict[str, Any], run: RunContext) -> str:
+async def _restarted(
+    tool: Tool, call: ToolCall, arguments: dict[str, Any], run: RunContext
+) -> str | tuple[Tool, dict[str, Any]]:
     """A call a restart cut off while it ran: run it again, or answer `INTERRUPTED`."""
     if _at_most_once(tool):
         log.info("a user tool was cut off by a restart; answering interrupted", tool=tool.name)
         return await _finish(tool, call, INTERRUPTED, run)
-    return await _finish(tool, call, await _invoke(tool, call, arguments, run), run)
+    return tool, arguments
 
 
 async def _finish(tool: Tool, call: ToolCall, result: str, run: RunContext) -> str:
@@ -244,24 +280,57 @@ async def _invoke(tool: Tool, call: ToolCall, arguments: dict[str, Any], run: Ru
         async with deadline:
             value = await tool.handler(arguments, context)
         return render_result(value)
-    except ToolArgumentError as exc:
-        return invalid_arguments(tool.name, exc.details)
     except TimeoutError as exc:
         if not deadline.expired():
             return _error_result(tool, exc)
-        seconds = int(timeout) if float(timeout).is_integer() else timeout
-        return json_result(
-            error="tool_timeout",
-            tool=tool.name,
-            timeoutSeconds=seconds,
-            message=f"Tool execution exceeded the {seconds}s deadline and was cancelled",
-        )
+        return _timed_out(tool, timeout)
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        return _error_result(tool, exc)
+        return _outcome(tool, exc)
+
+
+async def _invoke_batch(
+    tool: Tool, arguments: Sequence[dict[str, Any]], run: RunContext
+) -> list[str]:
+    """The tool's `batch` for calls that passed their gates: one text per call, in order."""
+    assert tool.batch is not None
+    timeout = tool.timeout if tool.timeout is not None else run.endpoint.tool_timeout
+    deadline = asyncio.timeout(timeout * len(arguments))
+    try:
+        async with deadline:
+            values = await tool.batch(arguments, run)
+        if len(values) != len(arguments):
+            raise RuntimeError(f"batch returned {len(values)} results for {len(arguments)} calls")
+    except TimeoutError as exc:
+        failed = _timed_out(tool, timeout) if deadline.expired() else _error_result(tool, exc)
+        return [failed] * len(arguments)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        return [_error_result(tool, exc)] * len(arguments)
+    return [_outcome(tool, value) for value in values]
+
+
+def _outcome(tool: Tool, value: Any) -> str:
+    """The text of what a handler returned, or of the exception it raised."""
+    if isinstance(value, ToolArgumentError):
+        return invalid_arguments(tool.name, value.details)
+    if isinstance(value, Exception):
+        return _error_result(tool, value)
+    return render_result(value)
+
+
+def _timed_out(tool: Tool, timeout: float) -> str:
+    seconds = int(timeout) if float(timeout).is_integer() else timeout
+    return json_result(
+        error="tool_timeout",
+        tool=tool.name,
+        timeoutSeconds=seconds,
+        message=f"Tool execution exceeded the {seconds}s deadline and was cancelled",
+    )
 
 
 def _error_result(tool: Tool, exc: Exception) -> str:
-    log.warning("tool raised; returning an error result", tool=tool.name, exc_info=True)
+    log.warning("tool raised; returning an error result", tool=tool.name, exc_info=exc)
     return json_result(error="tool_error", tool=tool.name, message=str(exc) or type(exc).__name__)

@@ -67,6 +67,7 @@ register_injectable(ToolContext)
 Handler = Callable[[Mapping[str, Any], ToolContext], Awaitable[Any]]
 HistoryArguments = Callable[[Mapping[str, Any], str], Mapping[str, Any]]
 Prefetch = Callable[[Sequence[Any], "Run"], Awaitable[Callable[[], None]]]
+Batch = Callable[[Sequence[Mapping[str, Any]], "Run"], Awaitable[Sequence[Any]]]
 
 
 @dataclass(slots=True)
@@ -104,6 +105,15 @@ class Tool:
     files in one worker-thread hop). It returns a callable the executor calls after the run to
     free what was loaded. The calls still go one by one through every gate and their handlers;
     a prefetch must change nothing the model or a client can see, and its failure is ignored."""
+    batch: Batch | None = None
+    """For a run of two or more consecutive calls to this tool in one model message: runs the
+    handlers of the calls that passed their gates (each call still goes through every gate, in
+    order, and gets its `tool-start` frame first) together, given their validated arguments in
+    the model's order, and returns one value per call, in that order: what the handler would
+    have returned, or the exception it would have raised. It must give exactly what running the
+    handlers one by one would (each call sees the effects of the ones before it): `write_file`
+    writes all their files in one worker-thread hop. Its deadline is the tool's timeout once per
+    call."""
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters, self.native)

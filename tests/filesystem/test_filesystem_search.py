@@ -206,3 +206,34 @@ def test_literal_grep_equals_the_naive_search(literal: str, text: str) -> None:
     expected = naive_grep(re.escape(literal), text, 100)
     assert search_text(compiled, text, 100, Deadline(literal)) == expected
     assert search_file(compiled, text.encode(), 100, Deadline(literal)) == expected
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    st.text(alphabet="ab_x", min_size=1, max_size=4),
+    st.text(alphabet="ab_xé \n\r", max_size=60),
+    st.integers(min_value=1, max_value=6),
+    st.booleans(),
+)
+def test_grep_hits_equals_the_naive_search(
+    literal: str, text: str, limit: int, long_lines: bool
+) -> None:
+    """`grep_hits` (the workspace's path, with its literal fast path) = the naive search, cut."""
+    if long_lines:  # lines past MAX_LINE_CHARS are clipped the same way on every path
+        text = text.replace("x", "x" * 300)
+    compiled = compile_pattern(literal)
+    expected = [
+        GrepHit("f.md", number, search_module.clip(line))
+        for number, line in naive_grep(re.escape(literal), text, limit)
+    ]
+    assert search_module.grep_hits(compiled, "f.md", text.encode(), limit, Deadline(literal)) == (
+        expected
+    )
+
+
+def test_grep_hits_skips_a_file_that_is_not_utf8() -> None:
+    for pattern in ("needle", "need.e"):
+        found = search_module.grep_hits(
+            compile_pattern(pattern), "bin", b"needle \xff\xfe", 10, Deadline(pattern)
+        )
+        assert found is None
