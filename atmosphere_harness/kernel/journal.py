@@ -45,7 +45,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mappi
 from typing import Any
 
 from .. import events
-from ..contracts import LeaseLost, LiveRunHandle, RunFeed, RunStore, StoredRun
+from ..contracts import LeaseLost, LiveRunHandle, RunFeed, RunStore, RunStoreNow, StoredRun
 from ..events import Frame
 from ..log import get_logger
 from .remote import RemoteRun
@@ -295,6 +295,15 @@ class LiveRun:
         await self._wake.wait()
 
 
+FOLLOWED = ("model:", "result:")
+"""Checkpoints the kernel publishes right before a frame: a model turn (then its calls'
+`tool-start` or the run's end), a call's result (then its `tool-result`)."""
+STARTED = "started:"
+"""A call's mark that its handler is about to run: it matters on a restart only for a tool that
+must not run twice, whose executor waits until it is stored (`flushed`); the others run again
+either way, so theirs goes with the run's next write."""
+
+
 class _StoreWriter:
     """One durable run's writes to its store, grouped: what comes while a write is in flight
     goes in the next one. Readers are told each stored seq (`on_stored`)."""
@@ -322,6 +331,10 @@ class _StoreWriter:
         self._checkpoints: list[tuple[str, str]] = []
         self._last_seq = 0
         self._task: asyncio.Task[None] | None = None
+        self._now = store if isinstance(store, RunStoreNow) else None
+        """The store, if it can write on the event loop (see `_kick`)."""
+        self._soon: asyncio.Handle | None = None
+        """The end-of-step write of held checkpoints, while one is due (see `_kick`)."""
         self._calls: dict[str, tuple[str, Any]] = {}
         """The last model turn's calls: id -> (its checkpoint key, its arguments)."""
 
@@ -339,20 +352,68 @@ class _StoreWriter:
                 str(call[0]): (key, call[2]) for call in value.get("calls") or () if len(call) == 3
             }
         self._checkpoints.append((key, encode(value)))
-        self._kick()
+        if key.startswith(STARTED):
+            return  # with the next write (`flushed` writes it now for a caller that waits)
+        self._kick(hold=key.startswith(FOLLOWED))
 
-    def _kick(self) -> None:
+    def _kick(self, *, hold: bool = False) -> None:
+        """Start writing what is pending, unless a write is in flight (it takes it next).
+
+        With a `RunStoreNow`, what is published is written at once, on the loop (a write
+        left for later would run while the run waits for something, often a tool in a worker
+        thread, and the two would fight over the GIL), except a `hold`: a checkpoint the
+        kernel publishes right before a frame waits for it, so that one write holds both (at
+        the latest at the end of this step of the event loop)."""
         if self.lost:
             self._frames.clear()
             self._checkpoints.clear()
             return
         if self._task is None or self._task.done():
+            if self._now is not None:
+                if hold:
+                    if self._soon is None:
+                        self._soon = asyncio.get_running_loop().call_soon(self._drain_soon)
+                    return
+                if self._drain_now():
+                    return
             self._task = asyncio.get_running_loop().create_task(
                 self._drain(), name=f"journal:{self.run_id}"
             )
 
+    def _drain_soon(self) -> None:
+        self._soon = None
+        if self._frames or self._checkpoints or self._create is not None:
+            self._kick()
+
+    def _drain_now(self) -> bool:
+        """Write what is pending right here through `RunStoreNow`; `False` if the store
+        could not (nothing written)."""
+        assert self._now is not None
+        frames, checkpoints, create = self._frames, self._checkpoints, self._create
+        try:
+            if not self._now.append_now(
+                self.run_id,
+                frames,
+                checkpoints,
+                create=create,
+                owner=self.owner,
+                lease_seconds=self.lease_seconds,
+            ):
+                return False
+        except Exception:
+            return False  # `append` says it (and logs it) the usual way
+        self._frames, self._checkpoints, self._create = [], [], None
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
+        if frames and self.on_stored is not None:
+            self.on_stored(frames[-1][0])
+        return True
+
     async def _drain(self) -> None:
         while self._frames or self._checkpoints or self._create is not None:
+            if self._now is not None and self._drain_now():
+                continue
             frames, self._frames = self._frames, []
             checkpoints, self._checkpoints = self._checkpoints, []
             create, self._create = self._create, None
@@ -390,6 +451,8 @@ class _StoreWriter:
 
     async def flushed(self) -> None:
         """Return once everything given so far is stored (or its write failed)."""
+        if self._frames or self._checkpoints or self._create is not None:
+            self._kick()
         while self._task is not None and not self._task.done():
             await asyncio.shield(self._task)
 
@@ -704,7 +767,11 @@ class LiveRuns:
 def encode(value: Any) -> str:
     """JSON as a `RunStore` takes it: compact, ASCII (a lone surrogate a model sent survives as
     an escape; it is also CPython's fastest encoder)."""
-    return json.dumps(value, separators=(",", ":"), default=str)
+    return _ENCODER.encode(value)
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+"""One encoder for every call (`json.dumps` with options builds a new one each time)."""
 
 
 REFERENCE = "$model"
