@@ -18,6 +18,7 @@ import pytest
 
 from atmosphere_harness.contracts import LiveRunHandle, StoredRun
 from atmosphere_harness.durable import SqliteRunStore
+from atmosphere_harness.durable.sqlite import INLINE_BYTES
 from atmosphere_harness.events import Frame
 from atmosphere_harness.kernel.journal import ENDED, LiveRuns, encode
 from atmosphere_harness.memory.sqlite import SqliteDatabase
@@ -73,6 +74,24 @@ async def test_what_is_appended_is_loaded_back(store: SqliteRunStore) -> None:
     assert [f.seq for f in every] == [1, 2, 3]
     await store.append("run-1", [], [checkpoint("odd", odd)])
     assert (await store.load("run-1", 0))[0]["odd"] == odd
+
+
+async def test_a_small_append_is_written_now_a_large_one_by_the_thread_compressed(
+    store: SqliteRunStore,
+) -> None:
+    assert store.append_now("run-1", [frame(1)], [], create=stored(), owner="me")
+    large = "model text\n" * (INLINE_BYTES // 10)
+    assert not store.append_now("run-1", [frame(2, large)], [])  # nothing written
+    assert [f.seq for f in (await store.load("run-1", 10))[1]] == [1]
+    await store.append("run-1", [frame(2, large)], [checkpoint("model:1", {"text": "x"})])
+    checkpoints, frames = await store.load("run-1", 10)
+    assert [(f.seq, f.data["text"]) for f in frames] == [(1, "x"), (2, large)]
+    assert checkpoints == {"model:1": {"text": "x"}}
+    stored_data = await store.database.run(
+        lambda c: c.execute("SELECT data FROM durable_frames WHERE seq = 2").fetchone()[0]
+    )
+    assert stored_data[:1] == b"\x78"  # zlib, off the loop
+    assert len(stored_data) < len(large) // 4
 
 
 async def test_a_live_lease_is_not_taken_an_expired_or_dead_one_is(
@@ -181,6 +200,42 @@ async def test_a_reader_never_gets_a_frame_the_store_does_not_hold(tmp_path: Pat
         await runs.aclose()
         await store.aclose()
     assert os.path.exists(tmp_path / "atmosphere.db")
+
+
+async def test_frames_are_stored_as_published_and_a_waited_mark_before_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    store = SqliteRunStore.under(tmp_path)
+    runs = LiveRuns(store)
+    seen: list[tuple[list[int], list[str]]] = []
+
+    async def journal() -> tuple[list[int], list[str]]:
+        checkpoints, frames = await store.load(live_run_id(runs), 10)
+        return [f.seq for f in frames], sorted(checkpoints)
+
+    async def work(live: LiveRunHandle) -> None:
+        await live.checkpoint("model:1", {"text": "", "calls": [["a", "tool", {}]]})
+        await live.publish(Frame("tool-start", {"toolCallId": "a"}, "session", "conv", 1))
+        seen.append(await journal())
+        await live.checkpoint("started:1:a", True, wait=True)  # a tool that must not run twice
+        seen.append(await journal())
+        await live.checkpoint("started:1:b", True)  # one that may: with the next write
+        await live.checkpoint("result:1:b", "done")
+        await live.publish(Frame("tool-result", {"toolCallId": "b"}, "session", "conv", 2))
+        seen.append(await journal())
+
+    await store.open()
+    try:
+        live = runs.start(work, path="/p", conversation_id="conv", user_id=None, message="m")
+        assert [f.seq async for f in live.follow(0)] == [1, 2]
+    finally:
+        await runs.aclose()
+        await store.aclose()
+    assert seen == [
+        ([1], ["model:1"]),
+        ([1], ["model:1", "started:1:a"]),
+        ([1, 2], ["model:1", "result:1:b", "started:1:a", "started:1:b"]),
+    ]
 
 
 def live_run_id(runs: LiveRuns) -> str:
