@@ -5,11 +5,13 @@
 
 1. **Per-turn cost over HTTP.** The scale-out test app (`tests.scaleout.redis_app`, one agent
    with the whole harness on a scripted model: one model call, no tool) in a uvicorn process of
-   its own, once on the embedded stores (SQLite + files) and once with `ATMOSPHERE_REDIS_URL`.
-   A client sends `--turns` prompts one after another (10 conversations, in turn), and times each
-   from the POST to the `complete` frame. The two servers run side by side and the client
-   alternates between them round by round (`--rounds`), so load from elsewhere on the machine
-   hits both alike. Reported: median and p90 per turn, and the median added by Redis.
+   its own: on the embedded stores (SQLite + files) and with `ATMOSPHERE_REDIS_URL`, each with
+   durable runs off and on (`ATMOSPHERE_DURABLE_RUNS_ENABLED`: the run journalled in SQLite or
+   in Redis). A client sends `--turns` prompts one after another (10 conversations, in turn),
+   and times each from the POST to the `complete` frame. The servers run side by side and the
+   client alternates between them round by round (`--rounds`, the order turned each round), so
+   load from elsewhere on the machine hits all alike. Reported: median and p90 per turn, and the
+   median each adds to the embedded one without durable runs (`added_median_ms_*`).
 2. **Throughput**, turns/s with 16 concurrent conversations: embedded with one replica, Redis
    with one and with two replicas (the load spread over both). The load generator shares the
    machine's cores with the servers, so the 2-replica figure is no scaling claim.
@@ -68,38 +70,54 @@ async def one_turn(client: httpx2.AsyncClient, message: str, conversation: str) 
     raise RuntimeError("stream ended without a complete frame")
 
 
-def start(workspace: Path, log: Path, url: str | None) -> ServerProcess:
-    env = {"ATMOSPHERE_AI_HARNESS_ENABLED": "true"}
+def start(workspace: Path, log: Path, url: str | None, *, durable: bool = False) -> ServerProcess:
+    env = {
+        "ATMOSPHERE_AI_HARNESS_ENABLED": "true",
+        # Explicit: `enabled=true` alone would turn durable runs on.
+        "ATMOSPHERE_DURABLE_RUNS_ENABLED": "true" if durable else "false",
+    }
     if url:
         env["ATMOSPHERE_REDIS_URL"] = url
     return ServerProcess("redis", workspace, log, env).start()
 
 
+SERVERS = {
+    # name: (uses Redis, durable runs)
+    "embedded": (False, False),
+    "redis": (True, False),
+    "embedded_durable_runs": (False, True),
+    "redis_durable_runs": (True, True),
+}
+
+
 async def per_turn(root: Path, url: str, turns: int, rounds: int) -> dict[str, Any]:
-    embedded = start(root / "embedded", root / "embedded.log", None)
-    redis = start(root / "redis", root / "redis.log", url)
-    samples: dict[str, list[float]] = {"embedded": [], "redis": []}
+    servers = {
+        name: start(root / name, root / f"{name}.log", url if redis else None, durable=durable)
+        for name, (redis, durable) in SERVERS.items()
+    }
+    samples: dict[str, list[float]] = {name: [] for name in servers}
+    clients = {
+        name: httpx2.AsyncClient(base_url=server.url, timeout=60)
+        for name, server in servers.items()
+    }
     try:
-        async with (
-            httpx2.AsyncClient(base_url=embedded.url, timeout=60) as e,
-            httpx2.AsyncClient(base_url=redis.url, timeout=60) as r,
-        ):
-            for client in (e, r):  # warm-up: imports, first connections, scripts loaded
-                for n in range(10):
-                    await one_turn(client, f"warm {n}", f"warm-{n % 2}")
-            per_round = max(1, turns // rounds)
-            for round_ in range(rounds):
-                order = [("embedded", e), ("redis", r)]
-                if round_ % 2:
-                    order.reverse()
-                for name, client in order:
-                    for n in range(per_round):
-                        cid = f"turns-{round_}-{n % CONVERSATIONS}"
-                        samples[name].append(await one_turn(client, f"turn {n}", cid))
+        for client in clients.values():  # warm-up: imports, first connections, scripts loaded
+            for n in range(10):
+                await one_turn(client, f"warm {n}", f"warm-{n % 2}")
+        per_round = max(1, turns // rounds)
+        names = list(clients)
+        for round_ in range(rounds):
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                for n in range(per_round):
+                    cid = f"turns-{round_}-{n % CONVERSATIONS}"
+                    samples[name].append(await one_turn(clients[name], f"turn {n}", cid))
     finally:
-        embedded.stop()
-        redis.stop()
-    result = {
+        for client in clients.values():
+            await client.aclose()
+        for server in servers.values():
+            server.stop()
+    result: dict[str, Any] = {
         name: {
             "turns": len(values),
             "median_ms": round(statistics.median(values), 3),
@@ -107,8 +125,12 @@ async def per_turn(root: Path, url: str, turns: int, rounds: int) -> dict[str, A
         }
         for name, values in samples.items()
     }
-    result["added_median_ms"] = round(
-        result["redis"]["median_ms"] - result["embedded"]["median_ms"], 3
+    base = result["embedded"]["median_ms"]
+    result["added_median_ms"] = round(result["redis"]["median_ms"] - base, 3)
+    for name in ("embedded_durable_runs", "redis_durable_runs"):
+        result[f"added_median_ms_{name}"] = round(result[name]["median_ms"] - base, 3)
+    result["durable_runs_added_median_ms_redis"] = round(
+        result["redis_durable_runs"]["median_ms"] - result["redis"]["median_ms"], 3
     )
     return result
 

@@ -298,6 +298,9 @@ class LiveRun:
 FOLLOWED = ("model:", "result:")
 """Checkpoints the kernel publishes right before a frame: a model turn (then its calls'
 `tool-start` or the run's end), a call's result (then its `tool-result`)."""
+GROUP_SECONDS = 0.002
+"""With a `RunStoreNow`, the least time between two writes of one run: a burst of publishes
+(an instant model, a batch of fast tools) shares writes; a frame waits at most this long."""
 STARTED = "started:"
 """A call's mark that its handler is about to run: it matters on a restart only for a tool that
 must not run twice, whose executor waits until it is stored (`flushed`); the others run again
@@ -334,7 +337,9 @@ class _StoreWriter:
         self._now = store if isinstance(store, RunStoreNow) else None
         """The store, if it can write on the event loop (see `_kick`)."""
         self._soon: asyncio.Handle | None = None
-        """The end-of-step write of held checkpoints, while one is due (see `_kick`)."""
+        """The write of what waits for a later one, while one is due (see `_kick`)."""
+        self._next_write = 0.0
+        """Loop time before which a publish waits for a later write (see `_kick`)."""
         self._calls: dict[str, tuple[str, Any]] = {}
         """The last model turn's calls: id -> (its checkpoint key, its arguments)."""
 
@@ -356,25 +361,29 @@ class _StoreWriter:
             return  # with the next write (`flushed` writes it now for a caller that waits)
         self._kick(hold=key.startswith(FOLLOWED))
 
-    def _kick(self, *, hold: bool = False) -> None:
+    def _kick(self, *, hold: bool = False, now: bool = False) -> None:
         """Start writing what is pending, unless a write is in flight (it takes it next).
 
-        With a `RunStoreNow`, what is published is written at once, on the loop (a write
-        left for later would run while the run waits for something, often a tool in a worker
-        thread, and the two would fight over the GIL), except a `hold`: a checkpoint the
-        kernel publishes right before a frame waits for it, so that one write holds both (at
-        the latest at the end of this step of the event loop)."""
+        With a `RunStoreNow`, the write is made right here on the loop, synchronously (one
+        left for later runs while the run waits for something, often a tool in a worker
+        thread, and the two fight over the GIL), at most once per `GROUP_SECONDS`: what comes
+        sooner waits for the next publish past it (or a timer, if the run goes quiet). A
+        `hold` (a checkpoint the kernel publishes right before a frame) waits for that frame,
+        at the latest until the end of this step of the event loop; `now` writes at once."""
         if self.lost:
             self._frames.clear()
             self._checkpoints.clear()
             return
         if self._task is None or self._task.done():
             if self._now is not None:
-                if hold:
+                loop = asyncio.get_running_loop()
+                due = self._next_write
+                if not now and (hold or loop.time() < due):
                     if self._soon is None:
-                        self._soon = asyncio.get_running_loop().call_soon(self._drain_soon)
+                        self._soon = loop.call_at(due, self._drain_soon)
                     return
                 if self._drain_now():
+                    self._next_write = loop.time() + GROUP_SECONDS
                     return
             self._task = asyncio.get_running_loop().create_task(
                 self._drain(), name=f"journal:{self.run_id}"
@@ -383,7 +392,7 @@ class _StoreWriter:
     def _drain_soon(self) -> None:
         self._soon = None
         if self._frames or self._checkpoints or self._create is not None:
-            self._kick()
+            self._kick(now=True)
 
     def _drain_now(self) -> bool:
         """Write what is pending right here through `RunStoreNow`; `False` if the store
@@ -452,7 +461,7 @@ class _StoreWriter:
     async def flushed(self) -> None:
         """Return once everything given so far is stored (or its write failed)."""
         if self._frames or self._checkpoints or self._create is not None:
-            self._kick()
+            self._kick(now=True)
         while self._task is not None and not self._task.done():
             await asyncio.shield(self._task)
 

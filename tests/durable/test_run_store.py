@@ -202,7 +202,7 @@ async def test_a_reader_never_gets_a_frame_the_store_does_not_hold(tmp_path: Pat
     assert os.path.exists(tmp_path / "atmosphere.db")
 
 
-async def test_frames_are_stored_as_published_and_a_waited_mark_before_the_run_goes_on(
+async def test_what_a_run_waits_for_is_stored_with_everything_published_before_it(
     tmp_path: Path,
 ) -> None:
     store = SqliteRunStore.under(tmp_path)
@@ -216,12 +216,13 @@ async def test_frames_are_stored_as_published_and_a_waited_mark_before_the_run_g
     async def work(live: LiveRunHandle) -> None:
         await live.checkpoint("model:1", {"text": "", "calls": [["a", "tool", {}]]})
         await live.publish(Frame("tool-start", {"toolCallId": "a"}, "session", "conv", 1))
-        seen.append(await journal())
+        seen.append(await journal())  # the run's first write is made at once
         await live.checkpoint("started:1:a", True, wait=True)  # a tool that must not run twice
         seen.append(await journal())
         await live.checkpoint("started:1:b", True)  # one that may: with the next write
         await live.checkpoint("result:1:b", "done")
         await live.publish(Frame("tool-result", {"toolCallId": "b"}, "session", "conv", 2))
+        await live.checkpoint("history:1", 1, wait=True)
         seen.append(await journal())
 
     await store.open()
@@ -234,7 +235,7 @@ async def test_frames_are_stored_as_published_and_a_waited_mark_before_the_run_g
     assert seen == [
         ([1], ["model:1"]),
         ([1], ["model:1", "started:1:a"]),
-        ([1, 2], ["model:1", "result:1:b", "started:1:a", "started:1:b"]),
+        ([1, 2], ["history:1", "model:1", "result:1:b", "started:1:a", "started:1:b"]),
     ]
 
 
