@@ -22,7 +22,9 @@ Files are the deepagents peer study's workload (seed 1234, 64-byte lines).
   the frames read back from the live-run journal), with durable runs off and on, and the peer
   (with its checkpointer) on the same prompts, alternated in one process: `per_turn_ms` each,
   `overhead_pct` = on / off - 1 (every frame and checkpoint written to SQLite before it is
-  read, against the in-memory journal) and `peer_ratio` = the peer's / durable on's.
+  read, against the in-memory journal) and `peer_ratio` = the peer's / durable on's; the same
+  from the process's CPU time (`cpu_per_turn_ms`, every thread, until the run's journal is
+  compacted), which a busy machine blurs less than wall time.
 
 `--sections` runs only the sections named (the figures of the others are `null`).
 
@@ -469,22 +471,37 @@ async def durable_section(root: Path, turns: int, repeats: int, peer: bool) -> d
 
         def side(ours: Ours) -> Side:
             async def run(message: str) -> tuple[float, list[float]]:
+                cpu = time.process_time()
                 started = time.perf_counter()
                 await ours.prompt_journalled(message)
                 elapsed = time.perf_counter() - started
+                while getattr(ours.host.runs, "_closers", None):  # the run's compaction
+                    await asyncio.sleep(0.001)
+                cpu = time.process_time() - cpu
                 await ours.settle()
-                return elapsed, []
+                return elapsed, [cpu]
 
             return run
 
+        def peer_cpu(run: Side) -> Side:
+            async def timed(message: str) -> tuple[float, list[float]]:
+                cpu = time.process_time()
+                elapsed, _ = await run(message)
+                return elapsed, [time.process_time() - cpu]
+
+            return timed
+
         sides = {"durable_off": side(memory), "durable_on": side(durable)}
         if peer:
-            sides["deepagents"] = peer_side(*peer_graph(True)[:2])
+            sides["deepagents"] = peer_cpu(peer_side(*peer_graph(True)[:2]))
         samples = await compare(sides, [f"seq {turns} {size}" for size in (1, 50)], repeats)
     result: dict[str, Any] = {}
     for size in (1, 50):
         entry = {
-            name: {"per_turn_ms": summary([wall * 1000 / turns for wall, _ in runs])}
+            name: {
+                "per_turn_ms": summary([wall * 1000 / turns for wall, _ in runs]),
+                "cpu_per_turn_ms": summary([cpu[0] * 1000 / turns for _, cpu in runs]),
+            }
             for name, runs in samples[f"seq {turns} {size}"].items()
         }
         off = entry["durable_off"]["per_turn_ms"]["median_ms"]
@@ -492,6 +509,11 @@ async def durable_section(root: Path, turns: int, repeats: int, peer: bool) -> d
         entry["overhead_pct"] = round((on / off - 1) * 100, 1)
         theirs = entry.get("deepagents", {}).get("per_turn_ms", {}).get("median_ms")
         entry["peer_ratio"] = ratio(theirs, on)
+        cpu_off = entry["durable_off"]["cpu_per_turn_ms"]["median_ms"]
+        cpu_on = entry["durable_on"]["cpu_per_turn_ms"]["median_ms"]
+        entry["cpu_overhead_pct"] = round((cpu_on / cpu_off - 1) * 100, 1)
+        cpu_theirs = entry.get("deepagents", {}).get("cpu_per_turn_ms", {}).get("median_ms")
+        entry["cpu_peer_ratio"] = ratio(cpu_theirs, cpu_on)
         result[f"{size}k"] = entry
     return result
 
