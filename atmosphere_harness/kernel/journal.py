@@ -299,7 +299,7 @@ FOLLOWED = ("model:", "result:")
 """Checkpoints the kernel publishes right before a frame: a model turn (then its calls'
 `tool-start` or the run's end), a call's result (then its `tool-result`)."""
 GROUP_SECONDS = 0.002
-"""With a `RunStoreNow`, the least time between two writes of one run: a burst of publishes
+"""With a `RunStoreNow`, the least time between two writes of one run's frames: a burst of them
 (an instant model, a batch of fast tools) shares writes; a frame waits at most this long."""
 STARTED = "started:"
 """A call's mark that its handler is about to run: it matters on a restart only for a tool that
@@ -359,17 +359,21 @@ class _StoreWriter:
         self._checkpoints.append((key, encode(value)))
         if key.startswith(STARTED):
             return  # with the next write (`flushed` writes it now for a caller that waits)
-        self._kick(hold=key.startswith(FOLLOWED))
+        # The others (an approval, its answer, the history mark, `ENDED`) are written at once:
+        # `ENDED`, for one, must be stored before the stopped run unwinds and writes anything.
+        held = key.startswith(FOLLOWED)
+        self._kick(hold=held, now=not held)
 
     def _kick(self, *, hold: bool = False, now: bool = False) -> None:
         """Start writing what is pending, unless a write is in flight (it takes it next).
 
         With a `RunStoreNow`, the write is made right here on the loop, synchronously (one
         left for later runs while the run waits for something, often a tool in a worker
-        thread, and the two fight over the GIL), at most once per `GROUP_SECONDS`: what comes
-        sooner waits for the next publish past it (or a timer, if the run goes quiet). A
-        `hold` (a checkpoint the kernel publishes right before a frame) waits for that frame,
-        at the latest until the end of this step of the event loop; `now` writes at once."""
+        thread, and the two fight over the GIL). Frames are written at most once per
+        `GROUP_SECONDS`: one that comes sooner waits for the next publish past it (or a timer,
+        if the run goes quiet). A `hold` (a checkpoint the kernel publishes right before a
+        frame) waits for that frame, at the latest until the end of this step of the event
+        loop (or the group's time); `now` writes at once."""
         if self.lost:
             self._frames.clear()
             self._checkpoints.clear()

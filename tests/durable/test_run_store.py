@@ -6,6 +6,7 @@ The restart behaviour itself is tested over real processes in `test_durable_rest
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -237,6 +238,39 @@ async def test_what_a_run_waits_for_is_stored_with_everything_published_before_i
         ([1], ["model:1", "started:1:a"]),
         ([1, 2], ["history:1", "model:1", "result:1:b", "started:1:a", "started:1:b"]),
     ]
+
+
+async def test_a_stopped_run_is_journalled_ended_before_it_unwinds(tmp_path: Path) -> None:
+    store = SqliteRunStore.under(tmp_path)
+    runs = LiveRuns(store)
+    in_tool = asyncio.Event()
+    seen_while_unwinding: list[str] = []
+
+    async def work(live: LiveRunHandle) -> None:
+        await live.publish(Frame("tool-start", {"toolCallId": "a"}, "session", "conv", 1))
+        try:
+            in_tool.set()
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            # What a stopped run writes as it unwinds (its history) comes after `ENDED`.
+            checkpoints, _ = await store.load(live_run_id(runs), 10)
+            seen_while_unwinding.extend(checkpoints)
+            raise
+
+    await store.open()
+    try:
+        live = runs.start(work, path="/p", conversation_id="conv", user_id=None, message="m")
+        reader = live.follow(0)
+        assert (await reader.__anext__()).seq == 1
+        await in_tool.wait()
+        await reader.aclose()  # the client leaves: the run is stopped
+        assert live.task is not None
+        with contextlib.suppress(asyncio.CancelledError):
+            await live.task
+    finally:
+        await runs.aclose()
+        await store.aclose()
+    assert seen_while_unwinding == [ENDED]
 
 
 def live_run_id(runs: LiveRuns) -> str:
