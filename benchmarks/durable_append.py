@@ -11,9 +11,11 @@ frame, all on one store whose WAL the database thread checkpoints meanwhile (eve
 
 Reported per size: p50 / p99 / max of the wall time and of the loop thread's CPU time per
 append, in microseconds; `refused` (appends the store left to its thread because the thread was
-using the connection, e.g. checkpointing), and, as the scale for what the machine's scheduler
-does to any short operation, the same percentiles for a 1 KiB `os.write` to a file made between
-the appends. Prints one JSON document.
+using the connection, e.g. checkpointing); `slept`: the appends during which the loop's thread
+went to sleep (a voluntary context switch: waiting on the disk, a lock or the GIL) and their
+wall times, and `preempted`: those the scheduler took the CPU from (an involuntary one, which a
+busy machine does to any code); and, as the scale for that, the same percentiles for a 1 KiB
+`os.write` to a file made between the appends. Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -48,6 +51,8 @@ async def one_size(root: Path, turns: int, size_kib: int) -> dict[str, Any]:
     wall: list[float] = []
     cpu: list[float] = []
     writes: list[float] = []
+    blocked: list[float] = []
+    preempted: list[float] = []
     refused = 0
     scratch = os.open(root / "scratch", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
@@ -70,10 +75,16 @@ async def one_size(root: Path, turns: int, size_kib: int) -> dict[str, Any]:
             )
             seq += 2
             for frames, checkpoints in appends:
+                before = resource.getrusage(resource.RUSAGE_THREAD)
                 began_cpu, began = time.thread_time(), time.perf_counter()
                 done = store.append_now("run", frames, checkpoints)
                 wall.append(time.perf_counter() - began)
                 cpu.append(time.thread_time() - began_cpu)
+                after = resource.getrusage(resource.RUSAGE_THREAD)
+                if after.ru_nvcsw > before.ru_nvcsw:
+                    blocked.append(wall[-1])  # it slept: on the disk, a lock or the GIL
+                elif after.ru_nivcsw > before.ru_nivcsw:
+                    preempted.append(wall[-1])
                 if not done:
                     refused += 1
                     await store.append("run", frames, checkpoints)
@@ -91,6 +102,8 @@ async def one_size(root: Path, turns: int, size_kib: int) -> dict[str, Any]:
         "wall": percentiles(wall),
         "cpu": percentiles(cpu),
         "os_write_1kib": percentiles(writes),
+        "slept": {"appends": len(blocked), **(percentiles(blocked) if blocked else {})},
+        "preempted": {"appends": len(preempted), **(percentiles(preempted) if preempted else {})},
     }
 
 
