@@ -6,13 +6,14 @@ by key). An `append` is one transaction; `SqliteDatabase` commits with WAL and
 `synchronous=NORMAL`, so what a committed append holds survives a SIGKILL of the process (a
 power cut may lose the last commits, never corrupt the file).
 
-An append of at most `INLINE_BYTES` of payload is written right on the event loop when the
-connection is idle (`SqliteDatabase.run(inline=True)`: a commit is a `write()` into the page
-cache, and checkpoints stay on the database thread), its payloads as they are: zlib would cost
-the loop several times what writing the raw bytes does, and they live only until the run ends.
-A larger append goes to the database thread, with its payloads of `PACK_FROM` bytes or more
-zlib-compressed there (level 1: about a third of the size of model-written text; zlib lets go
-of the GIL meanwhile). A finished run is compacted at once: its frames and
+The store is also a `contracts.RunStoreNow`: `append_now` writes an append of at most
+`INLINE_BYTES` of payload right on the event loop when the connection is idle
+(`SqliteDatabase.try_now`: a commit is a `write()` into the page cache, and checkpoints stay on
+the database thread), its payloads as they are: zlib would cost the loop several times what
+writing the raw bytes does, and they live only until the run ends. A larger append goes to the
+database thread (`append`), with its payloads of `PACK_FROM` bytes or more zlib-compressed there
+(level 1: about a third of the size of model-written text; zlib lets go of the GIL meanwhile).
+A finished run is compacted at once: its frames and
 checkpoints are deleted (the history holds the turn now) and the run row waits for `expire`. The
 freed pages go back to the file system (`incremental_vacuum`) and a WAL grown past `WAL_TRIM`
 is checkpointed and truncated, so the journal adds next to nothing to the disk once runs end.
