@@ -9,11 +9,10 @@ power cut may lose the last commits, never corrupt the file).
 The store is also a `contracts.RunStoreNow`: `append_now` writes an append of at most
 `INLINE_BYTES` of payload right on the event loop when the connection is idle
 (`SqliteDatabase.try_now`: a commit is a `write()` into the page cache, and checkpoints stay on
-the database thread), its payloads as they are: zlib would cost the loop several times what
-writing the raw bytes does, and they live only until the run ends. A larger append goes to the
-database thread (`append`), with its payloads of `PACK_FROM` bytes or more zlib-compressed there
-(level 1: about a third of the size of model-written text; zlib lets go of the GIL meanwhile).
-A finished run is compacted at once: its frames and
+the database thread); a larger one goes to the database thread (`append`). Payloads are stored
+as they are: zlib (level 1) cost several times what writing the raw bytes does, and they live
+only until the run ends (rows an earlier version compressed are still read). A finished run is
+compacted at once: its frames and
 checkpoints are deleted (the history holds the turn now) and the run row waits for `expire`. The
 freed pages go back to the file system (`incremental_vacuum`) and a WAL grown past `WAL_TRIM`
 is checkpointed and truncated, so the journal adds next to nothing to the disk once runs end.
@@ -73,23 +72,15 @@ CREATE TABLE IF NOT EXISTS durable_checkpoints (
 INSERT_FRAME = "INSERT OR REPLACE INTO durable_frames (run, seq, event, data) VALUES (?, ?, ?, ?)"
 INSERT_CHECKPOINT = "INSERT OR REPLACE INTO durable_checkpoints (run, key, value) VALUES (?, ?, ?)"
 
-PACK_FROM = 1024
-"""Payloads at least this long (bytes of JSON) of an append written on the database thread are
-stored zlib-compressed."""
 INLINE_BYTES = 256 * 1024
 """Appends with at most this much payload are written on the event loop (see the docstring)."""
 WAL_TRIM = 256 * 1024
 """A WAL larger than this after a run is compacted is checkpointed and truncated."""
 
 
-def _pack(text: str) -> bytes:
-    """ASCII JSON text as stored: as is (it starts with `{`, `[`, `"`, a digit...) or a zlib
-    stream of it (which starts with 0x78, as no JSON text does)."""
-    raw = text.encode("ascii")
-    return zlib.compress(raw, 1) if len(raw) >= PACK_FROM else raw
-
-
 def _unpack(stored: bytes | str) -> Any:
+    """A stored payload: JSON text, or (written by an earlier version) a zlib stream of it,
+    which starts with 0x78 as no JSON text does."""
     if isinstance(stored, str):
         return json.loads(stored)
     return json.loads(zlib.decompress(stored) if stored[:1] == b"\x78" else stored)
@@ -174,10 +165,9 @@ class SqliteRunStore:
         owner: str | None = None,
         lease_seconds: float = 0.0,
     ) -> None:
-        size = sum(len(data) for _, _, data in frames) + sum(len(v) for _, v in checkpoints)
-        pack = size > INLINE_BYTES
-        work = self._append(run_id, frames, checkpoints, create, owner, lease_seconds, pack=pack)
-        await self.database.run(work)
+        await self.database.run(
+            self._append(run_id, frames, checkpoints, create, owner, lease_seconds)
+        )
 
     def append_now(
         self,
@@ -194,7 +184,7 @@ class SqliteRunStore:
         size = sum(len(data) for _, _, data in frames) + sum(len(v) for _, v in checkpoints)
         if size > INLINE_BYTES:
             return False
-        work = self._append(run_id, frames, checkpoints, create, owner, lease_seconds, pack=False)
+        work = self._append(run_id, frames, checkpoints, create, owner, lease_seconds)
         return self.database.try_now(work)
 
     def _append(
@@ -205,18 +195,12 @@ class SqliteRunStore:
         create: StoredRun | None,
         owner: str | None,
         lease_seconds: float,
-        *,
-        pack: bool,
     ) -> Callable[[sqlite3.Connection], None]:
-        """The work of one append; `pack`: compress large payloads (on the database thread)."""
+        """The work of one append (on the event loop or the database thread)."""
         known = self._rows.get(run_id)
 
         def work(connection: sqlite3.Connection) -> None:
-            frame_rows: Sequence[tuple[int, str, str | bytes]] = frames
-            checkpoint_rows: Sequence[tuple[str, str | bytes]] = checkpoints
-            if pack:
-                frame_rows = [(seq, event, _pack(data)) for seq, event, data in frames]
-                checkpoint_rows = [(key, _pack(value)) for key, value in checkpoints]
+            frame_rows, checkpoint_rows = frames, checkpoints
             if known is not None and create is None and len(frames) + len(checkpoints) == 1:
                 # One statement is a transaction of its own (what most appends are).
                 if frame_rows:

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import zlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ async def test_what_is_appended_is_loaded_back(store: SqliteRunStore) -> None:
     assert (await store.load("run-1", 0))[0]["odd"] == odd
 
 
-async def test_a_small_append_is_written_now_a_large_one_by_the_thread_compressed(
+async def test_a_small_append_is_written_now_a_large_one_by_the_thread(
     store: SqliteRunStore,
 ) -> None:
     assert store.append_now("run-1", [frame(1)], [], create=stored(), owner="me")
@@ -88,11 +89,20 @@ async def test_a_small_append_is_written_now_a_large_one_by_the_thread_compresse
     checkpoints, frames = await store.load("run-1", 10)
     assert [(f.seq, f.data["text"]) for f in frames] == [(1, "x"), (2, large)]
     assert checkpoints == {"model:1": {"text": "x"}}
-    stored_data = await store.database.run(
-        lambda c: c.execute("SELECT data FROM durable_frames WHERE seq = 2").fetchone()[0]
+
+
+async def test_a_payload_an_earlier_version_compressed_is_read(store: SqliteRunStore) -> None:
+    await store.append("run-1", [], [], create=stored(), owner="me")
+    packed = zlib.compress(encode({"text": "line\n" * 400}).encode("ascii"), 1)
+    await store.database.run(
+        lambda c: c.execute(
+            "INSERT INTO durable_checkpoints (run, key, value) "
+            "SELECT id, 'model:1', ? FROM durable_runs WHERE run_id = 'run-1'",
+            (packed,),
+        )
     )
-    assert stored_data[:1] == b"\x78"  # zlib, off the loop
-    assert len(stored_data) < len(large) // 4
+    checkpoints, _ = await store.load("run-1", 10)
+    assert checkpoints == {"model:1": {"text": "line\n" * 400}}
 
 
 async def test_a_live_lease_is_not_taken_an_expired_or_dead_one_is(
