@@ -576,6 +576,29 @@ FEED_OWNER = "feed:"
 """The prefix of a `RunStore` owner whose runs are only followed, never resumed (`RunFeed`)."""
 
 
+@runtime_checkable
+class RunStoreNow(Protocol):
+    """A `RunStore` that can also write an append synchronously, on the event loop.
+
+    Optional: the journal then writes each frame and checkpoint as it is published, without a
+    task or a thread hop. `append_now` takes `append`'s arguments and either stores them (and
+    returns `True`, with `append`'s guarantees) or writes nothing and returns `False` (too large
+    to write on the loop, or the store is busy): the journal then calls `append`. It must never
+    wait (no lock, no network, no `fsync`): the event loop does nothing else meanwhile.
+    """
+
+    def append_now(
+        self,
+        run_id: str,
+        frames: Sequence[tuple[int, str, str]],
+        checkpoints: Sequence[tuple[str, str]],
+        *,
+        create: StoredRun | None = None,
+        owner: str | None = None,
+        lease_seconds: float = 0.0,
+    ) -> bool: ...
+
+
 class LeaseLost(HarnessError, RuntimeError):
     """A `RunStore.append` for a run another owner has taken over (this one's lease ran out)."""
 

@@ -5,13 +5,15 @@
 
 1. **Per-turn cost over HTTP.** The scale-out test app (`tests.scaleout.redis_app`, one agent
    with the whole harness on a scripted model: one model call, no tool) in a uvicorn process of
-   its own, once on the embedded stores (SQLite + files) and once with `ATMOSPHERE_REDIS_URL`.
-   A client sends `--turns` prompts one after another (10 conversations, in turn), and times each
-   from the POST to the `complete` frame. The two servers run side by side and the client
-   alternates between them round by round (`--rounds`), so load from elsewhere on the machine
-   hits both alike. Reported: median and p90 per turn, and the median added by Redis. A third
-   server, Redis without the run frame feed (`benchmarks/without_run_feed.py`: as before the
-   feed existed), takes its turns in the same rounds: `added_median_ms_run_feed` is what the
+   its own: on the embedded stores (SQLite + files) and with `ATMOSPHERE_REDIS_URL`, each with
+   durable runs off and on (`ATMOSPHERE_DURABLE_RUNS_ENABLED`: the run journalled in SQLite or
+   in Redis). A client sends `--turns` prompts one after another (10 conversations, in turn),
+   and times each from the POST to the `complete` frame. The servers run side by side and the
+   client alternates between them round by round (`--rounds`, the order turned each round), so
+   load from elsewhere on the machine hits all alike. Reported: median and p90 per turn, and the
+   median each adds to the embedded one without durable runs (`added_median_ms_*`). A
+   fifth server, Redis without the run frame feed (`benchmarks/without_run_feed.py`: as before
+   the feed existed), takes its turns in the same rounds: `added_median_ms_run_feed` is what the
    feed (each run's frames shared in Redis so other replicas can follow it) adds to a turn.
 2. **Throughput**, turns/s with 16 concurrent conversations: embedded with one replica, Redis
    with one and with two replicas (the load spread over both). The load generator shares the
@@ -71,41 +73,63 @@ async def one_turn(client: httpx2.AsyncClient, message: str, conversation: str) 
     raise RuntimeError("stream ended without a complete frame")
 
 
-def start(workspace: Path, log: Path, url: str | None, *, feed: bool = True) -> ServerProcess:
-    env = {"ATMOSPHERE_AI_HARNESS_ENABLED": "true"}
+def start(
+    workspace: Path, log: Path, url: str | None, *, durable: bool = False, feed: bool = True
+) -> ServerProcess:
+    env = {
+        "ATMOSPHERE_AI_HARNESS_ENABLED": "true",
+        # Explicit: `enabled=true` alone would turn durable runs on.
+        "ATMOSPHERE_DURABLE_RUNS_ENABLED": "true" if durable else "false",
+    }
     if url:
         env["ATMOSPHERE_REDIS_URL"] = url
     module = "tests.reliability.server" if feed else "benchmarks.without_run_feed"
     return ServerProcess("redis", workspace, log, env, module=module).start()
 
 
+SERVERS = {
+    # name: (uses Redis, durable runs, run frame feed)
+    "embedded": (False, False, True),
+    "redis": (True, False, True),
+    "redis_without_run_feed": (True, False, False),
+    "embedded_durable_runs": (False, True, True),
+    "redis_durable_runs": (True, True, True),
+}
+
+
 async def per_turn(root: Path, url: str, turns: int, rounds: int) -> dict[str, Any]:
-    embedded = start(root / "embedded", root / "embedded.log", None)
-    redis = start(root / "redis", root / "redis.log", url)
-    no_feed = start(root / "redis-no-feed", root / "redis-no-feed.log", url, feed=False)
-    samples: dict[str, list[float]] = {"embedded": [], "redis": [], "redis_without_run_feed": []}
+    servers = {
+        name: start(
+            root / name,
+            root / f"{name}.log",
+            url if redis else None,
+            durable=durable,
+            feed=feed,
+        )
+        for name, (redis, durable, feed) in SERVERS.items()
+    }
+    samples: dict[str, list[float]] = {name: [] for name in servers}
+    clients = {
+        name: httpx2.AsyncClient(base_url=server.url, timeout=60)
+        for name, server in servers.items()
+    }
     try:
-        async with (
-            httpx2.AsyncClient(base_url=embedded.url, timeout=60) as e,
-            httpx2.AsyncClient(base_url=redis.url, timeout=60) as r,
-            httpx2.AsyncClient(base_url=no_feed.url, timeout=60) as w,
-        ):
-            for client in (e, r, w):  # warm-up: imports, first connections, scripts loaded
-                for i in range(10):
-                    await one_turn(client, f"warm {i}", f"warm-{i % 2}")
-            per_round = max(1, turns // rounds)
-            for round_ in range(rounds):
-                order = [("embedded", e), ("redis", r), ("redis_without_run_feed", w)]
-                if round_ % 2:
-                    order.reverse()
-                for name, client in order:
-                    for n in range(per_round):
-                        cid = f"turns-{round_}-{n % CONVERSATIONS}"
-                        samples[name].append(await one_turn(client, f"turn {n}", cid))
+        for client in clients.values():  # warm-up: imports, first connections, scripts loaded
+            for n in range(10):
+                await one_turn(client, f"warm {n}", f"warm-{n % 2}")
+        per_round = max(1, turns // rounds)
+        names = list(clients)
+        for round_ in range(rounds):
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                for n in range(per_round):
+                    cid = f"turns-{round_}-{n % CONVERSATIONS}"
+                    samples[name].append(await one_turn(clients[name], f"turn {n}", cid))
     finally:
-        embedded.stop()
-        redis.stop()
-        no_feed.stop()
+        for client in clients.values():
+            await client.aclose()
+        for server in servers.values():
+            server.stop()
     result: dict[str, Any] = {
         name: {
             "turns": len(values),
@@ -114,8 +138,12 @@ async def per_turn(root: Path, url: str, turns: int, rounds: int) -> dict[str, A
         }
         for name, values in samples.items()
     }
-    result["added_median_ms"] = round(
-        result["redis"]["median_ms"] - result["embedded"]["median_ms"], 3
+    base = result["embedded"]["median_ms"]
+    result["added_median_ms"] = round(result["redis"]["median_ms"] - base, 3)
+    for name in ("embedded_durable_runs", "redis_durable_runs"):
+        result[f"added_median_ms_{name}"] = round(result[name]["median_ms"] - base, 3)
+    result["durable_runs_added_median_ms_redis"] = round(
+        result["redis_durable_runs"]["median_ms"] - result["redis"]["median_ms"], 3
     )
     result["added_median_ms_run_feed"] = round(
         result["redis"]["median_ms"] - result["redis_without_run_feed"]["median_ms"], 3

@@ -1,6 +1,7 @@
 """Harness overhead per model turn and per tool call, and storage amplification: ours vs deepagents.
 
-    python benchmarks/turns.py [--repeats 5] [--turns 60] [--batch 200] > result.json
+    python benchmarks/turns.py [--repeats 5] [--turns 60] [--batch 200]
+                               [--sections turns,http,batch,storage,durable] > result.json
 
 The scripted model answers instantly on both sides, so every figure is the harness's own cost.
 Files are the deepagents peer study's workload (seed 1234, 64-byte lines).
@@ -18,9 +19,14 @@ Files are the deepagents peer study's workload (seed 1234, 64-byte lines).
   serialized size of its `InMemorySaver` checkpoints (the peer study's measure). `durable` is the
   same run with durable runs on (the run journalled in the same SQLite file, then compacted).
 - `durable`: the `turns` prompts started as the HTTP routes start them (`HarnessHost.start_run`,
-  the frames read back from the live-run journal), with durable runs off and on, alternated in
-  one process: `per_turn_ms` each and `overhead_pct` = on / off - 1 (every frame and checkpoint
-  written to SQLite before it is read, against the in-memory journal).
+  the frames read back from the live-run journal), with durable runs off and on, and the peer
+  (with its checkpointer) on the same prompts, alternated in one process: `per_turn_ms` each,
+  `overhead_pct` = on / off - 1 (every frame and checkpoint written to SQLite before it is
+  read, against the in-memory journal) and `peer_ratio` = the peer's / durable on's; the same
+  from the process's CPU time (`cpu_per_turn_ms`, every thread, until the run's journal is
+  compacted), which a busy machine blurs less than wall time.
+
+`--sections` runs only the sections named (the figures of the others are `null`).
 
 Ours is the real harness in-process: an `@agent` with the default harness (conversation memory
 in SQLite, planning, files, governance) hosted by `HarnessHost` with the default primitives and
@@ -456,8 +462,8 @@ async def storage_section(root: Path, turns: int, peer: bool) -> dict[str, Any]:
     return section
 
 
-async def durable_section(root: Path, turns: int, repeats: int) -> dict[str, Any]:
-    """Durable runs off and on, the same prompts through the journal, alternated."""
+async def durable_section(root: Path, turns: int, repeats: int, peer: bool) -> dict[str, Any]:
+    """Durable runs off and on, the same prompts through the journal, and the peer, alternated."""
     async with (
         Ours(root / "journal-memory", turns) as memory,
         Ours(root / "journal-durable", turns, durable=True) as durable,
@@ -465,25 +471,49 @@ async def durable_section(root: Path, turns: int, repeats: int) -> dict[str, Any
 
         def side(ours: Ours) -> Side:
             async def run(message: str) -> tuple[float, list[float]]:
+                cpu = time.process_time()
                 started = time.perf_counter()
                 await ours.prompt_journalled(message)
                 elapsed = time.perf_counter() - started
+                while getattr(ours.host.runs, "_closers", None):  # the run's compaction
+                    await asyncio.sleep(0.001)
+                cpu = time.process_time() - cpu
                 await ours.settle()
-                return elapsed, []
+                return elapsed, [cpu]
 
             return run
 
+        def peer_cpu(run: Side) -> Side:
+            async def timed(message: str) -> tuple[float, list[float]]:
+                cpu = time.process_time()
+                elapsed, _ = await run(message)
+                return elapsed, [time.process_time() - cpu]
+
+            return timed
+
         sides = {"durable_off": side(memory), "durable_on": side(durable)}
+        if peer:
+            sides["deepagents"] = peer_cpu(peer_side(*peer_graph(True)[:2]))
         samples = await compare(sides, [f"seq {turns} {size}" for size in (1, 50)], repeats)
     result: dict[str, Any] = {}
     for size in (1, 50):
         entry = {
-            name: {"per_turn_ms": summary([wall * 1000 / turns for wall, _ in runs])}
+            name: {
+                "per_turn_ms": summary([wall * 1000 / turns for wall, _ in runs]),
+                "cpu_per_turn_ms": summary([cpu[0] * 1000 / turns for _, cpu in runs]),
+            }
             for name, runs in samples[f"seq {turns} {size}"].items()
         }
         off = entry["durable_off"]["per_turn_ms"]["median_ms"]
         on = entry["durable_on"]["per_turn_ms"]["median_ms"]
         entry["overhead_pct"] = round((on / off - 1) * 100, 1)
+        theirs = entry.get("deepagents", {}).get("per_turn_ms", {}).get("median_ms")
+        entry["peer_ratio"] = ratio(theirs, on)
+        cpu_off = entry["durable_off"]["cpu_per_turn_ms"]["median_ms"]
+        cpu_on = entry["durable_on"]["cpu_per_turn_ms"]["median_ms"]
+        entry["cpu_overhead_pct"] = round((cpu_on / cpu_off - 1) * 100, 1)
+        cpu_theirs = entry.get("deepagents", {}).get("cpu_per_turn_ms", {}).get("median_ms")
+        entry["cpu_peer_ratio"] = ratio(cpu_theirs, cpu_on)
         result[f"{size}k"] = entry
     return result
 
@@ -542,16 +572,32 @@ async def http_section(root: Path, turns: int, repeats: int) -> dict[str, Any]:
     return result
 
 
+SECTIONS = ("turns", "http", "batch", "storage", "durable")
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     reason = peer_missing()
     peer = reason is None
+    wanted = set(args.sections.split(",")) if args.sections else set(SECTIONS)
+    if wanted - set(SECTIONS):
+        raise SystemExit(f"unknown sections: {sorted(wanted - set(SECTIONS))}; known: {SECTIONS}")
+    turns: dict[str, Any] = {}
+    http: dict[str, Any] = {}
+    batch: dict[str, Any] = {}
+    storage: dict[str, Any] = {}
+    durable: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-turns-") as tmp:
         root = Path(tmp)
-        turns = await turns_section(root, args.turns, args.repeats, peer)
-        http = await http_section(root, args.turns, args.repeats)
-        batch = await batch_section(root, args.batch, args.repeats, peer)
-        storage = await storage_section(root, args.turns, peer)
-        durable = await durable_section(root, args.turns, args.repeats)
+        if "turns" in wanted:
+            turns = await turns_section(root, args.turns, args.repeats, peer)
+        if "http" in wanted:
+            http = await http_section(root, args.turns, args.repeats)
+        if "batch" in wanted:
+            batch = await batch_section(root, args.batch, args.repeats, peer)
+        if "storage" in wanted:
+            storage = await storage_section(root, args.turns, peer)
+        if "durable" in wanted:
+            durable = await durable_section(root, args.turns, args.repeats, peer)
 
     def median(section: dict[str, Any], side: str, key: str) -> float | None:
         entry = section.get(side)
@@ -559,8 +605,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
     figures: dict[str, Any] = {}
     for size in ("1k", "50k"):
-        ours = median(turns[size], "ours", "per_turn_ms")
-        theirs = median(turns[size], "deepagents", "per_turn_ms")
+        ours = median(turns.get(size, {}), "ours", "per_turn_ms")
+        theirs = median(turns.get(size, {}), "deepagents", "per_turn_ms")
         figures[f"turn_overhead_{size}"] = {"ours": ours, "peer": theirs, "unit": "ms"}
     for op, key in (("write", "write_file_per_call_ms"), ("read", "read_file_per_call_ms")):
         figures[f"batch_{op}_per_call"] = {
@@ -568,23 +614,30 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "peer": median(batch, "deepagents", key),
             "unit": "ms",
         }
-    stored = storage["50k"]
+    stored = storage.get("50k", {})
+    theirs_x = stored["peer"]["checkpoint_x"] if stored.get("peer") else None
     figures["storage_amplification"] = {
         # While the server runs, after the history packer's pause (shutdown leaves a bit less).
-        "ours": stored["ours"]["after_packer_x"],
-        "peer": stored["peer"]["checkpoint_x"] if stored["peer"] else None,
+        "ours": stored["ours"]["after_packer_x"] if stored else None,
+        "peer": theirs_x,
         "unit": "x",
     }
     figures["storage_amplification_durable"] = {
-        "ours": storage["50k_durable"]["ours"]["after_packer_x"],
-        "peer": stored["peer"]["checkpoint_x"] if stored["peer"] else None,
+        "ours": storage["50k_durable"]["ours"]["after_packer_x"] if storage else None,
+        "peer": theirs_x,
         "unit": "x",
     }
     for size in ("1k", "50k"):
+        entry = durable.get(size, {})
         figures[f"durable_overhead_{size}"] = {
-            "ours": durable[size]["overhead_pct"],
+            "ours": entry.get("overhead_pct"),
             "peer": None,
             "unit": "%",
+        }
+        figures[f"durable_turn_{size}"] = {
+            "ours": median(entry, "durable_on", "per_turn_ms"),
+            "peer": median(entry, "deepagents", "per_turn_ms"),
+            "unit": "ms",
         }
     for figure in figures.values():
         figure["ratio"] = ratio(figure["peer"], figure["ours"])
@@ -610,4 +663,5 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--turns", type=int, default=60)
     parser.add_argument("--batch", type=int, default=200)
+    parser.add_argument("--sections", default="", help=f"comma list of {', '.join(SECTIONS)}")
     print(json.dumps(asyncio.run(main(parser.parse_args())), indent=1))

@@ -6,9 +6,13 @@ by key). An `append` is one transaction; `SqliteDatabase` commits with WAL and
 `synchronous=NORMAL`, so what a committed append holds survives a SIGKILL of the process (a
 power cut may lose the last commits, never corrupt the file).
 
-Payloads of `PACK_FROM` bytes or more are stored zlib-compressed (level 1: about a third of the
-size of model-written text for a fraction of a millisecond, on the database thread), which keeps
-a run's writes, and so the WAL, small. A finished run is compacted at once: its frames and
+The store is also a `contracts.RunStoreNow`: `append_now` writes an append of at most
+`INLINE_BYTES` of payload right on the event loop when the connection is idle
+(`SqliteDatabase.try_now`: a commit is a `write()` into the page cache, and checkpoints stay on
+the database thread); a larger one goes to the database thread (`append`). Payloads are stored
+as they are: zlib (level 1) cost several times what writing the raw bytes does, and they live
+only until the run ends (rows an earlier version compressed are still read). A finished run is
+compacted at once: its frames and
 checkpoints are deleted (the history holds the turn now) and the run row waits for `expire`. The
 freed pages go back to the file system (`incremental_vacuum`) and a WAL grown past `WAL_TRIM`
 is checkpointed and truncated, so the journal adds next to nothing to the disk once runs end.
@@ -26,7 +30,7 @@ import socket
 import sqlite3
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,20 +69,18 @@ CREATE TABLE IF NOT EXISTS durable_checkpoints (
 );
 """
 
-PACK_FROM = 1024
-"""Payloads at least this long (bytes of JSON) are stored zlib-compressed."""
+INSERT_FRAME = "INSERT OR REPLACE INTO durable_frames (run, seq, event, data) VALUES (?, ?, ?, ?)"
+INSERT_CHECKPOINT = "INSERT OR REPLACE INTO durable_checkpoints (run, key, value) VALUES (?, ?, ?)"
+
+INLINE_BYTES = 256 * 1024
+"""Appends with at most this much payload are written on the event loop (see the docstring)."""
 WAL_TRIM = 256 * 1024
 """A WAL larger than this after a run is compacted is checkpointed and truncated."""
 
 
-def _pack(text: str) -> bytes:
-    """ASCII JSON text as stored: as is (it starts with `{`, `[`, `"`, a digit...) or a zlib
-    stream of it (which starts with 0x78, as no JSON text does)."""
-    raw = text.encode("ascii")
-    return zlib.compress(raw, 1) if len(raw) >= PACK_FROM else raw
-
-
 def _unpack(stored: bytes | str) -> Any:
+    """A stored payload: JSON text, or (written by an earlier version) a zlib stream of it,
+    which starts with 0x78 as no JSON text does."""
     if isinstance(stored, str):
         return json.loads(stored)
     return json.loads(zlib.decompress(stored) if stored[:1] == b"\x78" else stored)
@@ -163,12 +165,49 @@ class SqliteRunStore:
         owner: str | None = None,
         lease_seconds: float = 0.0,
     ) -> None:
+        await self.database.run(
+            self._append(run_id, frames, checkpoints, create, owner, lease_seconds)
+        )
+
+    def append_now(
+        self,
+        run_id: str,
+        frames: Sequence[tuple[int, str, str]],
+        checkpoints: Sequence[tuple[str, str]],
+        *,
+        create: StoredRun | None = None,
+        owner: str | None = None,
+        lease_seconds: float = 0.0,
+    ) -> bool:
+        """`append`, done right now on the event loop if it is small (`INLINE_BYTES`) and the
+        database is idle; `False` if it is not (nothing was written: call `append`)."""
+        size = sum(len(data) for _, _, data in frames) + sum(len(v) for _, v in checkpoints)
+        if size > INLINE_BYTES:
+            return False
+        work = self._append(run_id, frames, checkpoints, create, owner, lease_seconds)
+        return self.database.try_now(work)
+
+    def _append(
+        self,
+        run_id: str,
+        frames: Sequence[tuple[int, str, str]],
+        checkpoints: Sequence[tuple[str, str]],
+        create: StoredRun | None,
+        owner: str | None,
+        lease_seconds: float,
+    ) -> Callable[[sqlite3.Connection], None]:
+        """The work of one append (on the event loop or the database thread)."""
         known = self._rows.get(run_id)
 
-        def work(connection: sqlite3.Connection) -> int:
-            # Compressed here, on the database thread (zlib lets go of the GIL meanwhile).
-            frame_rows = [(seq, event, _pack(data)) for seq, event, data in frames]
-            checkpoint_rows = [(key, _pack(value)) for key, value in checkpoints]
+        def work(connection: sqlite3.Connection) -> None:
+            frame_rows, checkpoint_rows = frames, checkpoints
+            if known is not None and create is None and len(frames) + len(checkpoints) == 1:
+                # One statement is a transaction of its own (what most appends are).
+                if frame_rows:
+                    connection.execute(INSERT_FRAME, (known, *frame_rows[0]))
+                else:
+                    connection.execute(INSERT_CHECKPOINT, (known, *checkpoint_rows[0]))
+                return
             with Transaction(connection):
                 row = known
                 if create is not None:
@@ -195,21 +234,13 @@ class SqliteRunStore:
                     if found is None:
                         raise LookupError(f"durable run {run_id} is not in the store")
                     row = int(found[0])
-                if frame_rows:
-                    connection.executemany(
-                        "INSERT OR REPLACE INTO durable_frames (run, seq, event, data) "
-                        "VALUES (?, ?, ?, ?)",
-                        [(row, *entry) for entry in frame_rows],
-                    )
-                if checkpoint_rows:
-                    connection.executemany(
-                        "INSERT OR REPLACE INTO durable_checkpoints (run, key, value) "
-                        "VALUES (?, ?, ?)",
-                        [(row, *entry) for entry in checkpoint_rows],
-                    )
-                return int(row)
+                for seq, event, data in frame_rows:
+                    connection.execute(INSERT_FRAME, (row, seq, event, data))
+                for key, value in checkpoint_rows:
+                    connection.execute(INSERT_CHECKPOINT, (row, key, value))
+            self._rows[run_id] = int(row)
 
-        self._rows[run_id] = await self.database.run(work)
+        return work
 
     async def load(self, run_id: str, limit: int) -> tuple[dict[str, Any], list[Frame]]:
         def work(

@@ -54,7 +54,15 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mappi
 from typing import Any
 
 from .. import events
-from ..contracts import FEED_OWNER, LeaseLost, LiveRunHandle, RunFeed, RunStore, StoredRun
+from ..contracts import (
+    FEED_OWNER,
+    LeaseLost,
+    LiveRunHandle,
+    RunFeed,
+    RunStore,
+    RunStoreNow,
+    StoredRun,
+)
 from ..events import Frame
 from ..log import get_logger
 from .remote import RemoteRun
@@ -316,6 +324,18 @@ class LiveRun:
         await self._wake.wait()
 
 
+FOLLOWED = ("model:", "result:")
+"""Checkpoints the kernel publishes right before a frame: a model turn (then its calls'
+`tool-start` or the run's end), a call's result (then its `tool-result`)."""
+GROUP_SECONDS = 0.002
+"""With a `RunStoreNow`, the least time between two writes of one run's frames: a burst of them
+(an instant model, a batch of fast tools) shares writes; a frame waits at most this long."""
+STARTED = "started:"
+"""A call's mark that its handler is about to run: it matters on a restart only for a tool that
+must not run twice, whose executor waits until it is stored (`flushed`); the others run again
+either way, so theirs goes with the run's next write."""
+
+
 class _StoreWriter:
     """One durable run's writes to its store, grouped: what comes while a write is in flight
     goes in the next one. Readers are told each stored seq (`on_stored`)."""
@@ -343,6 +363,12 @@ class _StoreWriter:
         self._checkpoints: list[tuple[str, str]] = []
         self._last_seq = 0
         self._task: asyncio.Task[None] | None = None
+        self._now = store if isinstance(store, RunStoreNow) else None
+        """The store, if it can write on the event loop (see `_kick`)."""
+        self._soon: asyncio.Handle | None = None
+        """The write of what waits for a later one, while one is due (see `_kick`)."""
+        self._next_write = 0.0
+        """Loop time before which a publish waits for a later write (see `_kick`)."""
         self._calls: dict[str, tuple[str, Any]] = {}
         """The last model turn's calls: id -> (its checkpoint key, its arguments)."""
 
@@ -360,20 +386,76 @@ class _StoreWriter:
                 str(call[0]): (key, call[2]) for call in value.get("calls") or () if len(call) == 3
             }
         self._checkpoints.append((key, encode(value)))
-        self._kick()
+        if key.startswith(STARTED):
+            return  # with the next write (`flushed` writes it now for a caller that waits)
+        # The others (an approval, its answer, the history mark, `ENDED`) are written at once:
+        # `ENDED`, for one, must be stored before the stopped run unwinds and writes anything.
+        held = key.startswith(FOLLOWED)
+        self._kick(hold=held, now=not held)
 
-    def _kick(self) -> None:
+    def _kick(self, *, hold: bool = False, now: bool = False) -> None:
+        """Start writing what is pending, unless a write is in flight (it takes it next).
+
+        With a `RunStoreNow`, the write is made right here on the loop, synchronously (one
+        left for later runs while the run waits for something, often a tool in a worker
+        thread, and the two fight over the GIL). Frames are written at most once per
+        `GROUP_SECONDS`: one that comes sooner waits for the next publish past it (or a timer,
+        if the run goes quiet). A `hold` (a checkpoint the kernel publishes right before a
+        frame) waits for that frame, at the latest until the end of this step of the event
+        loop (or the group's time); `now` writes at once."""
         if self.lost:
             self._frames.clear()
             self._checkpoints.clear()
             return
         if self._task is None or self._task.done():
+            if self._now is not None:
+                loop = asyncio.get_running_loop()
+                due = self._next_write
+                if not now and (hold or loop.time() < due):
+                    if self._soon is None:
+                        self._soon = loop.call_at(due, self._drain_soon)
+                    return
+                if self._drain_now():
+                    self._next_write = loop.time() + GROUP_SECONDS
+                    return
             self._task = asyncio.get_running_loop().create_task(
                 self._drain(), name=f"journal:{self.run_id}"
             )
 
+    def _drain_soon(self) -> None:
+        self._soon = None
+        if self._frames or self._checkpoints or self._create is not None:
+            self._kick(now=True)
+
+    def _drain_now(self) -> bool:
+        """Write what is pending right here through `RunStoreNow`; `False` if the store
+        could not (nothing written)."""
+        assert self._now is not None
+        frames, checkpoints, create = self._frames, self._checkpoints, self._create
+        try:
+            if not self._now.append_now(
+                self.run_id,
+                frames,
+                checkpoints,
+                create=create,
+                owner=self.owner,
+                lease_seconds=self.lease_seconds,
+            ):
+                return False
+        except Exception:
+            return False  # `append` says it (and logs it) the usual way
+        self._frames, self._checkpoints, self._create = [], [], None
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
+        if frames and self.on_stored is not None:
+            self.on_stored(frames[-1][0])
+        return True
+
     async def _drain(self) -> None:
         while self._frames or self._checkpoints or self._create is not None:
+            if self._now is not None and self._drain_now():
+                continue
             frames, self._frames = self._frames, []
             checkpoints, self._checkpoints = self._checkpoints, []
             create, self._create = self._create, None
@@ -411,6 +493,8 @@ class _StoreWriter:
 
     async def flushed(self) -> None:
         """Return once everything given so far is stored (or its write failed)."""
+        if self._frames or self._checkpoints or self._create is not None:
+            self._kick(now=True)
         while self._task is not None and not self._task.done():
             await asyncio.shield(self._task)
 
@@ -891,7 +975,11 @@ async def _abandon(store: RunStore) -> None:
 def encode(value: Any) -> str:
     """JSON as a `RunStore` takes it: compact, ASCII (a lone surrogate a model sent survives as
     an escape; it is also CPython's fastest encoder)."""
-    return json.dumps(value, separators=(",", ":"), default=str)
+    return _ENCODER.encode(value)
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+"""One encoder for every call (`json.dumps` with options builds a new one each time)."""
 
 
 REFERENCE = "$model"

@@ -9,11 +9,22 @@ nothing committed; a power cut can lose the last transactions, never corrupt the
 `SqliteDatabase.shared(path)` gives every user of one file in a process (the history, long-term
 memory, the durable run journal) the same instance: one connection and one thread, so they never
 wait on each other's write lock; it closes when its last user closes it.
+
+`try_now(work)` runs a short write right on the event loop when the connection is idle
+(a durable run's append: a hop to the thread and back costs more than the write, and far more
+when the loop is busy, since the thread then waits for the GIL after each statement). That
+is safe for the loop because nothing in such a write waits: with WAL and `synchronous=NORMAL` a
+commit is a `write()` into the page cache, never an `fsync`; the connection never waits for a
+lock on the loop (`busy_timeout` is 0 there: a busy file sends the work to the thread); and the
+two steps that do sync, a checkpoint and the first write into a WAL restarted after one, run on
+the database thread: SQLite's automatic checkpoint is off, and the thread checkpoints a WAL grown
+past `CHECKPOINT_FROM` itself, then restarts it with a write of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -21,10 +32,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from ..log import get_logger
+
+log = get_logger(__name__)
+
 T = TypeVar("T")
 
 DATABASE_FILE = "atmosphere.db"
 """The harness's embedded database, directly under `workspace_root`."""
+
+CHECKPOINT_FROM = 1024 * 1024
+"""WAL bytes past which the database thread checkpoints the WAL into the file (SQLite's own
+limit, 1000 pages, is as much with 1 KiB pages). Also the size the WAL is cut back to."""
+BUSY_TIMEOUT_MS = 5000
+"""How long work on the database thread waits for another connection's write lock."""
 
 _SHARED: dict[Path, SqliteDatabase] = {}
 
@@ -39,6 +60,12 @@ class SqliteDatabase:
         self._connection: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._guard = threading.Lock()
+        self._busy = threading.Lock()
+        """Held while the connection is in use: by the database thread, or by the event loop
+        for an `inline` operation (which never waits for it)."""
+        self._wal = self.path.with_name(self.path.name + "-wal")
+        self._checkpoint_from = CHECKPOINT_FROM
+        self._checkpoint_queued = False
         self._closed = False
         self._users = 0
         """Users of a `shared` instance that have not closed it yet."""
@@ -95,16 +122,80 @@ class SqliteDatabase:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._call, work)
 
+    def try_now(self, work: Callable[[sqlite3.Connection], object]) -> bool:
+        """Run `work(connection)` right here, on the event loop, if the connection is open and
+        idle; `False` (nothing ran) if it is not, or if another connection holds the file's
+        write lock (the caller then uses `run`, whose thread waits for it).
+
+        Only for a short write of a bounded size: the loop does nothing else meanwhile (see
+        the module docstring for why it never waits on the disk or on a lock).
+        """
+        if self._closed or self._late or not self._busy.acquire(blocking=False):
+            return False
+        try:
+            if self._connection is None:
+                return False
+            try:
+                work(self._connection)
+            except sqlite3.OperationalError as error:
+                if error.sqlite_errorcode == sqlite3.SQLITE_BUSY:
+                    return False
+                raise
+        finally:
+            self._busy.release()
+        if not self._checkpoint_queued and self._executor is not None:
+            try:
+                grown = os.stat(self._wal).st_size > self._checkpoint_from
+            except OSError:
+                grown = False
+            if grown:
+                self._checkpoint_queued = True
+                self._executor.submit(self._call, self._queued_checkpoint)
+        return True
+
     async def open(self) -> None:
         """Create the file and its tables now (otherwise the first operation does)."""
         await self.run(lambda connection: None)
 
     def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        if self._connection is None:
-            self._connection = self._connect()
-        while self._late:
-            self._late.pop(0)(self._connection)
-        return work(self._connection)
+        with self._busy:
+            if self._connection is None:
+                self._connection = self._connect()
+            connection = self._connection
+            while self._late:
+                self._late.pop(0)(connection)
+            connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            try:
+                return work(connection)
+            finally:
+                self._checkpoint_if_grown(connection)
+                connection.execute("PRAGMA busy_timeout=0")
+
+    def _queued_checkpoint(self, connection: sqlite3.Connection) -> None:
+        self._checkpoint_queued = False  # `_call` checkpoints after it
+
+    def _checkpoint_if_grown(self, connection: sqlite3.Connection) -> None:
+        """On the database thread: checkpoint a WAL grown past its limit, then restart it.
+
+        The restart is a write of its own (the header of a restarted WAL is synced by the first
+        write into it, and that must not be an inline write on the event loop)."""
+        if connection.in_transaction:
+            return
+        try:
+            size = os.stat(self._wal).st_size
+            if size <= self._checkpoint_from:
+                return
+            busy, frames, copied = connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            if busy or copied < frames:
+                # Another connection still reads older pages: try again once it grew as much.
+                self._checkpoint_from = size + CHECKPOINT_FROM
+                return
+            self._checkpoint_from = CHECKPOINT_FROM
+            with Transaction(connection):
+                (version,) = connection.execute("PRAGMA user_version").fetchone()
+                connection.execute(f"PRAGMA user_version={int(version)}")
+        except (OSError, sqlite3.Error):
+            log.warning("checkpointing the SQLite WAL failed; retrying later", exc_info=True)
 
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,10 +207,12 @@ class SqliteDatabase:
         connection.execute("PRAGMA auto_vacuum=INCREMENTAL")
         connection.execute("PRAGMA journal_mode=WAL")
         connection.execute("PRAGMA synchronous=NORMAL")
-        connection.execute("PRAGMA busy_timeout=5000")
+        connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         connection.execute("PRAGMA foreign_keys=ON")
         # After a checkpoint the WAL file is cut back to this size instead of staying large.
-        connection.execute("PRAGMA journal_size_limit=1048576")
+        connection.execute(f"PRAGMA journal_size_limit={CHECKPOINT_FROM}")
+        # Checkpoints are this class's (`_checkpoint_if_grown`), on the database thread.
+        connection.execute("PRAGMA wal_autocheckpoint=0")
         for script in self._schemas:
             connection.executescript(script)
         for migrate in self._migrations:
@@ -143,13 +236,15 @@ class SqliteDatabase:
         self._closed = True
 
     def _close_connection(self) -> None:
-        if self._connection is None:
-            return
-        try:
-            self._connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        finally:
-            self._connection.close()
-            self._connection = None
+        with self._busy:
+            if self._connection is None:
+                return
+            try:
+                self._connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+                self._connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                self._connection.close()
+                self._connection = None
 
 
 class Transaction:

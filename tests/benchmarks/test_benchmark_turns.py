@@ -18,6 +18,8 @@ FIGURES = {
     "storage_amplification_durable",
     "durable_overhead_1k",
     "durable_overhead_50k",
+    "durable_turn_1k",
+    "durable_turn_50k",
 }
 OVERHEADS = {"durable_overhead_1k", "durable_overhead_50k"}
 """Durable on vs off, in percent: noise can make it negative, so only its presence is checked."""
@@ -54,3 +56,26 @@ def test_the_benchmark_runs_and_says_whether_the_peer_was_measured() -> None:
             for name, figure in result["figures"].items()
             if name not in OVERHEADS
         )
+
+
+def test_sections_runs_only_what_is_named_and_says_what_is_unknown() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--repeats", "1", "--turns", "2", "--sections", "durable"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    result = json.loads(done.stdout)
+    assert result["turns"] == result["http"] == result["batch"] == result["storage"] == {}
+    assert set(result["durable"]) == {"1k", "50k"}
+    assert isinstance(result["figures"]["durable_turn_1k"]["ours"], float)
+    assert result["figures"]["turn_overhead_1k"]["ours"] is None
+    wrong = subprocess.run(
+        [sys.executable, str(SCRIPT), "--sections", "durable,nope"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert wrong.returncode != 0
+    assert "unknown sections: ['nope']" in wrong.stderr

@@ -6,10 +6,12 @@ The restart behaviour itself is tested over real processes in `test_durable_rest
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import zlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 
 from atmosphere_harness.contracts import LiveRunHandle, StoredRun
 from atmosphere_harness.durable import SqliteRunStore
+from atmosphere_harness.durable.sqlite import INLINE_BYTES
 from atmosphere_harness.events import Frame
 from atmosphere_harness.kernel.journal import ENDED, LiveRuns, encode
 from atmosphere_harness.memory.sqlite import SqliteDatabase
@@ -75,6 +78,33 @@ async def test_what_is_appended_is_loaded_back(store: SqliteRunStore) -> None:
     assert (await store.load("run-1", 0))[0]["odd"] == odd
 
 
+async def test_a_small_append_is_written_now_a_large_one_by_the_thread(
+    store: SqliteRunStore,
+) -> None:
+    assert store.append_now("run-1", [frame(1)], [], create=stored(), owner="me")
+    large = "model text\n" * (INLINE_BYTES // 10)
+    assert not store.append_now("run-1", [frame(2, large)], [])  # nothing written
+    assert [f.seq for f in (await store.load("run-1", 10))[1]] == [1]
+    await store.append("run-1", [frame(2, large)], [checkpoint("model:1", {"text": "x"})])
+    checkpoints, frames = await store.load("run-1", 10)
+    assert [(f.seq, f.data["text"]) for f in frames] == [(1, "x"), (2, large)]
+    assert checkpoints == {"model:1": {"text": "x"}}
+
+
+async def test_a_payload_an_earlier_version_compressed_is_read(store: SqliteRunStore) -> None:
+    await store.append("run-1", [], [], create=stored(), owner="me")
+    packed = zlib.compress(encode({"text": "line\n" * 400}).encode("ascii"), 1)
+    await store.database.run(
+        lambda c: c.execute(
+            "INSERT INTO durable_checkpoints (run, key, value) "
+            "SELECT id, 'model:1', ? FROM durable_runs WHERE run_id = 'run-1'",
+            (packed,),
+        )
+    )
+    checkpoints, _ = await store.load("run-1", 10)
+    assert checkpoints == {"model:1": {"text": "line\n" * 400}}
+
+
 async def test_a_live_lease_is_not_taken_an_expired_or_dead_one_is(
     store: SqliteRunStore,
 ) -> None:
@@ -129,11 +159,14 @@ async def test_finish_compacts_and_expire_forgets(store: SqliteRunStore) -> None
 
 
 class GatedStore(SqliteRunStore):
-    """Holds every append until the test opens the gate."""
+    """Holds every append until the test opens the gate (none is written on the loop)."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.gate = asyncio.Event()
+
+    def append_now(self, *args: Any, **more: Any) -> bool:
+        return False
 
     async def append(
         self,
@@ -178,6 +211,76 @@ async def test_a_reader_never_gets_a_frame_the_store_does_not_hold(tmp_path: Pat
         await runs.aclose()
         await store.aclose()
     assert os.path.exists(tmp_path / "atmosphere.db")
+
+
+async def test_what_a_run_waits_for_is_stored_with_everything_published_before_it(
+    tmp_path: Path,
+) -> None:
+    store = SqliteRunStore.under(tmp_path)
+    runs = LiveRuns(store)
+    seen: list[tuple[list[int], list[str]]] = []
+
+    async def journal() -> tuple[list[int], list[str]]:
+        checkpoints, frames = await store.load(live_run_id(runs), 10)
+        return [f.seq for f in frames], sorted(checkpoints)
+
+    async def work(live: LiveRunHandle) -> None:
+        await live.checkpoint("model:1", {"text": "", "calls": [["a", "tool", {}]]})
+        await live.publish(Frame("tool-start", {"toolCallId": "a"}, "session", "conv", 1))
+        seen.append(await journal())  # the run's first write is made at once
+        await live.checkpoint("started:1:a", True, wait=True)  # a tool that must not run twice
+        seen.append(await journal())
+        await live.checkpoint("started:1:b", True)  # one that may: with the next write
+        await live.checkpoint("result:1:b", "done")
+        await live.publish(Frame("tool-result", {"toolCallId": "b"}, "session", "conv", 2))
+        await live.checkpoint("history:1", 1, wait=True)
+        seen.append(await journal())
+
+    await store.open()
+    try:
+        live = runs.start(work, path="/p", conversation_id="conv", user_id=None, message="m")
+        assert [f.seq async for f in live.follow(0)] == [1, 2]
+    finally:
+        await runs.aclose()
+        await store.aclose()
+    assert seen == [
+        ([1], ["model:1"]),
+        ([1], ["model:1", "started:1:a"]),
+        ([1, 2], ["history:1", "model:1", "result:1:b", "started:1:a", "started:1:b"]),
+    ]
+
+
+async def test_a_stopped_run_is_journalled_ended_before_it_unwinds(tmp_path: Path) -> None:
+    store = SqliteRunStore.under(tmp_path)
+    runs = LiveRuns(store)
+    in_tool = asyncio.Event()
+    seen_while_unwinding: list[str] = []
+
+    async def work(live: LiveRunHandle) -> None:
+        await live.publish(Frame("tool-start", {"toolCallId": "a"}, "session", "conv", 1))
+        try:
+            in_tool.set()
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            # What a stopped run writes as it unwinds (its history) comes after `ENDED`.
+            checkpoints, _ = await store.load(live_run_id(runs), 10)
+            seen_while_unwinding.extend(checkpoints)
+            raise
+
+    await store.open()
+    try:
+        live = runs.start(work, path="/p", conversation_id="conv", user_id=None, message="m")
+        reader = live.follow(0)
+        assert (await reader.__anext__()).seq == 1
+        await in_tool.wait()
+        await reader.aclose()  # the client leaves: the run is stopped
+        assert live.task is not None
+        with contextlib.suppress(asyncio.CancelledError):
+            await live.task
+    finally:
+        await runs.aclose()
+        await store.aclose()
+    assert seen_while_unwinding == [ENDED]
 
 
 def live_run_id(runs: LiveRuns) -> str:
