@@ -1029,6 +1029,18 @@ def _resolved(frames: list[Frame], checkpoints: Mapping[str, Any]) -> list[Frame
 
 
 def _size(frame: Frame) -> int:
-    return 64 + sum(
-        len(value) if isinstance(value, str) else len(str(value)) for value in frame.data.values()
-    )
+    return 64 + sum(_text_size(value) for value in frame.data.values())
+
+
+def _text_size(value: Any, depth: int = 0) -> int:
+    """Roughly the text `value` holds: its strings' lengths, walked (a tool call's 50 KiB
+    arguments are not copied into a `str()` just to be measured); 8 for any other scalar."""
+    if isinstance(value, str):
+        return len(value)
+    if depth < 8 and isinstance(value, Mapping):
+        return sum(len(str(key)) + _text_size(item, depth + 1) for key, item in value.items())
+    if depth < 8 and isinstance(value, list | tuple):
+        return sum(_text_size(item, depth + 1) for item in value)
+    if depth >= 8:
+        return len(str(value))
+    return 8

@@ -252,6 +252,14 @@ def test_only_a_scale_out_backend_gets_a_feed(tmp_path: Any) -> None:
         assert (off.runs.store, off.runs.durable) == (None, False)
         assert off.runs.feed is not None
         assert (on.runs.feed, on.runs.durable) == (None, True)
+    # Both URLs: PostgreSQL keeps the durable journal (state), Redis carries the feed (fan-out).
+    both = {"postgres": "postgresql://u@127.0.0.1:1/x", "redis": url_for("p:")}
+    off = resolve_backends(settings(False, **both))
+    on = resolve_backends(settings(True, **both))
+    assert isinstance(off.runs, LiveRuns)
+    assert isinstance(on.runs, LiveRuns)
+    assert isinstance(off.runs.feed, RedisRunStore)
+    assert isinstance(on.runs.store, PostgresRunStore)
 
 
 async def _no_resume(handle: LiveRunHandle, run: StoredRun) -> None:

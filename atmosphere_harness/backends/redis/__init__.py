@@ -3,7 +3,8 @@
 `redis_backends(settings)` is Redis alone: it holds every piece of shared state (conversation
 locks, history, long-term memory, plans, approvals) and carries the live fan-out (plan updates
 on Streams, approval answers routed to the replica whose run waits). `with_redis_events(backends,
-settings)` keeps another backend's state (PostgreSQL) and moves only the plan fan-out to Redis.
+settings)` keeps another backend's state (PostgreSQL) and moves the live fan-out to Redis: plan
+updates and, with durable runs off, the run frame feed.
 
 One `RedisConnection` (pool + key prefix) is shared by every part and listed in
 `StateBackends.resources`: the host pings it at start-up, so an unreachable URL fails there, and
@@ -85,17 +86,30 @@ def redis_backends(settings: HarnessSettings) -> StateBackends:
 
 
 def with_redis_events(backends: StateBackends, settings: HarnessSettings) -> StateBackends:
-    """`backends` with its live plan fan-out on Redis (`events="redis"`); its state stays.
+    """`backends` with its live fan-out on Redis (`events="redis"`); its state stays.
 
-    Approvals stay with `backends` (its store already routes answers between replicas); the
+    Redis carries the plan updates and, with durable runs off, the run frame feed (a Redis
+    write adds next to nothing to a turn, where a feed write to PostgreSQL is a statement per
+    group). With durable runs on, the journal stays with `backends`: it is state, and the
+    system of record holds it. Approvals stay with `backends` too: their answer and its wake-up
+    commit in one PostgreSQL transaction, so no wake-up can be lost between two systems. The
     Redis pool joins its resources, opened after theirs.
     """
     connection = _connection(settings)
     bus = RedisPlanBus(connection)
     connection.on_close(bus.aclose)
+    runs = backends.runs
+    group = settings.groups.backends
+    if not group.durable_runs:
+        runs = LiveRuns(
+            feed=RedisRunStore(connection),
+            lease_seconds=group.durable_runs_lease_seconds,
+            keep_seconds=group.durable_runs_keep_seconds,
+        )
     return dataclasses.replace(
         backends,
         events="redis",
         plan_bus=bus,
+        runs=runs,
         resources=[*backends.resources, connection],
     )
