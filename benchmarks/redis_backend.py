@@ -5,15 +5,21 @@
 
 1. **Per-turn cost over HTTP.** The scale-out test app (`tests.scaleout.redis_app`, one agent
    with the whole harness on a scripted model: one model call, no tool) in a uvicorn process of
-   its own, once on the embedded stores (SQLite + files) and once with `ATMOSPHERE_REDIS_URL`.
-   A client sends `--turns` prompts one after another (10 conversations, in turn), and times each
-   from the POST to the `complete` frame. The two servers run side by side and the client
-   alternates between them round by round (`--rounds`), so load from elsewhere on the machine
-   hits both alike. Reported: median and p90 per turn, and the median added by Redis.
+   its own, once on the embedded stores (SQLite + files), once with `ATMOSPHERE_REDIS_URL`, both
+   without durable runs (the state backends alone), and once with Redis and durable runs on (the
+   run journalled in Redis too: `redis_durable_runs`). A client sends `--turns` prompts one after
+   another (10 conversations, in turn), and times each from the POST to the `complete` frame. The
+   servers run side by side and the client alternates between them round by round (`--rounds`),
+   so load from elsewhere on the machine hits all alike. Reported: median and p90 per turn, and
+   the median added by Redis.
 2. **Throughput**, turns/s with 16 concurrent conversations: embedded with one replica, Redis
    with one and with two replicas (the load spread over both). The load generator shares the
    machine's cores with the servers, so the 2-replica figure is no scaling claim.
-3. **Plan fan-out between replicas.** A `RedisPlanBus` on each of two connections (two
+3. **Round trips per turn**, counted on the wire by a proxy between the server and Redis
+   (`tests/scaleout/wire.py`): each command or script a turn sends, by purpose, with the time
+   Redis took as the proxy saw it; without and with durable runs. The list
+   `docs/scale-out-redis.md` publishes.
+4. **Plan fan-out between replicas.** A `RedisPlanBus` on each of two connections (two
    replicas' buses): one publishes `--updates` plans, one after another, a viewer on the other
    records when each arrives; the same with one `InProcessPlanBus` (the embedded, one-process
    bus). Reported: publish -> receive latency p50/p99.
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import statistics
 import sys
@@ -47,6 +54,7 @@ from tests.scaleout.redis_app import PATH  # noqa: E402
 from tests.scaleout.redis_service import delete_prefix  # noqa: E402
 
 CONVERSATIONS = 10
+REDIS_PORT = 6379
 CONCURRENCY = 16
 
 
@@ -68,37 +76,45 @@ async def one_turn(client: httpx2.AsyncClient, message: str, conversation: str) 
     raise RuntimeError("stream ended without a complete frame")
 
 
-def start(workspace: Path, log: Path, url: str | None) -> ServerProcess:
-    env = {"ATMOSPHERE_AI_HARNESS_ENABLED": "true"}
+def start(workspace: Path, log: Path, url: str | None, *, durable: bool = False) -> ServerProcess:
+    env = {
+        "ATMOSPHERE_AI_HARNESS_ENABLED": "true",
+        "ATMOSPHERE_DURABLE_RUNS_ENABLED": "true" if durable else "false",
+    }
     if url:
         env["ATMOSPHERE_REDIS_URL"] = url
     return ServerProcess("redis", workspace, log, env).start()
 
 
 async def per_turn(root: Path, url: str, turns: int, rounds: int) -> dict[str, Any]:
-    embedded = start(root / "embedded", root / "embedded.log", None)
-    redis = start(root / "redis", root / "redis.log", url)
-    samples: dict[str, list[float]] = {"embedded": [], "redis": []}
+    servers = {
+        "embedded": start(root / "embedded", root / "embedded.log", None),
+        "redis": start(root / "redis", root / "redis.log", url),
+        "redis_durable_runs": start(root / "redis", root / "durable.log", url, durable=True),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in servers}
+    clients = {
+        name: httpx2.AsyncClient(base_url=server.url, timeout=60)
+        for name, server in servers.items()
+    }
     try:
-        async with (
-            httpx2.AsyncClient(base_url=embedded.url, timeout=60) as e,
-            httpx2.AsyncClient(base_url=redis.url, timeout=60) as r,
-        ):
-            for client in (e, r):  # warm-up: imports, first connections, scripts loaded
-                for n in range(10):
-                    await one_turn(client, f"warm {n}", f"warm-{n % 2}")
-            per_round = max(1, turns // rounds)
-            for round_ in range(rounds):
-                order = [("embedded", e), ("redis", r)]
-                if round_ % 2:
-                    order.reverse()
-                for name, client in order:
-                    for n in range(per_round):
-                        cid = f"turns-{round_}-{n % CONVERSATIONS}"
-                        samples[name].append(await one_turn(client, f"turn {n}", cid))
+        for client in clients.values():  # warm-up: imports, first connections, scripts loaded
+            for n in range(10):
+                await one_turn(client, f"warm {n}", f"warm-{n % 2}")
+        per_round = max(1, turns // rounds)
+        for round_ in range(rounds):
+            order = list(clients.items())
+            if round_ % 2:
+                order.reverse()
+            for name, client in order:
+                for n in range(per_round):
+                    cid = f"turns-{round_}-{n % CONVERSATIONS}"
+                    samples[name].append(await one_turn(client, f"turn {n}", cid))
     finally:
-        embedded.stop()
-        redis.stop()
+        for client in clients.values():
+            await client.aclose()
+        for server in servers.values():
+            server.stop()
     result = {
         name: {
             "turns": len(values),
@@ -110,7 +126,49 @@ async def per_turn(root: Path, url: str, turns: int, rounds: int) -> dict[str, A
     result["added_median_ms"] = round(
         result["redis"]["median_ms"] - result["embedded"]["median_ms"], 3
     )
+    result["added_median_ms_durable_runs"] = round(
+        result["redis_durable_runs"]["median_ms"] - result["embedded"]["median_ms"], 3
+    )
     return result
+
+
+def script_names() -> dict[str, str]:
+    """SHA-1 -> name of every Lua script a turn may run (ours and redis-py's lock's)."""
+    from redis.asyncio.lock import Lock
+
+    from atmosphere_harness.backends.redis import history, long_term, runs
+    from tests.scaleout.wire import script_names as names_in
+
+    found = {**names_in(history), **names_in(long_term), **names_in(runs)}
+    for name in ("LUA_RELEASE_SCRIPT", "LUA_REACQUIRE_SCRIPT", "LUA_EXTEND_SCRIPT"):
+        found[hashlib.sha1(getattr(Lock, name).encode()).hexdigest()] = f"Lock.{name}"
+    return found
+
+
+async def round_trips(root: Path, url: str, turns: int) -> dict[str, Any]:
+    """What one turn asks Redis, counted by a proxy in front of it (after a warm-up)."""
+    from tests.scaleout.wire import WireCounter
+
+    found: dict[str, Any] = {}
+    for name, durable in (("state", False), ("with_durable_runs", True)):
+        async with WireCounter("127.0.0.1", REDIS_PORT, redis_scripts=script_names()) as proxy:
+            through = url.replace(f":{REDIS_PORT}/", f":{proxy.port}/")
+            server = await asyncio.to_thread(
+                start, root / f"rt-{name}", root / f"rt-{name}.log", through, durable=durable
+            )
+            try:
+                async with httpx2.AsyncClient(base_url=server.url, timeout=60) as client:
+                    for n in range(10):
+                        await one_turn(client, f"warm {n}", f"rt-{n % 2}")
+                    await asyncio.sleep(0.3)
+                    proxy.reset()
+                    for n in range(turns):
+                        await one_turn(client, f"turn {n}", f"rt-{n % 2}")
+                    await asyncio.sleep(0.3)  # the last lock release runs after `complete`
+                found[name] = proxy.summary(turns, ignore=("PING",))  # not the shutdown's
+            finally:
+                await asyncio.to_thread(server.stop)
+    return found
 
 
 async def throughput(urls: list[str], turns: int) -> float:
@@ -218,6 +276,7 @@ async def main(args: argparse.Namespace) -> None:
                 "benchmark": "redis_backend",
                 "per_turn_http": await per_turn(root, url, args.turns, args.rounds),
                 "turns_per_second": await turns_per_second(root, url, args.turns),
+                "round_trips": await round_trips(root, url, max(min(args.turns, 40), 4)),
                 "plan_fan_out": await plan_latency(url, args.updates),
             }
     finally:

@@ -228,10 +228,8 @@ class WireCounter:
             link.bursts.clear()
 
     def summary(self, turns: int, *, ignore: tuple[str, ...] = ()) -> dict[str, object]:
-        """Round trips per turn and by purpose, leaving out bursts whose label holds `ignore`."""
-        counted = [
-            burst for burst in self.bursts() if not any(text in burst.label for text in ignore)
-        ]
+        """Round trips per turn and by purpose, leaving out bursts labelled one of `ignore`."""
+        counted = [burst for burst in self.bursts() if burst.label not in ignore]
         labels = Counter(burst.label for burst in counted)
         waits: dict[str, list[float]] = {}
         for burst in counted:
