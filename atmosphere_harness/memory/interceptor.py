@@ -44,10 +44,10 @@ RECALL_LABEL = "Known facts about this user:"
 DEFAULT_RECALL_LIMIT = 20
 DEFAULT_RECALL_CHARS = 4000
 _STATE_KEY: Key[str] = Key("memory.recall")
-_PREFETCH_KEY: Key[asyncio.Task[list[str]]] = Key("memory.recall.newest")
+_PREFETCH_KEY: Key[asyncio.Future[list[str]]] = Key("memory.recall.newest")
 
 
-def _consume(task: asyncio.Task[list[str]]) -> None:
+def _consume(task: asyncio.Future[list[str]]) -> None:
     """Retrieve a prefetch's failure, so a run that never used it logs no "never retrieved"."""
     if not task.cancelled():
         task.exception()
@@ -118,10 +118,11 @@ class LongTermMemoryInterceptor:
             return
         if run.state.get(_PREFETCH_KEY) is not None:
             return
-        task = asyncio.get_running_loop().create_task(
-            self.store.get_facts(run.user_id, self.recall_limit + 1),
-            name="memory-recall-prefetch",
-        )
+        try:
+            task = asyncio.ensure_future(self.store.get_facts(run.user_id, self.recall_limit + 1))
+        except Exception as exc:  # a store that fails before it awaits: recall reads it later
+            log.debug("long-term memory prefetch not started", error=str(exc))
+            return
         task.add_done_callback(_consume)
         run.state.set(_PREFETCH_KEY, task)
 
