@@ -10,9 +10,11 @@ burst asks for, so a count comes with its purpose:
 - Redis (RESP): each command of the burst, `EVALSHA` named by the script it runs (`scripts=`
   maps a SHA-1 to a name).
 
-Connection set-up (SSL negotiation, start-up, `HELLO`/`CLIENT SETINFO`) is recorded too, marked
-`setup`, so a test can leave it out. Used by `tests/scaleout/test_round_trips.py` (a turn makes
-exactly N round trips) and by the two backend benchmarks (the list in `docs/scale-out*.md`).
+Connection set-up (SSL negotiation, start-up, `HELLO`/`CLIENT SETINFO`, and asyncpg's
+`Parse` of a statement the connection has not prepared yet, once per statement and connection)
+is recorded too, marked `setup`, so a test can leave it out. Used by
+`tests/scaleout/test_round_trips.py` (a turn makes exactly N round trips) and by the two backend
+benchmarks (the list in `docs/scale-out*.md`).
 """
 
 from __future__ import annotations
@@ -105,7 +107,12 @@ class _PostgresParser(_Parser):
                 name, rest = body.split(b"\0", 1)
                 query = _squash(rest.split(b"\0", 1)[0].decode())
                 self.statements[name.decode()] = query
-                if not name:
+                if name:
+                    # asyncpg prepares a statement once per connection (its statement cache),
+                    # in a round trip of its own: connection warm-up, not a turn's work.
+                    items.append(f"prepare {query}")
+                    setup = True
+                else:
                     items.append(query)
             elif kind == b"B":
                 _portal, rest = body.split(b"\0", 1)
