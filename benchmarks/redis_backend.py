@@ -18,7 +18,11 @@
 2. **Throughput**, turns/s with 16 concurrent conversations: embedded with one replica, Redis
    with one and with two replicas (the load spread over both). The load generator shares the
    machine's cores with the servers, so the 2-replica figure is no scaling claim.
-3. **Plan fan-out between replicas.** A `RedisPlanBus` on each of two connections (two
+3. **Round trips per turn**, counted on the wire by a proxy between the server and Redis
+   (`tests/scaleout/wire.py`): each command or script a turn sends, by purpose, with the time
+   Redis took as the proxy saw it; without and with durable runs. The list
+   `docs/scale-out-redis.md` publishes.
+4. **Plan fan-out between replicas.** A `RedisPlanBus` on each of two connections (two
    replicas' buses): one publishes `--updates` plans, one after another, a viewer on the other
    records when each arrives; the same with one `InProcessPlanBus` (the embedded, one-process
    bus). Reported: publish -> receive latency p50/p99.
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import statistics
 import sys
@@ -52,6 +57,7 @@ from tests.scaleout.redis_app import PATH  # noqa: E402
 from tests.scaleout.redis_service import delete_prefix  # noqa: E402
 
 CONVERSATIONS = 10
+REDIS_PORT = 6379
 CONCURRENCY = 16
 
 
@@ -149,6 +155,45 @@ async def per_turn(root: Path, url: str, turns: int, rounds: int) -> dict[str, A
         result["redis"]["median_ms"] - result["redis_without_run_feed"]["median_ms"], 3
     )
     return result
+
+
+def script_names() -> dict[str, str]:
+    """SHA-1 -> name of every Lua script a turn may run (ours and redis-py's lock's)."""
+    from redis.asyncio.lock import Lock
+
+    from atmosphere_harness.backends.redis import history, long_term, runs
+    from tests.scaleout.wire import script_names as names_in
+
+    found = {**names_in(history), **names_in(long_term), **names_in(runs)}
+    for name in ("LUA_RELEASE_SCRIPT", "LUA_REACQUIRE_SCRIPT", "LUA_EXTEND_SCRIPT"):
+        found[hashlib.sha1(getattr(Lock, name).encode()).hexdigest()] = f"Lock.{name}"
+    return found
+
+
+async def round_trips(root: Path, url: str, turns: int) -> dict[str, Any]:
+    """What one turn asks Redis, counted by a proxy in front of it (after a warm-up)."""
+    from tests.scaleout.wire import WireCounter
+
+    found: dict[str, Any] = {}
+    for name, durable in (("state", False), ("with_durable_runs", True)):
+        async with WireCounter("127.0.0.1", REDIS_PORT, redis_scripts=script_names()) as proxy:
+            through = url.replace(f":{REDIS_PORT}/", f":{proxy.port}/")
+            server = await asyncio.to_thread(
+                start, root / f"rt-{name}", root / f"rt-{name}.log", through, durable=durable
+            )
+            try:
+                async with httpx2.AsyncClient(base_url=server.url, timeout=60) as client:
+                    for n in range(10):
+                        await one_turn(client, f"warm {n}", f"rt-{n % 2}")
+                    await asyncio.sleep(0.3)
+                    proxy.reset()
+                    for n in range(turns):
+                        await one_turn(client, f"turn {n}", f"rt-{n % 2}")
+                    await asyncio.sleep(0.3)  # the last lock release runs after `complete`
+                found[name] = proxy.summary(turns, ignore=("PING",))  # not the shutdown's
+            finally:
+                await asyncio.to_thread(server.stop)
+    return found
 
 
 async def throughput(urls: list[str], turns: int) -> float:
@@ -256,6 +301,7 @@ async def main(args: argparse.Namespace) -> None:
                 "benchmark": "redis_backend",
                 "per_turn_http": await per_turn(root, url, args.turns, args.rounds),
                 "turns_per_second": await turns_per_second(root, url, args.turns),
+                "round_trips": await round_trips(root, url, max(min(args.turns, 40), 4)),
                 "plan_fan_out": await plan_latency(url, args.updates),
             }
     finally:

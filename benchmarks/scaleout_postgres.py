@@ -23,6 +23,10 @@ Figures (one JSON document on stdout):
   postgres_without_run_feed;
 - `turns_per_s`: 16 concurrent clients, for embedded (1 replica) and PostgreSQL with 1 and 2
   replicas (the load generator shares the machine's cores, so the 2-replica ratio is no goal);
+- `round_trips`: the round trips one turn makes to PostgreSQL, counted on the wire by a proxy
+  between the server and PostgreSQL (`tests/scaleout/wire.py`), by purpose, with the time
+  PostgreSQL took for each as the proxy saw it (`service_median_ms`); the list
+  `docs/scale-out.md` publishes;
 - `plan_update_ms`: from `write_todos` in the model to the `plan-update` bytes at a viewer,
   p50/p99: embedded (viewer on the same server) and PostgreSQL (writer on A, viewer on B,
   through `LISTEN/NOTIFY`; the issue's goal: p99 < 50 ms).
@@ -194,6 +198,22 @@ async def plan_latency(writer: str, viewer: str, updates: int) -> list[float]:
     return received
 
 
+async def round_trips(root: Path, url: str, turns: int = 40) -> dict[str, Any]:
+    """What one turn asks PostgreSQL, counted by a proxy in front of it (after a warm-up)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tests/
+    from tests.scaleout.wire import WireCounter
+
+    async with WireCounter("127.0.0.1", 5432) as proxy:
+        through = url.replace(":5432/", f":{proxy.port}/")
+        async with Server(root, through) as server:
+            await sequential_turns(server.base, 20)
+            await asyncio.sleep(0.3)
+            proxy.reset()
+            await sequential_turns(server.base, turns)
+            await asyncio.sleep(0.3)  # the last lock release runs after the `complete` frame
+            return proxy.summary(turns, ignore=("SELECT 1",))
+
+
 def quantiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {
@@ -267,6 +287,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     "postgres_1_replica": round(await throughput([a.base], args.turns), 1),
                     "postgres_2_replicas": round(await throughput([a.base, b.base], args.turns), 1),
                 }
+                result["round_trips"] = await round_trips(pg_root, url, max(min(args.turns, 40), 4))
                 result["plan_update_ms"] = {
                     "embedded_same_server": quantiles(
                         await plan_latency(embedded.base, embedded.base, args.updates)

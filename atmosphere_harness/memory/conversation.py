@@ -7,7 +7,7 @@ conversation, `append(run, turn)` stores the finished turn in full. It is also i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..injection import register_injectable
@@ -55,6 +55,9 @@ class ConversationMemory:
         self.endpoint = endpoint
         self.max_messages = max_messages
         self.strategy: CompactionStrategy = strategy or SlidingWindowCompaction()
+        self.on_load: list[Callable[[Run], None]] = []
+        """Called as a run's load starts, to start reads that need not wait for the history
+        (the long-term-memory recall of the user's facts: `LongTermMemoryInterceptor.prefetch`)."""
 
     def key(self, conversation_id: str, user_id: str | None = None) -> ConversationKey:
         return ConversationKey(self.endpoint, user_id, conversation_id)
@@ -62,6 +65,8 @@ class ConversationMemory:
     # --- HistoryStore (what the loop calls) ---------------------------------------------------
 
     async def load(self, run: Run) -> list[Message]:
+        for hook in self.on_load:
+            hook(run)
         return await self.view(run.conversation_id, run.user_id)
 
     async def append(self, run: Run, messages: Sequence[Message]) -> None:

@@ -6,6 +6,10 @@ hitting and one user's facts can never leak into a prefix another user shares. T
 labelled and bounded. When the user has more facts than fit, the ones that match the message
 best (`search`) come first, topped up with the newest.
 
+With a networked store (PostgreSQL, Redis) the user's newest facts are asked for while the
+conversation's history loads (`prefetch`, which `ConversationMemory.load` calls), so a turn
+waits for one round trip where it would wait for two in a row.
+
 Extraction is not on any request path: the memory primitive calls `extract` from a background
 task when a conversation closes.
 
@@ -20,8 +24,9 @@ class Assistant:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING
 
 from ..contracts import Key
@@ -39,6 +44,13 @@ RECALL_LABEL = "Known facts about this user:"
 DEFAULT_RECALL_LIMIT = 20
 DEFAULT_RECALL_CHARS = 4000
 _STATE_KEY: Key[str] = Key("memory.recall")
+_PREFETCH_KEY: Key[asyncio.Future[list[str]]] = Key("memory.recall.newest")
+
+
+def _consume(task: asyncio.Future[list[str]]) -> None:
+    """Retrieve a prefetch's failure, so a run that never used it logs no "never retrieved"."""
+    if not task.cancelled():
+        task.exception()
 
 
 def render_facts(facts: Sequence[str], max_chars: int) -> str:
@@ -87,7 +99,7 @@ class LongTermMemoryInterceptor:
         if block is None:
             # Once per run: facts do not change between the model calls of one prompt, and an
             # identical block keeps every round of the run cache-friendly.
-            block = await self._recall(run.user_id, request.messages)
+            block = await self._recall(run.user_id, request.messages, run.state.get(_PREFETCH_KEY))
             run.state.set(_STATE_KEY, block)
         if not block:
             return request
@@ -96,19 +108,50 @@ class LongTermMemoryInterceptor:
     async def after_turn(self, run: Run, messages: Sequence[Message]) -> None:
         return None
 
-    async def recall(self, user_id: str, message: str) -> list[str]:
-        """The facts to show for `message`: all of them if they fit, else best matches first."""
-        # One more than fits tells whether they all fit, without a separate count.
-        newest = await self.store.get_facts(user_id, self.recall_limit + 1)
-        if len(newest) <= self.recall_limit:
-            return newest
-        newest = newest[1:]
-        hits = await self.store.search(user_id, message, self.recall_limit)
-        return [*hits, *reconcile(hits, reversed(newest))][: self.recall_limit]
+    def prefetch(self, run: Run) -> None:
+        """Start reading the run's user's newest facts now; the run's first request uses them.
 
-    async def _recall(self, user_id: str, messages: Sequence[Message]) -> str:
+        Called as the history load starts: both reads are in flight together (the facts do not
+        depend on the history). Nothing happens without a user or once the run has recalled.
+        """
+        if not run.user_id or run.state.get(_STATE_KEY) is not None:
+            return
+        if run.state.get(_PREFETCH_KEY) is not None:
+            return
         try:
-            facts = await self.recall(user_id, _last_user_text(messages))
+            task = asyncio.ensure_future(self.store.get_facts(run.user_id, self.recall_limit + 1))
+        except Exception as exc:  # a store that fails before it awaits: recall reads it later
+            log.debug("long-term memory prefetch not started", error=str(exc))
+            return
+        task.add_done_callback(_consume)
+        run.state.set(_PREFETCH_KEY, task)
+
+    async def recall(
+        self, user_id: str, message: str, newest: Awaitable[list[str]] | None = None
+    ) -> list[str]:
+        """The facts to show for `message`: all of them if they fit, else best matches first.
+
+        `newest` is a read of the user's `recall_limit + 1` newest facts already under way
+        (`prefetch`); without it they are read here.
+        """
+        # One more than fits tells whether they all fit, without a separate count.
+        if newest is None:
+            newest = self.store.get_facts(user_id, self.recall_limit + 1)
+        facts = await newest
+        if len(facts) <= self.recall_limit:
+            return facts
+        facts = facts[1:]
+        hits = await self.store.search(user_id, message, self.recall_limit)
+        return [*hits, *reconcile(hits, reversed(facts))][: self.recall_limit]
+
+    async def _recall(
+        self,
+        user_id: str,
+        messages: Sequence[Message],
+        newest: Awaitable[list[str]] | None = None,
+    ) -> str:
+        try:
+            facts = await self.recall(user_id, _last_user_text(messages), newest)
         except Exception as exc:
             log.warning("long-term memory recall failed; continuing without it", error=str(exc))
             return ""

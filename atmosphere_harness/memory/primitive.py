@@ -150,6 +150,7 @@ class MemoryPrimitive(Primitive):
             endpoint.interceptors.append(interceptor)
             endpoint.report(LONG_TERM_MEMORY, f"{ACTIVE}({qualified_name(self.store)})")
         self._interceptors[endpoint.path] = interceptor
+        memory.on_load.append(interceptor.prefetch)
         store = interceptor.store
         endpoint.provide(LongTermMemory, lambda run: store)
 

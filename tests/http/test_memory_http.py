@@ -312,6 +312,48 @@ async def test_a_declared_interceptor_suppresses_the_built_in_one(workspace: Pat
 # --- recall --------------------------------------------------------------------------------
 
 
+class _FactsFirst(InMemoryLongTermMemory):
+    """A store that records when the newest facts are asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = asyncio.Event()
+        self.reads = 0
+
+    async def get_facts(self, user_id: str, limit: int = 20) -> list[str]:
+        self.reads += 1
+        self.asked.set()
+        return await super().get_facts(user_id, limit)
+
+
+class _HistoryAfterFacts(InMemoryHistory):
+    """A history whose load returns only once the facts were asked for: without the prefetch
+    (facts read after the history) a turn would never finish."""
+
+    def __init__(self, store: _FactsFirst) -> None:
+        super().__init__()
+        self.store = store
+
+    async def tail(self, key: Any, limit: int) -> list[Any]:
+        await self.store.asked.wait()
+        return await super().tail(key, limit)
+
+
+async def test_the_facts_are_read_while_the_history_loads(workspace: Path) -> None:
+    store = _FactsFirst()
+    await store.save_facts("alice", ["Lives in Montreal"])
+    primitive = MemoryPrimitive(history=_HistoryAfterFacts(store), long_term_memory=store)
+    runtime = model()
+    async with client_for(app_for([Keeper], workspace, runtime, primitives=[primitive])) as client:
+        async with asyncio.timeout(20):  # hang guard: a sequential recall never finishes
+            await say(client, "hi", "c1", "alice")
+            await say(client, "hi again", "c1", "alice")
+    first, second = chat_requests(runtime)
+    assert first.context == second.context == ("Known facts about this user:\n- Lives in Montreal",)
+    assert [m.content for m in second.messages][:2] == ["hi", "seen 1 messages"]
+    assert store.reads == 2, "one read of the newest facts per run, not two"
+
+
 async def test_recall_puts_facts_in_context_never_in_the_system_prompt(workspace: Path) -> None:
     store = InMemoryLongTermMemory()
     await store.save_facts("alice", ["Lives in Montreal", "Has a dog named Max"])

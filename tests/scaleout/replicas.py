@@ -88,11 +88,12 @@ async def prompt(
     *,
     headers: Mapping[str, str] = USER,
     on_frame: Callable[[dict[str, Any]], Any] | None = None,
+    path: str = PATH,
 ) -> list[dict[str, Any]]:
     """POST one prompt, its frames up to the terminal one (`on_frame` may be async)."""
     frames: list[dict[str, Any]] = []
     body = {"message": message, "conversationId": conversation_id}
-    async with client.stream("POST", base + PATH, json=body, headers=dict(headers)) as response:
+    async with client.stream("POST", base + path, json=body, headers=dict(headers)) as response:
         assert response.status_code == 200, await response.aread()
         async for line in response.aiter_lines():
             if not line.startswith("data:"):

@@ -364,6 +364,32 @@ async def test_a_dead_holders_lock_lapses_and_a_lapsed_lock_is_never_freed_by_it
     async with asyncio.timeout(WAIT), b.hold("/p", "c"):
         token = await connection.client.get(lock_key(connection, "/p", "c"))
         assert token not in (None, "dead-replica")
+    await b.drain()  # the release runs after the block, in a task of its own
+    assert await connection.client.get(lock_key(connection, "/p", "c")) is None
+
+
+async def test_the_next_prompt_on_a_replica_waits_for_its_own_release_not_a_poll(
+    connection: RedisConnection,
+) -> None:
+    # The release runs after the block; a hold that found the lock still taken would sleep a
+    # poll interval (an hour here) instead of waiting for that release.
+    locks = RedisConversationLocks(connection, poll=3600)
+    for _ in range(5):
+        async with asyncio.timeout(WAIT), locks.hold("/p", "c"):
+            pass
+
+
+async def test_a_release_in_flight_is_finished_before_the_pool_closes(
+    connection: RedisConnection, redis_prefix: str
+) -> None:
+    from atmosphere_harness.backends.redis.locks import lock_key
+
+    own = RedisConnection(url_for(redis_prefix))
+    await own.open()
+    locks = RedisConversationLocks(own)
+    async with locks.hold("/p", "c"):
+        assert await connection.client.get(lock_key(connection, "/p", "c")) is not None
+    await own.aclose()
     assert await connection.client.get(lock_key(connection, "/p", "c")) is None
 
 

@@ -10,7 +10,11 @@ and not one connection per held lock, which would exhaust the pool under load):
 2. then `pg_try_advisory_lock` on the lock connection; when another replica holds it, wait for
    the `NOTIFY atmosphere_locks` its release sends (or `RETRY_SECONDS`, whichever is first) and
    try again;
-3. release: `pg_advisory_unlock` and the `NOTIFY`, on the same connection.
+3. release: `pg_advisory_unlock` and the `NOTIFY`, on the same connection, in a task of its
+   own: the run does not wait for it (its `complete` frame leaves one round trip sooner). The
+   next prompt of that conversation on this replica waits for the release first; one on another
+   replica finds the lock taken for that round trip and waits for the `NOTIFY` as it would
+   anyway. `aclose` waits for the releases still running.
 
 If the lock connection is lost, PostgreSQL drops its locks: the prompts holding them run to their
 end (their turns are still written atomically, one transaction each), a new connection is opened
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import weakref
 from collections.abc import AsyncIterator
@@ -60,6 +65,8 @@ class PostgresConversationLocks:
         self.database = database
         self._local: weakref.WeakValueDictionary[int, asyncio.Lock] = weakref.WeakValueDictionary()
         self._released: dict[int, asyncio.Event] = {}
+        self._releasing: dict[int, asyncio.Task[None]] = {}
+        """Releases not finished yet, by lock key (the next hold of that key waits for it)."""
         self._connection: Any = None
         self._guard = asyncio.Lock()
         """One statement at a time on the lock connection (asyncpg requires it)."""
@@ -69,6 +76,8 @@ class PostgresConversationLocks:
         """Nothing to do: the lock connection opens on first use."""
 
     async def aclose(self) -> None:
+        if self._releasing:
+            await asyncio.gather(*self._releasing.values(), return_exceptions=True)
         async with self._guard:
             connection, self._connection = self._connection, None
         if connection is not None:
@@ -82,11 +91,23 @@ class PostgresConversationLocks:
         if local is None:
             local = self._local[key] = asyncio.Lock()
         async with local:
+            pending = self._releasing.get(key)
+            if pending is not None:
+                # This replica's previous prompt of the conversation is still releasing it.
+                await asyncio.wait([pending])
             session = await self._acquire(key)
             try:
                 yield
             finally:
-                await asyncio.shield(self._release(key, session))
+                task = asyncio.get_running_loop().create_task(
+                    self._release(key, session), name="postgres-lock-release"
+                )
+                self._releasing[key] = task
+                task.add_done_callback(functools.partial(self._released_one, key))
+
+    def _released_one(self, key: int, task: asyncio.Task[None]) -> None:
+        if self._releasing.get(key) is task:
+            del self._releasing[key]
 
     async def _acquire(self, key: int) -> Any:
         """Take the advisory lock; returns the session it is held on."""

@@ -10,6 +10,12 @@ Prompts of one conversation on the same replica queue on an `asyncio.Lock` first
 poll Redis against each other; only prompts on different replicas poll (every `poll` seconds,
 the driver's way).
 
+The release runs in a task of its own: the run does not wait for that round trip (its
+`complete` frame leaves sooner). The next prompt of the conversation on this replica waits for
+the release first (so it never polls against its own replica's lock); a prompt on another
+replica may find the lock still taken for that round trip and polls as it would anyway. The
+releases still running when the pool closes are finished first (`RedisConnection.on_close`).
+
 The key is `lock:{digest(path, conversation)}`; `RedisHistory`'s cap reads it to never evict a
 conversation a run is using on any replica.
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import weakref
 from collections.abc import AsyncIterator
 
@@ -51,6 +58,9 @@ class RedisConversationLocks:
         self.ttl = ttl
         self.poll = poll
         self._local: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._releasing: dict[str, asyncio.Task[None]] = {}
+        """Releases not finished yet, by lock key (the next hold of that key waits for it)."""
+        connection.on_close(self.drain)
 
     def __repr__(self) -> str:
         return f"RedisConversationLocks({self.connection!r})"
@@ -65,6 +75,9 @@ class RedisConversationLocks:
     async def hold(self, path: str, conversation_id: str) -> AsyncIterator[None]:
         key = lock_key(self.connection, path, conversation_id)
         async with self._local_lock(key):
+            pending = self._releasing.get(key)
+            if pending is not None:
+                await asyncio.wait([pending])
             lock = Lock(
                 self.connection.client,
                 key,
@@ -82,18 +95,34 @@ class RedisConversationLocks:
                 yield
             finally:
                 renewal.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await renewal
-                try:
-                    await lock.release()
-                except (LockError, RedisError, OSError) as exc:
-                    # Lapsed (Redis was away longer than the TTL) or unreachable: the TTL
-                    # frees it either way; the run itself is over.
-                    log.warning(
-                        "conversation lock not released cleanly; it lapses by itself",
-                        conversation=conversation_id,
-                        error=self.connection.scrub(exc),
-                    )
+                task = asyncio.get_running_loop().create_task(
+                    self._release(lock, renewal, conversation_id), name="redis-lock-release"
+                )
+                self._releasing[key] = task
+                task.add_done_callback(functools.partial(self._released_one, key))
+
+    def _released_one(self, key: str, task: asyncio.Task[None]) -> None:
+        if self._releasing.get(key) is task:
+            del self._releasing[key]
+
+    async def drain(self) -> None:
+        """Wait for the releases still running (before the pool closes)."""
+        if self._releasing:
+            await asyncio.gather(*self._releasing.values(), return_exceptions=True)
+
+    async def _release(self, lock: Lock, renewal: asyncio.Task[None], conversation_id: str) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewal
+        try:
+            await lock.release()
+        except (LockError, RedisError, OSError) as exc:
+            # Lapsed (Redis was away longer than the TTL) or unreachable: the TTL frees it
+            # either way; the run itself is over.
+            log.warning(
+                "conversation lock not released cleanly; it lapses by itself",
+                conversation=conversation_id,
+                error=self.connection.scrub(exc),
+            )
 
     async def _renew(self, lock: Lock, path: str, conversation_id: str) -> None:
         while True:

@@ -1,0 +1,186 @@
+"""How many round trips a turn makes to its state backend, counted on the wire.
+
+A real uvicorn server (`tests.reliability.server`) talks to PostgreSQL or Redis through a
+`WireCounter` proxy; the client sends turns one after another on one conversation and the proxy
+counts every round trip the server made, with its purpose. The list is the one
+`docs/scale-out.md` and `docs/scale-out-redis.md` publish: a change that adds a round trip to a
+turn (or reorders the lock around the history) fails here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from tests.reliability.server import ServerProcess
+
+from .postgres_service import create_database, drop_database
+from .redis_service import delete_prefix, new_prefix, require_redis
+from .redis_service import url_for as redis_url_for
+from .replicas import prompt, summary
+from .wire import Burst, WireCounter, script_names
+
+pytestmark = pytest.mark.services
+
+TURNS = 4
+WARM_UP = 3
+BACKGROUND = ("SELECT 1", "PING")
+"""The `LISTEN` connection's health probe, a pub/sub keep-alive: not the turn's."""
+
+POSTGRES_PURPOSES = {
+    "pg_try_advisory_lock": "lock",
+    "pg_advisory_unlock": "unlock",
+    "LEFT JOIN LATERAL": "history.load",
+    "INSERT INTO atmosphere_messages": "history.append",
+    "FROM atmosphere_facts": "facts.newest",
+}
+REDIS_PURPOSES = {
+    "Lock.LUA_RELEASE_SCRIPT": "unlock",
+    "history._READ": "history.load",
+    "history._APPEND": "history.append",
+    "long_term._NEWEST": "facts.newest",
+    "SET": "lock",
+}
+
+
+def purpose(burst: Burst, names: Mapping[str, str]) -> str:
+    for text, name in names.items():
+        if text in burst.label:
+            return name
+    return burst.label
+
+
+def redis_scripts() -> dict[str, str]:
+    from redis.asyncio.lock import Lock
+
+    from atmosphere_harness.backends.redis import history, long_term
+
+    found = {**script_names(history), **script_names(long_term)}
+    for name in ("LUA_RELEASE_SCRIPT", "LUA_REACQUIRE_SCRIPT", "LUA_EXTEND_SCRIPT"):
+        script = getattr(Lock, name)
+        found[hashlib.sha1(script.encode()).hexdigest()] = f"Lock.{name}"
+    return found
+
+
+async def turns_on_the_wire(
+    proxy: WireCounter, server: ServerProcess, path: str, user: str | None, expected: int
+) -> list[Burst]:
+    """The round trips of `TURNS` turns (after a warm-up), in the order they were sent."""
+    conversation = f"c-{uuid.uuid4().hex[:10]}"
+    headers = {"X-User-Id": user} if user else {}
+    async with httpx2.AsyncClient(timeout=30) as client:
+
+        async def turn(n: int) -> None:
+            frames = await prompt(
+                client, server.url, f"history? {n}", conversation, headers=headers, path=path
+            )
+            summary(frames)
+
+        for n in range(WARM_UP):
+            await turn(n)
+        await settle(proxy)
+        proxy.reset()
+        for n in range(TURNS):
+            await turn(n)
+    # The last release runs after the `complete` frame: wait for it (hang guard), then a moment
+    # more, so a round trip too many would be seen too.
+    async with asyncio.timeout(10):
+        while len(counted(proxy)) < expected * TURNS:
+            await asyncio.sleep(0.01)
+    await settle(proxy)
+    return counted(proxy)
+
+
+def counted(proxy: WireCounter) -> list[Burst]:
+    found = [b for b in proxy.bursts() if not any(text == b.label for text in BACKGROUND)]
+    return sorted(found, key=lambda burst: burst.sent)
+
+
+async def settle(proxy: WireCounter) -> None:
+    """Until no new round trip shows for a quarter second."""
+    seen = -1
+    while seen != len(proxy.bursts(include_setup=True)):
+        seen = len(proxy.bursts(include_setup=True))
+        await asyncio.sleep(0.25)
+
+
+def per_turn(bursts: list[Burst], names: Mapping[str, str], size: int) -> list[list[str]]:
+    """Each turn's purposes in order; reads in flight together (load, facts) sorted."""
+    purposes = [purpose(burst, names) for burst in bursts]
+    turns = [purposes[i : i + size] for i in range(0, len(purposes), size)]
+    return [[turn[0], *sorted(turn[1:-2]), *turn[-2:]] for turn in turns]
+
+
+async def start(kind: str, workspace: Path, env: dict[str, str]) -> ServerProcess:
+    workspace.mkdir()
+    server = ServerProcess(kind, workspace, workspace.parent / f"{kind}.log", env)
+    return await asyncio.to_thread(server.start)
+
+
+@pytest.mark.parametrize(
+    ("user", "expected"),
+    [
+        (None, ["lock", "history.load", "history.append", "unlock"]),
+        ("alice", ["lock", "facts.newest", "history.load", "history.append", "unlock"]),
+    ],
+)
+async def test_a_postgres_turn_makes_one_round_trip_per_step(
+    tmp_path: Path, user: str | None, expected: list[str]
+) -> None:
+    url = await asyncio.to_thread(create_database)
+    try:
+        async with WireCounter("127.0.0.1", 5432) as proxy:
+            through = url.replace(":5432/", f":{proxy.port}/")
+            env = {"ATMOSPHERE_POSTGRES_URL": through, "ATMOSPHERE_DURABLE_RUNS_ENABLED": "false"}
+            server = await start("postgres", tmp_path / "workspace", env)
+            try:
+                bursts = await turns_on_the_wire(
+                    proxy, server, "/atmosphere/agent/assistant", user, len(expected)
+                )
+            finally:
+                server.kill()
+    finally:
+        await asyncio.to_thread(drop_database, url)
+    assert [b.label for b in bursts if purpose(b, POSTGRES_PURPOSES) == b.label] == []
+    assert len(bursts) == len(expected) * TURNS, [b.label for b in bursts]
+    assert per_turn(bursts, POSTGRES_PURPOSES, len(expected)) == [expected] * TURNS
+
+
+@pytest.mark.parametrize(
+    ("user", "expected"),
+    [
+        (None, ["lock", "history.load", "history.append", "unlock"]),
+        ("alice", ["lock", "facts.newest", "history.load", "history.append", "unlock"]),
+    ],
+)
+async def test_a_redis_turn_makes_one_round_trip_per_step(
+    tmp_path: Path, user: str | None, expected: list[str]
+) -> None:
+    require_redis()
+    prefix = new_prefix()
+    try:
+        async with WireCounter("127.0.0.1", 6379, redis_scripts=redis_scripts()) as proxy:
+            through = redis_url_for(prefix, port=proxy.port)
+            env = {
+                "ATMOSPHERE_REDIS_URL": through,
+                "ATMOSPHERE_DURABLE_RUNS_ENABLED": "false",
+                "ATMOSPHERE_AI_HARNESS_ENABLED": "true",
+            }
+            server = await start("redis", tmp_path / "workspace", env)
+            try:
+                bursts = await turns_on_the_wire(
+                    proxy, server, "/atmosphere/agent/scribe", user, len(expected)
+                )
+            finally:
+                server.kill()
+    finally:
+        await asyncio.to_thread(delete_prefix, prefix)
+    assert [b.label for b in bursts if purpose(b, REDIS_PURPOSES) == b.label] == []
+    assert len(bursts) == len(expected) * TURNS, [b.label for b in bursts]
+    assert per_turn(bursts, REDIS_PURPOSES, len(expected)) == [expected] * TURNS
