@@ -116,6 +116,32 @@ async def test_a_feed_append_ending_with_a_terminal_frame_finishes_the_run(
     assert (await b.frames_after("three", 0, 10))[1] is False
 
 
+async def test_a_redis_feed_ends_its_run_after_the_server_lost_its_scripts(
+    redis_prefix: str,
+) -> None:
+    """The terminal write is `EVALSHA` in a pipeline (one round trip); a Redis that forgot
+    its scripts (restarted, `SCRIPT FLUSH`) answers `NOSCRIPT`, and the store loads them and
+    writes the same again, one call at a time: the run still ends, its frames once each."""
+    connection = RedisConnection(url_for(redis_prefix))
+    await connection.open()
+    try:
+        store = RedisRunStore(connection)
+        owner = FEED_OWNER + "a"
+        await store.append(
+            "run", [frame(1)], [], create=stored("run"), owner=owner, lease_seconds=60
+        )
+        await connection.client.script_flush()
+        done = (2, events.COMPLETE, encode({"summary": "ok"}))
+        await store.append("run", [done], [], owner=owner)
+        frames, finished = await store.frames_after("run", 0, 10)
+        assert ([(f.seq, f.event) for f in frames], finished) == (
+            [(1, "text"), (2, events.COMPLETE)],
+            True,
+        )
+    finally:
+        await connection.aclose()
+
+
 async def test_a_heartbeat_keeps_a_feed_run_alive(stores: list[Store]) -> None:
     a, b = stores
     owner = FEED_OWNER + "a"

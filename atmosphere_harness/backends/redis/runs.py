@@ -40,6 +40,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
 from ...contracts import FEED_OWNER, LeaseLost, StoredRun
 from ...events import TERMINAL, Frame
 from .connection import RedisConnection, as_str, digest
@@ -382,12 +384,7 @@ class RedisRunStore:
         if owner and owner.startswith(FEED_OWNER) and frames and frames[-1][1] in TERMINAL:
             # The frame feed's end: the run finishes with its terminal frame, one round trip.
             with self.connection.unavailable("sharing a run's frames"):
-                async with self.connection.client.pipeline(transaction=False) as pipe:
-                    await self._append(keys=keys, args=args, client=pipe)
-                    await self._finish(
-                        keys=self._finish_keys(run_id), args=self._finish_args(run_id), client=pipe
-                    )
-                    reply, _ = await pipe.execute()
+                reply = await self._append_and_finish(run_id, keys, args)
         else:
             with self.connection.unavailable("journalling a durable run"):
                 reply = await self._append(keys=keys, args=args)
@@ -401,6 +398,27 @@ class RedisRunStore:
                 f"durable run {run_id} was taken over by {as_str(reply[1])}: "
                 f"{owner} no longer writes its journal"
             )
+
+    async def _append_and_finish(self, run_id: str, keys: list[str], args: list[Any]) -> Any:
+        """`_APPEND` then `_FINISH` in one round trip. By `EVALSHA` in a plain pipeline: a
+        registered `Script` in a pipeline asks `SCRIPT EXISTS` first on every execute (a second
+        round trip); a server that lost its scripts (restarted, flushed) gets them loaded by the
+        one-by-one calls, which is rare enough to cost the extra round trips."""
+        finish_keys = self._finish_keys(run_id)
+        finish_args = self._finish_args(run_id)
+        async with self.connection.client.pipeline(transaction=False) as pipe:
+            pipe.evalsha(self._append.sha, len(keys), *keys, *args)
+            pipe.evalsha(self._finish.sha, len(finish_keys), *finish_keys, *finish_args)
+            reply, finished = await pipe.execute(raise_on_error=False)
+        if isinstance(reply, NoScriptError):
+            reply = await self._append(keys=keys, args=args)
+        elif isinstance(reply, Exception):
+            raise reply
+        if isinstance(finished, NoScriptError):
+            finished = await self._finish(keys=finish_keys, args=finish_args)
+        elif isinstance(finished, Exception):
+            raise finished
+        return reply
 
     async def load(self, run_id: str, limit: int) -> tuple[dict[str, Any], list[Frame]]:
         run = self._run(run_id)
