@@ -21,11 +21,13 @@ from atmosphere_harness.backends.redis import (
     RedisConversationLocks,
     RedisHistory,
     RedisPlanBus,
+    RedisRunStore,
     RedisUnavailable,
     with_redis_events,
 )
 from atmosphere_harness.errors import HarnessError
 from atmosphere_harness.governance.approvals import Answer, AnswerStatus
+from atmosphere_harness.kernel.journal import LiveRuns
 from atmosphere_harness.memory.history import ConversationKey
 from atmosphere_harness.planning.bus import PlanBusFull, PlanEvent
 from atmosphere_harness.runtimes.base import Message
@@ -462,10 +464,19 @@ def test_with_redis_events_moves_only_the_fan_out(redis_prefix: str, tmp_path: P
     mixed = with_redis_events(state, settings)
     assert mixed.describe() == {"state": "sqlite", "events": "redis", "workspace": "files"}
     assert isinstance(mixed.plan_bus, RedisPlanBus)
-    for kept in ("locks", "approvals", "history", "long_term_memory", "plan_stores", "runs"):
+    for kept in ("locks", "approvals", "history", "long_term_memory", "plan_stores"):
         assert getattr(mixed, kept) is getattr(state, kept), kept
     assert mixed.resources[0] is state.resources[0], "the state backend's pool opens first"
     assert type(mixed.resources[1]).__name__ == "RedisConnection"
+    # Durable runs off: the run frame feed is fan-out, so it moves to Redis too.
+    assert isinstance(mixed.runs, LiveRuns)
+    assert isinstance(mixed.runs.feed, RedisRunStore)
+    assert not mixed.runs.durable
+    # Durable runs on: the journal is state and stays with the state backend.
+    durable = HarnessSettings(
+        workspace_root=tmp_path, redis_url=url_for(redis_prefix), durable_runs=True
+    )
+    assert with_redis_events(state, durable).runs is state.runs
 
 
 class _Marker:
