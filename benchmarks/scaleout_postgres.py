@@ -123,7 +123,9 @@ class Server:
 
     async def __aexit__(self, *exc: object) -> None:
         self.process.terminate()
-        self.process.wait(30)
+        # Off the loop: a proxy on this loop (`round_trips`) must keep serving the shutdown's
+        # last statements, or the server waits on it and this wait on the server.
+        await asyncio.to_thread(self.process.wait, 30)
 
 
 # --- measuring ----------------------------------------------------------------------------------
