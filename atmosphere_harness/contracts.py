@@ -205,6 +205,18 @@ class HistoryStore(Protocol):
     async def append(self, run: Run, messages: Sequence[Message]) -> None: ...
 
 
+@runtime_checkable
+class HistoryMark(Protocol):
+    """A `HistoryStore` that can say where a conversation's history stands (the memory
+    primitive's `ConversationMemory` can): a durable run journals this mark as it loads the
+    history, and its resumed life compares it with the mark then, to tell whether the
+    conversation went on without it (`kernel.loop.RunSuperseded`)."""
+
+    async def newest_seq(self, run: Run) -> int:
+        """The seq of the run's conversation's newest stored message (0 when it has none)."""
+        ...
+
+
 class CloseHook(Protocol):
     """Told when a conversation closes; returns whether it knew the conversation."""
 
