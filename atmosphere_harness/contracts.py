@@ -217,6 +217,17 @@ class HistoryMark(Protocol):
         ...
 
 
+@runtime_checkable
+class PendingCloser(Protocol):
+    """An approval hook that can close what a run's earlier life left waiting for a person:
+    the kernel calls it when it ends a resumed run instead of resuming it (a superseded run,
+    `kernel.loop.RunSuperseded`), so those approvals are neither listed nor answerable."""
+
+    async def close_pending(self, run: Run, journal: Mapping[str, Any]) -> None:
+        """Close the approvals `journal` (the run's first life's checkpoints) left unanswered."""
+        ...
+
+
 class CloseHook(Protocol):
     """Told when a conversation closes; returns whether it knew the conversation."""
 

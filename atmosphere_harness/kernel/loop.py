@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..cache import CacheHint, PromptCache
-from ..contracts import HistoryMark
+from ..contracts import HistoryMark, PendingCloser
 from ..errors import HarnessError
 from ..log import get_logger
 from ..runtimes.base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, Usage
@@ -154,10 +154,23 @@ async def _check_superseded(run: RunContext, history: HistoryMark, loop_index: i
     )
     # Journalled at once: whatever happens next, no later life runs it again.
     await run.record(ENDED, "superseded", wait=True)
+    await _close_pending(root)
     error = RunSuperseded(SUPERSEDED)
     # Closes the stream: a prompt method that catches the exception sends nothing more.
     await root.session.error(error)
     raise error
+
+
+async def _close_pending(root: RunContext) -> None:
+    """Close the approvals the superseded run's first life left waiting (a shared approval
+    store still lists them); a failure only leaves them to expire."""
+    closer: object = root.endpoint.approval_hook
+    if root.live is None or not isinstance(closer, PendingCloser):
+        return
+    try:
+        await closer.close_pending(root, root.live.checkpoints)
+    except Exception:
+        log.warning("could not close a superseded run's approvals", exc_info=True)
 
 
 async def _finish_turn(run: RunContext, turn: Sequence[Message], loop_index: int) -> None:
