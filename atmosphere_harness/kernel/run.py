@@ -206,6 +206,7 @@ async def execute_prompt(
     except Exception as exc:
         if run.suspended:
             raise
-        log.warning("prompt run failed", endpoint=endpoint.path, error=str(exc), exc_info=True)
+        if not run.superseded:  # (that one is logged where it is found, and is no failure)
+            log.warning("prompt run failed", endpoint=endpoint.path, error=str(exc), exc_info=True)
         await session.error(exc)
     return run
