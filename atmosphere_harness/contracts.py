@@ -205,6 +205,29 @@ class HistoryStore(Protocol):
     async def append(self, run: Run, messages: Sequence[Message]) -> None: ...
 
 
+@runtime_checkable
+class HistoryMark(Protocol):
+    """A `HistoryStore` that can say where a conversation's history stands (the memory
+    primitive's `ConversationMemory` can): a durable run journals this mark as it loads the
+    history, and its resumed life compares it with the mark then, to tell whether the
+    conversation went on without it (`kernel.loop.RunSuperseded`)."""
+
+    async def newest_seq(self, run: Run) -> int:
+        """The seq of the run's conversation's newest stored message (0 when it has none)."""
+        ...
+
+
+@runtime_checkable
+class PendingCloser(Protocol):
+    """An approval hook that can close what a run's earlier life left waiting for a person:
+    the kernel calls it when it ends a resumed run instead of resuming it (a superseded run,
+    `kernel.loop.RunSuperseded`), so those approvals are neither listed nor answerable."""
+
+    async def close_pending(self, run: Run, journal: Mapping[str, Any]) -> None:
+        """Close the approvals `journal` (the run's first life's checkpoints) left unanswered."""
+        ...
+
+
 class CloseHook(Protocol):
     """Told when a conversation closes; returns whether it knew the conversation."""
 

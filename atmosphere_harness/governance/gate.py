@@ -194,6 +194,31 @@ class ApprovalGate:
         )
         return _verdict(answer.approve, arguments_given)
 
+    async def close_pending(self, run: Run, journal: Mapping[str, Any]) -> None:
+        """`contracts.PendingCloser`: close the approvals a superseded run's first life raised
+        and nobody answered (journalled `approval:<turn>:<call>` without `answer:...`).
+
+        Only those ids: the conversation may have newer approvals (its newer turns') pending.
+        With the in-process registry a restart already forgot them (only a resumed run raises
+        them again); a shared store (Redis, PostgreSQL) still lists them until they expire.
+        """
+        ids = {
+            str(value["id"])
+            for key, value in journal.items()
+            if key.startswith("approval:")
+            and isinstance(value, Mapping)
+            and "id" in value
+            and "answer:" + key.removeprefix("approval:") not in journal
+        }
+        if not ids:
+            return
+        root = run.root
+        for pending in await self.registry.pending(
+            root.endpoint.path, root.conversation_id, user_id=root.user_id
+        ):
+            if pending.id in ids:
+                await self.registry.discard(pending)
+
 
 def _verdict(approve: bool, arguments: Any) -> Approval:
     if not approve:

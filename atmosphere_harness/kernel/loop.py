@@ -9,6 +9,14 @@ any frame that follows it is sent); a resumed run takes its journalled answers i
 the model again, and asks the model only for the turns its first life had not finished. The
 turn is written to history once (`history:<n>` marks it written), and not at all when a shutdown
 suspends the run (its next life writes the whole turn).
+
+A resumed run whose conversation went on without it is not resumed (`RunSuperseded`): as it
+loads the history, a durable run journals the history's newest seq (`since:<n>`, in order before
+its first model turn); its next life, if that turn's history is not written yet, reads the mark
+again, and if the history changed meanwhile (a client that gave up on the cut-off stream re-sent
+the prompt elsewhere and went on), it ends the run with an `error` frame instead: no model call,
+nothing appended after the newer turns, and its journal is marked ended. A run whose first life
+stored nothing (killed before its first write) has no mark and resumes as before.
 """
 
 from __future__ import annotations
@@ -19,10 +27,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..cache import CacheHint, PromptCache
+from ..contracts import HistoryMark, PendingCloser
+from ..errors import HarnessError
 from ..log import get_logger
 from ..runtimes.base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, Usage
 from ..tools.bounds import screen_calls
 from .executor import execute_calls
+from .journal import ENDED
 
 if TYPE_CHECKING:
     from ..tools.base import Tool
@@ -35,6 +46,13 @@ class LoopLimitExceeded(ModelError):
     """The model kept calling tools past `max_tool_rounds`."""
 
 
+class RunSuperseded(HarnessError):
+    """A resumed durable run whose conversation went on without it: it is ended, not resumed."""
+
+
+SUPERSEDED = "superseded: the conversation went on without this run; it was not resumed"
+
+
 async def run_loop(run: RunContext, message: str, *, cache_hint: CacheHint | None = None) -> str:
     """Run the loop for one user message; returns the model's final answer.
 
@@ -44,6 +62,11 @@ async def run_loop(run: RunContext, message: str, *, cache_hint: CacheHint | Non
     endpoint = run.endpoint
     run.loops += 1
     loop_index = run.loops
+    if run.root.superseded:
+        raise RunSuperseded(SUPERSEDED)  # (a prompt method that caught it and went on)
+    marked: object = endpoint.history
+    if run.live is not None and isinstance(marked, HistoryMark):
+        await _check_superseded(run, marked, loop_index)
     history = await endpoint.history.load(run) if endpoint.history is not None else []
     user = Message.user(message)
     working: list[Message] = [*history, user]
@@ -98,8 +121,56 @@ async def run_loop(run: RunContext, message: str, *, cache_hint: CacheHint | Non
             "(raise ATMOSPHERE_AI_MAX_TOOL_ROUNDS if this task needs more)"
         )
     finally:
-        if not run.suspended:
+        if not run.suspended and not run.root.superseded:
             await asyncio.shield(_finish_turn(run, complete_pairs(turn), loop_index))
+
+
+async def _check_superseded(run: RunContext, history: HistoryMark, loop_index: int) -> None:
+    """Journal where the history stands as this loop starts, or, in a resumed life, end the
+    run (`RunSuperseded`) if it moved since its first life journalled that.
+
+    Read before the history is loaded: a turn another replica stores in between makes the
+    mark differ later (the run is ended, conservatively) rather than slip past it. A loop whose
+    turn is already written (`history:<n>`) only replays: the history grew by its own turn.
+    """
+    if run.recalled(f"history:{loop_index}") is not None:
+        return
+    key = f"since:{loop_index}"
+    newest = await history.newest_seq(run)
+    was = run.recalled(key)
+    if was is None:
+        await run.record(key, newest)
+        return
+    if was == newest:
+        return
+    root = run.root
+    root.superseded = True
+    log.warning(
+        "a resumed run's conversation went on without it; it is ended, not resumed",
+        endpoint=root.endpoint.path,
+        conversation=root.conversation_id,
+        history_then=was,
+        history_now=newest,
+    )
+    # Journalled at once: whatever happens next, no later life runs it again.
+    await run.record(ENDED, "superseded", wait=True)
+    await _close_pending(root)
+    error = RunSuperseded(SUPERSEDED)
+    # Closes the stream: a prompt method that catches the exception sends nothing more.
+    await root.session.error(error)
+    raise error
+
+
+async def _close_pending(root: RunContext) -> None:
+    """Close the approvals the superseded run's first life left waiting (a shared approval
+    store still lists them); a failure only leaves them to expire."""
+    closer: object = root.endpoint.approval_hook
+    if root.live is None or not isinstance(closer, PendingCloser):
+        return
+    try:
+        await closer.close_pending(root, root.live.checkpoints)
+    except Exception:
+        log.warning("could not close a superseded run's approvals", exc_info=True)
 
 
 async def _finish_turn(run: RunContext, turn: Sequence[Message], loop_index: int) -> None:

@@ -52,6 +52,9 @@ class RunContext:
         self.replaying = self.live is not None and bool(self.live.checkpoints)
         """A resumed run replays its first life (its frames are not sent again) until it does
         the first thing that life had not finished (`go_live`)."""
+        self.superseded = False
+        """A resumed run whose conversation went on without it: ended, nothing more is written
+        (`kernel.loop.RunSuperseded`)."""
         self.model_turns = 0
         """Model turns this run took (replayed ones included): the key of each turn's checkpoint."""
         self.current_turn = 0
@@ -203,6 +206,7 @@ async def execute_prompt(
     except Exception as exc:
         if run.suspended:
             raise
-        log.warning("prompt run failed", endpoint=endpoint.path, error=str(exc), exc_info=True)
+        if not run.superseded:  # (that one is logged where it is found, and is no failure)
+            log.warning("prompt run failed", endpoint=endpoint.path, error=str(exc), exc_info=True)
         await session.error(exc)
     return run

@@ -73,6 +73,18 @@ class ConversationMemory:
         if messages:
             await self.backend.append(self.key(run.conversation_id, run.user_id), messages)
 
+    async def newest_seq(self, run: Run) -> int:
+        """`contracts.HistoryMark`: the seq of the conversation's newest stored message.
+
+        Read through `since_summary` (every backend has it, and a limit of one makes it one
+        small read): the summary checkpoint never covers the newest messages (compaction keeps
+        the recent ones), and a cleared conversation restarts its seqs, which a caller comparing
+        two marks for equality sees as a change too.
+        """
+        key = self.key(run.conversation_id, run.user_id)
+        _summary, newest = await self.backend.since_summary(key, 1)
+        return newest[-1][0] if newest else 0
+
     # --- for application code -----------------------------------------------------------------
 
     async def view(self, conversation_id: str, user_id: str | None = None) -> list[Message]:

@@ -358,3 +358,45 @@ def test_truth_reports_the_journal(harness: Harness) -> None:
     server = harness.start(ATMOSPHERE_DURABLE_RUNS_ENABLED="false")
     info = httpx2.get(server.url + "/api/console/info", timeout=WAIT).json()
     assert info["harness"]["durable-runs"] == "INACTIVE(disabled)"
+
+
+def test_a_run_whose_conversation_went_on_is_not_resumed(harness: Harness) -> None:
+    """Issue 16: the client gave up on a cut-off turn 2, re-sent it and sent turn 3 while the
+    run was not claimed (here: a server without durable runs on the same workspace stands in
+    for another replica, or for a restart slower than the client); the run, claimed at last,
+    is ended with a `RunSuperseded` error, not resumed: no model call, and turn 2 is not
+    appended again after turn 3."""
+    harness.start()
+    prompt(harness, "cut", "stream one")
+    harness.hold("cut-tool")
+    before = cut(harness, "cut", "sleep now", started(harness, "sleepy"))
+    harness.release("cut-tool")
+
+    harness.start(ATMOSPHERE_DURABLE_RUNS_ENABLED="false")
+    prompt(harness, "cut", "sleep now")
+    prompt(harness, "cut", "stream three")
+    assert harness.server is not None
+    harness.server.kill()
+
+    harness.start()  # claims the dead server's run at once
+    after = follow(harness, "cut", before[-1]["seq"])
+    assert [f["event"] for f in after] == ["error"]
+    assert after[-1]["data"]["type"] == "RunSuperseded"
+    assert "superseded" in after[-1]["data"]["message"]
+    assert after[-1]["seq"] == before[-1]["seq"] + 1
+    prompt(harness, "cut", "followup")
+
+    sleep_rounds = [
+        e["round"]
+        for e in harness.log("calls.jsonl")
+        if e["conversation"] == "cut" and e["scenario"] == "sleep"
+    ]
+    assert sorted(sleep_rounds) == [0, 0, 1]  # the cut-off one, then the re-sent one's two
+    history = harness.history("cut")
+    assert [m[1] for m in history if m[0] == "user"] == [
+        "stream one",
+        "sleep now",
+        "stream three",
+        "followup",
+    ]
+    assert [m[1] for m in history if m[0] == "tool"] == ["rested"]

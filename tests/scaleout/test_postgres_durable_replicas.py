@@ -88,11 +88,16 @@ def prompt(server: ServerProcess, conversation: str, message: str) -> list[Frame
     return seen
 
 
-def follow(server: ServerProcess, conversation: str, last_seq: int) -> list[Frame]:
+def follow(
+    server: ServerProcess, conversation: str, last_seq: int, session_id: str | None = None
+) -> list[Frame]:
+    """Re-attach after `last_seq`; to the run `session_id` names, if given (else the route
+    picks the conversation's oldest unfinished run, or its newest)."""
     seen: list[Frame] = []
     with httpx2.stream(
         "GET",
         f"{server.url}{PATH}/conversations/{conversation}/events",
+        params={"sessionId": session_id} if session_id is not None else None,
         headers={"Last-Event-ID": str(last_seq)},
         timeout=WAIT,
     ) as response:
@@ -239,3 +244,95 @@ def test_events_on_b_replay_and_follow_a_run_executing_on_a(replicas: Replicas) 
 
     # From the middle, after it ended: its frames stay a little for the other replicas.
     assert follow(replicas.b, "live", on_a[2]["seq"]) == on_a[3:]
+
+
+@pytest.fixture
+def shared(tmp_path: Path) -> Iterator[tuple[Path, str, str]]:
+    """A test directory, a fresh database's URL and the backend's name, for a test that starts
+    its own servers (`test_a_superseded_run_closes_its_shared_approval`)."""
+    url = create_database()
+    try:
+        yield tmp_path, url, "postgres"
+    finally:
+        drop_database(url)
+
+
+def listed(server: ServerProcess, conversation: str) -> list[str]:
+    response = httpx2.get(
+        f"{server.url}{PATH}/approvals", params={"conversationId": conversation}, timeout=WAIT
+    )
+    assert response.status_code == 200, response.text
+    return [approval["approvalId"] for approval in response.json()["approvals"]]
+
+
+def test_a_superseded_run_closes_its_shared_approval(shared: tuple[Path, str, str]) -> None:
+    """Issue 16 on a shared backend: A is SIGKILLed while its run waits for an approval; the
+    client re-sends the prompt and goes on (on a replica without durable runs, so nothing claims
+    the run meanwhile); B, once A's lease ran out, ends the run as superseded instead of
+    resuming it, and closes its approval, which the shared store still listed."""
+    root, url, backend = shared
+    files = ScenarioFiles(root)
+    env = {
+        f"ATMOSPHERE_{backend.upper()}_URL": url,
+        "ATMOSPHERE_DURABLE_RUNS_ENABLED": "true",
+        "ATMOSPHERE_DURABLE_RUNS_LEASE_SECONDS": LEASE_SECONDS,
+        "DURABLE_TEST_DIR": str(root),
+    }
+    servers: list[ServerProcess] = []
+
+    def start(name: str, **extra: str) -> ServerProcess:
+        server = ServerProcess(
+            "durable",
+            root / "workspace",
+            root / f"{name}.log",
+            {**env, **extra},
+            module="tests.durable.app",
+        ).start()
+        servers.append(server)
+        return server
+
+    try:
+        a = start("a")
+        prompt(a, "cut", "stream one")
+        before: list[Frame] = []
+        body = {"message": "approval please", "conversationId": "cut"}
+        with httpx2.stream("POST", a.url + PATH, json=body, timeout=WAIT) as response:
+            read(sse_frames(response), lambda f: f["event"] == "approval-required", before)
+            a.kill()
+        stale = before[-1]["data"]["approvalId"]
+
+        other = start("other", ATMOSPHERE_DURABLE_RUNS_ENABLED="false")
+        prompt_approving(other, "cut", "approval please")
+        prompt(other, "cut", "stream three")
+        assert listed(other, "cut") == [stale]  # the dead run's, still in the shared store
+        other.kill()
+
+        b = start("b")
+        # (By its session: the newer turns' runs are in the shared store too.)
+        after = follow(b, "cut", before[-1]["seq"], before[0]["sessionId"])
+        assert [f["event"] for f in after] == ["error"], after
+        assert after[-1]["data"]["type"] == "RunSuperseded"
+        assert listed(b, "cut") == []
+        response = httpx2.post(
+            f"{b.url}{PATH}/approvals/{stale}", json={"approve": True}, timeout=WAIT
+        )
+        assert response.status_code == 404, response.text
+
+        prompt(b, "cut", "followup")
+        approval_rounds = [
+            e["round"]
+            for e in files.log("calls.jsonl")
+            if e["conversation"] == "cut" and e["scenario"] == "approval"
+        ]
+        assert sorted(approval_rounds) == [0, 0, 1]
+        assert files.tool_runs("cut") == ["approve_me"]  # the re-sent prompt's, once
+        history = files.history("cut")
+        assert [m[1] for m in history if m[0] == "user"] == [
+            "stream one",
+            "approval please",
+            "stream three",
+            "followup",
+        ]
+    finally:
+        for server in servers:
+            server.kill()

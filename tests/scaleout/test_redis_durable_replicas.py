@@ -16,6 +16,7 @@ import pytest
 
 from tests.scaleout.test_postgres_durable_replicas import (  # noqa: F401
     Replicas,
+    test_a_superseded_run_closes_its_shared_approval,
     test_an_approval_answered_on_b_while_a_is_dead_is_taken_over_with_the_run,
     test_events_on_b_replay_and_follow_a_run_executing_on_a,
     test_replica_b_takes_over_a_run_of_killed_replica_a,
@@ -33,3 +34,8 @@ def replicas(tmp_path: Path, redis_prefix: str) -> Iterator[Replicas]:
         yield pair
     finally:
         pair.close()
+
+
+@pytest.fixture
+def shared(tmp_path: Path, redis_prefix: str) -> tuple[Path, str, str]:
+    return tmp_path, url_for(redis_prefix), "redis"
