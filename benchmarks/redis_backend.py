@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import redis
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -54,9 +55,21 @@ from atmosphere_harness.backends.redis import RedisConnection, RedisPlanBus  # n
 from atmosphere_harness.planning.bus import InProcessPlanBus, PlanEventBus  # noqa: E402
 from tests.reliability.server import ServerProcess  # noqa: E402
 from tests.scaleout.redis_app import PATH  # noqa: E402
-from tests.scaleout.redis_service import delete_prefix  # noqa: E402
 
 CONVERSATIONS = 10
+
+
+def delete_prefix(prefix: str, *, db: int) -> None:
+    """Remove every key under `prefix`. Here, not imported from the tests' Redis helpers: those
+    import pytest, which the `bench` extra (`make bench`'s venv) does not install."""
+    client = redis.Redis(host="127.0.0.1", port=REDIS_PORT, db=db)
+    try:
+        for key in client.scan_iter(match=prefix + "*", count=1000):
+            client.unlink(key)
+    finally:
+        client.close()
+
+
 REDIS_PORT = 6379
 CONCURRENCY = 16
 

@@ -182,7 +182,10 @@ class SqliteDatabase:
         if connection.in_transaction:
             return
         try:
-            size = os.stat(self._wal).st_size
+            try:
+                size = os.stat(self._wal).st_size
+            except FileNotFoundError:
+                return  # no WAL (none written yet, or the last connection closed): nothing to do
             if size <= self._checkpoint_from:
                 return
             busy, frames, copied = connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()

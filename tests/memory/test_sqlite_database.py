@@ -108,3 +108,16 @@ async def test_a_wal_grown_by_writes_on_the_loop_is_checkpointed_by_the_thread(
         lambda c: c.execute("PRAGMA wal_autocheckpoint").fetchone()
     )
     assert autocheckpoint == 0
+
+
+async def test_a_checkpoint_without_a_wal_file_is_nothing_to_do(
+    database: SqliteDatabase, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The WAL file can be gone (its folder removed under a closing app, as a temporary
+    workspace is): the thread's checkpoint then has nothing to do, and says nothing."""
+    database._wal = tmp_path / "gone" / "atmosphere.db-wal"
+    database._checkpoint_from = 0  # any WAL would be "grown"
+    await database.run(lambda connection: database._checkpoint_if_grown(connection))
+    assert "checkpointing the SQLite WAL failed" not in caplog.text
+    assert database.try_now(insert(b"still fine"))
+    assert await count(database) == 1
