@@ -548,44 +548,35 @@ class LiveRuns:
         message: str = "",
     ) -> LiveRun:
         """Run `work(live)` in its own task, writing its frames into a new journal."""
-        writer = None
-        if self.store is not None:
+        writer = feed = None
+        if self.store is not None or self.feed is not None:
             session_id = session_id or uuid.uuid4().hex
-            run_id = uuid.uuid4().hex
-            writer = _StoreWriter(
-                self.store,
-                run_id,
-                owner=self.owner,
-                lease_seconds=self.lease_seconds,
-                create=StoredRun(
-                    run_id=run_id,
-                    path=path,
-                    conversation_id=conversation_id,
-                    user_id=user_id,
-                    session_id=session_id,
-                    message=message,
-                    started_at=time.time(),
-                ),
+            record = StoredRun(
+                run_id=uuid.uuid4().hex,
+                path=path,
+                conversation_id=conversation_id,
+                user_id=user_id,
+                session_id=session_id,
+                # A feed's run is never run again: its message stays out of the store.
+                message=message if self.store is not None else "",
+                started_at=time.time(),
             )
-        feed = None
-        if self.feed is not None:
-            session_id = session_id or uuid.uuid4().hex
-            run_id = uuid.uuid4().hex
-            feed = _FeedWriter(
-                _FeedStore(self.feed),
-                run_id,
-                owner=self.owner,
-                lease_seconds=self.lease_seconds,
-                create=StoredRun(
-                    run_id=run_id,
-                    path=path,
-                    conversation_id=conversation_id,
-                    user_id=user_id,
-                    session_id=session_id,
-                    message="",  # never run again: the message stays out of the store
-                    started_at=time.time(),
-                ),
-            )
+            if self.store is not None:
+                writer = _StoreWriter(
+                    self.store,
+                    record.run_id,
+                    owner=self.owner,
+                    lease_seconds=self.lease_seconds,
+                    create=record,
+                )
+            elif self.feed is not None:
+                feed = _FeedWriter(
+                    _FeedStore(self.feed),
+                    record.run_id,
+                    owner=self.owner,
+                    lease_seconds=self.lease_seconds,
+                    create=record,
+                )
         live = LiveRun(
             path, conversation_id, user_id, session_id=session_id, writer=writer, feed=feed
         )
