@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..contracts import ConversationLocks, Resource, RunJournal
+from ..contracts import ConversationLocks, Resource, RunJournal, RunStore
 from ..durable import SqliteRunStore
 from ..errors import HarnessError
 from ..filesystem.stores import WorkspaceStores
@@ -126,6 +126,22 @@ def resolve_backends(settings: HarnessSettings) -> StateBackends:
             keep_seconds=group.durable_runs_keep_seconds,
         )
     return backends
+
+
+def shared_runs(store: RunStore, settings: HarnessSettings) -> LiveRuns:
+    """The run journal of a scale-out backend whose run store is `store`.
+
+    Durable runs journal every run there (resumed by any replica); without them the same store
+    is the frame feed: other replicas follow a run from it (re-attaching anywhere), nothing is
+    resumed.
+    """
+    group = settings.groups.backends
+    return LiveRuns(
+        store if group.durable_runs else None,
+        feed=None if group.durable_runs else store,
+        lease_seconds=group.durable_runs_lease_seconds,
+        keep_seconds=group.durable_runs_keep_seconds,
+    )
 
 
 def _missing(extra: str, variable: str, error: ImportError) -> BackendMissing:

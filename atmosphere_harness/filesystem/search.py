@@ -119,20 +119,23 @@ def grep_hits(
     spends most of its Python time per hit, and this path spends the least there.
     """
     literal = pattern.literal
-    if literal is None or b"\n" in literal or b"\r" in literal:
-        found = search_file(pattern, data, limit, deadline)
-        return None if found is None else [GrepHit(path, n, clip(line)) for n, line in found]
-    pos = data.find(literal)
-    if pos < 0:
-        return []
-    if not data.isascii():
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    if b"\r" in data:
-        found = search_file(pattern, data, limit, deadline)
-        return None if found is None else [GrepHit(path, n, clip(line)) for n, line in found]
+    if literal is not None and b"\n" not in literal and b"\r" not in literal:
+        pos = data.find(literal)
+        if pos < 0:
+            return []
+        if not data.isascii():
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        if b"\r" not in data:
+            return _literal_hits(path, data, literal, pos, limit)
+    found = search_file(pattern, data, limit, deadline)
+    return None if found is None else [GrepHit(path, n, clip(line)) for n, line in found]
+
+
+def _literal_hits(path: str, data: bytes, literal: bytes, pos: int, limit: int) -> list[GrepHit]:
+    """`grep_hits` for a literal first found at `pos` in UTF-8 `data` with `\n` lines only."""
     hits: list[GrepHit] = []
     find, rfind, count = data.find, data.rfind, data.count
     size = len(data)

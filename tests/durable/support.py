@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx2
 
+from tests.reliability.server import ServerProcess
+
 INTERRUPTED = (
     '{"status":"interrupted","message":"the server restarted while this tool ran; '
     'call it again if it is still needed"}'
@@ -94,3 +96,24 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up waiting for {what}")
         time.sleep(0.05)
+
+
+def start_pair(root: Path, env: dict[str, str]) -> tuple[ServerProcess, ServerProcess]:
+    """Replicas A and B of the durable test app (`tests.durable.app`) on `root`'s workspace,
+    with `env`, each logging to `root/{a,b}.log` (a B that fails to start stops A)."""
+
+    def server(name: str) -> ServerProcess:
+        return ServerProcess(
+            "durable",
+            root / "workspace",
+            root / f"{name}.log",
+            {**env, "DURABLE_TEST_DIR": str(root)},
+            module="tests.durable.app",
+        ).start()
+
+    a = server("a")
+    try:
+        return a, server("b")
+    except BaseException:
+        a.kill()
+        raise

@@ -28,6 +28,7 @@ from tests.durable.support import (
     ScenarioFiles,
     read,
     sse_frames,
+    start_pair,
     terminal,
     wait_for,
 )
@@ -51,19 +52,8 @@ class FeedReplicas(ScenarioFiles):
             **urls,
             "ATMOSPHERE_DURABLE_RUNS_ENABLED": "false",
             "ATMOSPHERE_DURABLE_RUNS_LEASE_SECONDS": LEASE_SECONDS,
-            "DURABLE_TEST_DIR": str(root),
         }
-        self.a = self._server("a", env)
-        self.b = self._server("b", env)
-
-    def _server(self, name: str, env: dict[str, str]) -> ServerProcess:
-        return ServerProcess(
-            "durable",
-            self.root / "workspace",
-            self.root / f"{name}.log",
-            env,
-            module="tests.durable.app",
-        ).start()
+        self.a, self.b = start_pair(root, env)
 
     def close(self) -> None:
         self.a.kill()

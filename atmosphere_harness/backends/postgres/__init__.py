@@ -28,9 +28,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...contracts import LeaseLost
-from ...kernel.journal import LiveRuns
 from ...settings import HarnessSettings, WorkspaceBackend
-from .. import StateBackends
+from .. import StateBackends, shared_runs
 from ..unavailable import BackendUnavailable
 from .approvals import PostgresApprovalStore
 from .bus import PostgresPlanBus
@@ -90,16 +89,7 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
         route_stores={files.name: files},
         resources=[database, locks],
     )
-    group = settings.groups.backends
-    runs = PostgresRunStore(database)
-    # Durable runs journal every run there; without them it is the frame feed: other replicas
-    # follow a run from it (re-attaching anywhere), nothing is resumed.
-    backends.runs = LiveRuns(
-        runs if group.durable_runs else None,
-        feed=None if group.durable_runs else runs,
-        lease_seconds=group.durable_runs_lease_seconds,
-        keep_seconds=group.durable_runs_keep_seconds,
-    )
+    backends.runs = shared_runs(PostgresRunStore(database), settings)
     return backends
 
 

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...kernel.journal import LiveRuns
 from ...settings import HarnessSettings
-from .. import StateBackends
+from .. import StateBackends, shared_runs
 from .approvals import RedisApprovalStore
 from .bus import RedisPlanBus
 from .connection import RedisConnection, RedisUnavailable
@@ -72,16 +71,7 @@ def redis_backends(settings: HarnessSettings) -> StateBackends:
         ),
         resources=[connection],
     )
-    group = settings.groups.backends
-    runs = RedisRunStore(connection)
-    # Durable runs journal every run there; without them it is the frame feed: other replicas
-    # follow a run from it (re-attaching anywhere), nothing is resumed.
-    backends.runs = LiveRuns(
-        runs if group.durable_runs else None,
-        feed=None if group.durable_runs else runs,
-        lease_seconds=group.durable_runs_lease_seconds,
-        keep_seconds=group.durable_runs_keep_seconds,
-    )
+    backends.runs = shared_runs(RedisRunStore(connection), settings)
     return backends
 
 
@@ -98,18 +88,11 @@ def with_redis_events(backends: StateBackends, settings: HarnessSettings) -> Sta
     connection = _connection(settings)
     bus = RedisPlanBus(connection)
     connection.on_close(bus.aclose)
-    runs = backends.runs
-    group = settings.groups.backends
-    if not group.durable_runs:
-        runs = LiveRuns(
-            feed=RedisRunStore(connection),
-            lease_seconds=group.durable_runs_lease_seconds,
-            keep_seconds=group.durable_runs_keep_seconds,
-        )
+    durable = settings.groups.backends.durable_runs
     return dataclasses.replace(
         backends,
         events="redis",
         plan_bus=bus,
-        runs=runs,
+        runs=backends.runs if durable else shared_runs(RedisRunStore(connection), settings),
         resources=[*backends.resources, connection],
     )
