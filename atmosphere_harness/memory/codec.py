@@ -59,12 +59,28 @@ def load_message(data: dict[str, Any]) -> Message:
 def encode(message: Message) -> bytes:
     """The plain stored form (UTF-8 JSON)."""
     data = dump_message(message)
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
     try:
-        return text.encode()
+        return _json(data, ascii_only=False).encode()
     except UnicodeEncodeError:
         # A lone surrogate from the model (valid JSON, not UTF-8): ASCII escapes keep it exactly.
-        return json.dumps(data, ensure_ascii=True, separators=(",", ":"), default=str).encode()
+        return _json(data, ascii_only=True).encode()
+
+
+def encode_text(message: Message) -> str:
+    """`encode` before its UTF-8 step, for a driver that sends text: JSON that always encodes
+    (control characters are escaped, so it holds no NUL either)."""
+    data = dump_message(message)
+    text = _json(data, ascii_only=False)
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return _json(data, ascii_only=True)
+    return text
+
+
+def _json(data: dict[str, Any], *, ascii_only: bool) -> str:
+    return json.dumps(data, ensure_ascii=ascii_only, separators=(",", ":"), default=str)
 
 
 def pack(payload: bytes) -> bytes | None:

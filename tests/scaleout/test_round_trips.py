@@ -212,3 +212,44 @@ async def test_a_redis_turn_makes_one_round_trip_per_step(
     turns = own(bursts, REDIS_PURPOSES)
     assert len(turns) == len(expected) * TURNS, [b.label for b in turns]
     assert per_turn(turns, REDIS_PURPOSES, len(expected)) == [expected] * TURNS
+
+
+async def test_a_new_postgres_connection_never_asks_the_server_about_types() -> None:
+    """asyncpg asks the server about a parameter type it has no built-in codec for (an
+    `integer[]` or `bytea[]`) once per connection, in three extra round trips: each new pool
+    connection paid them on its first history append or frame-feed write, inside a turn. The
+    hot statements send `text[]` instead; here every one of them runs on fresh connections."""
+    from atmosphere_harness.backends.postgres import PostgresDatabase, PostgresRunStore
+    from atmosphere_harness.backends.postgres.history import PostgresHistory
+    from atmosphere_harness.contracts import FEED_OWNER, StoredRun
+    from atmosphere_harness.memory.history import ConversationKey
+    from atmosphere_harness.runtimes.base import Message
+
+    url = await asyncio.to_thread(create_database)
+    key = ConversationKey("/p", "ann", "c1")
+    said = [Message("user", "naïve café ✓"), Message("assistant", "lone \udc00 surrogate")]
+    frames = [(1, "text", '{"text":"a"}'), (2, "text", '{"text":"b"}')]
+    try:
+        async with WireCounter("127.0.0.1", 5432) as proxy:
+            database = PostgresDatabase(url.replace(":5432/", f":{proxy.port}/"), pool_max=1)
+            await database.open()
+            try:
+                history, runs = PostgresHistory(database), PostgresRunStore(database)
+                await history.append(key, said)
+                loaded = await history.messages(key)
+                durable = StoredRun("run-d", "/p", "c1", "ann", "s", "hi", 1.0)
+                await runs.append("run-d", frames, [("k", "1")], create=durable, owner="me")
+                await runs.append("run-d", [(3, "complete", "{}")], [], owner="me")
+                fed = StoredRun("run-f", "/p", "c1", "ann", "s", "hi", 1.0)
+                feed = f"{FEED_OWNER}me"
+                await runs.append("run-f", frames, [], create=fed, owner=feed, lease_seconds=15)
+                await runs.append("run-f", [(3, "complete", "{}")], [], owner=feed)
+                replayed, _ = await runs.frames_after("run-f", 0, 10)
+            finally:
+                await database.aclose()
+    finally:
+        await asyncio.to_thread(drop_database, url)
+    asked = [b.label for b in proxy.bursts(include_setup=True) if "typeinfo" in b.label]
+    assert asked == []
+    assert [(m.role, m.content) for m in loaded] == [(m.role, m.content) for m in said]
+    assert [(f.seq, f.event) for f in replayed] == [(1, "text"), (2, "text"), (3, "complete")]

@@ -33,19 +33,22 @@ EXTRACTION_CLAIM = 300.0
 APPEND = """
 WITH conversation AS (
     INSERT INTO atmosphere_conversations (endpoint, user_key, conversation_id, updated_at, last_seq)
-    VALUES ($1, $2, $3, $4, cardinality($5::bytea[]))
+    VALUES ($1, $2, $3, $4, cardinality($5::text[]))
     ON CONFLICT (endpoint, user_key, conversation_id) DO UPDATE SET
         updated_at = excluded.updated_at,
         closed_at = NULL,
-        last_seq = atmosphere_conversations.last_seq + cardinality($5::bytea[])
-    RETURNING id, last_seq - cardinality($5::bytea[]) AS base
+        last_seq = atmosphere_conversations.last_seq + cardinality($5::text[])
+    RETURNING id, last_seq - cardinality($5::text[]) AS base
 )
 INSERT INTO atmosphere_messages (conversation, seq, payload)
-SELECT conversation.id, conversation.base + given.position, given.payload
-FROM conversation, unnest($5::bytea[]) WITH ORDINALITY AS given (payload, position)
+SELECT conversation.id, conversation.base + given.position, convert_to(given.payload, 'UTF8')
+FROM conversation, unnest($5::text[]) WITH ORDINALITY AS given (payload, position)
 """
 """A turn in one statement (one round trip, atomic): the upsert reserves the sequence numbers
-under the conversation row's lock, so concurrent appends from any replica never interleave."""
+under the conversation row's lock, so concurrent appends from any replica never interleave.
+The payloads (compact JSON, UTF-8) travel as `text[]`: asyncpg knows its codec, while a
+`bytea[]` parameter costs each new pool connection three extra round trips (type
+introspection) on its first append."""
 
 NEWEST = """
 SELECT c.summary, c.summary_covered, m.seq, m.payload
@@ -79,7 +82,7 @@ class PostgresHistory:
         self.database = database
 
     async def append(self, key: ConversationKey, messages: Sequence[Message]) -> None:
-        encoded = [codec.encode(message) for message in messages]
+        encoded = [codec.encode_text(message) for message in messages]
 
         async def work(connection: Any) -> None:
             await connection.execute(APPEND, *_key_args(key), time.time(), encoded)

@@ -48,6 +48,13 @@ FOLLOW_GRACE_SECONDS = 30.0
 RUN_COLUMNS = "id, run_id, path, conversation_id, user_key, session_id, message, started_at"
 
 
+def _seqs(frames: Sequence[tuple[int, str, str]]) -> list[str]:
+    """Frame numbers as text, cast back in SQL: asyncpg knows `text[]` without asking the
+    server, while an `integer[]` parameter costs each new pool connection three extra round
+    trips (its type introspection) the first time it is sent."""
+    return [str(entry[0]) for entry in frames]
+
+
 def _stored(row: Any) -> StoredRun:
     return StoredRun(
         run_id=row["run_id"],
@@ -134,11 +141,12 @@ class PostgresRunStore:
                 if frames:
                     await connection.execute(
                         "INSERT INTO atmosphere_run_frames (run, seq, event, data) "
-                        "SELECT $1, * FROM unnest($2::integer[], $3::text[], $4::text[]) "
+                        "SELECT $1, f.seq::integer, f.event, f.data "
+                        "FROM unnest($2::text[], $3::text[], $4::text[]) AS f (seq, event, data) "
                         "ON CONFLICT (run, seq) DO UPDATE "
                         "SET event = EXCLUDED.event, data = EXCLUDED.data",
                         row,
-                        [entry[0] for entry in frames],
+                        _seqs(frames),
                         [entry[1] for entry in frames],
                         [entry[2] for entry in frames],
                     )
@@ -168,7 +176,7 @@ class PostgresRunStore:
         commit: the feed is not a durability promise). Without `create`, it writes only while
         the run is this owner's and unfinished (`abandon` may have ended it). A terminal last
         frame finishes the run in the same statement (the feed's end needs no `finish`)."""
-        seqs = [entry[0] for entry in frames]
+        seqs = _seqs(frames)
         names = [entry[1] for entry in frames]
         data = [entry[2] for entry in frames]
         finished = time.time() if frames and frames[-1][1] in TERMINAL else None
@@ -208,8 +216,8 @@ class PostgresRunStore:
             "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), "
             f"run AS ({run}) "
             "INSERT INTO atmosphere_run_frames (run, seq, event, data) "
-            "SELECT run.id, f.seq, f.event, f.data FROM run, "
-            "unnest($2::integer[], $3::text[], $4::text[]) AS f (seq, event, data) "
+            "SELECT run.id, f.seq::integer, f.event, f.data FROM run, "
+            "unnest($2::text[], $3::text[], $4::text[]) AS f (seq, event, data) "
             "ON CONFLICT (run, seq) DO UPDATE SET event = EXCLUDED.event, data = EXCLUDED.data"
         )
 

@@ -202,7 +202,7 @@ class RedisHistory:
     async def append(self, key: ConversationKey, messages: Sequence[Message]) -> None:
         if not messages:
             return
-        encoded = [codec.encode(message).decode() for message in messages]
+        encoded = [codec.encode_text(message) for message in messages]
         now = time.time()
         with self.connection.unavailable("storing the conversation's turn"):
             _last, count = await self._append(
