@@ -40,7 +40,12 @@ _Job = tuple[
 ]
 
 
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+def _settle(outcome: list[Any]) -> None:
+    """Settle the caller's future from `[future, result, error]`, emptying the list first: the
+    worker thread still holds the list, and must not keep the result alive once the caller
+    has it (a caller that drops an object and collects garbage expects it gone)."""
+    future, result, error = outcome
+    outcome.clear()
     if future.cancelled():
         return
     if error is not None:
@@ -91,17 +96,20 @@ class WorkerPool:
                 self._queued -= 1
             loop, future, context, fn, args = job
             del job
-            error: BaseException | None = None
-            result: Any = None
+            outcome: list[Any] = [future, None, None]
+            del future
             try:
-                result = context.run(fn, *args)
+                outcome[1] = context.run(fn, *args)
             except BaseException as exc:
-                error = exc
+                outcome[2] = exc
+            # Nothing of the job may outlive the caller's wake-up in this thread's frame: the
+            # function, its arguments and (through a traceback) its frames' locals.
+            del context, fn, args
             try:
-                loop.call_soon_threadsafe(_settle, future, result, error)
+                loop.call_soon_threadsafe(_settle, outcome)
             except RuntimeError:
-                pass  # the caller's loop is closed: nobody is waiting any more
-            del loop, future, context, fn, args, result, error
+                outcome.clear()  # the caller's loop is closed: nobody is waiting any more
+            del loop, outcome
 
 
 POOL = WorkerPool()

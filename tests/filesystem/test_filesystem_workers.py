@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -75,3 +77,54 @@ def test_a_result_for_a_closed_loop_is_dropped() -> None:
     time.sleep(0.1)
     assert asyncio.run(pool.run(lambda: "alive")) == "alive"
     del task
+
+
+class _Thing:
+    def returns(self) -> str:
+        return "done"
+
+    def raises(self) -> None:
+        raise OSError("no such file")
+
+
+class _SlowWakingLoop(asyncio.SelectorEventLoop):
+    """Holds a worker thread just after it has woken the caller: what a busy machine does when
+    the worker loses the CPU (or the GIL, in the wake-up's `send`) at that point."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checked = threading.Event()
+
+    def call_soon_threadsafe(self, callback, *args, context=None):  # type: ignore[no-untyped-def,override]
+        handle = super().call_soon_threadsafe(callback, *args, context=context)
+        self.checked.wait(5)
+        return handle
+
+
+@pytest.mark.parametrize("method", ["returns", "raises"])
+def test_the_worker_keeps_nothing_of_a_job_once_its_caller_has_woken(method: str) -> None:
+    """A caller that drops the last reference to an object after its job (and collects) must
+    find it gone, however late the worker thread runs again: a workspace's liveness file is
+    removed when the workspace is collected (the flaky sweep test that found this)."""
+    pool = WorkerPool(1)
+    loop = _SlowWakingLoop()
+
+    async def main() -> bool:
+        thing = _Thing()
+        alive = weakref.ref(thing)
+        try:
+            await pool.run(getattr(thing, method))
+        except OSError:
+            pass
+        # The loop's own handle of this step holds the failed future until the step ends.
+        await asyncio.sleep(0)
+        del thing
+        gc.collect()
+        loop.checked.set()
+        return alive() is not None
+
+    try:
+        assert loop.run_until_complete(main()) is False
+    finally:
+        loop.checked.set()
+        loop.close()
