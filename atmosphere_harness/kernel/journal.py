@@ -378,7 +378,9 @@ class _StoreWriter:
         stored = _by_reference(frame, self._calls)
         self._frames.append((frame.seq, frame.event, encode(stored.data)))
         self._last_seq = frame.seq
-        self._kick()
+        # A run's last frame is written at once: nothing comes after it to share the write, and
+        # its readers (the end of the stream) would wait out the group's time for nothing.
+        self._kick(now=frame.terminal)
 
     def checkpoint(self, key: str, value: Any) -> None:
         if key.startswith("model:") and isinstance(value, Mapping):
