@@ -11,17 +11,24 @@ kind (`F` frame, `C` checkpoint), a seq (frames; 0 for checkpoints), the lengths
 A reader takes records up to the first that is cut short or does not check out (a write a
 SIGKILL interrupted between pages, or the zeroes a power cut can leave) and ignores the rest;
 the next writer of that run first cuts the file back to what was read (`RunLogs.open`).
+
+Payloads (`encode_payload`) are JSON, except that long strings (a model's 50 KiB tool-call
+argument, a file a tool read) are not escaped into it: each is left out of the JSON, which holds
+a placeholder for it, and follows it as it is (escaping 50 KiB into JSON costs more than the rest
+of the append). `decode_payload` gives back what `json.loads` of the JSON text would.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 MAGIC = b"AJR1"
 HEAD = struct.Struct("<4sI")
@@ -30,7 +37,88 @@ ENTRY = struct.Struct("<cqII")
 OPEN_FILES = 64
 """Run logs kept open for appending at most (the least recently written is closed first)."""
 
+RAW_FROM = 1024
+"""Strings at least this long (characters) follow a payload's JSON as they are."""
+LIFTED = "\x00"
+"""Starts a payload with lifted strings, and each placeholder for one inside its JSON (a string
+of the payload that starts with it is lifted whatever its length, so placeholders are unique)."""
+
 Entries = tuple[list[tuple[int, str, bytes]], list[tuple[str, bytes]]]
+
+
+def encode_payload(value: Any, encode: Callable[[Any], str]) -> str:
+    """`value` as JSON (`encode`), its long strings lifted out of it (see the docstring):
+    `LIFTED`, the JSON's length, `:`, the JSON, then each lifted string's length, `:`, it."""
+    lifted: list[str] = []
+    skeleton = _lift(value, lifted)
+    if not lifted:
+        return encode(value)
+    text = encode(skeleton)
+    parts = [LIFTED, str(len(text)), ":", text]
+    for string in lifted:
+        parts += (str(len(string)), ":", string)
+    return "".join(parts)
+
+
+def decode_payload(text: str) -> Any:
+    """What `encode_payload` encoded (plain JSON text too)."""
+    if not text.startswith(LIFTED):
+        return json.loads(text)
+    lifted: list[str] = []
+    at = 1
+    while at < len(text):
+        colon = text.index(":", at)
+        end = colon + 1 + int(text[at:colon])
+        if end > len(text):
+            raise ValueError("a lifted payload is cut short")
+        lifted.append(text[colon + 1 : end])
+        at = end
+    return _restore(json.loads(lifted[0]), lifted, 1)
+
+
+def _lift(value: Any, lifted: list[str]) -> Any:
+    """`value` with its long strings replaced by placeholders (appended to `lifted`); `value`
+    itself when it has none. Only what JSON encodes as an object, array or string is walked."""
+    if isinstance(value, str):
+        if len(value) >= RAW_FROM or value.startswith(LIFTED):
+            lifted.append(value)
+            return f"{LIFTED}{len(lifted) - 1}"
+        return value
+    if isinstance(value, dict):
+        copy: dict[Any, Any] | None = None
+        for key, item in value.items():
+            if isinstance(item, str):
+                if len(item) < RAW_FROM and not item.startswith(LIFTED):
+                    continue  # (most of them: short, and not walked into)
+            elif not isinstance(item, dict | list | tuple):
+                continue
+            new = _lift(item, lifted)
+            if new is not item:
+                if copy is None:
+                    copy = dict(value)
+                copy[key] = new
+        return value if copy is None else copy
+    if isinstance(value, list | tuple):
+        items = [_lift(item, lifted) for item in value]
+        if isinstance(value, tuple) or any(
+            new is not old for new, old in zip(items, value, strict=True)
+        ):
+            return items
+    return value
+
+
+def _restore(value: Any, lifted: list[str], first: int) -> Any:
+    if isinstance(value, str):
+        return lifted[first + int(value[1:])] if value.startswith(LIFTED) else value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, str | dict | list):
+                value[key] = _restore(item, lifted, first)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if isinstance(item, str | dict | list):
+                value[index] = _restore(item, lifted, first)
+    return value
 
 
 def _utf8(text: str) -> bytes:

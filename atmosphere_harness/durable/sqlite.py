@@ -37,7 +37,7 @@ from typing import Any
 from ..contracts import StoredRun
 from ..events import Frame
 from ..memory.sqlite import DATABASE_FILE, SqliteDatabase, Transaction
-from .log import RunLogs, pack
+from .log import RunLogs, decode_payload, encode_payload, pack
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS durable_runs (
@@ -73,6 +73,8 @@ CREATE TABLE IF NOT EXISTS durable_checkpoints (
 INSERT_FRAME = "INSERT OR REPLACE INTO durable_frames (run, seq, event, data) VALUES (?, ?, ?, ?)"
 INSERT_CHECKPOINT = "INSERT OR REPLACE INTO durable_checkpoints (run, key, value) VALUES (?, ?, ?)"
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+"""The journal's own JSON (`kernel.journal.encode`): compact, ASCII."""
 LOGS_SUFFIX = "-runs"
 """The run logs' directory is the database file's name with this after it (`atmosphere.db-runs`)."""
 INLINE_BYTES = 256 * 1024
@@ -90,11 +92,14 @@ def _tabled(checkpoints: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def _unpack(stored: bytes | str) -> Any:
-    """A stored payload: JSON text, or (written by an earlier version) a zlib stream of it,
-    which starts with 0x78 as no JSON text does."""
-    if isinstance(stored, str):
-        return json.loads(stored)
-    return json.loads(zlib.decompress(stored) if stored[:1] == b"\x78" else stored)
+    """A stored payload: what `encode` made of it (JSON text, maybe with lifted strings:
+    `log.encode_payload`), or (written by an earlier version) a zlib stream of JSON text, which
+    starts with 0x78 as neither does."""
+    if isinstance(stored, bytes):
+        if stored[:1] == b"\x78":
+            return json.loads(zlib.decompress(stored))
+        stored = stored.decode("utf-8", "surrogatepass")
+    return decode_payload(stored)
 
 
 def owner_id(token: str) -> str:
@@ -140,6 +145,12 @@ class SqliteRunStore:
         self._rows: dict[str, int] = {}
         """run_id -> row id, for the runs this process appended to."""
         self._logs = RunLogs(path.with_name(path.name + LOGS_SUFFIX))
+
+    @staticmethod
+    def encode(value: Any) -> str:
+        """A payload as this store takes it (`contracts.RunStoreNow`): JSON, its long strings
+        lifted out of it as they are (`log.encode_payload`)."""
+        return encode_payload(value, _ENCODER.encode)
 
     @classmethod
     def under(cls, workspace_root: Path) -> SqliteRunStore:
