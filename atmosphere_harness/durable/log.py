@@ -222,9 +222,8 @@ class RunLogs:
             fd = os.open(self.path(row), flags | (os.O_TRUNC if new else 0), 0o600)
         whole = self._read.pop(row, None)
         if whole is not None and not new and os.fstat(fd).st_size > whole:
-            os.ftruncate(
-                fd, whole
-            )  # a record a crash cut short: appends go after the last whole one
+            # A record a crash cut short: appends go after the last whole one.
+            os.ftruncate(fd, whole)
         self._files[row] = fd
         while len(self._files) > OPEN_FILES:
             _, oldest = self._files.popitem(last=False)
