@@ -78,19 +78,20 @@ def decode_payload(text: str) -> Any:
 
 def _lift(value: Any, lifted: list[str]) -> Any:
     """`value` with its long strings replaced by placeholders (appended to `lifted`); `value`
-    itself when it has none. Only what JSON encodes as an object, array or string is walked."""
+    itself when it has none. Only what JSON encodes as an object, array or string is walked
+    (copied only where something was lifted: most payloads are small and walked, not built)."""
     if isinstance(value, str):
-        if len(value) >= RAW_FROM or value.startswith(LIFTED):
+        if len(value) >= RAW_FROM or value[:1] == LIFTED:
             lifted.append(value)
             return f"{LIFTED}{len(lifted) - 1}"
         return value
     if isinstance(value, dict):
         copy: dict[Any, Any] | None = None
         for key, item in value.items():
-            if isinstance(item, str):
-                if len(item) < RAW_FROM and not item.startswith(LIFTED):
-                    continue  # (most of them: short, and not walked into)
-            elif not isinstance(item, dict | list | tuple):
+            if type(item) is str:
+                if len(item) < RAW_FROM and item[:1] != LIFTED:
+                    continue
+            elif not isinstance(item, _WALKED):
                 continue
             new = _lift(item, lifted)
             if new is not item:
@@ -99,12 +100,23 @@ def _lift(value: Any, lifted: list[str]) -> Any:
                 copy[key] = new
         return value if copy is None else copy
     if isinstance(value, list | tuple):
-        items = [_lift(item, lifted) for item in value]
-        if isinstance(value, tuple) or any(
-            new is not old for new, old in zip(items, value, strict=True)
-        ):
-            return items
+        items: list[Any] | None = list(value) if isinstance(value, tuple) else None
+        for index, item in enumerate(value):
+            if type(item) is str:
+                if len(item) < RAW_FROM and item[:1] != LIFTED:
+                    continue
+            elif not isinstance(item, _WALKED):
+                continue
+            new = _lift(item, lifted)
+            if new is not item:
+                if items is None:
+                    items = list(value)
+                items[index] = new
+        return value if items is None else items
     return value
+
+
+_WALKED = (str, dict, list, tuple)
 
 
 def _restore(value: Any, lifted: list[str], first: int) -> Any:

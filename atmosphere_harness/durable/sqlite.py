@@ -1,21 +1,22 @@
-"""`SqliteRunStore`: durable runs journalled in the harness's SQLite file (`atmosphere.db`).
+"""`SqliteRunStore`: durable runs journalled next to the harness's SQLite file (`atmosphere.db`).
 
-Three tables next to the conversation history: one row per run (who, where, the message, the
-lease), its frames (event and JSON data, the ids live on the run row) and its checkpoints (JSON
-by key). An `append` is one transaction; `SqliteDatabase` commits with WAL and
-`synchronous=NORMAL`, so what a committed append holds survives a SIGKILL of the process (a
-power cut may lose the last commits, never corrupt the file).
+One row per run in the SQLite file (who, where, the message, the lease), next to the conversation
+history, and the run's frames and checkpoints in an append-only log of its own
+(`durable.log.RunLogs`, `atmosphere.db-runs/<row>.log`): an append is one record, one `write()`,
+on disk for any later process once it returned, so what an append held survives a SIGKILL of
+the process. The exception is the kernel's history mark (`TABLE_KEYS`), a row in
+`durable_checkpoints`, so that it is ordered with the history's rows even after a power cut
+(neither file is synced on each write: a power cut may lose the last writes, never corrupt).
+Rows an earlier version wrote for every frame and checkpoint are still read.
 
 The store is also a `contracts.RunStoreNow`: `append_now` writes an append of at most
-`INLINE_BYTES` of payload right on the event loop when the connection is idle
-(`SqliteDatabase.try_now`: a commit is a `write()` into the page cache, and checkpoints stay on
-the database thread); a larger one goes to the database thread (`append`). Payloads are stored
-as they are: zlib (level 1) cost several times what writing the raw bytes does, and they live
-only until the run ends (rows an earlier version compressed are still read). A finished run is
-compacted at once: its frames and
-checkpoints are deleted (the history holds the turn now) and the run row waits for `expire`. The
-freed pages go back to the file system (`incremental_vacuum`) and a WAL grown past `WAL_TRIM`
-is checkpointed and truncated, so the journal adds next to nothing to the disk once runs end.
+`INLINE_BYTES` of payload right on the event loop: a log record needs no lock but the logs' own
+(which the loop only tries), and the run's first write and a history mark take the SQLite
+connection only if it is idle (`SqliteDatabase.try_now`); a larger append, or one that finds
+them in use, goes to the database thread (`append`). Payloads are what `encode` makes: JSON with
+its long strings kept out of it as they are (`log.encode_payload`), not compressed (they live
+only until the run ends). A finished run is compacted at once: its log is removed (and, at the
+next `open`, any log whose run is finished or gone), its row waits for `expire`.
 
 Leases: the embedded store serves one process, but a killed process's runs must not wait for
 their lease to run out, so an owner id names its host and pid (`host/pid/token`): a run whose
