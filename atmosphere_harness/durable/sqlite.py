@@ -268,7 +268,9 @@ class SqliteRunStore:
 
         def work(connection: sqlite3.Connection) -> None:
             row = known
-            if create is not None:
+            if create is not None and row is None:
+                # (Not when an attempt on the loop stored the row, then found SQLite busy at
+                # the history mark: the thread makes the append again, all but the row.)
                 row = connection.execute(
                     "INSERT INTO durable_runs (run_id, path, conversation_id, user_key, "
                     "session_id, message, started_at, owner, lease_until) "
@@ -285,6 +287,7 @@ class SqliteRunStore:
                         time.time() + lease_seconds,
                     ),
                 ).fetchone()[0]
+                self._rows[run_id] = int(row)
             if row is None:
                 found = connection.execute(
                     "SELECT id FROM durable_runs WHERE run_id = ?", (run_id,)
