@@ -608,7 +608,13 @@ class RunStoreNow(Protocol):
     returns `True`, with `append`'s guarantees) or writes nothing and returns `False` (too large
     to write on the loop, or the store is busy): the journal then calls `append`. It must never
     wait (no lock, no network, no `fsync`): the event loop does nothing else meanwhile.
+
+    The journal makes the payloads it hands such a store (`data`, `value`) with its `encode`:
+    the text of a JSON value in any form the store reads back as that value (an embedded store
+    may spare itself escaping a long string into JSON, see `durable.SqliteRunStore.encode`).
     """
+
+    def encode(self, value: Any) -> str: ...
 
     def append_now(
         self,

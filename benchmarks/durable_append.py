@@ -7,15 +7,18 @@ The embedded journal writes a run's frames and checkpoints on the event loop
 run of `--turns` model turns of the `turns` benchmark makes it: per turn one append with the
 model's answer (a `write_file` of 1 KiB or 50 KiB of the peer study's content) and its
 `tool-start` frame, then one with the call's `started` mark, its result and its `tool-result`
-frame, all on one store whose WAL the database thread checkpoints meanwhile (every 1 MiB).
+frame, all on one store (whose WAL the database thread checkpoints meanwhile, every 1 MiB,
+when the run is written into SQLite rows, as before the run logs).
 
 Reported per size: p50 / p99 / max of the wall time and of the loop thread's CPU time per
-append, in microseconds; `refused` (appends the store left to its thread because the thread was
-using the connection, e.g. checkpointing); `slept`: the appends during which the loop's thread
-went to sleep (a voluntary context switch: waiting on the disk, a lock or the GIL) and their
-wall times, and `preempted`: those the scheduler took the CPU from (an involuntary one, which a
-busy machine does to any code); and, as the scale for that, the same percentiles for a 1 KiB
-`os.write` to a file made between the appends. Prints one JSON document.
+append, in microseconds, and of the time a turn's payloads take to encode (as the journal
+encodes them for this store, `SqliteRunStore.encode`: before the append, also on the loop);
+`refused` (appends the store left to its thread because it could not write them on the loop);
+`slept`: the appends during which the loop's thread went to sleep (a voluntary context switch:
+waiting on the disk, a lock or the GIL) and their wall times, and `preempted`: those the
+scheduler took the CPU from (an involuntary one, which a busy machine does to any code); and,
+as the scale for that, the same percentiles for a 1 KiB `os.write` to a file made between the
+appends. Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ async def one_size(root: Path, turns: int, size_kib: int) -> dict[str, Any]:
     blocked: list[float] = []
     preempted: list[float] = []
     refused = 0
+    encodes: list[float] = []
+    # The journal encodes a payload the way its store takes it (JSON, or the store's own form).
+    coded = getattr(store, "encode", encode)
     scratch = os.open(root / "scratch", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         assert store.append_now("run", [], [], create=run, owner="bench", lease_seconds=60)
@@ -66,13 +72,15 @@ async def one_size(root: Path, turns: int, size_kib: int) -> dict[str, Any]:
             }
             start = {"toolCallId": call, "tool": "write_file", "arguments": {"$model": "m"}}
             end = {"toolCallId": call, "tool": "write_file", "result": f"Wrote {path}"}
+            began = time.perf_counter()
             appends = (
-                ([(seq + 1, "tool-start", encode(start))], [(f"model:{turn}", encode(model))]),
+                ([(seq + 1, "tool-start", coded(start))], [(f"model:{turn}", coded(model))]),
                 (
-                    [(seq + 2, "tool-result", encode(end))],
-                    [(f"started:{turn}:{call}", "true"), (f"result:{turn}:{call}", encode("ok"))],
+                    [(seq + 2, "tool-result", coded(end))],
+                    [(f"started:{turn}:{call}", "true"), (f"result:{turn}:{call}", coded("ok"))],
                 ),
             )
+            encodes.append(time.perf_counter() - began)
             seq += 2
             for frames, checkpoints in appends:
                 before = resource.getrusage(resource.RUSAGE_THREAD)
@@ -101,6 +109,7 @@ async def one_size(root: Path, turns: int, size_kib: int) -> dict[str, Any]:
         "refused": refused,
         "wall": percentiles(wall),
         "cpu": percentiles(cpu),
+        "encode_per_turn": percentiles(encodes),
         "os_write_1kib": percentiles(writes),
         "slept": {"appends": len(blocked), **(percentiles(blocked) if blocked else {})},
         "preempted": {"appends": len(preempted), **(percentiles(preempted) if preempted else {})},

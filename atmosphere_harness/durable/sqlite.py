@@ -1,21 +1,22 @@
-"""`SqliteRunStore`: durable runs journalled in the harness's SQLite file (`atmosphere.db`).
+"""`SqliteRunStore`: durable runs journalled next to the harness's SQLite file (`atmosphere.db`).
 
-Three tables next to the conversation history: one row per run (who, where, the message, the
-lease), its frames (event and JSON data, the ids live on the run row) and its checkpoints (JSON
-by key). An `append` is one transaction; `SqliteDatabase` commits with WAL and
-`synchronous=NORMAL`, so what a committed append holds survives a SIGKILL of the process (a
-power cut may lose the last commits, never corrupt the file).
+One row per run in the SQLite file (who, where, the message, the lease), next to the conversation
+history, and the run's frames and checkpoints in an append-only log of its own
+(`durable.log.RunLogs`, `atmosphere.db-runs/<row>.log`): an append is one record, one `write()`,
+on disk for any later process once it returned, so what an append held survives a SIGKILL of
+the process. The exception is the kernel's history mark (`TABLE_KEYS`), a row in
+`durable_checkpoints`, so that it is ordered with the history's rows even after a power cut
+(neither file is synced on each write: a power cut may lose the last writes, never corrupt).
+Rows an earlier version wrote for every frame and checkpoint are still read.
 
 The store is also a `contracts.RunStoreNow`: `append_now` writes an append of at most
-`INLINE_BYTES` of payload right on the event loop when the connection is idle
-(`SqliteDatabase.try_now`: a commit is a `write()` into the page cache, and checkpoints stay on
-the database thread); a larger one goes to the database thread (`append`). Payloads are stored
-as they are: zlib (level 1) cost several times what writing the raw bytes does, and they live
-only until the run ends (rows an earlier version compressed are still read). A finished run is
-compacted at once: its frames and
-checkpoints are deleted (the history holds the turn now) and the run row waits for `expire`. The
-freed pages go back to the file system (`incremental_vacuum`) and a WAL grown past `WAL_TRIM`
-is checkpointed and truncated, so the journal adds next to nothing to the disk once runs end.
+`INLINE_BYTES` of payload right on the event loop: a log record needs no lock but the logs' own
+(which the loop only tries), and the run's first write and a history mark take the SQLite
+connection only if it is idle (`SqliteDatabase.try_now`); a larger append, or one that finds
+them in use, goes to the database thread (`append`). Payloads are what `encode` makes: JSON with
+its long strings kept out of it as they are (`log.encode_payload`), not compressed (they live
+only until the run ends). A finished run is compacted at once: its log is removed (and, at the
+next `open`, any log whose run is finished or gone), its row waits for `expire`.
 
 Leases: the embedded store serves one process, but a killed process's runs must not wait for
 their lease to run out, so an owner id names its host and pid (`host/pid/token`): a run whose
@@ -37,6 +38,7 @@ from typing import Any
 from ..contracts import StoredRun
 from ..events import Frame
 from ..memory.sqlite import DATABASE_FILE, SqliteDatabase, Transaction
+from .log import RunLogs, decode_payload, encode_payload, pack
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS durable_runs (
@@ -72,18 +74,33 @@ CREATE TABLE IF NOT EXISTS durable_checkpoints (
 INSERT_FRAME = "INSERT OR REPLACE INTO durable_frames (run, seq, event, data) VALUES (?, ?, ?, ?)"
 INSERT_CHECKPOINT = "INSERT OR REPLACE INTO durable_checkpoints (run, key, value) VALUES (?, ?, ?)"
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+"""The journal's own JSON (`kernel.journal.encode`): compact, ASCII."""
+LOGS_SUFFIX = "-runs"
+"""The run logs' directory is the database file's name with this after it (`atmosphere.db-runs`)."""
 INLINE_BYTES = 256 * 1024
 """Appends with at most this much payload are written on the event loop (see the docstring)."""
 WAL_TRIM = 256 * 1024
 """A WAL larger than this after a run is compacted is checkpointed and truncated."""
+TABLE_KEYS = ("history:",)
+"""Checkpoints kept in SQLite rather than the run's log: the kernel's mark that a turn is in the
+history, so that it is ordered with the history's own rows even after a power cut (the log is
+never synced; SQLite syncs the WAL before a checkpoint copies it into the file)."""
+
+
+def _tabled(checkpoints: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [item for item in checkpoints if item[0].startswith(TABLE_KEYS)]
 
 
 def _unpack(stored: bytes | str) -> Any:
-    """A stored payload: JSON text, or (written by an earlier version) a zlib stream of it,
-    which starts with 0x78 as no JSON text does."""
-    if isinstance(stored, str):
-        return json.loads(stored)
-    return json.loads(zlib.decompress(stored) if stored[:1] == b"\x78" else stored)
+    """A stored payload: what `encode` made of it (JSON text, maybe with lifted strings:
+    `log.encode_payload`), or (written by an earlier version) a zlib stream of JSON text, which
+    starts with 0x78 as neither does."""
+    if isinstance(stored, bytes):
+        if stored[:1] == b"\x78":
+            return json.loads(zlib.decompress(stored))
+        stored = stored.decode("utf-8", "surrogatepass")
+    return decode_payload(stored)
 
 
 def owner_id(token: str) -> str:
@@ -128,6 +145,13 @@ class SqliteRunStore:
         self._database: SqliteDatabase | None = None
         self._rows: dict[str, int] = {}
         """run_id -> row id, for the runs this process appended to."""
+        self._logs = RunLogs(path.with_name(path.name + LOGS_SUFFIX))
+
+    @staticmethod
+    def encode(value: Any) -> str:
+        """A payload as this store takes it (`contracts.RunStoreNow`): JSON, its long strings
+        lifted out of it as they are (`log.encode_payload`)."""
+        return encode_payload(value, _ENCODER.encode)
 
     @classmethod
     def under(cls, workspace_root: Path) -> SqliteRunStore:
@@ -149,10 +173,30 @@ class SqliteRunStore:
                 self._database = SqliteDatabase.shared(self.path)
                 self._database.add_schema(SCHEMA)
         await self._database.open()
+        await self._database.run(self._sweep)
+
+    def _sweep(self, connection: sqlite3.Connection) -> None:
+        """Remove the logs of runs that finished or are gone (a crash between `finish`'s
+        commit and its removal of the log leaves one)."""
+        with self._logs.lock:
+            rows = self._logs.rows()
+            if not rows:
+                return
+            alive = {
+                int(row)
+                for (row,) in connection.execute(
+                    "SELECT id FROM durable_runs WHERE finished_at IS NULL"
+                ).fetchall()
+            }
+            for row in rows:
+                if row not in alive:
+                    self._logs.remove(row)
 
     async def aclose(self) -> None:
         if self._database is not None:
             database, self._database = self._database, None
+            with self._logs.lock:
+                self._logs.close()
             await database.aclose()
 
     async def append(
@@ -165,9 +209,13 @@ class SqliteRunStore:
         owner: str | None = None,
         lease_seconds: float = 0.0,
     ) -> None:
-        await self.database.run(
-            self._append(run_id, frames, checkpoints, create, owner, lease_seconds)
-        )
+        work = self._append(run_id, frames, checkpoints, create, owner, lease_seconds)
+
+        def locked(connection: sqlite3.Connection) -> None:
+            with self._logs.lock:
+                work(connection)
+
+        await self.database.run(locked)
 
     def append_now(
         self,
@@ -179,13 +227,26 @@ class SqliteRunStore:
         owner: str | None = None,
         lease_seconds: float = 0.0,
     ) -> bool:
-        """`append`, done right now on the event loop if it is small (`INLINE_BYTES`) and the
-        database is idle; `False` if it is not (nothing was written: call `append`)."""
+        """`append`, done right now on the event loop if it is small (`INLINE_BYTES`) and
+        nothing else uses what it writes to; `False` if not (nothing was written: call
+        `append`). Most appends only write the run's log: no SQLite statement at all."""
         size = sum(len(data) for _, _, data in frames) + sum(len(v) for _, v in checkpoints)
         if size > INLINE_BYTES:
             return False
-        work = self._append(run_id, frames, checkpoints, create, owner, lease_seconds)
-        return self.database.try_now(work)
+        logs = self._logs
+        if not logs.lock.acquire(blocking=False):
+            return False
+        try:
+            row = self._rows.get(run_id)
+            if row is not None and create is None and not _tabled(checkpoints):
+                if self._database is None:
+                    return False
+                logs.write(row, pack(frames, checkpoints))
+                return True
+            work = self._append(run_id, frames, checkpoints, create, owner, lease_seconds)
+            return self.database.try_now(work)
+        finally:
+            logs.lock.release()
 
     def _append(
         self,
@@ -196,48 +257,53 @@ class SqliteRunStore:
         owner: str | None,
         lease_seconds: float,
     ) -> Callable[[sqlite3.Connection], None]:
-        """The work of one append (on the event loop or the database thread)."""
+        """The work of one append (on the event loop or the database thread), with the logs'
+        lock held: the run row if it is new, the log record, then the checkpoints kept in
+        SQLite (`TABLE_KEYS`)."""
         known = self._rows.get(run_id)
+        tabled = _tabled(checkpoints)
+        logged = (
+            [c for c in checkpoints if not c[0].startswith(TABLE_KEYS)] if tabled else checkpoints
+        )
 
         def work(connection: sqlite3.Connection) -> None:
-            frame_rows, checkpoint_rows = frames, checkpoints
-            if known is not None and create is None and len(frames) + len(checkpoints) == 1:
-                # One statement is a transaction of its own (what most appends are).
-                if frame_rows:
-                    connection.execute(INSERT_FRAME, (known, *frame_rows[0]))
-                else:
-                    connection.execute(INSERT_CHECKPOINT, (known, *checkpoint_rows[0]))
-                return
-            with Transaction(connection):
-                row = known
-                if create is not None:
-                    row = connection.execute(
-                        "INSERT INTO durable_runs (run_id, path, conversation_id, user_key, "
-                        "session_id, message, started_at, owner, lease_until) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                        (
-                            create.run_id,
-                            create.path,
-                            create.conversation_id,
-                            create.user_id or "",
-                            create.session_id,
-                            create.message,
-                            create.started_at,
-                            owner,
-                            time.time() + lease_seconds,
-                        ),
-                    ).fetchone()[0]
-                if row is None:
-                    found = connection.execute(
-                        "SELECT id FROM durable_runs WHERE run_id = ?", (run_id,)
-                    ).fetchone()
-                    if found is None:
-                        raise LookupError(f"durable run {run_id} is not in the store")
-                    row = int(found[0])
-                for seq, event, data in frame_rows:
-                    connection.execute(INSERT_FRAME, (row, seq, event, data))
-                for key, value in checkpoint_rows:
-                    connection.execute(INSERT_CHECKPOINT, (row, key, value))
+            row = known
+            if create is not None and row is None:
+                # (Not when an attempt on the loop stored the row, then found SQLite busy at
+                # the history mark: the thread makes the append again, all but the row.)
+                row = connection.execute(
+                    "INSERT INTO durable_runs (run_id, path, conversation_id, user_key, "
+                    "session_id, message, started_at, owner, lease_until) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                    (
+                        create.run_id,
+                        create.path,
+                        create.conversation_id,
+                        create.user_id or "",
+                        create.session_id,
+                        create.message,
+                        create.started_at,
+                        owner,
+                        time.time() + lease_seconds,
+                    ),
+                ).fetchone()[0]
+                self._rows[run_id] = int(row)
+            if row is None:
+                found = connection.execute(
+                    "SELECT id FROM durable_runs WHERE run_id = ?", (run_id,)
+                ).fetchone()
+                if found is None:
+                    raise LookupError(f"durable run {run_id} is not in the store")
+                row = int(found[0])
+            if frames or logged or create is not None:
+                self._logs.write(int(row), pack(frames, logged), new=create is not None)
+            if len(tabled) == 1:
+                connection.execute(INSERT_CHECKPOINT, (row, *tabled[0]))
+            elif tabled:
+                with Transaction(connection):
+                    connection.executemany(
+                        INSERT_CHECKPOINT, [(row, key, value) for key, value in tabled]
+                    )
             self._rows[run_id] = int(row)
 
         return work
@@ -252,26 +318,26 @@ class SqliteRunStore:
             ).fetchone()
             if run is None:
                 return None, [], []
+            # Rows an earlier version wrote (every frame and checkpoint), then the log's.
             checkpoints = connection.execute(
                 "SELECT key, value FROM durable_checkpoints WHERE run = ?", (run[0],)
             ).fetchall()
             frames = connection.execute(
-                "SELECT seq, event, data FROM durable_frames WHERE run = ? "
-                "ORDER BY seq DESC LIMIT ?",
-                (run[0], limit),
+                "SELECT seq, event, data FROM durable_frames WHERE run = ?", (run[0],)
             ).fetchall()
-            return run, checkpoints, frames
+            with self._logs.lock:
+                logged_frames, logged_checkpoints = self._logs.read(int(run[0]))
+            return run, checkpoints + logged_checkpoints, frames + logged_frames
 
         run, checkpoints, frames = await self.database.run(work)
         if run is None:
             return {}, []
         self._rows[run_id] = int(run[0])
+        latest = {int(seq): (event, data) for seq, event, data in frames}
+        kept = sorted(latest)[-limit:] if limit > 0 else []
         return (
             {key: _unpack(value) for key, value in checkpoints},
-            [
-                Frame(event, _unpack(data), run[1], run[2], int(seq))
-                for seq, event, data in reversed(frames)
-            ],
+            [Frame(latest[seq][0], _unpack(latest[seq][1]), run[1], run[2], seq) for seq in kept],
         )
 
     async def claim(self, owner: str, lease_seconds: float, limit: int) -> list[StoredRun]:
@@ -330,6 +396,7 @@ class SqliteRunStore:
         now = time.time()
 
         def work(connection: sqlite3.Connection) -> None:
+            legacy = 0
             with Transaction(connection):
                 row = connection.execute(
                     "UPDATE durable_runs SET finished_at = ?, message = '' WHERE run_id = ? "
@@ -337,9 +404,17 @@ class SqliteRunStore:
                     (now, run_id),
                 ).fetchone()
                 if row is not None:
-                    connection.execute("DELETE FROM durable_frames WHERE run = ?", row)
+                    legacy = connection.execute(
+                        "DELETE FROM durable_frames WHERE run = ?", row
+                    ).rowcount
                     connection.execute("DELETE FROM durable_checkpoints WHERE run = ?", row)
-            # Give the compacted pages back (`auto_vacuum=INCREMENTAL`, see `SqliteDatabase`).
+            if row is not None:
+                with self._logs.lock:
+                    self._logs.remove(int(row[0]))
+            if not legacy:
+                return  # (its frames were in the log: nothing much was freed)
+            # Rows of an earlier version, which kept everything in SQLite: give their pages back
+            # (`auto_vacuum=INCREMENTAL`, see `SqliteDatabase`) and cut a grown WAL.
             connection.executescript("PRAGMA incremental_vacuum;")
             wal = self.path.with_name(self.path.name + "-wal")
             try:

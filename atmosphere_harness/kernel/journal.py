@@ -365,6 +365,8 @@ class _StoreWriter:
         self._task: asyncio.Task[None] | None = None
         self._now = store if isinstance(store, RunStoreNow) else None
         """The store, if it can write on the event loop (see `_kick`)."""
+        self._encode = self._now.encode if self._now is not None else encode
+        """How payloads are encoded for the store (JSON text, or the store's own form of it)."""
         self._soon: asyncio.Handle | None = None
         """The write of what waits for a later one, while one is due (see `_kick`)."""
         self._next_write = 0.0
@@ -376,16 +378,18 @@ class _StoreWriter:
 
     def frame(self, frame: Frame) -> None:
         stored = _by_reference(frame, self._calls)
-        self._frames.append((frame.seq, frame.event, encode(stored.data)))
+        self._frames.append((frame.seq, frame.event, self._encode(stored.data)))
         self._last_seq = frame.seq
-        self._kick()
+        # A run's last frame is written at once: nothing comes after it to share the write, and
+        # its readers (the end of the stream) would wait out the group's time for nothing.
+        self._kick(now=frame.terminal)
 
     def checkpoint(self, key: str, value: Any) -> None:
         if key.startswith("model:") and isinstance(value, Mapping):
             self._calls = {
                 str(call[0]): (key, call[2]) for call in value.get("calls") or () if len(call) == 3
             }
-        self._checkpoints.append((key, encode(value)))
+        self._checkpoints.append((key, self._encode(value)))
         if key.startswith(STARTED):
             return  # with the next write (`flushed` writes it now for a caller that waits)
         # The others (an approval, its answer, the history mark, `ENDED`) are written at once:

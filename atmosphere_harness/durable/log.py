@@ -1,0 +1,274 @@
+"""Run logs: the embedded journal's frames and checkpoints, one append-only file per run.
+
+An append is one record, written with one `write()`: into the page cache, so it survives a
+SIGKILL of the process the moment the call returns, and costs what copying its bytes does (an
+SQLite row of the same payload cost several times that: a page and a WAL frame per KiB, then
+a checkpoint copying it into the database file, then deleting it again when the run ends).
+
+A record is `MAGIC`, the body's length, the body, the length again. The body is entries, each a
+kind (`F` frame, `C` checkpoint), a seq (frames; 0 for checkpoints), the lengths of its name
+(the event, the key) and of its data, then the name and the data (UTF-8, lone surrogates kept).
+A reader takes records up to the first that is cut short or does not check out (a write a
+SIGKILL interrupted between pages, or the zeroes a power cut can leave) and ignores the rest;
+the next writer of that run first cuts the file back to what was read (`RunLogs.open`).
+
+Payloads (`encode_payload`) are JSON, except that long strings (a model's 50 KiB tool-call
+argument, a file a tool read) are not escaped into it: each is left out of the JSON, which holds
+a placeholder for it, and follows it as it is (escaping 50 KiB into JSON costs more than the rest
+of the append). `decode_payload` gives back what `json.loads` of the JSON text would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+MAGIC = b"AJR1"
+HEAD = struct.Struct("<4sI")
+TAIL = struct.Struct("<I")
+ENTRY = struct.Struct("<cqII")
+OPEN_FILES = 64
+"""Run logs kept open for appending at most (the least recently written is closed first)."""
+
+RAW_FROM = 1024
+"""Strings at least this long (characters) follow a payload's JSON as they are."""
+LIFTED = "\x00"
+"""Starts a payload with lifted strings, and each placeholder for one inside its JSON (a string
+of the payload that starts with it is lifted whatever its length, so placeholders are unique)."""
+
+Entries = tuple[list[tuple[int, str, bytes]], list[tuple[str, bytes]]]
+
+
+def encode_payload(value: Any, encode: Callable[[Any], str]) -> str:
+    """`value` as JSON (`encode`), its long strings lifted out of it (see the docstring):
+    `LIFTED`, the JSON's length, `:`, the JSON, then each lifted string's length, `:`, it."""
+    lifted: list[str] = []
+    skeleton = _lift(value, lifted)
+    if not lifted:
+        return encode(value)
+    text = encode(skeleton)
+    parts = [LIFTED, str(len(text)), ":", text]
+    for string in lifted:
+        parts += (str(len(string)), ":", string)
+    return "".join(parts)
+
+
+def decode_payload(text: str) -> Any:
+    """What `encode_payload` encoded (plain JSON text too)."""
+    if not text.startswith(LIFTED):
+        return json.loads(text)
+    lifted: list[str] = []
+    at = 1
+    while at < len(text):
+        colon = text.index(":", at)
+        end = colon + 1 + int(text[at:colon])
+        if end > len(text):
+            raise ValueError("a lifted payload is cut short")
+        lifted.append(text[colon + 1 : end])
+        at = end
+    return _restore(json.loads(lifted[0]), lifted, 1)
+
+
+def _lift(value: Any, lifted: list[str]) -> Any:
+    """`value` with its long strings replaced by placeholders (appended to `lifted`); `value`
+    itself when it has none. Only what JSON encodes as an object, array or string is walked
+    (copied only where something was lifted: most payloads are small and walked, not built)."""
+    if isinstance(value, str):
+        if len(value) >= RAW_FROM or value[:1] == LIFTED:
+            lifted.append(value)
+            return f"{LIFTED}{len(lifted) - 1}"
+        return value
+    if isinstance(value, dict):
+        copy: dict[Any, Any] | None = None
+        for key, item in value.items():
+            if type(item) is str:
+                if len(item) < RAW_FROM and item[:1] != LIFTED:
+                    continue
+            elif not isinstance(item, _WALKED):
+                continue
+            new = _lift(item, lifted)
+            if new is not item:
+                if copy is None:
+                    copy = dict(value)
+                copy[key] = new
+        return value if copy is None else copy
+    if isinstance(value, list | tuple):
+        items: list[Any] | None = list(value) if isinstance(value, tuple) else None
+        for index, item in enumerate(value):
+            if type(item) is str:
+                if len(item) < RAW_FROM and item[:1] != LIFTED:
+                    continue
+            elif not isinstance(item, _WALKED):
+                continue
+            new = _lift(item, lifted)
+            if new is not item:
+                if items is None:
+                    items = list(value)
+                items[index] = new
+        return value if items is None else items
+    return value
+
+
+_WALKED = (str, dict, list, tuple)
+
+
+def _restore(value: Any, lifted: list[str], first: int) -> Any:
+    if isinstance(value, str):
+        return lifted[first + int(value[1:])] if value.startswith(LIFTED) else value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, str | dict | list):
+                value[key] = _restore(item, lifted, first)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if isinstance(item, str | dict | list):
+                value[index] = _restore(item, lifted, first)
+    return value
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def pack(frames: Sequence[tuple[int, str, str]], checkpoints: Sequence[tuple[str, str]]) -> bytes:
+    """One record holding `frames` and `checkpoints`."""
+    parts: list[bytes] = [b""]
+    size = 0
+    for seq, event, data in frames:
+        name, payload = _utf8(event), _utf8(data)
+        parts += (ENTRY.pack(b"F", seq, len(name), len(payload)), name, payload)
+        size += ENTRY.size + len(name) + len(payload)
+    for key, value in checkpoints:
+        name, payload = _utf8(key), _utf8(value)
+        parts += (ENTRY.pack(b"C", 0, len(name), len(payload)), name, payload)
+        size += ENTRY.size + len(name) + len(payload)
+    parts[0] = HEAD.pack(MAGIC, size)
+    parts.append(TAIL.pack(size))
+    return b"".join(parts)
+
+
+def unpack(data: bytes) -> tuple[Entries, int]:
+    """The entries of every whole record in `data`, in order, and the bytes they take."""
+    frames: list[tuple[int, str, bytes]] = []
+    checkpoints: list[tuple[str, bytes]] = []
+    view = memoryview(data)
+    at = 0
+    while at + HEAD.size + TAIL.size <= len(data):
+        magic, size = HEAD.unpack_from(data, at)
+        end = at + HEAD.size + size
+        if magic != MAGIC or end + TAIL.size > len(data) or TAIL.unpack_from(data, end)[0] != size:
+            break
+        entries = _entries(view[at + HEAD.size : end])
+        if entries is None:
+            break
+        frames += entries[0]
+        checkpoints += entries[1]
+        at = end + TAIL.size
+    return (frames, checkpoints), at
+
+
+def _entries(body: memoryview) -> Entries | None:
+    frames: list[tuple[int, str, bytes]] = []
+    checkpoints: list[tuple[str, bytes]] = []
+    at = 0
+    while at < len(body):
+        if at + ENTRY.size > len(body):
+            return None
+        kind, seq, name_size, data_size = ENTRY.unpack_from(body, at)
+        at += ENTRY.size
+        if at + name_size + data_size > len(body) or kind not in (b"F", b"C"):
+            return None
+        name = bytes(body[at : at + name_size]).decode("utf-8", "surrogatepass")
+        payload = bytes(body[at + name_size : at + name_size + data_size])
+        at += name_size + data_size
+        if kind == b"F":
+            frames.append((seq, name, payload))
+        else:
+            checkpoints.append((name, payload))
+    return frames, checkpoints
+
+
+class RunLogs:
+    """The run logs in one directory, by the run's row id (`<row>.log`)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._files: OrderedDict[int, int] = OrderedDict()
+        """Row -> an open descriptor for appending, least recently written first."""
+        self._read: dict[int, int] = {}
+        """Row -> the bytes of whole records a `read` found (the next writer cuts back to it)."""
+        self.lock = threading.Lock()
+        """Held around every use of the logs: the event loop never waits for it (it tries, and
+        leaves the work to the database thread if another thread holds it)."""
+
+    def path(self, row: int) -> Path:
+        return self.directory / f"{row}.log"
+
+    def write(self, row: int, record: bytes, *, new: bool = False) -> None:
+        """Append `record` to run `row`'s log (`new`: a run just created, whose log starts
+        empty); the data is in the page cache when this returns."""
+        fd = self._files.get(row)
+        if fd is None:
+            fd = self._open(row, new)
+        else:
+            self._files.move_to_end(row)
+        written = os.write(fd, record)
+        if written != len(record):
+            # A short write (a full disk): cut the record off, so the log stays whole.
+            os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_END) - written)
+            raise OSError(f"run log {self.path(row)}: short write ({written} of {len(record)})")
+
+    def _open(self, row: int, new: bool) -> int:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path(row), flags | (os.O_TRUNC if new else 0), 0o600)
+        except FileNotFoundError:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path(row), flags | (os.O_TRUNC if new else 0), 0o600)
+        whole = self._read.pop(row, None)
+        if whole is not None and not new and os.fstat(fd).st_size > whole:
+            # A record a crash cut short: appends go after the last whole one.
+            os.ftruncate(fd, whole)
+        self._files[row] = fd
+        while len(self._files) > OPEN_FILES:
+            _, oldest = self._files.popitem(last=False)
+            os.close(oldest)
+        return fd
+
+    def read(self, row: int) -> Entries:
+        """Every entry of run `row`'s whole records (none if it has no log)."""
+        try:
+            data = self.path(row).read_bytes()
+        except FileNotFoundError:
+            return [], []
+        entries, whole = unpack(data)
+        if whole < len(data) and row not in self._files:
+            self._read[row] = whole
+        return entries
+
+    def remove(self, row: int) -> None:
+        fd = self._files.pop(row, None)
+        if fd is not None:
+            os.close(fd)
+        self._read.pop(row, None)
+        with contextlib.suppress(FileNotFoundError):
+            self.path(row).unlink()
+
+    def rows(self) -> list[int]:
+        """The rows that have a log in the directory."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        return [int(name[:-4]) for name in names if name.endswith(".log") and name[:-4].isdigit()]
+
+    def close(self) -> None:
+        while self._files:
+            os.close(self._files.popitem()[1])

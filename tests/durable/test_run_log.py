@@ -1,0 +1,158 @@
+"""The embedded journal's run logs (`durable.log`): one append-only file per run, next to the
+SQLite file that holds the run rows and the history marks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from atmosphere_harness.contracts import StoredRun
+from atmosphere_harness.durable import SqliteRunStore
+from atmosphere_harness.durable.log import RAW_FROM, decode_payload, encode_payload, pack
+from atmosphere_harness.kernel.journal import encode
+
+
+def stored(run_id: str = "run-1") -> StoredRun:
+    return StoredRun(run_id, "/p", "conv", "ann", "session", "hello", 1.0)
+
+
+def frame(seq: int, text: str = "x") -> tuple[int, str, str]:
+    return seq, "text", SqliteRunStore.encode({"text": text})
+
+
+def checkpoint(key: str, value: Any) -> tuple[str, str]:
+    return key, SqliteRunStore.encode(value)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteRunStore]:
+    store = SqliteRunStore.under(tmp_path)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+def logs_of(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "atmosphere.db-runs").glob("*.log"))
+
+
+async def test_a_record_a_crash_cut_short_is_ignored_and_written_over(tmp_path: Path) -> None:
+    store = SqliteRunStore.under(tmp_path)
+    await store.open()
+    await store.append("run-1", [frame(1)], [checkpoint("model:1", {"text": "a"})], create=stored())
+    await store.aclose()
+    [log] = logs_of(tmp_path)
+    # What a SIGKILL in the middle of the next `write()` leaves: part of a record.
+    torn = pack([frame(2, "lost")], [checkpoint("model:2", {"text": "lost"})])
+    with log.open("ab") as file:
+        file.write(torn[: len(torn) // 2])
+    resumed = SqliteRunStore.under(tmp_path)
+    await resumed.open()
+    try:
+        checkpoints, frames = await resumed.load("run-1", 10)
+        assert checkpoints == {"model:1": {"text": "a"}}
+        assert [f.seq for f in frames] == [1]
+        # The resumed run writes on: after the last whole record, not after the torn one.
+        assert resumed.append_now("run-1", [frame(2, "again")], [])
+        checkpoints, frames = await resumed.load("run-1", 10)
+        assert [(f.seq, f.data["text"]) for f in frames] == [(1, "x"), (2, "again")]
+    finally:
+        await resumed.aclose()
+
+
+async def test_the_history_mark_is_a_row_next_to_the_history_the_rest_is_in_the_log(
+    store: SqliteRunStore, tmp_path: Path
+) -> None:
+    await store.append(
+        "run-1",
+        [frame(1)],
+        [checkpoint("model:1", {"text": "a"}), checkpoint("history:1", 1)],
+        create=stored(),
+    )
+    with sqlite3.connect(tmp_path / "atmosphere.db") as connection:
+        rows = connection.execute("SELECT key FROM durable_checkpoints").fetchall()
+        frames = connection.execute("SELECT count(*) FROM durable_frames").fetchone()
+    assert rows == [("history:1",)]
+    assert frames == (0,)
+    [log] = logs_of(tmp_path)
+    assert b'"text":"a"' in log.read_bytes()
+    assert (await store.load("run-1", 10))[0] == {"model:1": {"text": "a"}, "history:1": 1}
+
+
+async def test_a_log_append_is_made_on_the_loop_while_the_database_thread_is_busy(
+    store: SqliteRunStore,
+) -> None:
+    assert store.append_now("run-1", [frame(1)], [], create=stored(), owner="me")
+    entered, release = threading.Event(), threading.Event()
+
+    def busy(connection: sqlite3.Connection) -> None:
+        entered.set()
+        release.wait(10)
+
+    held = asyncio.ensure_future(store.database.run(busy))
+    try:
+        await asyncio.to_thread(entered.wait, 10)
+        # The thread holds the connection (a history write, a checkpoint): a frame of a run
+        # the store knows still goes to its log right here.
+        assert store.append_now("run-1", [frame(2)], [checkpoint("result:1:a", "done")])
+        assert not store.append_now("run-1", [], [checkpoint("history:1", 1)])  # SQLite's
+    finally:
+        release.set()
+        await held
+    checkpoints, frames = await store.load("run-1", 10)
+    assert [f.seq for f in frames] == [1, 2]
+    assert checkpoints == {"result:1:a": "done"}
+
+
+async def test_finish_removes_the_log_and_open_sweeps_a_left_over_one(tmp_path: Path) -> None:
+    store = SqliteRunStore.under(tmp_path)
+    await store.open()
+    await store.append("done", [frame(1)], [], create=stored("done"), owner="me")
+    await store.append("open", [frame(1)], [], create=stored("open"), owner="me")
+    assert len(logs_of(tmp_path)) == 2
+    await store.finish("done")
+    [kept] = logs_of(tmp_path)
+    await store.aclose()
+    # A crash between `finish`'s commit and the removal of the log leaves the log behind.
+    left_over = kept.with_name("999.log")
+    left_over.write_bytes(pack([frame(1)], []))
+    again = SqliteRunStore.under(tmp_path)
+    await again.open()
+    try:
+        assert logs_of(tmp_path) == [kept]
+        assert [f.seq for f in (await again.load("open", 10))[1]] == [1]
+    finally:
+        await again.aclose()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"text": "", "calls": [["call_1", "write_file", {"path": "a", "content": "x\n" * 900}]]},
+        "y" * RAW_FROM,
+        "y" * (RAW_FROM - 1),
+        {"nested": [("\x00 starts like a placeholder", ["\x000"]), {"k": "é\ud800" * RAW_FROM}]},
+        {"1": [1, 2.5, None, True], 2: "int key"},
+        ["short", "z" * 5000, "z" * 5000],
+        {"odd": object()},
+    ],
+)
+def test_a_payload_decodes_as_its_json_would(value: Any) -> None:
+    text = encode_payload(value, encode)
+    assert decode_payload(text) == json.loads(encode(value))
+
+
+def test_a_long_string_follows_the_json_unescaped() -> None:
+    content = 'a "quoted" line\n' * 100
+    text = encode_payload({"content": content, "short": "b\n"}, encode)
+    assert text.endswith(content)
+    assert '"short":"b\\n"' in text
