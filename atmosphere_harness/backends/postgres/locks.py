@@ -9,7 +9,12 @@ and not one connection per held lock, which would exhaust the pool under load):
    re-entrant: two prompts of this replica must not both "get" the lock on the same session;
 2. then `pg_try_advisory_lock` on the lock connection; when another replica holds it, wait for
    the `NOTIFY atmosphere_locks` its release sends (or `RETRY_SECONDS`, whichever is first) and
-   try again;
+   try again. When the run's first history read is offered (`memory.history.HistoryRead` on
+   this database's `PostgresHistory`), each try is `history.LOCK_NEWEST` instead: one statement
+   that takes the lock and, only once it has, reads the history with a fresh snapshot (a
+   PL/pgSQL function, schema migration 5), so the turn saves the history load's round trip
+   and the read still happens under the lock. The lock connection runs in READ COMMITTED
+   whatever the server's default, which that fresh snapshot needs;
 3. release: `pg_advisory_unlock` and the `NOTIFY`, on the same connection, in a task of its
    own: the run does not wait for it (its `complete` frame leaves one round trip sooner). The
    next prompt of that conversation on this replica waits for the release first; one on another
@@ -34,7 +39,9 @@ from typing import Any
 
 import asyncpg
 
+from ...contracts import LockedRead
 from ...log import get_logger
+from ...memory.history import HistoryRead
 from ..unavailable import BackendUnavailable
 from .database import (
     CLIENT_ERRORS,
@@ -44,6 +51,7 @@ from .database import (
     PostgresDatabase,
     connection_lost,
 )
+from .history import LOCK_NEWEST, PostgresHistory, lock_newest_args, newest_rows
 
 log = get_logger(__name__)
 
@@ -52,10 +60,24 @@ RETRY_SECONDS = 0.5
 """Upper bound on how long a waiter sleeps between tries if a release notification is missed."""
 
 
+LOCK_SESSION = {"default_transaction_isolation": "read committed"}
+"""The lock connection's settings: `LOCK_NEWEST` reads with a snapshot taken after the lock,
+which READ COMMITTED gives (a stricter server default would read with an older one)."""
+
+
 def lock_key(path: str, conversation_id: str) -> int:
     """The advisory lock id of a conversation (a signed 64-bit hash)."""
     digest = hashlib.blake2b(f"{path}\0{conversation_id}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+def deliver(read: HistoryRead, rows: Any) -> None:
+    """Hand `read` its rows; rows it cannot decode are left for its own read to meet (the
+    lock is held by then, and an exception here would keep it from being released)."""
+    try:
+        read.deliver(newest_rows(rows))
+    except Exception as exc:
+        log.debug("history read with the lock not delivered", error=str(exc))
 
 
 class PostgresConversationLocks:
@@ -85,8 +107,12 @@ class PostgresConversationLocks:
                 await asyncio.wait_for(connection.close(), 5)
 
     @contextlib.asynccontextmanager
-    async def hold(self, path: str, conversation_id: str) -> AsyncIterator[None]:
+    async def hold(
+        self, path: str, conversation_id: str, read: LockedRead | None = None
+    ) -> AsyncIterator[None]:
         key = lock_key(path, conversation_id)
+        if not self._serves(read):
+            read = None
         local = self._local.get(key)
         if local is None:
             local = self._local[key] = asyncio.Lock()
@@ -95,7 +121,7 @@ class PostgresConversationLocks:
             if pending is not None:
                 # This replica's previous prompt of the conversation is still releasing it.
                 await asyncio.wait([pending])
-            session = await self._acquire(key)
+            session = await self._acquire(key, read)
             try:
                 yield
             finally:
@@ -109,16 +135,33 @@ class PostgresConversationLocks:
         if self._releasing.get(key) is task:
             del self._releasing[key]
 
-    async def _acquire(self, key: int) -> Any:
-        """Take the advisory lock; returns the session it is held on."""
+    def _serves(self, read: LockedRead | None) -> bool:
+        """Whether `read` reads this database's history (the lock's statement can make it)."""
+        return (
+            isinstance(read, HistoryRead)
+            and isinstance(read.backend, PostgresHistory)
+            and read.backend.database is self.database
+        )
+
+    async def _acquire(self, key: int, read: LockedRead | None) -> Any:
+        """Take the advisory lock (and make `read`, a `HistoryRead` this lock serves, once it
+        is taken); returns the session the lock is held on."""
         # The local lock is held: this is the replica's only waiter for `key`.
         released = self._released[key] = asyncio.Event()
         try:
             while True:
                 released.clear()
-                got, session = await self._statement(
-                    "SELECT pg_try_advisory_lock($1)", key, retry=True
-                )
+                if isinstance(read, HistoryRead):
+                    rows, session = await self._statement(
+                        LOCK_NEWEST, *lock_newest_args(key, read), retry=True, rows=True
+                    )
+                    got = bool(rows[0]["locked"])
+                    if got:
+                        deliver(read, rows)
+                else:
+                    got, session = await self._statement(
+                        "SELECT pg_try_advisory_lock($1)", key, retry=True
+                    )
                 if got:
                     return session
                 with contextlib.suppress(TimeoutError):
@@ -137,8 +180,11 @@ class PostgresConversationLocks:
         except Exception as exc:
             log.warning("conversation lock release failed", error=str(exc))
 
-    async def _statement(self, query: str, *args: Any, retry: bool) -> tuple[Any, Any]:
-        """Run `query` on the lock connection (reopened when lost); returns (value, session)."""
+    async def _statement(
+        self, query: str, *args: Any, retry: bool, rows: bool = False
+    ) -> tuple[Any, Any]:
+        """Run `query` on the lock connection (reopened when lost); returns (value, session),
+        the value being the first column of the first row, or every row with `rows`."""
         async with self._guard:
             for attempt in range(2):
                 if self._connection is None or self._connection.is_closed():
@@ -150,7 +196,9 @@ class PostgresConversationLocks:
                     self._connection = None
                     try:
                         self._connection = await asyncpg.connect(
-                            self.database.url, timeout=CONNECT_TIMEOUT
+                            self.database.url,
+                            timeout=CONNECT_TIMEOUT,
+                            server_settings=LOCK_SESSION,
                         )
                     except Exception as exc:
                         raise BackendUnavailable(
@@ -159,6 +207,8 @@ class PostgresConversationLocks:
                 session = self._connection
                 try:
                     try:
+                        if rows:
+                            return await session.fetch(query, *args), session
                         return await session.fetchval(query, *args), session
                     except CLIENT_ERRORS as exc:
                         if connection_lost(exc, session):
