@@ -564,6 +564,21 @@ async def _hold_with(backends: StateBackends, read: HistoryRead) -> object:
         return result
 
 
+async def test_a_lock_taken_by_a_read_that_then_failed_is_released(
+    pair: tuple[StateBackends, StateBackends],
+) -> None:
+    """`LOCK_NEWEST` takes the lock, then its read fails (a negative `LIMIT`, here): the
+    session-level lock outlives the failed statement, so the lock releases it itself."""
+    a, b = pair
+    assert a.history is not None
+    broken = HistoryRead(a.history, KEY, 0, -1)
+    with pytest.raises(asyncpg.PostgresError, match="LIMIT"):
+        async with a.locks.hold(KEY.endpoint, KEY.conversation_id, broken):
+            pass
+    async with asyncio.timeout(30), b.locks.hold(KEY.endpoint, KEY.conversation_id):
+        pass
+
+
 async def test_a_read_of_another_database_is_left_to_its_reader(
     pair: tuple[StateBackends, StateBackends], postgres_url: str
 ) -> None:

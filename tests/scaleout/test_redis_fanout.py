@@ -470,6 +470,25 @@ async def _hold_reading(locks: RedisConversationLocks, read: HistoryRead) -> tup
     return summary, items, token
 
 
+async def test_a_lock_taken_by_a_script_whose_read_then_failed_is_released(
+    connection: RedisConnection, other_connection: RedisConnection
+) -> None:
+    """`_LOCK_READ` sets the lock, then its read fails (the history's key holds a string,
+    here): a script keeps the writes it made, so the lock frees it itself, long before its TTL."""
+    from redis.exceptions import ResponseError
+
+    key = ConversationKey("/p", None, "c")
+    history = RedisHistory(connection)
+    await connection.client.set(history._meta(key), "not a hash")
+    a = RedisConversationLocks(connection, ttl=3600)
+    b = RedisConversationLocks(other_connection, ttl=3600, poll=0.01)
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        async with a.hold("/p", "c", HistoryRead(history, key, 0, 20)):
+            pass
+    async with asyncio.timeout(WAIT), b.hold("/p", "c"):
+        pass
+
+
 async def test_a_read_on_another_redis_is_left_to_its_reader(
     connection: RedisConnection, other_connection: RedisConnection
 ) -> None:

@@ -125,11 +125,14 @@ class PostgresConversationLocks:
             try:
                 yield
             finally:
-                task = asyncio.get_running_loop().create_task(
-                    self._release(key, session), name="postgres-lock-release"
-                )
-                self._releasing[key] = task
-                task.add_done_callback(functools.partial(self._released_one, key))
+                self._schedule_release(key, session)
+
+    def _schedule_release(self, key: int, session: Any) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self._release(key, session), name="postgres-lock-release"
+        )
+        self._releasing[key] = task
+        task.add_done_callback(functools.partial(self._released_one, key))
 
     def _released_one(self, key: int, task: asyncio.Task[None]) -> None:
         if self._releasing.get(key) is task:
@@ -151,17 +154,27 @@ class PostgresConversationLocks:
         try:
             while True:
                 released.clear()
-                if isinstance(read, HistoryRead):
-                    rows, session = await self._statement(
-                        LOCK_NEWEST, *lock_newest_args(key, read), retry=True, rows=True
-                    )
-                    got = bool(rows[0]["locked"])
-                    if got:
-                        deliver(read, rows)
-                else:
-                    got, session = await self._statement(
-                        "SELECT pg_try_advisory_lock($1)", key, retry=True
-                    )
+                try:
+                    if isinstance(read, HistoryRead):
+                        rows, session = await self._statement(
+                            LOCK_NEWEST, *lock_newest_args(key, read), retry=True, rows=True
+                        )
+                        got = bool(rows[0]["locked"])
+                        if got:
+                            deliver(read, rows)
+                    else:
+                        got, session = await self._statement(
+                            "SELECT pg_try_advisory_lock($1)", key, retry=True
+                        )
+                except BaseException:
+                    # A try that failed or was cancelled midway may have taken the lock: a
+                    # session-level advisory lock outlives the statement that failed after
+                    # taking it (`LOCK_NEWEST`'s read), so it is released as after a block
+                    # (unlocking a lock not held is a no-op).
+                    lost = self._connection
+                    if lost is not None and not lost.is_closed():
+                        self._schedule_release(key, lost)
+                    raise
                 if got:
                     return session
                 with contextlib.suppress(TimeoutError):

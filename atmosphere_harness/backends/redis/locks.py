@@ -99,7 +99,7 @@ class RedisConversationLocks:
             )
             with self.connection.unavailable("taking the conversation's lock"):
                 if isinstance(read, HistoryRead) and self._serves(read):
-                    await self._acquire_reading(lock, read)
+                    await self._acquire_reading(key, lock, read)
                 else:
                     await lock.acquire()
             renewal = asyncio.get_running_loop().create_task(
@@ -119,17 +119,34 @@ class RedisConversationLocks:
         """Whether `read` reads a history on this lock's Redis (one script can make both)."""
         return isinstance(read.backend, RedisHistory) and read.backend.connection is self.connection
 
-    async def _acquire_reading(self, lock: Lock, read: HistoryRead) -> None:
+    async def _acquire_reading(self, key: str, lock: Lock, read: HistoryRead) -> None:
         """`lock.acquire()` (a random token, `SET NX PX`, a retry every `poll` seconds), each
         try also making `read` if it takes the lock."""
         assert isinstance(read.backend, RedisHistory)
         token = uuid.uuid4().hex.encode()
         ttl_ms = int(self.ttl * 1000)
         while True:
-            if await read.backend.lock_and_read(str(lock.name), token, ttl_ms, read):
+            try:
+                got = await read.backend.lock_and_read(key, token, ttl_ms, read)
+            except BaseException:
+                # A script keeps the writes it made before an error (its `SET`, if its read
+                # then failed), and a cancelled try may have run: free the lock if it holds
+                # our token (the release script checks), as after a block.
+                lock.local.token = token
+                task = asyncio.get_running_loop().create_task(
+                    self._free(lock), name="redis-lock-release"
+                )
+                self._releasing[key] = task
+                task.add_done_callback(functools.partial(self._released_one, key))
+                raise
+            if got:
                 lock.local.token = token
                 return
             await asyncio.sleep(self.poll)  # another replica's lock: polled, as `Lock` does
+
+    async def _free(self, lock: Lock) -> None:
+        with contextlib.suppress(LockError, RedisError, OSError):
+            await lock.release()
 
     def _released_one(self, key: str, task: asyncio.Task[None]) -> None:
         if self._releasing.get(key) is task:
