@@ -23,6 +23,7 @@ from atmosphere_harness.backends.postgres import (
     redact,
 )
 from atmosphere_harness.backends.postgres.history import LOCK_NEWEST, PostgresHistory
+from atmosphere_harness.backends.postgres.locks import MARK
 from atmosphere_harness.backends.postgres.schema import SCHEMA_VERSION
 from atmosphere_harness.governance.approvals import Answer, AnswerStatus
 from atmosphere_harness.memory.compaction import Summary
@@ -515,6 +516,66 @@ async def test_locks_recover_after_their_connection_is_killed(
             pass
 
 
+async def test_a_release_notifies_only_a_waiter_and_the_waiter_is_woken_by_it(
+    pair: tuple[StateBackends, StateBackends],
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An uncontended release sends no `NOTIFY` (each one wakes every replica's listener); a
+    waiter marks the lock, so the holder's release notifies it: it never needs its retry timer
+    (an hour here)."""
+    from atmosphere_harness.backends.postgres import locks
+
+    monkeypatch.setattr(locks, "RETRY_SECONDS", 3600.0)
+    a, b = pair
+    heard: list[str] = []
+    listener = await asyncpg.connect(postgres_url)
+    try:
+        await listener.add_listener(locks.CHANNEL, lambda *args: heard.append(str(args[-1])))
+        async with asyncio.timeout(30):
+            for _ in range(3):
+                async with a.locks.hold("/p", "alone"):
+                    pass
+            await a.locks.aclose()  # waits for the releases
+            await listener.fetchval("SELECT 1")  # a notification sent before is in by now
+            assert heard == []
+            async with a.locks.hold("/p", "c1"):
+                waiting = asyncio.create_task(_hold_plain(b, "/p", "c1"))
+                while not await _marked(listener, locks.mark_key(locks.lock_key("/p", "c1"))):
+                    await asyncio.sleep(0.01)
+            await waiting
+            await listener.fetchval("SELECT 1")
+            assert heard == [str(locks.lock_key("/p", "c1"))]
+            # The waiter took its mark off: the next release notifies nobody.
+            while await _marked(listener, locks.mark_key(locks.lock_key("/p", "c1"))):
+                await asyncio.sleep(0.01)
+            async with a.locks.hold("/p", "c1"):
+                pass
+            await a.locks.aclose()
+            await listener.fetchval("SELECT 1")
+            assert len(heard) == 1
+    finally:
+        await listener.close()
+
+
+async def _hold_plain(backends: StateBackends, path: str, conversation: str) -> None:
+    async with backends.locks.hold(path, conversation):
+        pass
+
+
+async def _marked(connection: asyncpg.Connection, mark: tuple[int, int]) -> bool:
+    """Whether a session holds the waiters' mark `mark` (a two-key advisory lock)."""
+    high, low = mark
+    return bool(
+        await connection.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 "
+            "AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND granted",
+            high & 0xFFFFFFFF,
+            low & 0xFFFFFFFF,
+        )
+    )
+
+
 async def test_a_read_offered_to_the_lock_is_made_once_it_is_taken_and_sees_the_last_turn(
     pair: tuple[StateBackends, StateBackends],
 ) -> None:
@@ -546,7 +607,7 @@ async def test_a_read_offered_to_the_lock_is_made_once_it_is_taken_and_sees_the_
         summary, items = await waiting
     assert summary is None
     assert [(seq, m.content) for seq, m in items] == [(1, "one"), (2, "1"), (3, "two"), (4, "2")]
-    assert {str(query) for query in tries} == {LOCK_NEWEST}
+    assert {str(query) for query in tries} - {MARK} == {LOCK_NEWEST}
     # Released on the way out: the other replica takes it again at once (with a plain try).
     async with asyncio.timeout(30), a.locks.hold(path, conversation):
         pass
