@@ -393,6 +393,33 @@ class Resource(Protocol):
     async def aclose(self) -> None: ...
 
 
+class LockedRead:
+    """A read a run makes first under its conversation's lock, offered to the lock so that it
+    can make it in the round trip that takes the lock (`ConversationLocks.hold(..., read)`).
+
+    The reader subclasses it (the memory primitive's `memory.history.HistoryRead`). A lock
+    whose store holds what the read asks for makes it *after* the lock is taken, in the same
+    round trip, and calls `deliver` before its block starts; any other lock ignores it, and
+    the reader, finding nothing delivered, reads as it would have.
+    """
+
+    __slots__ = ("__weakref__", "delivered", "result")
+
+    def __init__(self) -> None:
+        self.delivered = False
+        self.result: Any = None
+
+    def deliver(self, result: Any) -> None:
+        self.delivered = True
+        self.result = result
+
+    def take(self) -> tuple[bool, Any]:
+        """`(delivered, result)`, once: the result is dropped (a later read must read again)."""
+        delivered, result = self.delivered, self.result
+        self.delivered, self.result = False, None
+        return delivered, result
+
+
 class ConversationLocks(Protocol):
     """Prompts of one conversation run one at a time, so their history never interleaves.
 
@@ -400,8 +427,25 @@ class ConversationLocks(Protocol):
     scale-out backend holds the lock across replicas.
     """
 
-    def hold(self, path: str, conversation_id: str) -> contextlib.AbstractAsyncContextManager[None]:
-        """Hold the conversation's lock for the block."""
+    def hold(
+        self, path: str, conversation_id: str, read: LockedRead | None = None
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold the conversation's lock for the block.
+
+        `read` (only passed when the history store offers one, see `LockedReader`) may be made
+        in the round trip that takes the lock, never before it is taken; a lock may ignore it.
+        """
+        ...
+
+
+@runtime_checkable
+class LockedReader(Protocol):
+    """A `HistoryStore` whose first read of a run can ride on the round trip that takes the
+    run's conversation lock (the memory primitive's `ConversationMemory` on a PostgreSQL or
+    Redis history): the kernel asks it for that read before it takes the lock."""
+
+    def locked_read(self, run: Run) -> LockedRead | None:
+        """The read to offer the lock, or `None` (nothing to gain)."""
         ...
 
 

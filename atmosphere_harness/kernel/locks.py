@@ -7,6 +7,8 @@ import contextlib
 import weakref
 from collections.abc import AsyncIterator
 
+from ..contracts import LockedRead
+
 
 class InProcessConversationLocks:
     """Prompts of one conversation run one at a time in this process.
@@ -28,6 +30,9 @@ class InProcessConversationLocks:
         return lock
 
     @contextlib.asynccontextmanager
-    async def hold(self, path: str, conversation_id: str) -> AsyncIterator[None]:
+    async def hold(
+        self, path: str, conversation_id: str, read: LockedRead | None = None
+    ) -> AsyncIterator[None]:
+        """Hold the conversation's lock; `read` is left to its reader (the read is local)."""
         async with self.lock(path, conversation_id):
             yield

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..contracts import Endpoint, FrameSink, LiveRunHandle, TypedMap
+from ..contracts import Endpoint, FrameSink, LiveRunHandle, LockedReader, TypedMap
 from ..log import get_logger
 from ..runtimes.base import ToolCall, Usage
 from .endpoint import HostedEndpoint
@@ -191,7 +191,17 @@ async def execute_prompt(
     assert spec is not None
     assert spec.prompt_method is not None
     try:
-        async with host.locks.hold(endpoint.path, conversation_id):
+        # The history's first read may ride on the round trip that takes the lock (a networked
+        # backend's lock and history on one server); `read` is only passed when there is one,
+        # so a `ConversationLocks` of the application's own needs no parameter for it.
+        history = endpoint.history
+        read = history.locked_read(run) if isinstance(history, LockedReader) else None
+        holding = (
+            host.locks.hold(endpoint.path, conversation_id)
+            if read is None
+            else host.locks.hold(endpoint.path, conversation_id, read)
+        )
+        async with holding:
             kwargs: dict[str, Any] = {}
             for name, kind in endpoint.prompt_parameters:
                 kwargs[name] = message if kind is None else run.resolve(kind)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from ..contracts import LockedRead
 from ..runtimes.base import Message
 from .compaction import Summary
 
@@ -76,6 +77,27 @@ class HistoryBackend(Protocol):
     async def aclose(self) -> None:
         """Finish background work (the primitive calls it at shutdown)."""
         ...
+
+
+class HistoryRead(LockedRead):
+    """A run's first history read, offered to its conversation's lock (`contracts.LockedRead`):
+    the summary checkpoint and the newest `limit` messages after seq `after_seq` (`None`: after
+    the summary checkpoint), delivered as `(summary, [(seq, message), ...])`, oldest first.
+
+    A lock makes it only when `backend` keeps its histories on the lock's own server (the
+    PostgreSQL and Redis backends say so with `locked_reads = True`).
+    """
+
+    __slots__ = ("after_seq", "backend", "key", "limit")
+
+    def __init__(
+        self, backend: HistoryBackend, key: ConversationKey, after_seq: int | None, limit: int
+    ) -> None:
+        super().__init__()
+        self.backend = backend
+        self.key = key
+        self.after_seq = after_seq
+        self.limit = limit
 
 
 # --- in memory -----------------------------------------------------------------------------

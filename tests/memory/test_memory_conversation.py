@@ -12,19 +12,26 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import ConversationMemory, Message, ToolCall
+from atmosphere_harness.contracts import LockedReader, TypedMap
 from atmosphere_harness.memory import codec, sqlite_history
 from atmosphere_harness.memory.compaction import SummarizingCompaction
-from atmosphere_harness.memory.history import ConversationKey, HistoryBackend, InMemoryHistory
+from atmosphere_harness.memory.history import (
+    ConversationKey,
+    HistoryBackend,
+    HistoryRead,
+    InMemoryHistory,
+)
 from atmosphere_harness.memory.sqlite import SqliteDatabase
 from atmosphere_harness.memory.sqlite_history import SqliteHistory
 
 
 class FakeRun:
-    """The two attributes ConversationMemory reads from a run."""
+    """The attributes ConversationMemory reads from a run."""
 
     def __init__(self, conversation_id: str, user_id: str | None = None) -> None:
         self.conversation_id = conversation_id
         self.user_id = user_id
+        self.state = TypedMap()
 
 
 def run(conversation_id: str, user_id: str | None = None) -> Any:
@@ -261,3 +268,59 @@ async def test_the_packer_works_in_the_pause_after_a_turn(
     assert await memory.messages("c") == [big, Message.assistant("ok")]
     await history.aclose()
     await database.aclose()
+
+
+# --- the first read, made by the conversation's lock ------------------------------------------
+
+
+class NetworkedHistory(InMemoryHistory):
+    """An `InMemoryHistory` that says its lock can read it (as PostgreSQL's and Redis's do)."""
+
+    locked_reads = True
+
+
+def delivered_by_the_lock(memory: ConversationMemory, a_run: Any, *said: str) -> HistoryRead:
+    """What a networked lock does with the read the kernel offers it: deliver `said`."""
+    read = memory.locked_read(a_run)
+    assert isinstance(read, HistoryRead)
+    read.deliver((None, [(n + 1, Message.user(text)) for n, text in enumerate(said)]))
+    return read
+
+
+async def test_a_history_on_this_process_offers_the_lock_nothing(backend: HistoryBackend) -> None:
+    memory = ConversationMemory(backend, endpoint="/e")
+    assert isinstance(memory, LockedReader)
+    assert memory.locked_read(run("c")) is None
+
+
+async def test_what_the_lock_read_serves_the_runs_first_load_only() -> None:
+    memory = ConversationMemory(NetworkedHistory(), endpoint="/e")
+    await memory.append(run("c"), turn(1))
+    first = run("c")
+    read = delivered_by_the_lock(memory, first, "as the lock read it")
+    assert (read.key, read.after_seq, read.limit) == (ConversationKey("/e", None, "c"), 0, 20)
+    assert [m.content for m in await memory.load(first)] == ["as the lock read it"]
+    assert await memory.load(first) == turn(1), "a second load reads again"
+    assert await memory.load(run("c")) == turn(1), "another run never sees it"
+
+
+async def test_a_write_before_the_first_load_drops_what_the_lock_read() -> None:
+    memory = ConversationMemory(NetworkedHistory(), endpoint="/e")
+    await memory.append(run("c", "ann"), turn(1))
+    cleared, appended, elsewhere = run("c", "ann"), run("c", "ann"), run("c", "ann")
+    delivered_by_the_lock(memory, cleared, "stale")
+    delivered_by_the_lock(memory, elsewhere, "still good")
+    await memory.clear("c", "bob")  # another user's conversation: nothing dropped
+    assert [m.content for m in await memory.load(elsewhere)] == ["still good"]
+    await memory.clear("c", "ann")
+    assert await memory.load(cleared) == []
+    delivered_by_the_lock(memory, appended, "stale")
+    await memory.append(appended, turn(2))
+    assert await memory.load(appended) == turn(2)
+
+
+async def test_a_summarizing_memory_asks_the_lock_for_the_summary_and_what_follows() -> None:
+    memory = ConversationMemory(NetworkedHistory(), endpoint="/e", strategy=SummarizingCompaction())
+    read = memory.locked_read(run("c"))
+    assert read is not None
+    assert (read.after_seq, read.limit) == (None, 500)

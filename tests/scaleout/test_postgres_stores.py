@@ -22,10 +22,12 @@ from atmosphere_harness.backends.postgres import (
     PostgresPlanStore,
     redact,
 )
+from atmosphere_harness.backends.postgres.history import LOCK_NEWEST, PostgresHistory
+from atmosphere_harness.backends.postgres.locks import MARK
 from atmosphere_harness.backends.postgres.schema import SCHEMA_VERSION
 from atmosphere_harness.governance.approvals import Answer, AnswerStatus
 from atmosphere_harness.memory.compaction import Summary
-from atmosphere_harness.memory.history import ConversationKey
+from atmosphere_harness.memory.history import ConversationKey, HistoryRead
 from atmosphere_harness.planning.model import AgentPlan, PlanStatus, PlanStep
 from atmosphere_harness.planning.store import PlanStoreError
 from atmosphere_harness.runtimes.base import Message, ToolCall
@@ -512,6 +514,140 @@ async def test_locks_recover_after_their_connection_is_killed(
             pass
         async with b.locks.hold("/p", "c1"):
             pass
+
+
+async def test_a_release_notifies_only_a_waiter_and_the_waiter_is_woken_by_it(
+    pair: tuple[StateBackends, StateBackends],
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An uncontended release sends no `NOTIFY` (each one wakes every replica's listener); a
+    waiter marks the lock, so the holder's release notifies it: it never needs its retry timer
+    (an hour here)."""
+    from atmosphere_harness.backends.postgres import locks
+
+    monkeypatch.setattr(locks, "RETRY_SECONDS", 3600.0)
+    a, b = pair
+    heard: list[str] = []
+    listener = await asyncpg.connect(postgres_url)
+    try:
+        await listener.add_listener(locks.CHANNEL, lambda *args: heard.append(str(args[-1])))
+        async with asyncio.timeout(30):
+            for _ in range(3):
+                async with a.locks.hold("/p", "alone"):
+                    pass
+            await a.locks.aclose()  # waits for the releases
+            await listener.fetchval("SELECT 1")  # a notification sent before is in by now
+            assert heard == []
+            async with a.locks.hold("/p", "c1"):
+                waiting = asyncio.create_task(_hold_plain(b, "/p", "c1"))
+                while not await _marked(listener, locks.mark_key(locks.lock_key("/p", "c1"))):
+                    await asyncio.sleep(0.01)
+            await waiting
+            await listener.fetchval("SELECT 1")
+            assert heard == [str(locks.lock_key("/p", "c1"))]
+            # The waiter took its mark off: the next release notifies nobody.
+            while await _marked(listener, locks.mark_key(locks.lock_key("/p", "c1"))):
+                await asyncio.sleep(0.01)
+            async with a.locks.hold("/p", "c1"):
+                pass
+            await a.locks.aclose()
+            await listener.fetchval("SELECT 1")
+            assert len(heard) == 1
+    finally:
+        await listener.close()
+
+
+async def _hold_plain(backends: StateBackends, path: str, conversation: str) -> None:
+    async with backends.locks.hold(path, conversation):
+        pass
+
+
+async def _marked(connection: asyncpg.Connection, mark: tuple[int, int]) -> bool:
+    """Whether a session holds the waiters' mark `mark` (a two-key advisory lock)."""
+    high, low = mark
+    return bool(
+        await connection.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 "
+            "AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND granted",
+            high & 0xFFFFFFFF,
+            low & 0xFFFFFFFF,
+        )
+    )
+
+
+async def test_a_read_offered_to_the_lock_is_made_once_it_is_taken_and_sees_the_last_turn(
+    pair: tuple[StateBackends, StateBackends],
+) -> None:
+    """The run's first history read rides on the statement that takes the lock: never made
+    by a try that found the lock taken, and made after the lock is taken, so it sees the turn
+    the previous holder (another replica) committed before releasing it."""
+    a, b = pair
+    assert a.history is not None
+    assert b.history is not None
+    path, conversation = KEY.endpoint, KEY.conversation_id
+    await a.history.append(KEY, [Message("user", "one"), Message("assistant", "1")])
+    tries: list[object] = []
+    statement = b.locks._statement  # type: ignore[attr-defined]
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        result = await statement(*args, **kwargs)
+        tries.append(args[0])
+        return result
+
+    b.locks._statement = counted  # type: ignore[attr-defined]
+    read = HistoryRead(b.history, KEY, 0, 20)
+    async with asyncio.timeout(30):
+        async with a.locks.hold(path, conversation):
+            waiting = asyncio.create_task(_hold_with(b, read))
+            while not tries:
+                await asyncio.sleep(0.01)
+            assert not read.delivered, "a try that found the lock taken read nothing"
+            await a.history.append(KEY, [Message("user", "two"), Message("assistant", "2")])
+        summary, items = await waiting
+    assert summary is None
+    assert [(seq, m.content) for seq, m in items] == [(1, "one"), (2, "1"), (3, "two"), (4, "2")]
+    assert {str(query) for query in tries} - {MARK} == {LOCK_NEWEST}
+    # Released on the way out: the other replica takes it again at once (with a plain try).
+    async with asyncio.timeout(30), a.locks.hold(path, conversation):
+        pass
+    # A conversation nobody wrote yet: the lock is taken and the read delivers nothing.
+    fresh = HistoryRead(b.history, KEY._replace(conversation_id="new"), None, 20)
+    async with asyncio.timeout(30), b.locks.hold(path, "new", fresh):
+        assert fresh.take() == (True, (None, []))
+
+
+async def _hold_with(backends: StateBackends, read: HistoryRead) -> object:
+    path, conversation = read.key.endpoint, read.key.conversation_id
+    async with backends.locks.hold(path, conversation, read):
+        delivered, result = read.take()
+        assert delivered
+        return result
+
+
+async def test_a_lock_taken_by_a_read_that_then_failed_is_released(
+    pair: tuple[StateBackends, StateBackends],
+) -> None:
+    """`LOCK_NEWEST` takes the lock, then its read fails (a negative `LIMIT`, here): the
+    session-level lock outlives the failed statement, so the lock releases it itself."""
+    a, b = pair
+    assert a.history is not None
+    broken = HistoryRead(a.history, KEY, 0, -1)
+    with pytest.raises(asyncpg.PostgresError, match="LIMIT"):
+        async with a.locks.hold(KEY.endpoint, KEY.conversation_id, broken):
+            pass
+    async with asyncio.timeout(30), b.locks.hold(KEY.endpoint, KEY.conversation_id):
+        pass
+
+
+async def test_a_read_of_another_database_is_left_to_its_reader(
+    pair: tuple[StateBackends, StateBackends], postgres_url: str
+) -> None:
+    a, _b = pair
+    elsewhere = PostgresDatabase(postgres_url)
+    read = HistoryRead(PostgresHistory(elsewhere), KEY, 0, 20)
+    async with asyncio.timeout(30), a.locks.hold(KEY.endpoint, KEY.conversation_id, read):
+        assert read.take() == (False, None)
 
 
 # --- outages ------------------------------------------------------------------------------------

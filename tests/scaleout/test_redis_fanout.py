@@ -25,10 +25,11 @@ from atmosphere_harness.backends.redis import (
     RedisUnavailable,
     with_redis_events,
 )
+from atmosphere_harness.backends.redis.connection import digest
 from atmosphere_harness.errors import HarnessError
 from atmosphere_harness.governance.approvals import Answer, AnswerStatus
 from atmosphere_harness.kernel.journal import LiveRuns
-from atmosphere_harness.memory.history import ConversationKey
+from atmosphere_harness.memory.history import ConversationKey, HistoryRead
 from atmosphere_harness.planning.bus import PlanBusFull, PlanEvent
 from atmosphere_harness.runtimes.base import Message
 from tests.scaleout.redis_service import PrivateRedis, keys_under, url_for
@@ -417,6 +418,83 @@ async def test_a_lock_is_renewed_while_its_run_lasts(
 async def _record(locks: RedisConversationLocks, order: list[str]) -> None:
     async with locks.hold("/p", "c"):
         order.append("b in")
+
+
+class CountingHistory(RedisHistory):
+    """A `RedisHistory` that counts the lock's tries that offered it a read."""
+
+    tries = 0
+
+    async def lock_and_read(self, lock: str, token: bytes, ttl_ms: int, read: HistoryRead) -> bool:
+        self.tries += 1
+        return await super().lock_and_read(lock, token, ttl_ms, read)
+
+
+async def test_a_read_offered_to_the_lock_is_made_once_it_is_taken_and_sees_the_last_turn(
+    connection: RedisConnection, other_connection: RedisConnection
+) -> None:
+    """The run's first history read rides on the script that takes the lock: never made by a
+    try that found the lock taken (a dead replica's, until it lapses), and made once it is
+    taken, so it sees the turn the previous holder stored; the lock is renewed and released
+    with the token that script set."""
+    from atmosphere_harness.backends.redis.locks import lock_key
+
+    key = ConversationKey("/p", "ann", "c")
+    history_a, history_b = RedisHistory(connection), CountingHistory(other_connection)
+    await history_a.append(key, [Message("user", "one")])
+    await connection.client.set(lock_key(connection, "/p", "c"), "dead-replica", px=500)
+    b = RedisConversationLocks(other_connection, ttl=0.3, poll=0.01)
+    read = HistoryRead(history_b, key, 0, 20)
+    async with asyncio.timeout(WAIT):
+        waiting = asyncio.create_task(_hold_reading(b, read))
+        while not history_b.tries:
+            await asyncio.sleep(0.01)
+        assert not read.delivered, "a try that found the lock taken read nothing"
+        await history_a.append(key, [Message("assistant", "1")])  # the dead holder's last turn
+        summary, items, token = await waiting
+    assert summary is None
+    assert [(seq, m.content) for seq, m in items] == [(1, "one"), (2, "1")]
+    assert token not in (None, "dead-replica"), "held one TTL past its first: renewed"
+    await b.drain()
+    assert await connection.client.get(lock_key(connection, "/p", "c")) is None
+
+
+async def _hold_reading(locks: RedisConversationLocks, read: HistoryRead) -> tuple[Any, Any, Any]:
+    async with locks.hold(read.key.endpoint, read.key.conversation_id, read):
+        delivered, (summary, items) = read.take()
+        assert delivered
+        await asyncio.sleep(0.6)  # two TTLs: the renewal keeps the lock ours
+        token = await locks.connection.client.get(
+            locks.connection.key("lock", digest(read.key.endpoint, read.key.conversation_id))
+        )
+    return summary, items, token
+
+
+async def test_a_lock_taken_by_a_script_whose_read_then_failed_is_released(
+    connection: RedisConnection, other_connection: RedisConnection
+) -> None:
+    """`_LOCK_READ` sets the lock, then its read fails (the history's key holds a string,
+    here): a script keeps the writes it made, so the lock frees it itself, long before its TTL."""
+    from redis.exceptions import ResponseError
+
+    key = ConversationKey("/p", None, "c")
+    history = RedisHistory(connection)
+    await connection.client.set(history._meta(key), "not a hash")
+    a = RedisConversationLocks(connection, ttl=3600)
+    b = RedisConversationLocks(other_connection, ttl=3600, poll=0.01)
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        async with a.hold("/p", "c", HistoryRead(history, key, 0, 20)):
+            pass
+    async with asyncio.timeout(WAIT), b.hold("/p", "c"):
+        pass
+
+
+async def test_a_read_on_another_redis_is_left_to_its_reader(
+    connection: RedisConnection, other_connection: RedisConnection
+) -> None:
+    read = HistoryRead(RedisHistory(other_connection), ConversationKey("/p", None, "c"), 0, 20)
+    async with asyncio.timeout(WAIT), RedisConversationLocks(connection).hold("/p", "c", read):
+        assert read.take() == (False, None)
 
 
 # --- connection, start-up, outage -----------------------------------------------------------------

@@ -4,9 +4,11 @@ A real uvicorn server (`tests.reliability.server`) talks to PostgreSQL or Redis 
 `WireCounter` proxy; the client sends turns one after another on one conversation and the proxy
 counts every round trip the server made, with its purpose. The list is the one
 `docs/scale-out.md` and `docs/scale-out-redis.md` publish: a change that adds a round trip to a
-turn (or reorders the lock around the history) fails here. The run frame feed's writes (durable
-runs off) are counted apart: they go in the background, never on the turn's path, two per
-scripted turn (the run's record with its first frames; the rest with the terminal frame).
+turn fails here. The lock and the history's first read are one round trip
+(`lock+history.load`: the read is made once the lock is taken, inside that statement or
+script). The run frame feed's writes (durable runs off) are counted apart: they go in the
+background, never on the turn's path, two per scripted turn (the run's record with its first
+frames; the rest with the terminal frame).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ ASIDE = ("feed", "upkeep")
 POSTGRES_PURPOSES = {
     "INSERT INTO atmosphere_run": "feed",
     "atmosphere_run": "upkeep",
+    "atmosphere_lock_newest": "lock+history.load",
     "pg_try_advisory_lock": "lock",
     "pg_advisory_unlock": "unlock",
     "LEFT JOIN LATERAL": "history.load",
@@ -53,6 +56,7 @@ REDIS_PURPOSES = {
     "runs._FINISH": "feed",
     "runs.": "upkeep",
     "Lock.LUA_RELEASE_SCRIPT": "unlock",
+    "history._LOCK_READ": "lock+history.load",
     "history._READ": "history.load",
     "history._APPEND": "history.append",
     "long_term._NEWEST": "facts.newest",
@@ -131,10 +135,11 @@ def feed_writes(bursts: list[Burst], names: Mapping[str, str]) -> int:
 
 
 def per_turn(bursts: list[Burst], names: Mapping[str, str], size: int) -> list[list[str]]:
-    """Each turn's purposes in order; reads in flight together (load, facts) sorted."""
+    """Each turn's purposes in order; the reads in flight together (the lock with the history
+    load, the user's facts) sorted."""
     purposes = [purpose(burst, names) for burst in bursts]
     turns = [purposes[i : i + size] for i in range(0, len(purposes), size)]
-    return [[turn[0], *sorted(turn[1:-2]), *turn[-2:]] for turn in turns]
+    return [[*sorted(turn[:-2]), *turn[-2:]] for turn in turns]
 
 
 async def start(kind: str, workspace: Path, env: dict[str, str]) -> ServerProcess:
@@ -146,8 +151,8 @@ async def start(kind: str, workspace: Path, env: dict[str, str]) -> ServerProces
 @pytest.mark.parametrize(
     ("user", "expected"),
     [
-        (None, ["lock", "history.load", "history.append", "unlock"]),
-        ("alice", ["lock", "facts.newest", "history.load", "history.append", "unlock"]),
+        (None, ["lock+history.load", "history.append", "unlock"]),
+        ("alice", ["facts.newest", "lock+history.load", "history.append", "unlock"]),
     ],
 )
 async def test_a_postgres_turn_makes_one_round_trip_per_step(
@@ -179,8 +184,8 @@ async def test_a_postgres_turn_makes_one_round_trip_per_step(
 @pytest.mark.parametrize(
     ("user", "expected"),
     [
-        (None, ["lock", "history.load", "history.append", "unlock"]),
-        ("alice", ["lock", "facts.newest", "history.load", "history.append", "unlock"]),
+        (None, ["lock+history.load", "history.append", "unlock"]),
+        ("alice", ["facts.newest", "lock+history.load", "history.append", "unlock"]),
     ],
 )
 async def test_a_redis_turn_makes_one_round_trip_per_step(

@@ -6,7 +6,8 @@ guarantees hold across processes:
 - an append is one statement (`APPEND`) that upserts the conversation row first; the row lock
   it takes serializes appends to one conversation, whichever replica makes them, so sequence
   numbers never collide or interleave, and a turn is stored whole or not at all;
-- a load is one query (`NEWEST`): summary checkpoint and newest messages together;
+- a load is one query (`NEWEST`): summary checkpoint and newest messages together; a run's
+  first load is made in the statement that takes the conversation's lock (`LOCK_NEWEST`);
 - payloads are the compact JSON of `memory.codec` (PostgreSQL's TOAST compresses large ones
   itself, so there is no packer here);
 - nothing is cached in the process: another replica's turn is visible to the next load.
@@ -20,7 +21,7 @@ from typing import Any
 
 from ...memory import codec
 from ...memory.compaction import Summary
-from ...memory.history import ConversationKey
+from ...memory.history import ConversationKey, HistoryRead
 from ...runtimes.base import Message
 from .database import PostgresDatabase
 
@@ -65,6 +66,12 @@ ORDER BY m.seq DESC
 one query; a conversation without messages yields one row whose `seq` is `NULL`."""
 
 
+LOCK_NEWEST = "SELECT * FROM atmosphere_lock_newest($1, $2, $3, $4, $5, $6)"
+"""Take a conversation's advisory lock and, once it is taken, read as `NEWEST` does, in one
+round trip (schema migration 5): `locks.PostgresConversationLocks` sends it on its lock
+connection when the run's first history read is offered to it (`memory.history.HistoryRead`)."""
+
+
 def _key_args(key: ConversationKey) -> tuple[str, str, str]:
     return key.endpoint, key.user_key, key.conversation_id
 
@@ -73,10 +80,35 @@ def _decode(payload: bytes) -> Message:
     return codec.decode(codec.PLAIN, bytes(payload))
 
 
+def newest_rows(rows: Sequence[Any]) -> tuple[Summary | None, list[tuple[int, Message]]]:
+    """The summary and `(seq, message)` oldest first, from the rows of `NEWEST` (or of
+    `LOCK_NEWEST` when it took the lock)."""
+    if not rows:
+        return None, []
+    head = rows[0]
+    summary = (
+        Summary(head["summary"], int(head["summary_covered"]))
+        if head["summary"] is not None
+        else None
+    )
+    return summary, [
+        (int(row["seq"]), _decode(row["payload"]))
+        for row in reversed(rows)
+        if row["seq"] is not None
+    ]
+
+
+def lock_newest_args(lock: int, read: HistoryRead) -> tuple[Any, ...]:
+    """`LOCK_NEWEST`'s arguments for advisory lock `lock` and the read `read`."""
+    return (lock, *_key_args(read.key), read.after_seq, read.limit)
+
+
 class PostgresHistory:
     """A `memory.history.HistoryBackend` on the shared PostgreSQL database."""
 
     durable = True
+    locked_reads = True
+    """A run's first read can ride on the lock's round trip (`LOCK_NEWEST`)."""
 
     def __init__(self, database: PostgresDatabase) -> None:
         self.database = database
@@ -100,20 +132,7 @@ class PostgresHistory:
             rows: list[Any] = await connection.fetch(NEWEST, *_key_args(key), after_seq, limit)
             return rows
 
-        rows = await self.database.run(work)
-        if not rows:
-            return None, []
-        head = rows[0]
-        summary = (
-            Summary(head["summary"], int(head["summary_covered"]))
-            if head["summary"] is not None
-            else None
-        )
-        return summary, [
-            (int(row["seq"]), _decode(row["payload"]))
-            for row in reversed(rows)
-            if row["seq"] is not None
-        ]
+        return newest_rows(await self.database.run(work))
 
     async def tail(self, key: ConversationKey, limit: int) -> list[Message]:
         _summary, items = await self._after(key, 0, limit)

@@ -153,6 +153,40 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE atmosphere_conversations ADD COLUMN extracting_until double precision;
     """,
+    # 5: take a conversation's lock and read its newest history in one round trip
+    # (`locks.PostgresConversationLocks`). PL/pgSQL, VOLATILE: in READ COMMITTED, its
+    # `RETURN QUERY` takes a fresh snapshot after `pg_try_advisory_lock` returned, so the read
+    # sees every turn committed before the lock was taken (a plain `SELECT` of both would read
+    # with a snapshot taken before the lock). One row `locked = false` when another session
+    # holds the lock; else at least one row (`seq` NULL: no message), as `history.NEWEST`.
+    """
+    CREATE FUNCTION atmosphere_lock_newest(
+        lock_key bigint, p_endpoint text, p_user_key text, p_conversation text,
+        after_seq integer, max_rows integer
+    ) RETURNS TABLE (locked boolean, summary text, summary_covered integer, seq integer,
+                     payload bytea)
+    LANGUAGE plpgsql VOLATILE AS $$
+    #variable_conflict use_column
+    BEGIN
+        IF NOT pg_try_advisory_lock(lock_key) THEN
+            RETURN QUERY SELECT false, NULL::text, NULL::integer, NULL::integer, NULL::bytea;
+            RETURN;
+        END IF;
+        RETURN QUERY
+        SELECT true, c.summary, c.summary_covered, m.seq, m.payload
+        FROM (SELECT 1) AS one
+        LEFT JOIN atmosphere_conversations AS c
+            ON c.endpoint = p_endpoint AND c.user_key = p_user_key
+            AND c.conversation_id = p_conversation
+        LEFT JOIN LATERAL (
+            SELECT seq, payload FROM atmosphere_messages
+            WHERE conversation = c.id AND seq > coalesce(after_seq, c.summary_seq)
+            ORDER BY seq DESC LIMIT max_rows
+        ) AS m ON true
+        ORDER BY m.seq DESC;
+    END
+    $$;
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 

@@ -78,6 +78,12 @@ def digest(*parts: str) -> str:
     return hasher.hexdigest()
 
 
+def lock_key(connection: RedisConnection, path: str, conversation_id: str) -> str:
+    """The key of a conversation's lock (`locks.RedisConversationLocks`; the history's cap
+    reads it too)."""
+    return connection.key("lock", digest(path, conversation_id))
+
+
 class RedisConnection:
     """The app's Redis pool and key namespace; opened and closed by the host (`Resource`)."""
 

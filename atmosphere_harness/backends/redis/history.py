@@ -29,10 +29,9 @@ from typing import Any
 from ...log import get_logger
 from ...memory import codec
 from ...memory.compaction import Summary
-from ...memory.history import ConversationKey
+from ...memory.history import ConversationKey, HistoryRead
 from ...runtimes.base import Message
-from .connection import RedisConnection, as_str, digest
-from .locks import lock_key
+from .connection import RedisConnection, as_str, digest, lock_key
 
 log = get_logger(__name__)
 
@@ -69,24 +68,40 @@ return {last, redis.call('ZCARD', KEYS[4])}
 # KEYS: meta, messages, open zset, all zset.
 # ARGV: now, endpoint, user, conversation, lock key, digest, max messages, message...
 
-_READ = """
-local m = redis.call('HMGET', KEYS[1], 'first', 'last', 'summary', 'covered', 'summary_seq',
-    'extracted')
-if not m[2] then return false end
-local first, last = tonumber(m[1]), tonumber(m[2])
-local after
-if ARGV[1] == 'summary' then after = tonumber(m[5] or '0')
-elseif ARGV[1] == 'extracted' then after = tonumber(m[6] or '0')
-else after = tonumber(ARGV[1]) end
-local limit = tonumber(ARGV[2])
-local from = math.max(after + 1, last - limit + 1, first)
-local items = {}
-if from <= last and limit > 0 then
-    items = redis.call('LRANGE', KEYS[2], from - first, -1)
+_READ_FUNCTION = """
+local function read(meta, messages, after_arg, limit_arg)
+    local m = redis.call('HMGET', meta, 'first', 'last', 'summary', 'covered', 'summary_seq',
+        'extracted')
+    if not m[2] then return false end
+    local first, last = tonumber(m[1]), tonumber(m[2])
+    local after
+    if after_arg == 'summary' then after = tonumber(m[5] or '0')
+    elseif after_arg == 'extracted' then after = tonumber(m[6] or '0')
+    else after = tonumber(after_arg) end
+    local limit = tonumber(limit_arg)
+    local from = math.max(after + 1, last - limit + 1, first)
+    local items = {}
+    if from <= last and limit > 0 then
+        items = redis.call('LRANGE', messages, from - first, -1)
+    end
+    return {m[3] or false, m[4] or '0', from, last, items}
 end
-return {m[3] or false, m[4] or '0', from, last, items}
 """
+
+_READ = _READ_FUNCTION + "return read(KEYS[1], KEYS[2], ARGV[1], ARGV[2])\n"
 # KEYS: meta, messages. ARGV: after ('summary', 'extracted' or a seq), limit.
+
+_LOCK_READ = (
+    _READ_FUNCTION
+    + """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
+return {read(KEYS[2], KEYS[3], ARGV[3], ARGV[4])}
+"""
+)
+"""Take a conversation's lock (`SET NX PX`, as redis-py's `Lock` does) and, if it was taken,
+read its history as `_READ` does, in one script: one round trip, the read made under the lock
+(a script runs alone). `false`: not taken; else a one-item array holding `_READ`'s reply."""
+# KEYS: lock, meta, messages. ARGV: token, ttl (ms), after, limit.
 
 _SAVE_SUMMARY = """
 if not redis.call('HGET', KEYS[1], 'last') then return 0 end
@@ -148,6 +163,8 @@ class RedisHistory:
     """A `memory.history.HistoryBackend` in Redis (see the module docstring)."""
 
     durable = True
+    locked_reads = True
+    """A run's first read can ride on the lock's round trip (`lock_and_read`)."""
 
     def __init__(
         self,
@@ -166,6 +183,7 @@ class RedisHistory:
         client = connection.client
         self._append = client.register_script(_APPEND)
         self._read = client.register_script(_READ)
+        self._lock_read = client.register_script(_LOCK_READ)
         self._save_summary = client.register_script(_SAVE_SUMMARY)
         self._close = client.register_script(_CLOSE)
         self._mark = client.register_script(_MARK)
@@ -249,6 +267,11 @@ class RedisHistory:
             found: Any = await self._read(
                 keys=[self._meta(key), self._messages(key)], args=[after, limit]
             )
+        return self._decode_range(found)
+
+    @staticmethod
+    def _decode_range(found: Any) -> tuple[Summary | None, list[tuple[int, Message]], int]:
+        """`_READ`'s reply as (summary, [(seq, message), ...] oldest first, last seq)."""
         if not found:
             return None, [], 0
         summary_text, covered, first, last, items = found
@@ -260,6 +283,30 @@ class RedisHistory:
             for offset, item in enumerate(items)
         ]
         return summary, decoded, int(last)
+
+    async def lock_and_read(self, lock: str, token: bytes, ttl_ms: int, read: HistoryRead) -> bool:
+        """Take lock key `lock` with `token` for `ttl_ms` if it is free and, if so, make `read`
+        (`HistoryRead.deliver`) in the same script; whether the lock was taken.
+
+        `RedisConversationLocks` calls it for each try of a lock whose run offered its first
+        read; connection failures are the caller's to report."""
+        key = read.key
+        after = "summary" if read.after_seq is None else str(read.after_seq)
+        found: Any = await self._lock_read(
+            keys=[lock, self._meta(key), self._messages(key)],
+            args=[token, ttl_ms, after, read.limit],
+        )
+        if not found:
+            return False
+        try:
+            summary, items, _last = self._decode_range(found[0])
+        except Exception as exc:
+            # The lock is taken: raising would keep it from being released. The reader's own
+            # read meets the same data under the lock, and its error ends the run properly.
+            log.debug("history read with the lock not delivered", error=str(exc))
+        else:
+            read.deliver((summary, items))
+        return True
 
     async def tail(self, key: ConversationKey, limit: int) -> list[Message]:
         _summary, items, _last = await self._range(key, "0", limit)

@@ -10,6 +10,12 @@ Prompts of one conversation on the same replica queue on an `asyncio.Lock` first
 poll Redis against each other; only prompts on different replicas poll (every `poll` seconds,
 the driver's way).
 
+When the run offers its first history read (`memory.history.HistoryRead` on a `RedisHistory`
+of this connection), each try is one script that takes the lock and, if it got it, reads the
+history (`RedisHistory.lock_and_read`): the turn saves the history read's round trip, and the
+read still happens under the lock (a script runs alone). Either way the token is the driver's
+kind, so renewal and release stay redis-py's `Lock` scripts.
+
 The release runs in a task of its own: the run does not wait for that round trip (its
 `complete` frame leaves sooner). The next prompt of the conversation on this replica waits for
 the release first (so it never polls against its own replica's lock); a prompt on another
@@ -25,14 +31,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import uuid
 import weakref
 from collections.abc import AsyncIterator
 
 from redis.asyncio.lock import Lock
 from redis.exceptions import LockError, RedisError
 
+from ...contracts import LockedRead
 from ...log import get_logger
-from .connection import RedisConnection, digest
+from ...memory.history import HistoryRead
+from .connection import RedisConnection, lock_key
+from .history import RedisHistory
 
 log = get_logger(__name__)
 
@@ -42,8 +52,7 @@ POLL = 0.02
 """Seconds between two attempts while another replica holds the lock."""
 
 
-def lock_key(connection: RedisConnection, path: str, conversation_id: str) -> str:
-    return connection.key("lock", digest(path, conversation_id))
+__all__ = ["LOCK_TTL", "POLL", "RedisConversationLocks", "lock_key"]
 
 
 class RedisConversationLocks:
@@ -72,7 +81,9 @@ class RedisConversationLocks:
         return lock
 
     @contextlib.asynccontextmanager
-    async def hold(self, path: str, conversation_id: str) -> AsyncIterator[None]:
+    async def hold(
+        self, path: str, conversation_id: str, read: LockedRead | None = None
+    ) -> AsyncIterator[None]:
         key = lock_key(self.connection, path, conversation_id)
         async with self._local_lock(key):
             pending = self._releasing.get(key)
@@ -87,7 +98,10 @@ class RedisConversationLocks:
                 raise_on_release_error=False,
             )
             with self.connection.unavailable("taking the conversation's lock"):
-                await lock.acquire()
+                if isinstance(read, HistoryRead) and self._serves(read):
+                    await self._acquire_reading(key, lock, read)
+                else:
+                    await lock.acquire()
             renewal = asyncio.get_running_loop().create_task(
                 self._renew(lock, path, conversation_id), name="redis-lock-renewal"
             )
@@ -100,6 +114,39 @@ class RedisConversationLocks:
                 )
                 self._releasing[key] = task
                 task.add_done_callback(functools.partial(self._released_one, key))
+
+    def _serves(self, read: HistoryRead) -> bool:
+        """Whether `read` reads a history on this lock's Redis (one script can make both)."""
+        return isinstance(read.backend, RedisHistory) and read.backend.connection is self.connection
+
+    async def _acquire_reading(self, key: str, lock: Lock, read: HistoryRead) -> None:
+        """`lock.acquire()` (a random token, `SET NX PX`, a retry every `poll` seconds), each
+        try also making `read` if it takes the lock."""
+        assert isinstance(read.backend, RedisHistory)
+        token = uuid.uuid4().hex.encode()
+        ttl_ms = int(self.ttl * 1000)
+        while True:
+            try:
+                got = await read.backend.lock_and_read(key, token, ttl_ms, read)
+            except BaseException:
+                # A script keeps the writes it made before an error (its `SET`, if its read
+                # then failed), and a cancelled try may have run: free the lock if it holds
+                # our token (the release script checks), as after a block.
+                lock.local.token = token
+                task = asyncio.get_running_loop().create_task(
+                    self._free(lock), name="redis-lock-release"
+                )
+                self._releasing[key] = task
+                task.add_done_callback(functools.partial(self._released_one, key))
+                raise
+            if got:
+                lock.local.token = token
+                return
+            await asyncio.sleep(self.poll)  # another replica's lock: polled, as `Lock` does
+
+    async def _free(self, lock: Lock) -> None:
+        with contextlib.suppress(LockError, RedisError, OSError):
+            await lock.release()
 
     def _released_one(self, key: str, task: asyncio.Task[None]) -> None:
         if self._releasing.get(key) is task:
