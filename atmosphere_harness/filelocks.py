@@ -117,12 +117,28 @@ class LockFile:
             _close(self._fd)
 
     def __enter__(self) -> bool:
-        self._mutex.acquire()
+        foreign = self._enter(wait=True)
+        assert foreign is not None
+        return foreign
+
+    def try_enter(self) -> bool | None:
+        """`__enter__` if the lock is free now, without waiting for it: the `foreign` flag, or
+        `None` (nothing held) when another thread or process holds it. Release with
+        `__exit__`."""
+        return self._enter(wait=False)
+
+    def _enter(self, *, wait: bool) -> bool | None:
+        if not self._mutex.acquire(blocking=wait):
+            return None
         try:
             fd = self._fd
             if fd < 0 or self._gen != _generation:
                 fd = self._reopen()
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._mutex.release()
+                return None
             try:
                 if os.pread(fd, TOKEN_BYTES, 0) == self._token:
                     return False

@@ -148,6 +148,10 @@ class DiskTally:
         recorded = self.dirs
         return any(mtime(directory) != recorded.get(directory) for directory in watched)
 
+    def all_due(self) -> bool:
+        """Whether the next `stale` checks every directory, not only those it is given."""
+        return time.monotonic() - self.checked_at > DIR_CHECK_SECONDS
+
     def settle(self, directories: Iterable[str]) -> None:
         """Record the mtimes of the directories the store's own change just touched."""
         dirs = self.dirs

@@ -30,6 +30,11 @@ Two implementations:
   one process only (the behaviour before the shared volume); for embedding, tests, or a root no
   other process touches.
 
+Both also offer `try_hold()` and `release()`: the hold taken only if that needs no wait (the
+thread lock free, the `flock` granted at once, the lease already claimed), which lets the store
+run a small change on the event loop and send it to a worker thread when the store is busy
+(`WorkspaceAgentFileSystem`). They are optional: a ledger without them always gets the worker.
+
 A PostgreSQL implementation would make `hold()` a transaction-scoped advisory lock and
 `reserve()` one conditional `UPDATE ... SET files = files + $1, bytes = bytes + $2 WHERE ... <=
 $max RETURNING ...`.
@@ -188,6 +193,13 @@ class InProcessLedger(Figures):
     def hold(self) -> threading.Lock:
         return self._hold
 
+    def try_hold(self) -> bool:
+        """Take `hold()` if it is free now (never waits); True when taken: `release()` it."""
+        return self._hold.acquire(blocking=False)
+
+    def release(self) -> None:
+        self._hold.release()
+
     def claim(self) -> bool:
         return True
 
@@ -277,6 +289,22 @@ class SharedVolumeLedger(Figures):
         traceback: TracebackType | None,
     ) -> None:
         self._lock_file.__exit__(kind, value, traceback)
+
+    def try_hold(self) -> bool:
+        """Take `hold()` if that needs no wait: the lease already claimed and the lock file free
+        in this process and every other. True when taken (the figures dropped, as `hold()`
+        does, if another ledger held it since): `release()` it."""
+        if not self._lease.held:
+            return False
+        foreign = self._lock_file.try_enter()
+        if foreign is None:
+            return False
+        if foreign:
+            self.recount(None)
+        return True
+
+    def release(self) -> None:
+        self._lock_file.__exit__(None, None, None)
 
     def claim(self) -> bool:
         if self._lease.held:

@@ -28,14 +28,37 @@ Blocking work runs in a worker thread (`workers.run`), one hop per operation; a 
 consecutive reads can share one hop (`prefetch`, which the `read_file` tool calls for a
 message's consecutive reads), and so can a run of writes (`write_many`, the `write_file` tool's
 batch).
+
+**Small operations on the event loop.** A `read`, `write`, `edit` or `write_many` of at most
+`workers.ON_LOOP_BYTES` (a file's size, or a batch's total) runs right on the event loop when
+nothing in it would wait, because the hop costs more than the operation itself (see
+`workers`). It runs the same code as in the worker (the same validation, containment, bounds,
+atomic write and messages); what differs is that every step that could wait gives up first and
+the whole operation goes to the worker thread instead, having changed nothing:
+
+- the store's hold is taken with `try_hold()`: a thread lock or `flock` held by anyone else (in
+  this process or another sharing the volume), or a lease not yet claimed, is a busy store;
+- a recount (a walk of the store: after another process changed it, after a change behind its
+  back, every `FULL_RESYNC_SECONDS`), a check of more than `ON_LOOP_DIRECTORIES` directories'
+  mtimes, a path that deep, and the first write of a conversation (the provider's conversation
+  cap) go to the worker;
+- a file found larger than the bound (an edit's result too) goes to the worker.
+
+The store's first operation always hops (it claims the store's lease, which may wait for an
+eviction), and so does every small operation while `workers.ON_LOOP` is cooling down after one
+that took longer than `workers.SLOW_SECONDS`. `ls`, `glob`, `grep`, `delete`, `rename`,
+`usage` and `prefetch` always hop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import os
 import re
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Callable, Sequence
 from operator import itemgetter
@@ -91,6 +114,14 @@ __all__ = [
 
 T = TypeVar("T")
 
+
+class _Later(enum.Enum):
+    LATER = enum.auto()
+
+
+_LATER = _Later.LATER
+"""`_now`'s answer when the operation must hop instead (it did nothing)."""
+
 TOUCH_SECONDS = 1.0
 """Granularity of the root's mtime as the store's last-write time (the provider's LRU order)."""
 
@@ -99,6 +130,23 @@ PREFETCH_SECONDS = 1.0
 once; this bounds how stale a change made behind the store's back can be)."""
 PREFETCH_BYTES = 32 * 1024 * 1024
 """Most bytes one `prefetch` keeps in memory; the files past it are read when asked for."""
+
+ON_LOOP_DIRECTORIES = 16
+"""Most directories an operation on the event loop visits: a path deeper than this (a stat of
+each directory on it) and, for a change, the tally's periodic check of every directory's mtime
+(`DIR_CHECK_SECONDS`) in a store with more directories make the operation hop."""
+
+_here = threading.local()
+"""`_here.on_loop` is True while this thread runs a store operation on the event loop."""
+
+
+def _on_loop() -> bool:
+    return getattr(_here, "on_loop", False)
+
+
+class _Deferred(Exception):
+    """Raised by a step of an on-loop operation that would wait or walk, before it changes
+    anything: the operation runs in a worker thread instead."""
 
 
 def is_live(root: str | os.PathLike[str], usage: WorkspaceUsage = PROCESS_USAGE) -> bool:
@@ -142,6 +190,11 @@ class WorkspaceAgentFileSystem:
         self.fsync = fsync
         self._on_create = on_create
         self._ledger: UsageLedger = (usage or PROCESS_USAGE).ledger(self._root)
+        # A ledger that can take its hold without waiting lets small changes run on the loop.
+        self._try_hold: Callable[[], bool] | None = getattr(self._ledger, "try_hold", None)
+        self._release: Callable[[], None] | None = getattr(self._ledger, "release", None)
+        if self._release is None:
+            self._try_hold = None
         self._tally = DiskTally()
         self._real_root: str | None = None
         self._prefetched: dict[str, str | FileSystemError] = {}
@@ -195,14 +248,17 @@ class WorkspaceAgentFileSystem:
                 raise found
             if found is not None:
                 return found
-        return await self._run("read", shown(path), self._read, rel, shown(path))
+        echo = shown(path)
+        return await self._run_small("read", echo, 0, rel, self._read, rel, echo)
 
     async def write(self, path: str, content: str) -> None:
         rel = check_path(path)
         echo = shown(path)
         data = encode_content(content, echo, self.limits)
         self.drop_prefetched()
-        await self._run("write", echo, self._locked, self._write, rel, echo, data)
+        await self._run_small(
+            "write", echo, len(data), rel, self._locked, self._write, rel, echo, data
+        )
 
     async def edit(
         self, path: str, old_text: str, new_text: str, *, replace_all: bool = False
@@ -214,8 +270,18 @@ class WorkspaceAgentFileSystem:
         if not isinstance(new_text, str):
             raise FileSystemError("new_text must be a string")
         self.drop_prefetched()
-        return await self._run(
-            "edit", echo, self._locked, self._edit, rel, echo, old_text, new_text, replace_all
+        return await self._run_small(
+            "edit",
+            echo,
+            0,
+            rel,
+            self._locked,
+            self._edit,
+            rel,
+            echo,
+            old_text,
+            new_text,
+            replace_all,
         )
 
     async def glob(self, pattern: str) -> list[str]:
@@ -274,7 +340,14 @@ class WorkspaceAgentFileSystem:
                 errors[position] = exc
         if wanted:
             self.drop_prefetched()
-            written = await self._run("write", ".", self._write_many, wanted)
+            size = sum(len(data) for *_, data in wanted)
+            deepest = max(wanted, key=lambda item: item[1].count("/"))[1]
+            now = self._now("write", ".", size, deepest, self._write_many, wanted)
+            written = [] if now is _LATER else now
+            if len(written) < len(wanted):  # the rest (all, or from a busy store on) hop
+                written += await self._run("write", ".", self._write_many, wanted[len(written) :])
+            else:
+                await asyncio.sleep(0)  # as in `_run_small`
             for (position, *_), error in zip(wanted, written, strict=True):
                 errors[position] = error
         return errors
@@ -329,6 +402,44 @@ class WorkspaceAgentFileSystem:
 
     # --- machinery -------------------------------------------------------------------------
 
+    async def _run_small(
+        self, action: str, echo: str, size: int, rel: str, fn: Callable[..., T], *args: object
+    ) -> T:
+        """`_run`, or right here on the event loop when that is allowed (see the module
+        docstring): `size` is the bytes the operation writes, known before it starts, and `rel`
+        the (deepest) path it works on."""
+        done = self._now(action, echo, size, rel, fn, *args)
+        if done is _LATER:
+            return await self._run(action, echo, fn, *args)
+        await asyncio.sleep(0)  # let other tasks run, as a hop would: a loop of calls stays fair
+        return done
+
+    def _now(
+        self, action: str, echo: str, size: int, rel: str, fn: Callable[..., T], *args: object
+    ) -> T | _Later:
+        """`fn(*args)` on the event loop, or `_LATER` (nothing done) when it must hop."""
+        budget = workers.ON_LOOP
+        if (
+            not self._claimed
+            or size > workers.ON_LOOP_BYTES
+            or rel.count("/") >= ON_LOOP_DIRECTORIES  # a stat per directory on its path
+            or not budget.allows()
+        ):
+            return _LATER
+        started = budget.start()
+        _here.on_loop = True
+        try:
+            return fn(*args)
+        except _Deferred:
+            return _LATER
+        except FileSystemError:
+            raise
+        except OSError as exc:
+            raise _failed(action, echo, exc) from None
+        finally:
+            _here.on_loop = False
+            budget.spent(started, action)
+
     async def _run(self, action: str, echo: str, fn: Callable[..., T], *args: object) -> T:
         try:
             if self._claimed:
@@ -340,18 +451,33 @@ class WorkspaceAgentFileSystem:
             raise _failed(action, echo, exc) from None
 
     def _claim_then(self, fn: Callable[..., T], *args: object) -> T:
-        """Mark the store in use (its lease, once it exists) before the first operations."""
-        self._claimed = self._ledger.claim()
-        return fn(*args)
+        """Mark the store in use (its lease, once it exists) before the first operations; a
+        first write claims it on its way, which is noted after it."""
+        claimed = self._ledger.claim()
+        try:
+            return fn(*args)
+        finally:
+            self._claimed = claimed or self._ledger.claim()
 
     def _locked(self, fn: Callable[..., T], *args: object) -> T:
-        with self._ledger.hold():
-            try:
-                return fn(*args)
-            except OSError:
-                self._tally.forget()  # the disk may differ from the count now
-                self._ledger.recount(None)
-                raise
+        if not _on_loop():
+            with self._ledger.hold():
+                return self._changing(fn, *args)
+        if self._try_hold is None or self._release is None or not self._try_hold():
+            raise _Deferred  # the store is busy: the worker waits for it
+        try:
+            return self._changing(fn, *args)
+        finally:
+            self._release()
+
+    def _changing(self, fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)`, a change under the store's hold."""
+        try:
+            return fn(*args)
+        except OSError:
+            self._tally.forget()  # the disk may differ from the count now
+            self._ledger.recount(None)
+            raise
 
     def _real(self) -> str:
         """The root's real path (symlinks of its ancestors resolved), cached once it exists."""
@@ -375,11 +501,17 @@ class WorkspaceAgentFileSystem:
 
     def _sync(self) -> None:
         """Count the store from the disk into the tally and the ledger (under the hold)."""
+        if _on_loop():
+            self._tally.forget()  # `stale` may have moved its clock: the worker walks for sure
+            raise _Deferred
         self._ledger.recount(self._tally.rebuild(self._real()))
 
     def _trust(self, chain: list[str]) -> bool:
         """Make the tally match the disk; True when the store was just counted by a walk."""
-        if self._tally.stale(chain):
+        tally = self._tally
+        if _on_loop() and len(tally.dirs) > ON_LOOP_DIRECTORIES and tally.all_due():
+            raise _Deferred
+        if tally.stale(chain):
             self._sync()
             return True
         return False
@@ -424,6 +556,8 @@ class WorkspaceAgentFileSystem:
 
     def _make_dirs(self, directory: str, echo: str) -> None:
         if self._on_create is not None and not os.path.isdir(self._root):
+            if _on_loop():
+                raise _Deferred  # the conversation cap may walk and evict other stores
             self._on_create()
         self._tally.made_dirs = True
         try:
@@ -465,9 +599,15 @@ class WorkspaceAgentFileSystem:
         tally.settle(changed)
 
     def _text(self, target: str, info: os.stat_result, echo: str) -> str:
+        on_loop = _on_loop()
+        if on_loop and info.st_size > workers.ON_LOOP_BYTES:
+            raise _Deferred
         limit = self.limits.max_file_bytes
-        data = None if info.st_size > limit else read_bytes(target, limit)
+        reads = min(limit, workers.ON_LOOP_BYTES) if on_loop else limit
+        data = None if info.st_size > limit else read_bytes(target, reads)
         if data is None:
+            if on_loop:
+                raise _Deferred  # it grew past the bound since the stat: the worker reads it
             size = max(info.st_size, limit + 1)
             raise FileSystemError(f"File too large to read: {echo} is {size} bytes (limit {limit})")
         try:
@@ -532,10 +672,14 @@ class WorkspaceAgentFileSystem:
         return read
 
     def _write_many(self, wanted: list[tuple[int, str, str, bytes]]) -> list[Exception | None]:
+        """Each write's error, in order; on the event loop, possibly only the first few (the
+        rest must hop)."""
         errors: list[Exception | None] = []
         for _, rel, echo, data in wanted:
             try:
                 self._locked(self._write, rel, echo, data)
+            except _Deferred:
+                break
             except FileSystemError as exc:
                 errors.append(exc)
             except OSError as exc:
@@ -574,6 +718,8 @@ class WorkspaceAgentFileSystem:
         updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
         if updated != text:
             data = updated.encode("utf-8")
+            if len(data) > workers.ON_LOOP_BYTES and _on_loop():
+                raise _Deferred
             check_file_size(echo, len(data), self.limits)
             key = self._key(target)
             chain = self._chain(target)

@@ -24,6 +24,17 @@ from tests.fs_support import Harnessed, tree
 LIMITS = FileSystemLimits(max_file_bytes=100, max_files=4, max_total_bytes=1000)
 
 
+@pytest.fixture(autouse=True, params=["on-loop", "worker"])
+def where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test runs twice: small operations on the event loop (the default, never cooling
+    down here), and every operation in a worker thread. The outcomes must be the same."""
+    if request.param == "worker":
+        monkeypatch.setattr(workers, "ON_LOOP_BYTES", -1)
+    else:
+        monkeypatch.setattr(workers, "ON_LOOP", workers.LoopBudget(slow=float("inf")))
+    return str(request.param)
+
+
 class Hops:
     """Counts the worker-thread hops the workspace makes."""
 
