@@ -544,6 +544,9 @@ async def test_a_release_notifies_only_a_waiter_and_the_waiter_is_woken_by_it(
                 while not await _marked(listener, locks.mark_key(locks.lock_key("/p", "c1"))):
                     await asyncio.sleep(0.01)
             await waiting
+            # B's release runs after its block, in the background: let it finish, or A's next
+            # hold below may find the lock still B's, wait, mark it and be notified.
+            await b.locks.aclose()
             await listener.fetchval("SELECT 1")
             assert heard == [str(locks.lock_key("/p", "c1"))]
             # The waiter took its mark off: the next release notifies nobody.
