@@ -87,6 +87,11 @@ MOVED = "another server took this run over; re-attach to follow it"
 FEED_LINGER_SECONDS = 0.05
 """The frame feed gathers a run's frames this long before each write (remote readers poll
 every `kernel.remote.POLL_SECONDS`, 0.25 s, so they do not notice)."""
+FEED_FIRST_SECONDS = 0.01
+"""The frame feed's first write (the run's record) waits this long, or until the run's terminal
+frame if that comes sooner: a run that ends within it (a scripted or cached answer, a refusal)
+is shared in one write instead of two, and another replica finds a longer one 10 ms after it
+started instead of about a round trip after (a re-attach there answers 404 meanwhile)."""
 ABANDONED = "the server running this run stopped; the frames it had not shared are lost"
 """The frame feed's last word on a run whose replica died (`RunFeed.abandon`)."""
 STOPPED = "the run was stopped before it finished"
@@ -889,14 +894,27 @@ class LiveRuns:
 
 class _FeedWriter(_StoreWriter):
     """The frame feed's writer: a `_StoreWriter` whose first write (the run's record, so that
-    other replicas find the run at once) goes at once, and every later group after gathering
-    frames for `FEED_LINGER_SECONDS`: a long run costs a write per linger at most, a short one
-    two (the second, with its terminal frame, also finishes it: `RunStore`). Remote readers
-    poll slower than the linger anyway."""
+    other replicas find the run) goes after `FEED_FIRST_SECONDS`, and every later group after
+    gathering frames for `FEED_LINGER_SECONDS`; the terminal frame cuts either wait short. A
+    long run costs a write per linger at most, one that ends within the first wait one write
+    (with its terminal frame, which also finishes it: `RunStore`). Remote readers poll slower
+    than the linger anyway."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ended = asyncio.Event()
+
+    def frame(self, frame: Frame) -> None:
+        if frame.terminal:
+            self._ended.set()
+        super().frame(frame)
 
     async def _drain(self) -> None:
-        if self._create is None:
-            await asyncio.sleep(FEED_LINGER_SECONDS)
+        if not self._ended.is_set():
+            wait = FEED_FIRST_SECONDS if self._create is not None else FEED_LINGER_SECONDS
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._ended.wait()
         await super()._drain()
 
 

@@ -7,8 +7,9 @@ counts every round trip the server made, with its purpose. The list is the one
 turn fails here. The lock and the history's first read are one round trip
 (`lock+history.load`: the read is made once the lock is taken, inside that statement or
 script). The run frame feed's writes (durable runs off) are counted apart: they go in the
-background, never on the turn's path, two per scripted turn (the run's record with its first
-frames; the rest with the terminal frame).
+background, never on the turn's path, one per scripted turn (the run's record, its frames and
+its end: the run ends within the feed's first wait, `journal.FEED_FIRST_SECONDS`), or two if
+the machine was slow enough that the wait ran out first.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ WARM_UP = 3
 BACKGROUND = ("SELECT 1", "PING")
 """The `LISTEN` connection's health probe, a pub/sub keep-alive: not the turn's."""
 
-FEED_WRITES_PER_TURN = 2
+FEED_WRITES_PER_TURN = (1, 2)
 ASIDE = ("feed", "upkeep")
 """Not the turn's own round trips: the frame feed's background writes, the lease upkeep."""
 
@@ -106,7 +107,7 @@ async def turns_on_the_wire(
     # The last release runs after the `complete` frame: wait for it (hang guard), then a moment
     # more, so a round trip too many would be seen too.
     async with asyncio.timeout(10):
-        while len(counted(proxy)) < (expected + FEED_WRITES_PER_TURN) * TURNS:
+        while len(counted(proxy)) < (expected + FEED_WRITES_PER_TURN[0]) * TURNS:
             await asyncio.sleep(0.01)
     await settle(proxy)
     return counted(proxy)
@@ -173,7 +174,8 @@ async def test_a_postgres_turn_makes_one_round_trip_per_step(
     finally:
         await asyncio.to_thread(drop_database, url)
     assert [b.label for b in bursts if purpose(b, POSTGRES_PURPOSES) == b.label] == []
-    assert feed_writes(bursts, POSTGRES_PURPOSES) == FEED_WRITES_PER_TURN * TURNS, [
+    fewest, most = FEED_WRITES_PER_TURN
+    assert fewest * TURNS <= feed_writes(bursts, POSTGRES_PURPOSES) <= most * TURNS, [
         b.label for b in bursts
     ]
     turns = own(bursts, POSTGRES_PURPOSES)
@@ -211,7 +213,8 @@ async def test_a_redis_turn_makes_one_round_trip_per_step(
     finally:
         await asyncio.to_thread(delete_prefix, prefix)
     assert [b.label for b in bursts if purpose(b, REDIS_PURPOSES) == b.label] == []
-    assert feed_writes(bursts, REDIS_PURPOSES) == FEED_WRITES_PER_TURN * TURNS, [
+    fewest, most = FEED_WRITES_PER_TURN
+    assert fewest * TURNS <= feed_writes(bursts, REDIS_PURPOSES) <= most * TURNS, [
         b.label for b in bursts
     ]
     turns = own(bursts, REDIS_PURPOSES)

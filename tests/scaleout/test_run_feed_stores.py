@@ -24,6 +24,7 @@ from atmosphere_harness.backends.redis import RedisConnection, RedisRunStore
 from atmosphere_harness.backends.redis import runs as redis_runs
 from atmosphere_harness.contracts import FEED_OWNER, LeaseLost, LiveRunHandle, StoredRun
 from atmosphere_harness.events import Frame
+from atmosphere_harness.kernel import journal
 from atmosphere_harness.kernel.journal import ABANDONED, STOPPED, LiveRuns, encode
 from atmosphere_harness.kernel.remote import RemoteRun
 
@@ -250,6 +251,76 @@ async def test_a_feed_run_stopped_before_its_end_tells_remote_readers(
         seen = [f async for f in remote.follow()]
         assert [(f.seq, f.event) for f in seen] == [(1, "text"), (2, events.ERROR)]
         assert seen[-1].data == {"message": STOPPED, "type": "RunStopped"}
+    finally:
+        await runs_a.aclose()
+
+
+class _Counted:
+    """A run store that records each `append` (its frames' events, whether it created the run)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.appends: list[tuple[bool, list[str]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def append(self, run_id: str, frames: Any, checkpoints: Any, **kwargs: Any) -> None:
+        self.appends.append((kwargs.get("create") is not None, [f[1] for f in frames]))
+        await self.store.append(run_id, frames, checkpoints, **kwargs)
+
+
+async def test_a_feed_run_that_ends_within_the_first_wait_is_one_write(
+    stores: list[Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first write waits `FEED_FIRST_SECONDS` (here long, so the run surely ends within it)
+    and the terminal frame cuts the wait short: the run, all its frames and its end in one."""
+    monkeypatch.setattr(journal, "FEED_FIRST_SECONDS", 30.0, raising=False)
+    a, b = stores
+    counted = _Counted(a)
+    runs_a = LiveRuns(feed=counted, lease_seconds=60)  # type: ignore[arg-type]
+
+    async def work(handle: LiveRunHandle) -> None:
+        await handle.publish(Frame("text", {"text": "one"}, "s", "quick", 1))
+        await asyncio.sleep(0.05)
+        await handle.publish(Frame(events.COMPLETE, {"summary": "ok"}, "s", "quick", 2))
+
+    await runs_a.open(_no_resume)
+    try:
+        live = runs_a.start(work, path="/p", conversation_id="quick", user_id=None)
+        async with asyncio.timeout(10):  # far less than the 30 s wait: the end cut it short
+            while not counted.appends:
+                await asyncio.sleep(0.01)
+        assert [f.event async for f in live.follow()] == ["text", events.COMPLETE]
+        assert counted.appends == [(True, ["text", events.COMPLETE])]
+        assert (await b.frames_after(live_run_id(live), 0, 10))[1] is True  # finished
+    finally:
+        await runs_a.aclose()
+
+
+async def test_a_longer_feed_run_is_found_after_the_first_wait_then_written_in_groups(
+    stores: list[Store],
+) -> None:
+    a, b = stores
+    counted = _Counted(a)
+    runs_a = LiveRuns(feed=counted, lease_seconds=60)  # type: ignore[arg-type]
+    runs_b = LiveRuns(feed=b, lease_seconds=60)
+    go_on = asyncio.Event()
+
+    async def work(handle: LiveRunHandle) -> None:
+        await handle.publish(Frame("text", {"text": "one"}, "s", "long", 1))
+        await go_on.wait()
+        await handle.publish(Frame("text", {"text": "two"}, "s", "long", 2))
+        await handle.publish(Frame(events.COMPLETE, {"summary": "ok"}, "s", "long", 3))
+
+    await runs_a.open(_no_resume)
+    try:
+        runs_a.start(work, path="/p", conversation_id="long", user_id=None)
+        remote = await until(lambda: runs_b.find("/p", "long"), RemoteRun)
+        assert counted.appends == [(True, ["text"])]
+        go_on.set()
+        assert [f.event async for f in remote.follow()] == ["text", "text", events.COMPLETE]
+        assert counted.appends == [(True, ["text"]), (False, ["text", events.COMPLETE])]
     finally:
         await runs_a.aclose()
 
