@@ -121,8 +121,13 @@ def test_replica_b_takes_over_a_run_of_killed_replica_a(replicas: Replicas) -> N
             wait_for(lambda: replicas.tool_runs("cut") == ["sleepy"], "the tool to start")
             return True
 
-        read(sse_frames(response), sleeping, before)
+        # Held until the kill: a generator dropped here would close the connection first, and
+        # A, if it ran before the SIGKILL landed, would stop the run as one its client left
+        # (journalled as ended, which B rightly does not resume).
+        stream = sse_frames(response)
+        read(stream, sleeping, before)
         replicas.a.kill()
+        stream.close()
     replicas.release("cut-tool")
 
     # Replica B, never restarted, claims the run once A's lease ran out, and asks the model for
