@@ -696,7 +696,14 @@ class LiveRuns:
         if ENDED in checkpoints or (frames and frames[-1].terminal):
             # It ended (its turn is in the history: that is journalled before the last frame)
             # or its client stopped it, but it died before it was marked finished: nothing to
-            # run again.
+            # run again. Said at INFO: a claimed run that is not resumed is otherwise silent.
+            log.info(
+                "a claimed durable run had ended; marked finished, not resumed",
+                endpoint=stored.path,
+                conversation=stored.conversation_id,
+                run=stored.run_id,
+                ended=checkpoints.get(ENDED, "terminal frame"),
+            )
             await self.store.finish(stored.run_id)
             return
         writer = _StoreWriter(
