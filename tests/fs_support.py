@@ -14,7 +14,7 @@ import pytest
 from atmosphere_harness import AgentFileSystem, ScriptedRuntime, ToolCall
 from atmosphere_harness.contracts import ResultHook
 from atmosphere_harness.events import Frame
-from atmosphere_harness.filesystem import FileSystemError
+from atmosphere_harness.filesystem import FileSystemError, workers
 from atmosphere_harness.filesystem.tools import file_tools
 from atmosphere_harness.kernel.endpoint import HostedEndpoint
 from atmosphere_harness.kernel.executor import execute_call
@@ -81,3 +81,29 @@ def tree(root: Path) -> dict[str, bytes]:
 def rejects(message: str, *, prefix: bool = False) -> Any:
     """`pytest.raises` for a `FileSystemError` with exactly this message (or this start)."""
     return pytest.raises(FileSystemError, match="^" + re.escape(message) + ("" if prefix else "$"))
+
+
+@pytest.fixture(params=["on-loop", "worker"])
+def on_loop_and_worker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test runs twice: small operations on the event loop (the default, never cooling
+    down here), and every operation in a worker thread. The outcomes must be the same. A test
+    module makes it apply to all its tests with `pytestmark = pytest.mark.usefixtures(...)`."""
+    if request.param == "worker":
+        monkeypatch.setattr(workers, "ON_LOOP_BYTES", -1)
+    else:
+        monkeypatch.setattr(workers, "ON_LOOP", workers.LoopBudget(slow=float("inf")))
+    return str(request.param)
+
+
+class Hops:
+    """Counts the worker-thread hops the workspace makes."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real = workers.run
+
+        async def counted(fn: Any, /, *args: Any) -> Any:
+            self.count += 1
+            return await real(fn, *args)
+
+        monkeypatch.setattr(workers, "run", counted)

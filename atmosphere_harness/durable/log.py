@@ -26,7 +26,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,34 +86,34 @@ def _lift(value: Any, lifted: list[str]) -> Any:
             return f"{LIFTED}{len(lifted) - 1}"
         return value
     if isinstance(value, dict):
-        copy: dict[Any, Any] | None = None
-        for key, item in value.items():
-            if type(item) is str:
-                if len(item) < RAW_FROM and item[:1] != LIFTED:
-                    continue
-            elif not isinstance(item, _WALKED):
-                continue
-            new = _lift(item, lifted)
-            if new is not item:
-                if copy is None:
-                    copy = dict(value)
-                copy[key] = new
-        return value if copy is None else copy
+        changed = _lifted_items(value.items(), lifted)
+        return value if changed is None else {**value, **changed}
     if isinstance(value, list | tuple):
-        items: list[Any] | None = list(value) if isinstance(value, tuple) else None
-        for index, item in enumerate(value):
-            if type(item) is str:
-                if len(item) < RAW_FROM and item[:1] != LIFTED:
-                    continue
-            elif not isinstance(item, _WALKED):
-                continue
-            new = _lift(item, lifted)
-            if new is not item:
-                if items is None:
-                    items = list(value)
-                items[index] = new
-        return value if items is None else items
+        changed = _lifted_items(enumerate(value), lifted)
+        if changed is None:
+            return value
+        items = list(value)
+        for index, new in changed.items():
+            items[index] = new
+        return items
     return value
+
+
+def _lifted_items(items: Iterable[tuple[Any, Any]], lifted: list[str]) -> dict[Any, Any] | None:
+    """The `(key or index, value)` pairs of `items` whose value `_lift` changed, or `None`."""
+    changed: dict[Any, Any] | None = None
+    for key, item in items:
+        if type(item) is str:
+            if len(item) < RAW_FROM and item[:1] != LIFTED:
+                continue
+        elif not isinstance(item, _WALKED):
+            continue
+        new = _lift(item, lifted)
+        if new is not item:
+            if changed is None:
+                changed = {}
+            changed[key] = new
+    return changed
 
 
 _WALKED = (str, dict, list, tuple)

@@ -13,40 +13,17 @@ import pytest
 
 from atmosphere_harness import ToolCall, WorkspaceAgentFileSystem
 from atmosphere_harness.contracts import Run
-from atmosphere_harness.filesystem import FileSystemLimits, atomic, workers
+from atmosphere_harness.filesystem import FileSystemLimits, atomic
 from atmosphere_harness.filesystem import workspace as workspace_module
 from atmosphere_harness.filesystem.composite import CompositeAgentFileSystem
 from atmosphere_harness.filesystem.tools import file_tools
 from atmosphere_harness.kernel.executor import execute_calls
 from atmosphere_harness.tools.base import Tool, ToolArgumentError, ToolContext
-from tests.fs_support import Harnessed, tree
+from tests.fs_support import Harnessed, Hops, tree
+
+pytestmark = pytest.mark.usefixtures("on_loop_and_worker")
 
 LIMITS = FileSystemLimits(max_file_bytes=100, max_files=4, max_total_bytes=1000)
-
-
-@pytest.fixture(autouse=True, params=["on-loop", "worker"])
-def where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test runs twice: small operations on the event loop (the default, never cooling
-    down here), and every operation in a worker thread. The outcomes must be the same."""
-    if request.param == "worker":
-        monkeypatch.setattr(workers, "ON_LOOP_BYTES", -1)
-    else:
-        monkeypatch.setattr(workers, "ON_LOOP", workers.LoopBudget(slow=float("inf")))
-    return str(request.param)
-
-
-class Hops:
-    """Counts the worker-thread hops the workspace makes."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        real = workers.run
-
-        async def counted(fn: Any, /, *args: Any) -> Any:
-            self.count += 1
-            return await real(fn, *args)
-
-        monkeypatch.setattr(workers, "run", counted)
 
 
 def writes(*items: tuple[str, str]) -> list[ToolCall]:

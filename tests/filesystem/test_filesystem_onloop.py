@@ -25,21 +25,7 @@ from atmosphere_harness.filesystem.usage import (
     StoreUsage,
     lock_path,
 )
-from tests.fs_support import rejects, tree
-
-
-class Hops:
-    """Counts the worker-thread hops the workspace makes."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        real = workers.run
-
-        async def counted(fn: Any, /, *args: Any) -> Any:
-            self.count += 1
-            return await real(fn, *args)
-
-        monkeypatch.setattr(workers, "run", counted)
+from tests.fs_support import Hops, rejects, tree
 
 
 class Clock:

@@ -12,23 +12,14 @@ import pytest
 
 from atmosphere_harness import ToolCall, WorkspaceAgentFileSystem
 from atmosphere_harness.contracts import Run
-from atmosphere_harness.filesystem import FileNotFoundInWorkspace, FileSystemLimits, workers
+from atmosphere_harness.filesystem import FileNotFoundInWorkspace, FileSystemLimits
 from atmosphere_harness.filesystem import workspace as workspace_module
 from atmosphere_harness.filesystem.tools import file_tools
 from atmosphere_harness.kernel.executor import execute_calls
 from atmosphere_harness.tools.base import Tool, ToolContext
-from tests.fs_support import Harnessed
+from tests.fs_support import Harnessed, Hops
 
-
-@pytest.fixture(autouse=True, params=["on-loop", "worker"])
-def where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test runs twice: small operations on the event loop (the default, never cooling
-    down here), and every operation in a worker thread. The outcomes must be the same."""
-    if request.param == "worker":
-        monkeypatch.setattr(workers, "ON_LOOP_BYTES", -1)
-    else:
-        monkeypatch.setattr(workers, "ON_LOOP", workers.LoopBudget(slow=float("inf")))
-    return str(request.param)
+pytestmark = pytest.mark.usefixtures("on_loop_and_worker")
 
 
 @pytest.fixture
@@ -36,26 +27,15 @@ def fs(tmp_path: Path) -> WorkspaceAgentFileSystem:
     return WorkspaceAgentFileSystem(tmp_path / "store", FileSystemLimits(max_file_bytes=1000))
 
 
-class Hops:
-    """Counts the worker-thread hops the workspace makes."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        real = workers.run
-
-        async def counted(fn: Any, /, *args: Any) -> Any:
-            self.count += 1
-            return await real(fn, *args)
-
-        monkeypatch.setattr(workers, "run", counted)
-
-
 def reads(*paths: str) -> list[ToolCall]:
     return [ToolCall("read_file", {"path": path}) for path in paths]
 
 
 async def test_consecutive_reads_take_one_hop_and_answer_as_single_reads(
-    fs: WorkspaceAgentFileSystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+    fs: WorkspaceAgentFileSystem,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    on_loop_and_worker: str,
 ) -> None:
     harness = Harnessed(fs, tmp_path)
     await fs.write("a.md", "alpha")
@@ -72,12 +52,15 @@ async def test_consecutive_reads_take_one_hop_and_answer_as_single_reads(
     assert alone[4].startswith("Error: Cannot read bad.md")
     # One hop for the prefetch; the second read of a.md and b.md reads the disk again (on the
     # event loop, when small operations run there).
-    assert hops.count == (1 if where == "on-loop" else 3)
+    assert hops.count == (1 if on_loop_and_worker == "on-loop" else 3)
     assert fs._prefetched == {}, "what was left is freed after the run of calls"
 
 
 async def test_a_write_between_reads_is_seen_and_a_run_of_one_is_not_prefetched(
-    fs: WorkspaceAgentFileSystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+    fs: WorkspaceAgentFileSystem,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    on_loop_and_worker: str,
 ) -> None:
     harness = Harnessed(fs, tmp_path)
     await fs.write("a.md", "old")
@@ -90,7 +73,7 @@ async def test_a_write_between_reads_is_seen_and_a_run_of_one_is_not_prefetched(
     assert await execute_calls(calls, harness.run) == ["old", "old", "Wrote a.md", "new"]
     # The prefetch (one hop for both), then the second a.md, the write and the read (each on
     # the event loop, when small operations run there).
-    assert hops.count == (1 if where == "on-loop" else 4)
+    assert hops.count == (1 if on_loop_and_worker == "on-loop" else 4)
 
 
 async def test_a_change_through_the_store_drops_what_was_prefetched(

@@ -22,7 +22,6 @@ from atmosphere_harness.filesystem import (
     StoreUsage,
     UsageLedger,
     WorkspaceUsage,
-    workers,
 )
 from atmosphere_harness.filesystem import workspace as workspace_module
 from atmosphere_harness.filesystem.paths import store_key
@@ -35,16 +34,7 @@ from atmosphere_harness.filesystem.usage import (
 )
 from tests.fs_support import rejects, tree
 
-
-@pytest.fixture(autouse=True, params=["on-loop", "worker"])
-def where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test runs twice: small operations on the event loop (the default, never cooling
-    down here), and every operation in a worker thread. The outcomes must be the same."""
-    if request.param == "worker":
-        monkeypatch.setattr(workers, "ON_LOOP_BYTES", -1)
-    else:
-        monkeypatch.setattr(workers, "ON_LOOP", workers.LoopBudget(slow=float("inf")))
-    return str(request.param)
+pytestmark = pytest.mark.usefixtures("on_loop_and_worker")
 
 
 LIMITS = FileSystemLimits(max_files=10, max_total_bytes=1000)

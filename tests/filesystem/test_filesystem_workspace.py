@@ -11,23 +11,14 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
-from atmosphere_harness.filesystem import FileInfo, FileSystemError, GrepHit, workers
+from atmosphere_harness.filesystem import FileInfo, FileSystemError, GrepHit
 from atmosphere_harness.filesystem import tally as tally_module
 from atmosphere_harness.filesystem import workspace as workspace_module
 from atmosphere_harness.filesystem.paths import TEMP_SUFFIX
 from atmosphere_harness.filesystem.workspace import is_live
 from tests.fs_support import rejects, tree
 
-
-@pytest.fixture(autouse=True, params=["on-loop", "worker"])
-def where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test runs twice: small operations on the event loop (the default, never cooling
-    down here), and every operation in a worker thread. The outcomes must be the same."""
-    if request.param == "worker":
-        monkeypatch.setattr(workers, "ON_LOOP_BYTES", -1)
-    else:
-        monkeypatch.setattr(workers, "ON_LOOP", workers.LoopBudget(slow=float("inf")))
-    return str(request.param)
+pytestmark = pytest.mark.usefixtures("on_loop_and_worker")
 
 
 @pytest.fixture
