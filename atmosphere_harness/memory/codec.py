@@ -79,6 +79,13 @@ def encode_text(message: Message) -> str:
     return text
 
 
+def encode_ascii(message: Message) -> str:
+    """`encode`'s JSON with every non-ASCII character escaped: text any server encoding holds
+    as it is (PostgreSQL turns it into the stored UTF-8 bytes with `convert_to`, whatever the
+    database's encoding), and a lone surrogate survives as its escape."""
+    return _json(dump_message(message), ascii_only=True)
+
+
 def _json(data: dict[str, Any], *, ascii_only: bool) -> str:
     return json.dumps(data, ensure_ascii=ascii_only, separators=(",", ":"), default=str)
 

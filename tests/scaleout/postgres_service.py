@@ -54,15 +54,16 @@ def _run(statement: str) -> None:
     asyncio.run(_admin(statement))
 
 
-def create_database() -> str:
-    """A new empty database; returns its URL (skips when PostgreSQL is unavailable)."""
+def create_database(options: str = "") -> str:
+    """A new empty database (`options`: what follows `CREATE DATABASE name`, e.g. an encoding);
+    returns its URL (skips when PostgreSQL is unavailable)."""
     try:
         import asyncpg  # noqa: F401
     except ImportError:
         require_service("PostgreSQL", "asyncpg is not installed (extra [postgres])")
     name = f"atmo_{uuid.uuid4().hex[:16]}"
     try:
-        _run(f'CREATE DATABASE "{name}"')
+        _run(f'CREATE DATABASE "{name}" {options}'.strip())
     except Exception as exc:
         require_service("PostgreSQL", f"cannot create a database on {HOST}:{PORT}: {exc}")
     return url_for(name)

@@ -261,3 +261,31 @@ async def test_a_new_postgres_connection_never_asks_the_server_about_types() -> 
     assert asked == []
     assert [(m.role, m.content) for m in loaded] == [(m.role, m.content) for m in said]
     assert [(f.seq, f.event) for f in replayed] == [(1, "text"), (2, "text"), (3, "complete")]
+
+
+async def test_history_payloads_keep_any_character_in_a_database_of_any_encoding() -> None:
+    """History payloads travel as text (see the test above) and PostgreSQL stores them as
+    UTF-8 bytes with `convert_to`: they are ASCII JSON, so a LATIN1 database (which has no
+    emoji, no CJK) stores and returns them exactly, as the `bytea[]` payloads did."""
+    from atmosphere_harness.backends.postgres import PostgresDatabase
+    from atmosphere_harness.backends.postgres.history import PostgresHistory
+    from atmosphere_harness.memory.history import ConversationKey
+    from atmosphere_harness.runtimes.base import Message
+
+    url = await asyncio.to_thread(
+        create_database, "ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"
+    )
+    key = ConversationKey("/p", "ann", "c1")
+    said = [Message("user", "emoji 🙂, 漢字, naïve"), Message("assistant", "lone \udc00 surrogate")]
+    try:
+        database = PostgresDatabase(url)
+        await database.open()
+        try:
+            history = PostgresHistory(database)
+            await history.append(key, said)
+            loaded = await history.messages(key)
+        finally:
+            await database.aclose()
+    finally:
+        await asyncio.to_thread(drop_database, url)
+    assert [(m.role, m.content) for m in loaded] == [(m.role, m.content) for m in said]

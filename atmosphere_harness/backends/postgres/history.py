@@ -47,9 +47,10 @@ FROM conversation, unnest($5::text[]) WITH ORDINALITY AS given (payload, positio
 """
 """A turn in one statement (one round trip, atomic): the upsert reserves the sequence numbers
 under the conversation row's lock, so concurrent appends from any replica never interleave.
-The payloads (compact JSON, UTF-8) travel as `text[]`: asyncpg knows its codec, while a
-`bytea[]` parameter costs each new pool connection three extra round trips (type
-introspection) on its first append."""
+The payloads (compact JSON) travel as `text[]`: asyncpg knows its codec, while a `bytea[]`
+parameter costs each new pool connection three extra round trips (type introspection) on its
+first append. They are ASCII (`codec.encode_ascii`), so `convert_to(..., 'UTF8')` stores the
+same bytes whatever the database's encoding (a LATIN1 database could not hold an emoji as text)."""
 
 NEWEST = """
 SELECT c.summary, c.summary_covered, m.seq, m.payload
@@ -114,7 +115,7 @@ class PostgresHistory:
         self.database = database
 
     async def append(self, key: ConversationKey, messages: Sequence[Message]) -> None:
-        encoded = [codec.encode_text(message) for message in messages]
+        encoded = [codec.encode_ascii(message) for message in messages]
 
         async def work(connection: Any) -> None:
             await connection.execute(APPEND, *_key_args(key), time.time(), encoded)
