@@ -98,11 +98,8 @@ def search_file(
         return search_text(pattern, text, limit, deadline)
     if b"\n" in literal or b"\r" in literal or data.find(literal) < 0:
         return []
-    if not data.isascii():
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
+    if not _is_utf8(data):
+        return None
     if b"\r" in data:
         data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     found = _scan(data, b"\n", limit, lambda pos: data.find(literal, pos), None, None)
@@ -123,11 +120,8 @@ def grep_hits(
         pos = data.find(literal)
         if pos < 0:
             return []
-        if not data.isascii():
-            try:
-                data.decode("utf-8")
-            except UnicodeDecodeError:
-                return None
+        if not _is_utf8(data):
+            return None
         if b"\r" not in data:
             return _literal_hits(path, data, literal, pos, limit)
     found = search_file(pattern, data, limit, deadline)
@@ -154,6 +148,17 @@ def _literal_hits(path: str, data: bytes, literal: bytes, pos: int, limit: int) 
         hits.append(GrepHit(path, number, line))
         pos = find(literal, end + 1)
     return hits
+
+
+def _is_utf8(data: bytes) -> bool:
+    """Whether `data` is UTF-8 text (ASCII is checked without decoding)."""
+    if data.isascii():
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def clip(line: str) -> str:

@@ -143,6 +143,17 @@ def per_turn(bursts: list[Burst], names: Mapping[str, str], size: int) -> list[l
     return [[*sorted(turn[:-2]), *turn[-2:]] for turn in turns]
 
 
+def assert_turns(bursts: list[Burst], names: Mapping[str, str], expected: list[str]) -> None:
+    """Every round trip has a known purpose, the feed wrote 1-2 times a turn, and each turn made
+    exactly `expected`, in that order."""
+    assert [b.label for b in bursts if purpose(b, names) == b.label] == []
+    fewest, most = FEED_WRITES_PER_TURN
+    assert fewest * TURNS <= feed_writes(bursts, names) <= most * TURNS, [b.label for b in bursts]
+    turns = own(bursts, names)
+    assert len(turns) == len(expected) * TURNS, [b.label for b in turns]
+    assert per_turn(turns, names, len(expected)) == [expected] * TURNS
+
+
 async def start(kind: str, workspace: Path, env: dict[str, str]) -> ServerProcess:
     workspace.mkdir()
     server = ServerProcess(kind, workspace, workspace.parent / f"{kind}.log", env)
@@ -173,14 +184,7 @@ async def test_a_postgres_turn_makes_one_round_trip_per_step(
                 server.kill()
     finally:
         await asyncio.to_thread(drop_database, url)
-    assert [b.label for b in bursts if purpose(b, POSTGRES_PURPOSES) == b.label] == []
-    fewest, most = FEED_WRITES_PER_TURN
-    assert fewest * TURNS <= feed_writes(bursts, POSTGRES_PURPOSES) <= most * TURNS, [
-        b.label for b in bursts
-    ]
-    turns = own(bursts, POSTGRES_PURPOSES)
-    assert len(turns) == len(expected) * TURNS, [b.label for b in turns]
-    assert per_turn(turns, POSTGRES_PURPOSES, len(expected)) == [expected] * TURNS
+    assert_turns(bursts, POSTGRES_PURPOSES, expected)
 
 
 @pytest.mark.parametrize(
@@ -212,14 +216,7 @@ async def test_a_redis_turn_makes_one_round_trip_per_step(
                 server.kill()
     finally:
         await asyncio.to_thread(delete_prefix, prefix)
-    assert [b.label for b in bursts if purpose(b, REDIS_PURPOSES) == b.label] == []
-    fewest, most = FEED_WRITES_PER_TURN
-    assert fewest * TURNS <= feed_writes(bursts, REDIS_PURPOSES) <= most * TURNS, [
-        b.label for b in bursts
-    ]
-    turns = own(bursts, REDIS_PURPOSES)
-    assert len(turns) == len(expected) * TURNS, [b.label for b in turns]
-    assert per_turn(turns, REDIS_PURPOSES, len(expected)) == [expected] * TURNS
+    assert_turns(bursts, REDIS_PURPOSES, expected)
 
 
 async def test_a_new_postgres_connection_never_asks_the_server_about_types() -> None:

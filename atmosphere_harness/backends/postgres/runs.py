@@ -55,6 +55,18 @@ def _seqs(frames: Sequence[tuple[int, str, str]]) -> list[str]:
     return [str(entry[0]) for entry in frames]
 
 
+def _described(run: StoredRun) -> tuple[Any, ...]:
+    """A new run row's `path` to `started_at` columns, in `INSERT` order."""
+    return (
+        run.path,
+        run.conversation_id,
+        run.user_id or "",
+        run.session_id,
+        run.message,
+        run.started_at,
+    )
+
+
 def _stored(row: Any) -> StoredRun:
     return StoredRun(
         run_id=row["run_id"],
@@ -115,12 +127,7 @@ class PostgresRunStore:
                         "ON CONFLICT (run_id) DO UPDATE SET run_id = EXCLUDED.run_id "
                         "RETURNING id",
                         create.run_id,
-                        create.path,
-                        create.conversation_id,
-                        create.user_id or "",
-                        create.session_id,
-                        create.message,
-                        create.started_at,
+                        *_described(create),
                         owner,
                         lease_seconds,
                     )
@@ -188,17 +195,7 @@ class PostgresRunStore:
                 # A retry (the first attempt's commit reply was lost) finds its row.
                 "ON CONFLICT (run_id) DO UPDATE SET run_id = EXCLUDED.run_id RETURNING id"
             )
-            args: tuple[Any, ...] = (
-                create.path,
-                create.conversation_id,
-                create.user_id or "",
-                create.session_id,
-                create.message,
-                create.started_at,
-                owner,
-                lease_seconds,
-                finished,
-            )
+            args: tuple[Any, ...] = (*_described(create), owner, lease_seconds, finished)
         elif finished is not None:
             run = (
                 "UPDATE atmosphere_runs SET finished_at = $6, message = '' FROM relaxed "
