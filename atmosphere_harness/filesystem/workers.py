@@ -26,8 +26,9 @@ page cache that never waits for a lock (a busy lock sends it to the worker) nor 
 directory. What the policy cannot bound is the kernel itself: a busy journal can make creating
 an inode wait, and a disk so slow that the page cache fills with dirty pages makes even a small
 `write()` wait. The budget notices that after the fact: an on-loop operation that took longer
-than `SLOW_SECONDS` sends every small operation through the worker for `COOL_DOWN_SECONDS`, so a
-slow disk can stall the loop once per cool-down at most, not on every call. What it times is
+than `SLOW_SECONDS` sends every small operation through the worker for a cool-down (1 s, doubling
+up to `COOL_DOWN_SECONDS` while the disk stays slow), so a slow disk can stall the loop once per
+cool-down at most, not on every call. What it times is
 the wall time less the time the thread sat runnable waiting for a CPU (on Linux, from
 `/proc/thread-self/schedstat`): on a busy machine the scheduler preempts the loop's thread in
 the middle of any work, and that says nothing about the disk.
@@ -67,9 +68,16 @@ budget: the disk is slow now, and small operations go through the worker for
 normal one does not trip it, and short enough that a stall is noticed before it matters to
 other requests."""
 
+FIRST_COOL_DOWN_SECONDS = 1.0
+"""How long small operations keep to the worker after a slow one, when none was slow in the
+last `COOL_DOWN_SECONDS`: a lone hiccup (one journal commit that made a `rename` wait) costs a
+second of hops, not ten."""
+
 COOL_DOWN_SECONDS = 10.0
-"""How long small operations keep to the worker after a slow one. A stall of the disk lasts
-seconds (write-back catching up), so a short cool-down would only let the next call find it."""
+"""The longest cool-down. Each slow operation that follows the end of the previous cool-down
+within this time doubles it (1, 2, 4, 8, 10 s): a stall of the disk lasts seconds (write-back
+catching up), so the first operation let back on the loop after a cool-down is a probe, and a
+disk that stays slow is probed less and less often, at most once per this long."""
 
 _Job = tuple[
     asyncio.AbstractEventLoop,
@@ -193,23 +201,28 @@ class LoopBudget:
 
     `allows()` is False during a cool-down. `start()` opens one on-loop operation and
     `spent(start, what)` closes it, starting a cool-down if it took longer than `slow` seconds
-    of `clock` less the growth of `waited` (the thread's wait for a CPU). Used from the event
-    loop's thread only; `clock` and `waited` are replaceable (tests).
+    of `clock` less the growth of `waited` (the thread's wait for a CPU). A cool-down lasts
+    `first` seconds, doubled (up to `longest`) when the slow operation came within `longest`
+    of the end of the previous one. Used from the event loop's thread only; `clock` and
+    `waited` are replaceable (tests).
     """
 
     def __init__(
         self,
         *,
         slow: float = SLOW_SECONDS,
-        cool_down: float = COOL_DOWN_SECONDS,
+        first: float = FIRST_COOL_DOWN_SECONDS,
+        longest: float = COOL_DOWN_SECONDS,
         clock: Callable[[], float] = time.perf_counter,
         waited: Callable[[], float] = cpu_wait,
     ) -> None:
         self.slow = slow
-        self.cool_down = cool_down
+        self.first = first
+        self.longest = longest
         self.clock = clock
         self.waited = waited
-        self._until = float("-inf")  # the end of the current cool-down
+        self._until = float("-inf")  # the end of the current (or last) cool-down
+        self._length = 0.0  # the length of the last cool-down
         self.trips = 0
 
     def allows(self) -> bool:
@@ -222,14 +235,16 @@ class LoopBudget:
         now = self.clock()
         took = now - start[0] - (self.waited() - start[1])
         if took > self.slow:
-            self._until = now + self.cool_down
+            still_slow = now - self._until < self.longest
+            self._length = min(self._length * 2, self.longest) if still_slow else self.first
+            self._until = now + self._length
             self.trips += 1
             log.debug(
                 "a workspace operation on the event loop was slow; small operations use the "
                 "worker threads for a while",
                 operation=what,
                 took_ms=round(took * 1000, 3),
-                cool_down_s=self.cool_down,
+                cool_down_s=self._length,
             )
 
 

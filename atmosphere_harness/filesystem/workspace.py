@@ -42,7 +42,9 @@ the whole operation goes to the worker thread instead, having changed nothing:
   back, every `FULL_RESYNC_SECONDS`), a check of more than `ON_LOOP_DIRECTORIES` directories'
   mtimes, a path that deep, and the first write of a conversation (the provider's conversation
   cap) go to the worker;
-- a file found larger than the bound (an edit's result too) goes to the worker.
+- a file found larger than the bound (an edit's result too) goes to the worker;
+- a store made with `fsync=True` writes and edits in the worker only: its flush waits for the
+  disk (0.4 ms to tens of milliseconds), which is exactly what the loop must never do.
 
 The store's first operation always hops (it claims the store's lease, which may wait for an
 eviction), and so does every small operation while `workers.ON_LOOP` is cooling down after one
@@ -421,6 +423,7 @@ class WorkspaceAgentFileSystem:
         budget = workers.ON_LOOP
         if (
             not self._claimed
+            or (self.fsync and action != "read")  # a flush waits for the disk itself
             or size > workers.ON_LOOP_BYTES
             or rel.count("/") >= ON_LOOP_DIRECTORIES  # a stat per directory on its path
             or not budget.allows()

@@ -102,6 +102,30 @@ async def test_operations_past_the_bound_hop(
     assert workers.ON_LOOP.trips == 0
 
 
+async def test_a_store_that_flushes_writes_and_edits_in_the_worker_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: Clock
+) -> None:
+    fs = WorkspaceAgentFileSystem(tmp_path / "store", fsync=True)
+    await fs.write("first.md", "one")
+    flushed: list[bool] = []
+    real = workspace_module.write_atomic
+
+    def watched(target: str, data: bytes, **options: Any) -> None:
+        flushed.append(bool(options.get("fsync")) and not workspace_module._on_loop())
+        real(target, data, **options)
+
+    monkeypatch.setattr(workspace_module, "write_atomic", watched)
+    hops = Hops(monkeypatch)
+    await fs.write("a.md", "alpha")
+    assert await fs.edit("a.md", "alpha", "beta") == 1
+    assert await fs.write_many([("b.md", "bee"), ("c.md", "sea")]) == [None, None]
+    assert hops.count == 3, "every change of a flushing store waits for the disk in a worker"
+    assert flushed == [True] * 4, "each write flushed, never on the event loop"
+    assert await fs.read("a.md") == "beta"
+    assert hops.count == 3, "a read flushes nothing: it stays on the loop"
+    assert workers.ON_LOOP.trips == 0
+
+
 async def test_a_slow_operation_sends_small_ones_to_the_worker_for_a_cool_down(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -138,6 +162,32 @@ async def test_a_slow_operation_sends_small_ones_to_the_worker_for_a_cool_down(
     await fs.write("d.md", "delta")
     assert hops.count == 4, "after the cool-down they run on the loop again"
     assert workers.ON_LOOP.trips == 1
+
+
+def test_a_cool_down_doubles_while_the_disk_stays_slow_and_starts_over_after_a_quiet_spell(
+    clock: Clock,
+) -> None:
+    budget = workers.LoopBudget(clock=clock, waited=clock.waited)
+
+    def slow_operation() -> float:
+        """Run one slow operation on the loop; the cool-down it started, in seconds."""
+        assert budget.allows()
+        started = budget.start()
+        clock.now += workers.SLOW_SECONDS * 2
+        budget.spent(started, "write")
+        ended = clock.now
+        while not budget.allows():
+            clock.now += 0.25
+        return round(clock.now - ended, 6)
+
+    assert slow_operation() == workers.FIRST_COOL_DOWN_SECONDS
+    assert slow_operation() == 2.0, "the probe right after the cool-down was slow too"
+    assert [slow_operation() for _ in range(4)] == [4.0, 8.0, 10.0, 10.0]
+    clock.now += workers.COOL_DOWN_SECONDS - 0.5
+    assert slow_operation() == 10.0, "still within the spell: no reset"
+    clock.now += workers.COOL_DOWN_SECONDS + 0.5
+    assert slow_operation() == workers.FIRST_COOL_DOWN_SECONDS, "a quiet spell starts over"
+    assert budget.trips == 8
 
 
 async def test_time_spent_waiting_for_a_cpu_does_not_trip_the_budget(
