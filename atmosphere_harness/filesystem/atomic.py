@@ -45,16 +45,26 @@ def write_atomic(
     *,
     fsync: bool = False,
     make_parent: Callable[[str], None] | None = None,
+    spare: Callable[[str, bytes], bool] | None = None,
 ) -> None:
     """Write `data` to `target` atomically: a temp file in the same directory, then a rename.
 
     When the parent directory is missing, `make_parent(parent)` is called to create it (and may
     refuse by raising); without it the `FileNotFoundError` propagates. A parent that is a file
     raises `NotADirectoryError`. On any failure the temporary file is removed and the target is
-    untouched.
+    untouched. `spare(temp, data)`, when given, may put `data` in the temporary file itself (a
+    file made ahead of time, `spares.SpareFiles.place`); when it says it did not, the file is
+    created here.
     """
     parent, name = target.rsplit("/", 1)
     temp = f"{parent}/{temp_name(name)}"
+    if spare is not None and not fsync and spare(temp, data):
+        try:
+            os.replace(temp, target)
+        except BaseException:
+            _remove(temp)
+            raise
+        return
     try:
         fd = os.open(temp, WRITE_FLAGS, 0o666)
     except FileNotFoundError:
@@ -73,13 +83,17 @@ def write_atomic(
             os.close(fd)
         os.replace(temp, target)
     except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
+        _remove(temp)
         raise
     if fsync:
         fsync_directory(parent)
+
+
+def _remove(temp: str) -> None:
+    try:
+        os.unlink(temp)
+    except OSError:
+        pass
 
 
 def fsync_directory(directory: str) -> None:

@@ -80,8 +80,8 @@ catching up), so the first operation let back on the loop after a cool-down is a
 disk that stays slow is probed less and less often, at most once per this long."""
 
 _Job = tuple[
-    asyncio.AbstractEventLoop,
-    "asyncio.Future[Any]",
+    asyncio.AbstractEventLoop | None,
+    "asyncio.Future[Any] | None",
     contextvars.Context,
     Callable[..., Any],
     tuple[Any, ...],
@@ -123,15 +123,23 @@ class WorkerPool:
         """`fn(*args)` in a worker thread, awaited (like `asyncio.to_thread`)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        self._put((loop, future, contextvars.copy_context(), fn, args))
+        return await future
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> None:
+        """`fn(*args)` in a worker thread, with nobody waiting for it (work made ahead of
+        time, such as `spares`); what it raises is logged."""
+        self._put((None, None, contextvars.copy_context(), fn, args))
+
+    def _put(self, job: _Job) -> None:
         with self._lock:
             self._queued += 1
             grow = self._queued > self._idle and self._threads < self.max_workers
             if grow:
                 self._threads += 1
-        self._jobs.put((loop, future, contextvars.copy_context(), fn, args))
+        self._jobs.put(job)
         if grow:
             threading.Thread(target=self._work, name="atmosphere-fs", daemon=True).start()
-        return await future
 
     def _work(self) -> None:
         jobs, lock = self._jobs, self._lock
@@ -153,6 +161,11 @@ class WorkerPool:
             # Nothing of the job may outlive the caller's wake-up in this thread's frame: the
             # function, its arguments and (through a traceback) its frames' locals.
             del context, fn, args
+            if loop is None:  # `submit`: nobody waits
+                if outcome[2] is not None:
+                    log.warning("background workspace work failed", exc_info=outcome[2])
+                del loop, outcome
+                continue
             try:
                 loop.call_soon_threadsafe(_settle, outcome)
             except RuntimeError:

@@ -46,6 +46,9 @@ the whole operation goes to the worker thread instead, having changed nothing:
 - a store made with `fsync=True` writes and edits in the worker only: its flush waits for the
   disk (0.4 ms to tens of milliseconds), which is exactly what the loop must never do.
 
+A write on the loop fills a temporary file made ahead of time by a worker (`spares`), when one
+is ready: creating the file is most of a small write's cost.
+
 The store's first operation always hops (it claims the store's lease, which may wait for an
 eviction), and so does every small operation while `workers.ON_LOOP` is cooling down after one
 that took longer than `workers.SLOW_SECONDS`. `ls`, `glob`, `grep`, `delete`, `rename`,
@@ -67,7 +70,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar
 
-from . import workers
+from . import spares, workers
 from .atomic import read_bytes, write_atomic
 from .base import (
     FileInfo,
@@ -199,6 +202,7 @@ class WorkspaceAgentFileSystem:
             self._try_hold = None
         self._tally = DiskTally()
         self._real_root: str | None = None
+        self._device: int | None = None  # the root's filesystem (`st_dev`), once known
         self._prefetched: dict[str, str | FileSystemError] = {}
         self._prefetched_at = 0.0
         self._changes = 0  # changes begun through this store (a prefetch spanning one is void)
@@ -576,12 +580,24 @@ class WorkspaceAgentFileSystem:
                 data,
                 fsync=self.fsync,
                 make_parent=lambda parent: self._make_dirs(parent, echo),
+                spare=self._spare if _on_loop() else None,
             )
         except BaseException as exc:
             self._ledger.adjust(-reserved[0], -reserved[1])
             if isinstance(exc, NotADirectoryError):
                 raise FileSystemError(f"Cannot write {echo}: a parent of it is a file") from None
             raise
+
+    def _spare(self, temp: str, data: bytes) -> bool:
+        """Put `data` in `temp` through a file made ahead of time (`spares`), if one is ready:
+        on the event loop, creating the file is most of a small write's cost."""
+        device = self._device
+        if device is None:
+            try:
+                device = self._device = os.stat(self._real()).st_dev
+            except OSError:
+                return False
+        return spares.SPARES.place(device, self._real(), temp, data, workers.POOL.submit)
 
     def _touch(self, *targets: str) -> None:
         """After this store changed `targets`: record the mtimes of the directories that changed,

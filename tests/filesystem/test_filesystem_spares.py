@@ -1,0 +1,183 @@
+"""Spare files (`filesystem.spares`): writes on the event loop fill a nameless file made ahead of
+time instead of creating one, with the same results; every refusal of the system falls back to
+creating the file, and a failed write leaves the target and the directory as they were."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from atmosphere_harness import FileSystemError, WorkspaceAgentFileSystem
+from atmosphere_harness.filesystem import spares, workers
+from tests.fs_support import tree
+
+pytestmark = pytest.mark.skipif(
+    not getattr(os, "O_TMPFILE", 0) or not os.path.isdir("/proc/self/fd"),
+    reason="spare files need Linux's O_TMPFILE and /proc",
+)
+
+
+@pytest.fixture
+def pool(monkeypatch: pytest.MonkeyPatch) -> spares.SpareFiles:
+    """A fresh pool of spares for the test (closed after it), and no on-loop cool-down."""
+    fresh = spares.SpareFiles()
+    monkeypatch.setattr(spares, "SPARES", fresh)
+    monkeypatch.setattr(workers, "ON_LOOP", workers.LoopBudget(slow=float("inf")))
+    yield fresh
+    fresh.close()
+
+
+async def ready(pool: spares.SpareFiles, device: int) -> None:
+    """Wait until the background refill made the device's spares."""
+    for _ in range(500):
+        if pool.ready(device) == pool.per_device:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the spares were never made")
+
+
+async def started(tmp_path: Path) -> tuple[WorkspaceAgentFileSystem, int]:
+    """A store whose first writes (the claim, in a worker; then one on the loop, which asks
+    for spares) are done, and its filesystem's device."""
+    fs = WorkspaceAgentFileSystem(tmp_path / "store")
+    await fs.write("first.md", "one")
+    await fs.write("second.md", "two")
+    return fs, os.stat(tmp_path / "store").st_dev
+
+
+async def test_writes_and_edits_on_the_loop_fill_spares_with_the_same_result(
+    tmp_path: Path, pool: spares.SpareFiles
+) -> None:
+    fs, device = await started(tmp_path)
+    await ready(pool, device)
+    await fs.write("notes/a.md", "alpha beta")  # a new directory: its spare is kept for later
+    await fs.write("second.md", "TWO")  # over an existing file
+    assert await fs.edit("notes/a.md", "beta", "gamma") == 1
+    assert await fs.write_many([("b.md", "bee"), ("c.md", "sea")]) == [None, None]
+    assert pool.used == 4, "all but the write that had to create its directory"
+    assert tree(tmp_path / "store") == {
+        "first.md": b"one",
+        "second.md": b"TWO",
+        "notes/a.md": b"alpha gamma",
+        "b.md": b"bee",
+        "c.md": b"sea",
+    }, "no temporary file is left, and every file holds exactly its content"
+    mode = os.stat(tmp_path / "store" / "b.md").st_mode & 0o777
+    assert mode == 0o666 & ~current_umask(), "the same permissions as a created file"
+    await ready(pool, device)
+    assert pool.ready(device) == spares.PER_DEVICE, "refilled, never past the bound"
+
+
+async def test_a_system_that_cannot_link_them_falls_back_for_good(
+    tmp_path: Path, pool: spares.SpareFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs, device = await started(tmp_path)
+    await ready(pool, device)
+    links: list[str] = []
+
+    def refused(source: str, target: str, **options: Any) -> None:
+        links.append(target)
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(spares.os, "link", refused)
+    await fs.write("a.md", "alpha")
+    await fs.write("b.md", "beta")
+    assert len(links) == 1, "after the first refusal the device is given up"
+    assert pool.used == 0
+    assert pool.ready(device) == 0, "its spares are closed"
+    assert tree(tmp_path / "store") == {
+        "first.md": b"one",
+        "second.md": b"two",
+        "a.md": b"alpha",
+        "b.md": b"beta",
+    }
+
+
+async def test_a_failed_write_into_a_spare_leaves_everything_as_it_was(
+    tmp_path: Path, pool: spares.SpareFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs, device = await started(tmp_path)
+    await ready(pool, device)
+    real_write = os.write
+
+    def full_disk(fd: int, data: Any) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(spares.os, "write", full_disk)
+    with pytest.raises(FileSystemError, match="No space left on device"):
+        await fs.write("second.md", "a longer second version")
+    monkeypatch.setattr(spares.os, "write", real_write)
+    assert tree(tmp_path / "store") == {"first.md": b"one", "second.md": b"two"}
+    await fs.write("third.md", "three")
+    assert (await fs.usage()).bytes == len("one" + "two" + "three"), "the reservation was undone"
+
+
+async def test_without_spares_ready_a_write_creates_its_file(
+    tmp_path: Path, pool: spares.SpareFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workers.POOL, "submit", lambda fn, *args: None)  # no refill ever
+    fs, _ = await started(tmp_path)
+    await fs.write("a.md", "alpha")
+    assert pool.used == 0
+    assert tree(tmp_path / "store") == {"first.md": b"one", "second.md": b"two", "a.md": b"alpha"}
+
+
+def test_a_refill_stops_at_the_bound_and_on_a_filesystem_without_tmpfiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = spares.SpareFiles(per_device=2)
+    device = os.stat(tmp_path).st_dev
+    try:
+        pool._refill(device, str(tmp_path))
+        pool._refill(device, str(tmp_path))
+        assert pool.ready(device) == 2
+        assert os.listdir(tmp_path) == [], "spares have no name"
+
+        real_open = os.open
+
+        def no_tmpfile(path: str, flags: int, *args: Any) -> int:
+            if flags & spares._TMPFILE == spares._TMPFILE:
+                raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+            return real_open(path, flags, *args)
+
+        other = device + 1
+        monkeypatch.setattr(spares.os, "open", no_tmpfile)
+        pool._refill(other, str(tmp_path))
+        assert pool.ready(other) == 0
+        jobs: list[Any] = []
+        assert not pool.place(other, str(tmp_path), str(tmp_path / "x"), b"x", jobs.append)
+        assert jobs == [], "a device given up asks for no refill"
+    finally:
+        pool.close()
+    assert pool.ready(device) == 0
+
+
+async def test_background_work_that_fails_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def fails() -> None:
+        loop.call_soon_threadsafe(done.set)
+        raise RuntimeError("boom")
+
+    workers.POOL.submit(fails)
+    await asyncio.wait_for(done.wait(), 10)
+    for _ in range(200):
+        if "background workspace work failed" in caplog.text:
+            break
+        await asyncio.sleep(0.01)
+    assert "background workspace work failed" in caplog.text
+    assert "boom" in caplog.text
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
