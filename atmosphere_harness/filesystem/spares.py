@@ -29,7 +29,7 @@ PER_DEVICE = 4
 DEVICES = 8
 """Filesystems that get spares at most (a process writes to one or two)."""
 
-_TMPFILE = getattr(os, "O_TMPFILE", 0)
+_TMPFILE = getattr(os, "O_TMPFILE", 0) if os.link in os.supports_dir_fd else 0
 _UNSUPPORTED = {errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.EXDEV}
 """What `O_TMPFILE` or the link answers where the system cannot do this at all."""
 
