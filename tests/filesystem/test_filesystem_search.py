@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from pathlib import Path
 
@@ -237,3 +238,46 @@ def test_grep_hits_skips_a_file_that_is_not_utf8() -> None:
             compile_pattern(pattern), "bin", b"needle \xff\xfe", 10, Deadline(pattern)
         )
         assert found is None
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(min_value=0, max_value=160), st.booleans()), min_size=1, max_size=60
+    ),
+    st.booleans(),
+    st.integers(min_value=1, max_value=80),
+)
+def test_literal_hits_number_lines_of_any_length(
+    lines: list[tuple[int, bool]], final_newline: bool, limit: int
+) -> None:
+    """Short and long lines mixed, so both of `_literal_hits`' ways of counting newlines (a
+    `count` while lines average at most `_SPARSE_LINE_BYTES`, deleting them with `replace`
+    once they average more) switch back and forth within one file."""
+    text = "\n".join(("a" * width + " NEEDLE é") if hit else "é" * width for width, hit in lines)
+    text += "\n" if final_newline else ""
+    compiled = compile_pattern("NEEDLE")
+    expected = [
+        GrepHit("f.md", number, search_module.clip(line))
+        for number, line in naive_grep("NEEDLE", text, limit)
+    ]
+    assert search_module.grep_hits(compiled, "f.md", text.encode(), limit, Deadline("NEEDLE")) == (
+        expected
+    )
+
+
+def test_literal_hits_are_plain_grep_hits() -> None:
+    """The literal path writes `GrepHit`'s slots directly; its hits are the same objects the
+    dataclass builds (equal, same hash and repr, still frozen), for the fields it has now."""
+    assert [field.name for field in dataclasses.fields(GrepHit)] == ["path", "line", "text"]
+    data = ("x" * 100 + "\n") * 3 + "x needle\n"
+    found = search_module.grep_hits(
+        compile_pattern("needle"), "d/f.md", data.encode(), 10, Deadline("needle")
+    )
+    assert found is not None
+    [hit] = found
+    made = GrepHit("d/f.md", 4, "x needle")
+    assert type(hit) is GrepHit
+    assert (hit, hash(hit), repr(hit)) == (made, hash(made), repr(made))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        hit.line = 5  # type: ignore[misc]
