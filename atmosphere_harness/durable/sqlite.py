@@ -38,7 +38,7 @@ from typing import Any
 from ..contracts import StoredRun
 from ..events import Frame
 from ..memory.sqlite import DATABASE_FILE, SqliteDatabase, Transaction
-from .log import RunLogs, decode_payload, encode_payload, pack
+from .log import RunLogs, compact_json, decode_payload, encode_payload, pack_parts
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS durable_runs (
@@ -74,7 +74,7 @@ CREATE TABLE IF NOT EXISTS durable_checkpoints (
 INSERT_FRAME = "INSERT OR REPLACE INTO durable_frames (run, seq, event, data) VALUES (?, ?, ?, ?)"
 INSERT_CHECKPOINT = "INSERT OR REPLACE INTO durable_checkpoints (run, key, value) VALUES (?, ?, ?)"
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+_ENCODE = compact_json(str)
 """The journal's own JSON (`kernel.journal.encode`): compact, ASCII."""
 LOGS_SUFFIX = "-runs"
 """The run logs' directory is the database file's name with this after it (`atmosphere.db-runs`)."""
@@ -151,7 +151,7 @@ class SqliteRunStore:
     def encode(value: Any) -> str:
         """A payload as this store takes it (`contracts.RunStoreNow`): JSON, its long strings
         lifted out of it as they are (`log.encode_payload`)."""
-        return encode_payload(value, _ENCODER.encode)
+        return encode_payload(value, _ENCODE)
 
     @classmethod
     def under(cls, workspace_root: Path) -> SqliteRunStore:
@@ -241,7 +241,7 @@ class SqliteRunStore:
             if row is not None and create is None and not _tabled(checkpoints):
                 if self._database is None:
                     return False
-                logs.write(row, pack(frames, checkpoints))
+                logs.write(row, pack_parts(frames, checkpoints))
                 return True
             work = self._append(run_id, frames, checkpoints, create, owner, lease_seconds)
             return self.database.try_now(work)
@@ -296,7 +296,7 @@ class SqliteRunStore:
                     raise LookupError(f"durable run {run_id} is not in the store")
                 row = int(found[0])
             if frames or logged or create is not None:
-                self._logs.write(int(row), pack(frames, logged), new=create is not None)
+                self._logs.write(int(row), pack_parts(frames, logged), new=create is not None)
             if len(tabled) == 1:
                 connection.execute(INSERT_CHECKPOINT, (row, *tabled[0]))
             elif tabled:

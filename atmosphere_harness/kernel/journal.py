@@ -378,6 +378,8 @@ class _StoreWriter:
         """Loop time before which a publish waits for a later write (see `_kick`)."""
         self._calls: dict[str, tuple[str, Any]] = {}
         """The last model turn's calls: id -> (its checkpoint key, its arguments)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The run's loop, once known (`asyncio.get_running_loop` costs a `getpid()` call)."""
 
     # Encoded now, when published: what is journalled is what was sent, whatever changes later.
 
@@ -417,8 +419,10 @@ class _StoreWriter:
             self._checkpoints.clear()
             return
         if self._task is None or self._task.done():
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
             if self._now is not None:
-                loop = asyncio.get_running_loop()
                 due = self._next_write
                 if not now and (hold or loop.time() < due):
                     if self._soon is None:
@@ -427,9 +431,7 @@ class _StoreWriter:
                 if self._drain_now():
                     self._next_write = loop.time() + GROUP_SECONDS
                     return
-            self._task = asyncio.get_running_loop().create_task(
-                self._drain(), name=f"journal:{self.run_id}"
-            )
+            self._task = loop.create_task(self._drain(), name=f"journal:{self.run_id}")
 
     def _drain_soon(self) -> None:
         self._soon = None
