@@ -60,32 +60,64 @@ def compact_json(default: Callable[[Any], Any] = str) -> Callable[[Any], str]:
     payloads: CPython's C encoder is made once, not on every call as `JSONEncoder.encode`
     makes it. It does not look for cycles (a payload that contains itself is a
     `RecursionError`, not a `ValueError`; the journal's payloads are trees)."""
-    make = _json_encoder.c_make_encoder
+    make: Any = getattr(_json_encoder, "c_make_encoder", None)
     if make is None:  # not CPython: the standard way
         return json.JSONEncoder(separators=(",", ":"), default=default).encode
+    # (markers: None, no cycle check; indent: None; then the separators, sort_keys, skipkeys,
+    # allow_nan, as `JSONEncoder.iterencode` passes them.)
     chunks = make(
         None, default, _json_encoder.encode_basestring_ascii, None, ":", ",", False, False, True
     )
     join = "".join
 
     def encode(value: Any) -> str:
-        return join(chunks(value, 0))
+        text: str = join(chunks(value, 0))
+        return text
 
     return encode
 
 
-def encode_payload(value: Any, encode: Callable[[Any], str]) -> str:
-    """`value` as JSON (`encode`), its long strings lifted out of it (see the docstring):
-    `LIFTED`, the JSON's length, `:`, the JSON, then each lifted string's length, `:`, it."""
+class Lifted(str):
+    """A payload with lifted strings, in two pieces (`encode_parts`): this text (`LIFTED`, the
+    JSON's length, `:`, the JSON) and `strings`, the lifted strings, which follow it as
+    `<length>:<string>` each. The run log writes them as they are (`pack_parts`): a model's
+    50 KiB argument is not copied into one long string first (nor is that string's memory
+    taken, touched and given back on every model turn). `whole()` is the payload as one text;
+    only this store's appends read the pieces (`payload_size`, `pack_parts`)."""
+
+    strings: tuple[str, ...]
+
+    def whole(self) -> str:
+        parts = [str(self)]
+        for string in self.strings:
+            parts += (str(len(string)), ":", string)
+        return "".join(parts)
+
+
+def encode_parts(value: Any, encode: Callable[[Any], str]) -> str:
+    """`encode_payload`, its lifted strings left aside (a `Lifted`) rather than joined to it."""
     lifted: list[str] = []
     skeleton = _lift(value, lifted)
     if not lifted:
         return encode(value)
     text = encode(skeleton)
-    parts = [LIFTED, str(len(text)), ":", text]
-    for string in lifted:
-        parts += (str(len(string)), ":", string)
-    return "".join(parts)
+    payload = Lifted(f"{LIFTED}{len(text)}:{text}")
+    payload.strings = tuple(lifted)
+    return payload
+
+
+def encode_payload(value: Any, encode: Callable[[Any], str]) -> str:
+    """`value` as JSON (`encode`), its long strings lifted out of it (see the docstring):
+    `LIFTED`, the JSON's length, `:`, the JSON, then each lifted string's length, `:`, it."""
+    payload = encode_parts(value, encode)
+    return payload.whole() if isinstance(payload, Lifted) else payload
+
+
+def payload_size(data: str) -> int:
+    """The characters of a payload (a `Lifted` one's strings included)."""
+    if isinstance(data, Lifted):
+        return len(data) + sum(len(string) + 8 for string in data.strings)
+    return len(data)
 
 
 def decode_payload(text: str) -> Any:
@@ -173,22 +205,29 @@ def pack(frames: Sequence[tuple[int, str, str]], checkpoints: Sequence[tuple[str
 def pack_parts(
     frames: Sequence[tuple[int, str, str]], checkpoints: Sequence[tuple[str, str]]
 ) -> list[bytes]:
-    """`pack`'s record as buffers to write one after the other (`RunLogs.write`): its large
-    payloads (`SEPARATE_FROM`) stay buffers of their own instead of being copied again."""
+    """`pack`'s record as buffers to write one after the other (`RunLogs.write`): a payload's
+    large pieces (`SEPARATE_FROM`, a `Lifted` payload's strings) are buffers of their own
+    instead of being copied again into one."""
     parts: list[bytes] = []
     small: list[bytes] = [b""]  # (the head, once the size is known)
     size = 0
     entries = [(b"F", seq, event, data) for seq, event, data in frames]
     entries += [(b"C", 0, key, value) for key, value in checkpoints]
     for kind, seq, name, data in entries:
-        name_bytes, payload = _utf8(name), _utf8(data)
-        small += (ENTRY.pack(kind, seq, len(name_bytes), len(payload)), name_bytes)
-        size += ENTRY.size + len(name_bytes) + len(payload)
-        if len(payload) < SEPARATE_FROM:
-            small.append(payload)
-        else:
-            parts += (b"".join(small), payload)
-            small = []
+        name_bytes = _utf8(name)
+        pieces = [_utf8(data)]
+        if isinstance(data, Lifted):
+            for string in data.strings:
+                pieces += (f"{len(string)}:".encode(), _utf8(string))
+        length = sum(len(piece) for piece in pieces)
+        small += (ENTRY.pack(kind, seq, len(name_bytes), length), name_bytes)
+        size += ENTRY.size + len(name_bytes) + length
+        for piece in pieces:
+            if len(piece) < SEPARATE_FROM:
+                small.append(piece)
+            else:
+                parts += (b"".join(small), piece)
+                small = []
     small.append(TAIL.pack(size))
     parts.append(b"".join(small))
     parts[0] = HEAD.pack(MAGIC, size) + parts[0]
