@@ -95,13 +95,20 @@ class Lifted(str):
 
 
 def encode_parts(value: Any, encode: Callable[[Any], str]) -> str:
-    """`encode_payload`, its lifted strings left aside (a `Lifted`) rather than joined to it."""
+    """`encode_payload`, its lifted strings left aside (a `Lifted`) rather than joined to it
+    when they are large (`SEPARATE_FROM` characters in all; smaller ones cost less joined)."""
     lifted: list[str] = []
     skeleton = _lift(value, lifted)
     if not lifted:
         return encode(value)
     text = encode(skeleton)
-    payload = Lifted(f"{LIFTED}{len(text)}:{text}")
+    head = f"{LIFTED}{len(text)}:{text}"
+    if sum(map(len, lifted)) < SEPARATE_FROM:
+        parts = [head]
+        for string in lifted:
+            parts += (str(len(string)), ":", string)
+        return "".join(parts)
+    payload = Lifted(head)
     payload.strings = tuple(lifted)
     return payload
 
@@ -211,23 +218,40 @@ def pack_parts(
     parts: list[bytes] = []
     small: list[bytes] = [b""]  # (the head, once the size is known)
     size = 0
-    entries = [(b"F", seq, event, data) for seq, event, data in frames]
-    entries += [(b"C", 0, key, value) for key, value in checkpoints]
-    for kind, seq, name, data in entries:
-        name_bytes = _utf8(name)
-        pieces = [_utf8(data)]
-        if isinstance(data, Lifted):
-            for string in data.strings:
-                pieces += (f"{len(string)}:".encode(), _utf8(string))
-        length = sum(len(piece) for piece in pieces)
-        small += (ENTRY.pack(kind, seq, len(name_bytes), length), name_bytes)
-        size += ENTRY.size + len(name_bytes) + length
-        for piece in pieces:
-            if len(piece) < SEPARATE_FROM:
-                small.append(piece)
+    entry, overhead = ENTRY.pack, ENTRY.size
+    for kind, items in ((b"F", frames), (b"C", checkpoints)):
+        for item in items:
+            if kind == b"F":
+                seq, name, data = item  # type: ignore[misc]
             else:
-                parts += (b"".join(small), piece)
-                small = []
+                seq, (name, data) = 0, item
+            name_bytes = name.encode("utf-8", "surrogatepass")
+            payload = data.encode("utf-8", "surrogatepass")
+            if type(data) is str:
+                length = len(payload)
+                small += (entry(kind, seq, len(name_bytes), length), name_bytes)
+                size += overhead + len(name_bytes) + length
+                if length < SEPARATE_FROM:
+                    small.append(payload)
+                else:
+                    parts += (b"".join(small), payload)
+                    small = []
+                continue
+            pieces = [payload]
+            length = len(payload)
+            if isinstance(data, Lifted):
+                for string in data.strings:
+                    prefix, lifted = b"%d:" % len(string), string.encode("utf-8", "surrogatepass")
+                    pieces += (prefix, lifted)
+                    length += len(prefix) + len(lifted)
+            small += (entry(kind, seq, len(name_bytes), length), name_bytes)
+            size += overhead + len(name_bytes) + length
+            for piece in pieces:
+                if len(piece) < SEPARATE_FROM:
+                    small.append(piece)
+                else:
+                    parts += (b"".join(small), piece)
+                    small = []
     small.append(TAIL.pack(size))
     parts.append(b"".join(small))
     parts[0] = HEAD.pack(MAGIC, size) + parts[0]
