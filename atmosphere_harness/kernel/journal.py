@@ -384,8 +384,8 @@ class _StoreWriter:
     # Encoded now, when published: what is journalled is what was sent, whatever changes later.
 
     def frame(self, frame: Frame) -> None:
-        stored = _by_reference(frame, self._calls)
-        self._frames.append((frame.seq, frame.event, self._encode(stored.data)))
+        data = _by_reference(frame, self._calls) if frame.event == events.TOOL_START else frame.data
+        self._frames.append((frame.seq, frame.event, self._encode(data)))
         self._last_seq = frame.seq
         # A run's last frame is written at once: nothing comes after it to share the write, and
         # its readers (the end of the stream) would wait out the group's time for nothing.
@@ -1009,21 +1009,15 @@ REFERENCE = "$model"
 arguments of that call in that model turn's checkpoint (a large argument is stored once)."""
 
 
-def _by_reference(frame: Frame, calls: Mapping[str, tuple[str, Any]]) -> Frame:
-    """`frame` as the store keeps it: a `tool-start` whose arguments are the model's own refers
-    to the model turn's checkpoint instead of repeating them."""
+def _by_reference(frame: Frame, calls: Mapping[str, tuple[str, Any]]) -> Mapping[str, Any]:
+    """`frame`'s data as the store keeps it: a `tool-start` whose arguments are the model's own
+    refers to the model turn's checkpoint instead of repeating them."""
     if frame.event != events.TOOL_START:
-        return frame
+        return frame.data
     known = calls.get(str(frame.data.get("toolCallId")))
     if known is None or frame.data.get("arguments") != known[1]:
-        return frame
-    return Frame(
-        frame.event,
-        {**frame.data, "arguments": {REFERENCE: known[0]}},
-        frame.session_id,
-        frame.conversation_id,
-        frame.seq,
-    )
+        return frame.data
+    return {**frame.data, "arguments": {REFERENCE: known[0]}}
 
 
 def _resolved(frames: list[Frame], checkpoints: Mapping[str, Any]) -> list[Frame]:
