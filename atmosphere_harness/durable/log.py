@@ -219,39 +219,41 @@ def pack_parts(
     small: list[bytes] = [b""]  # (the head, once the size is known)
     size = 0
     entry, overhead = ENTRY.pack, ENTRY.size
-    for kind, items in ((b"F", frames), (b"C", checkpoints)):
-        for item in items:
-            if kind == b"F":
-                seq, name, data = item  # type: ignore[misc]
-            else:
-                seq, (name, data) = 0, item
-            name_bytes = name.encode("utf-8", "surrogatepass")
-            payload = data.encode("utf-8", "surrogatepass")
-            if type(data) is str:
-                length = len(payload)
-                small += (entry(kind, seq, len(name_bytes), length), name_bytes)
-                size += overhead + len(name_bytes) + length
-                if length < SEPARATE_FROM:
-                    small.append(payload)
-                else:
-                    parts += (b"".join(small), payload)
-                    small = []
-                continue
-            pieces = [payload]
+
+    def add(kind: bytes, seq: int, name: str, data: str) -> None:
+        nonlocal small, size
+        name_bytes = name.encode("utf-8", "surrogatepass")
+        payload = data.encode("utf-8", "surrogatepass")
+        if type(data) is str:
             length = len(payload)
-            if isinstance(data, Lifted):
-                for string in data.strings:
-                    prefix, lifted = b"%d:" % len(string), string.encode("utf-8", "surrogatepass")
-                    pieces += (prefix, lifted)
-                    length += len(prefix) + len(lifted)
             small += (entry(kind, seq, len(name_bytes), length), name_bytes)
             size += overhead + len(name_bytes) + length
-            for piece in pieces:
-                if len(piece) < SEPARATE_FROM:
-                    small.append(piece)
-                else:
-                    parts += (b"".join(small), piece)
-                    small = []
+            if length < SEPARATE_FROM:
+                small.append(payload)
+            else:
+                parts.extend((b"".join(small), payload))
+                small = []
+            return
+        pieces = [payload]
+        length = len(payload)
+        if isinstance(data, Lifted):
+            for string in data.strings:
+                prefix, lifted = b"%d:" % len(string), string.encode("utf-8", "surrogatepass")
+                pieces += (prefix, lifted)
+                length += len(prefix) + len(lifted)
+        small += (entry(kind, seq, len(name_bytes), length), name_bytes)
+        size += overhead + len(name_bytes) + length
+        for piece in pieces:
+            if len(piece) < SEPARATE_FROM:
+                small.append(piece)
+            else:
+                parts.extend((b"".join(small), piece))
+                small = []
+
+    for seq, event, data in frames:
+        add(b"F", seq, event, data)
+    for key, value in checkpoints:
+        add(b"C", 0, key, value)
     small.append(TAIL.pack(size))
     parts.append(b"".join(small))
     parts[0] = HEAD.pack(MAGIC, size) + parts[0]
