@@ -15,7 +15,11 @@ the next writer of that run first cuts the file back to what was read (`RunLogs.
 Payloads (`encode_payload`) are JSON, except that long strings (a model's 50 KiB tool-call
 argument, a file a tool read) are not escaped into it: each is left out of the JSON, which holds
 a placeholder for it, and follows it as it is (escaping 50 KiB into JSON costs more than the rest
-of the append). `decode_payload` gives back what `json.loads` of the JSON text would.
+of the append). `decode_payload` gives back what `json.loads` of the JSON text would. Lifted
+strings of 4 KiB or more (`SEPARATE_FROM`) are not even joined to the JSON before the write: the
+payload (`Lifted`) keeps them as they are and the record goes out with one `writev()` of its
+parts (`pack_parts`), so a 50 KiB argument is copied once, into UTF-8, on its way to the page
+cache. The bytes on disk are the same either way.
 """
 
 from __future__ import annotations
