@@ -655,7 +655,9 @@ class RunStoreNow(Protocol):
 
     The journal makes the payloads it hands such a store (`data`, `value`) with its `encode`:
     the text of a JSON value in any form the store reads back as that value (an embedded store
-    may spare itself escaping a long string into JSON, see `durable.SqliteRunStore.encode`).
+    may spare itself escaping a long string into JSON, see `durable.SqliteRunStore.encode`, and
+    even copying it: a `str` subclass carrying part of the payload aside, which only that
+    store's own `append` and `append_now` are given back).
     """
 
     def encode(self, value: Any) -> str: ...

@@ -38,7 +38,15 @@ from typing import Any
 from ..contracts import StoredRun
 from ..events import Frame
 from ..memory.sqlite import DATABASE_FILE, SqliteDatabase, Transaction
-from .log import RunLogs, decode_payload, encode_payload, pack
+from .log import (
+    Lifted,
+    RunLogs,
+    compact_json,
+    decode_payload,
+    encode_parts,
+    pack_parts,
+    payload_size,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS durable_runs (
@@ -74,7 +82,7 @@ CREATE TABLE IF NOT EXISTS durable_checkpoints (
 INSERT_FRAME = "INSERT OR REPLACE INTO durable_frames (run, seq, event, data) VALUES (?, ?, ?, ?)"
 INSERT_CHECKPOINT = "INSERT OR REPLACE INTO durable_checkpoints (run, key, value) VALUES (?, ?, ?)"
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+_ENCODE = compact_json(str)
 """The journal's own JSON (`kernel.journal.encode`): compact, ASCII."""
 LOGS_SUFFIX = "-runs"
 """The run logs' directory is the database file's name with this after it (`atmosphere.db-runs`)."""
@@ -90,6 +98,11 @@ never synced; SQLite syncs the WAL before a checkpoint copies it into the file).
 
 def _tabled(checkpoints: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     return [item for item in checkpoints if item[0].startswith(TABLE_KEYS)]
+
+
+def _whole(payload: str) -> str:
+    """A payload as one text (a `log.Lifted` one joined), for an SQLite row."""
+    return payload.whole() if isinstance(payload, Lifted) else payload
 
 
 def _unpack(stored: bytes | str) -> Any:
@@ -150,8 +163,9 @@ class SqliteRunStore:
     @staticmethod
     def encode(value: Any) -> str:
         """A payload as this store takes it (`contracts.RunStoreNow`): JSON, its long strings
-        lifted out of it as they are (`log.encode_payload`)."""
-        return encode_payload(value, _ENCODER.encode)
+        lifted out of it as they are (`log.encode_payload`), and left aside until the append
+        writes them (a `log.Lifted`: only this store's appends read it whole)."""
+        return encode_parts(value, _ENCODE)
 
     @classmethod
     def under(cls, workspace_root: Path) -> SqliteRunStore:
@@ -230,7 +244,8 @@ class SqliteRunStore:
         """`append`, done right now on the event loop if it is small (`INLINE_BYTES`) and
         nothing else uses what it writes to; `False` if not (nothing was written: call
         `append`). Most appends only write the run's log: no SQLite statement at all."""
-        size = sum(len(data) for _, _, data in frames) + sum(len(v) for _, v in checkpoints)
+        size = sum(payload_size(data) for _, _, data in frames)
+        size += sum(payload_size(value) for _, value in checkpoints)
         if size > INLINE_BYTES:
             return False
         logs = self._logs
@@ -241,7 +256,7 @@ class SqliteRunStore:
             if row is not None and create is None and not _tabled(checkpoints):
                 if self._database is None:
                     return False
-                logs.write(row, pack(frames, checkpoints))
+                logs.write(row, pack_parts(frames, checkpoints))
                 return True
             work = self._append(run_id, frames, checkpoints, create, owner, lease_seconds)
             return self.database.try_now(work)
@@ -261,7 +276,7 @@ class SqliteRunStore:
         lock held: the run row if it is new, the log record, then the checkpoints kept in
         SQLite (`TABLE_KEYS`)."""
         known = self._rows.get(run_id)
-        tabled = _tabled(checkpoints)
+        tabled = [(key, _whole(value)) for key, value in _tabled(checkpoints)]
         logged = (
             [c for c in checkpoints if not c[0].startswith(TABLE_KEYS)] if tabled else checkpoints
         )
@@ -296,7 +311,7 @@ class SqliteRunStore:
                     raise LookupError(f"durable run {run_id} is not in the store")
                 row = int(found[0])
             if frames or logged or create is not None:
-                self._logs.write(int(row), pack(frames, logged), new=create is not None)
+                self._logs.write(int(row), pack_parts(frames, logged), new=create is not None)
             if len(tabled) == 1:
                 connection.execute(INSERT_CHECKPOINT, (row, *tabled[0]))
             elif tabled:

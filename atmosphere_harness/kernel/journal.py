@@ -378,12 +378,14 @@ class _StoreWriter:
         """Loop time before which a publish waits for a later write (see `_kick`)."""
         self._calls: dict[str, tuple[str, Any]] = {}
         """The last model turn's calls: id -> (its checkpoint key, its arguments)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The run's loop, once known (`asyncio.get_running_loop` costs a `getpid()` call)."""
 
     # Encoded now, when published: what is journalled is what was sent, whatever changes later.
 
     def frame(self, frame: Frame) -> None:
-        stored = _by_reference(frame, self._calls)
-        self._frames.append((frame.seq, frame.event, self._encode(stored.data)))
+        data = _by_reference(frame, self._calls) if frame.event == events.TOOL_START else frame.data
+        self._frames.append((frame.seq, frame.event, self._encode(data)))
         self._last_seq = frame.seq
         # A run's last frame is written at once: nothing comes after it to share the write, and
         # its readers (the end of the stream) would wait out the group's time for nothing.
@@ -417,8 +419,10 @@ class _StoreWriter:
             self._checkpoints.clear()
             return
         if self._task is None or self._task.done():
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
             if self._now is not None:
-                loop = asyncio.get_running_loop()
                 due = self._next_write
                 if not now and (hold or loop.time() < due):
                     if self._soon is None:
@@ -427,9 +431,7 @@ class _StoreWriter:
                 if self._drain_now():
                     self._next_write = loop.time() + GROUP_SECONDS
                     return
-            self._task = asyncio.get_running_loop().create_task(
-                self._drain(), name=f"journal:{self.run_id}"
-            )
+            self._task = loop.create_task(self._drain(), name=f"journal:{self.run_id}")
 
     def _drain_soon(self) -> None:
         self._soon = None
@@ -1007,21 +1009,15 @@ REFERENCE = "$model"
 arguments of that call in that model turn's checkpoint (a large argument is stored once)."""
 
 
-def _by_reference(frame: Frame, calls: Mapping[str, tuple[str, Any]]) -> Frame:
-    """`frame` as the store keeps it: a `tool-start` whose arguments are the model's own refers
-    to the model turn's checkpoint instead of repeating them."""
+def _by_reference(frame: Frame, calls: Mapping[str, tuple[str, Any]]) -> Mapping[str, Any]:
+    """`frame`'s data as the store keeps it: a `tool-start` whose arguments are the model's own
+    refers to the model turn's checkpoint instead of repeating them."""
     if frame.event != events.TOOL_START:
-        return frame
+        return frame.data
     known = calls.get(str(frame.data.get("toolCallId")))
     if known is None or frame.data.get("arguments") != known[1]:
-        return frame
-    return Frame(
-        frame.event,
-        {**frame.data, "arguments": {REFERENCE: known[0]}},
-        frame.session_id,
-        frame.conversation_id,
-        frame.seq,
-    )
+        return frame.data
+    return {**frame.data, "arguments": {REFERENCE: known[0]}}
 
 
 def _resolved(frames: list[Frame], checkpoints: Mapping[str, Any]) -> list[Frame]:

@@ -134,7 +134,10 @@ class RunContext:
         return f"{kind}:{self.current_turn}:{call.id}"
 
     def recall(self, call: ToolCall, kind: str) -> Any | None:
-        return self.recalled(self.call_key(call, kind)) if self.live is not None else None
+        live = self.live
+        if live is None or not live.checkpoints:  # (a first life: nothing to recall)
+            return None
+        return live.checkpoints.get(self.call_key(call, kind))
 
     async def checkpoint(
         self, call: ToolCall, kind: str, value: Any, *, wait: bool = False

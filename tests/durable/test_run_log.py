@@ -15,7 +15,18 @@ import pytest
 
 from atmosphere_harness.contracts import StoredRun
 from atmosphere_harness.durable import SqliteRunStore
-from atmosphere_harness.durable.log import RAW_FROM, decode_payload, encode_payload, pack
+from atmosphere_harness.durable.log import (
+    MAX_PARTS,
+    RAW_FROM,
+    SEPARATE_FROM,
+    Lifted,
+    RunLogs,
+    compact_json,
+    decode_payload,
+    encode_payload,
+    pack,
+    pack_parts,
+)
 from atmosphere_harness.kernel.journal import encode
 
 
@@ -156,3 +167,75 @@ def test_a_long_string_follows_the_json_unescaped() -> None:
     text = encode_payload({"content": content, "short": "b\n"}, encode)
     assert text.endswith(content)
     assert '"short":"b\\n"' in text
+
+
+PAYLOADS = [
+    {"text": "", "calls": [["call_1", "write_file", {"path": "a", "content": "x\n" * 900}]]},
+    "y" * RAW_FROM,
+    {"nested": [("\x00 starts like a placeholder", ["\x000"]), {"k": "é\ud800" * RAW_FROM}]},
+    {"1": [1, 2.5, None, True, float("nan")], 2: "int key", "odd": object()},
+    ["short", "z" * 5000, "z" * 5000],
+    True,
+]
+
+
+@pytest.mark.parametrize("value", PAYLOADS)
+def test_the_journals_json_is_the_standard_encoders(value: Any) -> None:
+    standard = json.JSONEncoder(separators=(",", ":"), default=str).encode
+    assert compact_json(str)(value) == standard(value)
+
+
+@pytest.mark.parametrize("value", PAYLOADS)
+def test_a_payload_with_long_strings_is_written_in_pieces_as_one_record(value: Any) -> None:
+    payload = SqliteRunStore.encode(value)
+    whole = encode_payload(value, encode)
+    assert (payload.whole() if isinstance(payload, Lifted) else payload) == whole
+    parts = pack_parts([(1, "text", payload)], [("model:1", payload)])
+    assert b"".join(parts) == pack([(1, "text", whole)], [("model:1", whole)])
+    if isinstance(payload, Lifted):
+        # The long strings are the payload's own (not copied into one string), and each of
+        # the large ones goes to the log as a buffer of its own.
+        assert all(any(string is found for found in _strings(value)) for string in payload.strings)
+        large = {len(s.encode("utf-8", "surrogatepass")) for s in payload.strings}
+        assert {size for size in large if size >= SEPARATE_FROM} <= {len(part) for part in parts}
+
+
+def _strings(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [s for item in value.values() for s in _strings(item)]
+    if isinstance(value, list | tuple):
+        return [s for item in value for s in _strings(item)]
+    return [value]
+
+
+def test_a_record_of_more_pieces_than_one_writev_takes_is_one_buffer(tmp_path: Path) -> None:
+    big = "b" * SEPARATE_FROM
+    frames = [(seq, "text", SqliteRunStore.encode({"text": big})) for seq in range(MAX_PARTS)]
+    parts = pack_parts(frames, [])
+    assert len(parts) == 1
+    logs = RunLogs(tmp_path)
+    logs.write(1, pack_parts(frames[:3], []), new=True)
+    logs.write(1, parts)
+    try:
+        read, _ = logs.read(1)
+        assert [seq for seq, _, _ in read] == [0, 1, 2, *range(MAX_PARTS)]
+        assert decode_payload(read[-1][2].decode()) == {"text": big}
+    finally:
+        logs.close()
+
+
+async def test_long_strings_round_trip_through_the_log_and_the_history_mark(
+    store: SqliteRunStore,
+) -> None:
+    content = "line\n" * RAW_FROM
+    turn = {"text": "", "calls": [["call_1", "write_file", {"path": "a", "content": content}]]}
+    assert store.append_now(
+        "run-1",
+        [frame(1, content)],
+        [checkpoint("model:1", turn), checkpoint("history:1", {"odd": content})],
+        create=stored(),
+        owner="me",
+    )
+    checkpoints, frames = await store.load("run-1", 10)
+    assert checkpoints == {"model:1": turn, "history:1": {"odd": content}}
+    assert frames[0].data == {"text": content}
