@@ -44,6 +44,7 @@ from typing import Any
 from common import make_workload, summary, version
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
+from atmosphere_harness.filesystem import spares, workers
 from atmosphere_harness.filesystem.tools import read_window
 
 OPS = (
@@ -481,6 +482,12 @@ def main() -> int:
             "seed": 1234,
         },
         "ours": ours,
+        # How our small operations ran: a cool-down sends them through the worker threads
+        # (`workers.ON_LOOP`), and writes on the loop fill spare files made ahead of time.
+        "ours_on_loop": {
+            "cool_downs": workers.ON_LOOP.trips,
+            "spare_files_used": spares.SPARES.used,
+        },
         "peer": peer,
         "peer_reason": peer_reason,
         "peer_variants": {

@@ -22,6 +22,10 @@ def test_the_benchmark_runs_and_says_whether_the_peer_was_measured() -> None:
     result = json.loads(done.stdout)
     assert result["workload"]["files"] == 20
     assert set(result["ours"]) >= {"write_all", "grep_rare", "edit_once", "write_all_fsync"}
+    on_loop = result["ours_on_loop"]
+    assert on_loop["cool_downs"] >= 0
+    if sys.platform == "linux":
+        assert on_loop["spare_files_used"] > 0, "writes on the loop filled spare files"
     if importlib.util.find_spec("deepagents") is None:
         assert result["peer"] is None
         assert "deepagents is not installed" in result["peer_reason"]
