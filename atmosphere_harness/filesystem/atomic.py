@@ -62,7 +62,7 @@ def write_atomic(
         try:
             os.replace(temp, target)
         except BaseException:
-            _remove(temp)
+            remove_quietly(temp)
             raise
         return
     try:
@@ -74,24 +74,30 @@ def write_atomic(
         fd = os.open(temp, WRITE_FLAGS, 0o666)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_fully(fd, data)
             if fsync:
                 os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(temp, target)
     except BaseException:
-        _remove(temp)
+        remove_quietly(temp)
         raise
     if fsync:
         fsync_directory(parent)
 
 
-def _remove(temp: str) -> None:
+def write_fully(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd` (one `write` may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def remove_quietly(path: str) -> None:
+    """Remove `path` if it is there (a temporary file, after a failure)."""
     try:
-        os.unlink(temp)
+        os.unlink(path)
     except OSError:
         pass
 

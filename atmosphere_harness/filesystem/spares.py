@@ -24,6 +24,8 @@ import os
 import threading
 from collections.abc import Callable
 
+from .atomic import remove_quietly, write_fully
+
 PER_DEVICE = 4
 """Spare files kept ready per filesystem (open descriptors of nameless files)."""
 DEVICES = 8
@@ -80,15 +82,10 @@ class SpareFiles:
             self._refused(device, fd, temp, exc)
             return False
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_fully(fd, data)
         except BaseException:
             os.close(fd)
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
+            remove_quietly(temp)
             raise
         os.close(fd)
         self.used += 1
