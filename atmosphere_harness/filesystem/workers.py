@@ -64,9 +64,9 @@ usual tool call (the benchmark's 50 KiB files) fits; past it the loop would pay 
 SLOW_SECONDS = 0.002
 """An on-loop operation that took longer than this (not counting waits for a CPU) trips the
 budget: the disk is slow now, and small operations go through the worker for a cool-down
-(`FIRST_COOL_DOWN_SECONDS`, doubling up to `COOL_DOWN_SECONDS`). About ten times an on-loop operation's usual cost (0.05-0.3 ms), so a
-normal one does not trip it, and short enough that a stall is noticed before it matters to
-other requests."""
+(`FIRST_COOL_DOWN_SECONDS`, doubling up to `COOL_DOWN_SECONDS`). About ten times an on-loop
+operation's usual cost (0.05-0.3 ms), so a normal one does not trip it, and short enough that a
+stall is noticed before it matters to other requests."""
 
 FIRST_COOL_DOWN_SECONDS = 1.0
 """How long small operations keep to the worker after a slow one, when none was slow in the
