@@ -170,7 +170,14 @@ SPARES = SpareFiles()
 
 def _forked() -> None:
     global SPARES
-    SPARES.close()  # the child's copies of the parent's descriptors
+    # The child's copies of the parent's descriptors are closed without taking the lock: another
+    # thread of the parent may have held it at the fork, and nothing would ever release it here.
+    for ready in SPARES._ready.values():
+        for fd in ready:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
     SPARES = SpareFiles()
 
 

@@ -8,6 +8,7 @@ import asyncio
 import errno
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +182,26 @@ def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_child_forked_while_the_pool_is_locked_starts_with_its_own(
+    tmp_path: Path, pool: spares.SpareFiles
+) -> None:
+    device = os.stat(tmp_path).st_dev
+    pool._refill(device, str(tmp_path))
+    with pool._lock:  # as a worker thread of the parent may hold it at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: its spares are its own, and its lock is free
+            fresh = spares.SPARES is not pool and spares.SPARES.ready(device) == 0
+            os._exit(0 if fresh else 1)
+    for _ in range(1000):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise AssertionError("the forked child hung on the parent's lock")
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert pool.ready(device) == spares.PER_DEVICE, "the parent's spares are untouched"
