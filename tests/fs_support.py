@@ -107,3 +107,16 @@ class Hops:
             return await real(fn, *args)
 
         monkeypatch.setattr(workers, "run", counted)
+
+
+def makes_tmpfiles(directory: Path) -> bool:
+    """Whether `directory`'s filesystem makes nameless files (`O_TMPFILE`: the workspace's
+    spare files; overlayfs and NFS may not)."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if not flag:
+        return False
+    try:
+        os.close(os.open(directory, flag | os.O_RDWR, 0o600))
+    except OSError:
+        return False
+    return True

@@ -16,7 +16,7 @@ import pytest
 
 from atmosphere_harness import FileSystemError, WorkspaceAgentFileSystem
 from atmosphere_harness.filesystem import spares, workers
-from tests.fs_support import tree
+from tests.fs_support import makes_tmpfiles, tree
 
 pytestmark = pytest.mark.skipif(
     not getattr(os, "O_TMPFILE", 0) or not os.path.isdir("/proc/self/fd"),
@@ -25,8 +25,10 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def pool(monkeypatch: pytest.MonkeyPatch) -> spares.SpareFiles:
+def pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> spares.SpareFiles:
     """A fresh pool of spares for the test (closed after it), and no on-loop cool-down."""
+    if not makes_tmpfiles(tmp_path):
+        pytest.skip(f"the filesystem of {tmp_path} makes no O_TMPFILE files")
     fresh = spares.SpareFiles()
     monkeypatch.setattr(spares, "SPARES", fresh)
     monkeypatch.setattr(workers, "ON_LOOP", workers.LoopBudget(slow=float("inf")))
@@ -130,7 +132,7 @@ async def test_without_spares_ready_a_write_creates_its_file(
 
 
 def test_a_refill_stops_at_the_bound_and_on_a_filesystem_without_tmpfiles(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, pool: spares.SpareFiles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pool = spares.SpareFiles(per_device=2)
     device = os.stat(tmp_path).st_dev
