@@ -1010,10 +1010,8 @@ arguments of that call in that model turn's checkpoint (a large argument is stor
 
 
 def _by_reference(frame: Frame, calls: Mapping[str, tuple[str, Any]]) -> Mapping[str, Any]:
-    """`frame`'s data as the store keeps it: a `tool-start` whose arguments are the model's own
-    refers to the model turn's checkpoint instead of repeating them."""
-    if frame.event != events.TOOL_START:
-        return frame.data
+    """A `tool-start` frame's data as the store keeps it: when its arguments are the model's
+    own, it refers to the model turn's checkpoint instead of repeating them."""
     known = calls.get(str(frame.data.get("toolCallId")))
     if known is None or frame.data.get("arguments") != known[1]:
         return frame.data

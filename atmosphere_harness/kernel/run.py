@@ -134,10 +134,9 @@ class RunContext:
         return f"{kind}:{self.current_turn}:{call.id}"
 
     def recall(self, call: ToolCall, kind: str) -> Any | None:
-        live = self.live
-        if live is None or not live.checkpoints:  # (a first life: nothing to recall)
+        if self.live is None or not self.live.checkpoints:  # (a first life: nothing to recall)
             return None
-        return live.checkpoints.get(self.call_key(call, kind))
+        return self.recalled(self.call_key(call, kind))
 
     async def checkpoint(
         self, call: ToolCall, kind: str, value: Any, *, wait: bool = False

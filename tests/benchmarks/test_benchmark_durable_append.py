@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "durable_append.py"
+from tests.benchmarks.support import run_benchmark
 
 
 def test_the_benchmark_times_each_append_of_both_sizes() -> None:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--turns", "40"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    result = json.loads(done.stdout)
+    result = run_benchmark("durable_append.py", "--turns", "40")
     for size in ("1k", "50k"):
         entry = result[size]
         assert entry["appends"] == 80

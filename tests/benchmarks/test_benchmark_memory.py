@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "memory_bench.py"
+from tests.benchmarks.support import run_benchmark
 
 TURN_KEYS = {
     "per_turn_ms",
@@ -37,15 +35,9 @@ def test_the_benchmark_runs_and_reports_every_section(tmp_path: Path) -> None:
         "--extraction-ms": 10,
         "--json": out,
     }
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), *(str(part) for pair in tiny.items() for part in pair)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-        env=env,
+    result = run_benchmark(
+        "memory_bench.py", *(str(part) for pair in tiny.items() for part in pair), env=env
     )
-    result = json.loads(done.stdout)
     assert json.loads(out.read_text()) == result, "--json writes the printed document"
     assert result["repeats"] == 1
     assert "peer" not in result, "no peer interpreter was given"

@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "on_loop.py"
+from tests.benchmarks.support import run_benchmark
 
 
 def test_the_benchmark_compares_the_hop_and_the_loop() -> None:
     arguments = ["--rounds", "2", "--turns", "3", "--edits", "2", "--files", "12"]
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), *arguments],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    result = json.loads(done.stdout)
+    result = run_benchmark("on_loop.py", *arguments)
     for size in ("1k", "50k"):
         assert set(result["turns"][size]) == {"hop", "loop", "loop_breaker"}
         for figures in result["turns"][size].values():

@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "scale.py"
+from tests.benchmarks.support import run_benchmark
 
 
 def test_the_benchmark_grows_the_population_and_measures_each_level() -> None:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--levels", "2,5", "--prompts", "2"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    result = json.loads(done.stdout)
+    result = run_benchmark("scale.py", "--levels", "2,5", "--prompts", "2")
     assert result["workload"]["levels"] == [2, 5]
     assert result["peer"] is None
     assert result["peer_reason"]

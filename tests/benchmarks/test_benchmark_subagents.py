@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "subagents.py"
+from tests.benchmarks.support import run_benchmark
 
 
 def test_the_benchmark_runs_and_says_whether_the_peer_was_measured() -> None:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--spawns", "3", "--size-kib", "1", "--repeats", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    result = json.loads(done.stdout)
+    result = run_benchmark("subagents.py", "--spawns", "3", "--size-kib", "1", "--repeats", "1")
     assert result["workload"]["spawns"] == 3
     assert result["ours"]["fanout"]["outcome"] == {
         "completed": True,

@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "transports.py"
+from tests.benchmarks.support import run_benchmark
 
 
 def test_the_benchmark_runs_and_says_whether_the_peer_was_measured() -> None:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--runs", "1", "--repeats", "1"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    result = json.loads(done.stdout)
+    result = run_benchmark("transports.py", "--runs", "1", "--repeats", "1")
     assert set(result["ours"]) == {"ours_agui", "ours_sse", "ours_websocket"}
     for figures in result["ours"].values():
         assert figures["wall_ms_per_run"] > 0

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.benchmarks.support import run_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "turns.py"
 FIGURES = {
@@ -26,14 +27,7 @@ OVERHEADS = {"durable_overhead_1k", "durable_overhead_50k"}
 
 
 def test_the_benchmark_runs_and_says_whether_the_peer_was_measured() -> None:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--repeats", "1", "--turns", "3", "--batch", "4"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    result = json.loads(done.stdout)
+    result = run_benchmark("turns.py", "--repeats", "1", "--turns", "3", "--batch", "4")
     assert result["workload"] == {"turns": 3, "batch": 4, "repeats": 1}
     assert set(result["figures"]) == FIGURES
     for name, figure in result["figures"].items():
@@ -59,14 +53,7 @@ def test_the_benchmark_runs_and_says_whether_the_peer_was_measured() -> None:
 
 
 def test_sections_runs_only_what_is_named_and_says_what_is_unknown() -> None:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--repeats", "1", "--turns", "2", "--sections", "durable"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    result = json.loads(done.stdout)
+    result = run_benchmark("turns.py", "--repeats", "1", "--turns", "2", "--sections", "durable")
     assert result["turns"] == result["http"] == result["batch"] == result["storage"] == {}
     assert set(result["durable"]) == {"1k", "50k"}
     assert isinstance(result["figures"]["durable_turn_1k"]["ours"], float)

@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "workspace_writes.py"
+from tests.benchmarks.support import run_benchmark
 
 
 def test_the_benchmark_compares_the_two_ledgers_and_two_processes() -> None:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--rounds", "2", "--ops", "20", "--contended"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    result = json.loads(done.stdout)
+    result = run_benchmark("workspace_writes.py", "--rounds", "2", "--ops", "20", "--contended")
     assert set(result["alone"]) == {"new_1k", "overwrite_1k", "edit"}
     for figures in result["alone"].values():
         assert figures["shared_volume_us"] > 0
