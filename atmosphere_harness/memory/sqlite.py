@@ -10,9 +10,10 @@ nothing committed; a power cut can lose the last transactions, never corrupt the
 memory, the durable run journal) the same instance: one connection and one thread, so they never
 wait on each other's write lock; it closes when its last user closes it.
 
-`try_now(work)` runs a short write right on the event loop when the connection is idle
-(a durable run's append: a hop to the thread and back costs more than the write, and far more
-when the loop is busy, since the thread then waits for the GIL after each statement). That
+`try_now(work)` runs a short write (or a read of a bounded result) right on the event loop when
+the connection is idle (a durable run's append, a history's check of its cached copy: a hop to
+the thread and back costs more than the work, and far more when the loop is busy, since the
+thread then waits for the GIL after each statement); `run_small` is that, or `run`. That
 is safe for the loop because nothing in such a write waits: with WAL and `synchronous=NORMAL` a
 commit is a `write()` into the page cache, never an `fsync`; the connection never waits for a
 lock on the loop (`busy_timeout` is 0 there: a busy file sends the work to the thread); and the
@@ -50,6 +51,12 @@ BUSY_TIMEOUT_MS = 5000
 _SHARED: dict[Path, SqliteDatabase] = {}
 
 
+class Elsewhere(Exception):
+    """Raised by work given to `try_now` that finds it cannot stay within the loop's bound (a
+    query about to read an unbounded result): `try_now` says `False`, and a transaction the
+    work opened is rolled back by it (`Transaction`)."""
+
+
 class SqliteDatabase:
     """A lazily opened SQLite file with its own thread; `schema` scripts run once on open."""
 
@@ -69,6 +76,9 @@ class SqliteDatabase:
         self._closed = False
         self._users = 0
         """Users of a `shared` instance that have not closed it yet."""
+        self.inline = False
+        """True while work runs on the event loop (`try_now`), which may then raise
+        `Elsewhere`."""
         self._late: list[Callable[[sqlite3.Connection], object]] = []
         """Schemas and migrations added to a shared instance after it opened: run before its
         next operation."""
@@ -122,25 +132,44 @@ class SqliteDatabase:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._call, work)
 
+    async def run_small(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `work(connection)` on the event loop if `try_now` can (no hop to the thread and
+        back: it costs more than a short statement, and far more when the loop is busy), else
+        on the database thread (`run`). Only for work `try_now` allows; `work` may raise
+        `Elsewhere` to be run on the thread instead."""
+        done: list[T] = []
+        if self.try_now(lambda connection: done.append(work(connection))):
+            return done[0]
+        return await self.run(work)
+
     def try_now(self, work: Callable[[sqlite3.Connection], object]) -> bool:
         """Run `work(connection)` right here, on the event loop, if the connection is open and
-        idle; `False` (nothing ran) if it is not, or if another connection holds the file's
-        write lock (the caller then uses `run`, whose thread waits for it).
+        idle; `False` (nothing ran, or what ran was rolled back) if it is not, if another
+        connection holds the file's write lock (the caller then uses `run`, whose thread waits
+        for it), or if `work` raised `Elsewhere`.
 
-        Only for a short write of a bounded size: the loop does nothing else meanwhile (see
-        the module docstring for why it never waits on the disk or on a lock).
+        Only for a short write or read of a bounded size: the loop does nothing else meanwhile
+        (see the module docstring for why it never waits on the disk or on a lock). A read
+        that finds it would return an unbounded result raises `Elsewhere` before it does.
         """
         if self._closed or self._late or not self._busy.acquire(blocking=False):
             return False
         try:
             if self._connection is None:
                 return False
+            self.inline = True
             try:
                 work(self._connection)
+            except Elsewhere:
+                return False
             except sqlite3.OperationalError as error:
                 if error.sqlite_errorcode == sqlite3.SQLITE_BUSY:
+                    if self._connection.in_transaction:  # (a COMMIT found it busy)
+                        self._connection.rollback()
                     return False
                 raise
+            finally:
+                self.inline = False
         finally:
             self._busy.release()
         if not self._checkpoint_queued and self._executor is not None:

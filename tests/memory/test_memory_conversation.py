@@ -324,3 +324,70 @@ async def test_a_summarizing_memory_asks_the_lock_for_the_summary_and_what_follo
     read = memory.locked_read(run("c"))
     assert read is not None
     assert (read.after_seq, read.limit) == (None, 500)
+
+
+async def test_a_chat_turn_is_loaded_and_written_on_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short turn needs no hop to the database thread once the file is open: the load's
+    check of its cached copy and the write of a small turn run on the loop (`run_small`);
+    a load that must read rows and a large turn go to the thread."""
+    path = tmp_path / "history.db"
+    database = SqliteDatabase(path)
+    hops: list[str] = []
+    hop = database.run
+
+    async def counted(work: Any) -> Any:
+        hops.append(getattr(work, "__qualname__", ""))
+        return await hop(work)
+
+    monkeypatch.setattr(database, "run", counted)
+    history = SqliteHistory(database, pack=False)
+    memory = ConversationMemory(history, endpoint="/e")
+    try:
+        await database.open()
+        hops.clear()
+        assert await memory.load(run("c")) == []  # a new conversation
+        await memory.append(run("c"), turn(1))
+        assert await memory.load(run("c")) == turn(1)  # the cached copy, checked
+        assert hops == []
+        many = [Message.user(f"m{i}") for i in range(sqlite_history.INLINE_MESSAGES + 1)]
+        await memory.append(run("c"), many)
+        large = [Message.user("x" * sqlite_history.INLINE_BYTES)]
+        await memory.append(run("c"), large)
+        assert len(hops) == 2
+        # Another instance has no cached copy: it reads the rows on the thread.
+        other = SqliteDatabase(path)
+        try:
+            fresh = ConversationMemory(SqliteHistory(other, pack=False), endpoint="/e")
+            await other.open()
+            assert await fresh.load(run("c")) == (await memory.load(run("c")))
+            assert [*turn(1), *many, *large][-20:] == await fresh.load(run("c"))
+        finally:
+            await other.aclose()
+    finally:
+        await history.aclose()
+        await database.aclose()
+
+
+async def test_a_turn_written_while_another_process_holds_the_lock_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "history.db"
+    database = SqliteDatabase(path)
+    history = SqliteHistory(database, pack=False)
+    memory = ConversationMemory(history, endpoint="/e")
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        await database.open()
+        other.execute("BEGIN IMMEDIATE")
+        writing = asyncio.ensure_future(memory.append(run("c"), turn(1)))
+        await asyncio.sleep(0.2)
+        assert not writing.done()  # refused on the loop, waiting on the thread
+        other.execute("COMMIT")
+        await writing
+        assert await memory.load(run("c")) == turn(1)
+    finally:
+        other.close()
+        await history.aclose()
+        await database.aclose()

@@ -1,4 +1,5 @@
-"""`SqliteDatabase.try_now`: short writes on the event loop, and what keeps them from waiting."""
+"""`SqliteDatabase.try_now` / `run_small`: short work on the event loop, and what keeps it from
+waiting."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from atmosphere_harness.memory.sqlite import CHECKPOINT_FROM, SqliteDatabase
+from atmosphere_harness.memory.sqlite import CHECKPOINT_FROM, Elsewhere, SqliteDatabase, Transaction
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, body BLOB NOT NULL);"
 
@@ -120,4 +121,63 @@ async def test_a_checkpoint_without_a_wal_file_is_nothing_to_do(
     await database.run(lambda connection: database._checkpoint_if_grown(connection))
     assert "checkpointing the SQLite WAL failed" not in caplog.text
     assert database.try_now(insert(b"still fine"))
+    assert await count(database) == 1
+
+
+async def test_work_that_says_elsewhere_is_rolled_back_and_run_on_the_thread(
+    database: SqliteDatabase,
+) -> None:
+    ran_on: list[tuple[int, bool]] = []
+
+    def work(connection: sqlite3.Connection) -> int:
+        ran_on.append((threading.get_ident(), database.inline))
+        with Transaction(connection):
+            connection.execute("INSERT INTO notes (body) VALUES ('once')")
+            if database.inline:
+                raise Elsewhere
+        return int(connection.execute("SELECT count(*) FROM notes").fetchone()[0])
+
+    assert await database.run_small(work) == 1  # the loop's insert was rolled back
+    loop_thread = threading.get_ident()
+    assert [inline for _, inline in ran_on] == [True, False]
+    assert ran_on[0][0] == loop_thread
+    assert ran_on[1][0] != loop_thread
+    assert not database.inline
+
+
+async def test_run_small_gives_the_result_of_work_done_on_the_loop(
+    database: SqliteDatabase,
+) -> None:
+    threads: list[int] = []
+
+    def work(connection: sqlite3.Connection) -> str:
+        threads.append(threading.get_ident())
+        connection.execute("INSERT INTO notes (body) VALUES ('here')")
+        return "stored"
+
+    assert await database.run_small(work) == "stored"
+    assert threads == [threading.get_ident()]
+    assert await count(database) == 1
+
+
+async def test_a_commit_refused_on_the_loop_leaves_no_transaction_open(
+    database: SqliteDatabase, tmp_path: Path
+) -> None:
+    """A BUSY inside the work (here: the write lock taken by another connection after the
+    transaction began) must not leave the connection in a transaction for the thread."""
+    other = sqlite3.connect(tmp_path / "atmosphere.db", isolation_level=None)
+    try:
+
+        def work(connection: sqlite3.Connection) -> None:
+            connection.execute("BEGIN")
+            connection.execute("SELECT count(*) FROM notes").fetchone()
+            other.execute("BEGIN IMMEDIATE")  # now this connection cannot upgrade to a write
+            connection.execute("INSERT INTO notes (body) VALUES ('refused')")
+
+        assert not database.try_now(work)
+        other.execute("COMMIT")
+    finally:
+        other.close()
+    assert not await database.run(lambda connection: connection.in_transaction)
+    await database.run(insert("on the thread"))
     assert await count(database) == 1
