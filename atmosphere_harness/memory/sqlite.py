@@ -51,10 +51,11 @@ BUSY_TIMEOUT_MS = 5000
 _SHARED: dict[Path, SqliteDatabase] = {}
 
 
-class Elsewhere(Exception):
+class Elsewhere(BaseException):
     """Raised by work given to `try_now` that finds it cannot stay within the loop's bound (a
     query about to read an unbounded result): `try_now` says `False`, and a transaction the
-    work opened is rolled back by it (`Transaction`)."""
+    work opened is rolled back by it (`Transaction`). A signal, not an error: a `BaseException`
+    (like `asyncio.CancelledError`), so an `except Exception` in the work lets it through."""
 
 
 class SqliteDatabase:
