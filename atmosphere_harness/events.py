@@ -6,11 +6,12 @@ Every transport (SSE, WebSocket, AG-UI) starts from the same frame:
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .jsontext import compact_json
 
 TEXT = "text"
 TOOL_START = "tool-start"
@@ -44,7 +45,10 @@ def line_safe(text: str) -> str:
 
 def json_line(value: Any) -> str:
     """Compact JSON on one line, non-ASCII text kept as is, safe for line readers and UTF-8."""
-    return line_safe(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str))
+    return line_safe(_TEXT(value))
+
+
+_TEXT = compact_json(ascii_only=False, default=str)
 
 
 @dataclass(frozen=True, slots=True)

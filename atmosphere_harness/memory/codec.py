@@ -17,6 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ..jsontext import compact_json
 from ..runtimes.base import Message, ToolCall
 
 PLAIN = 0
@@ -87,7 +88,11 @@ def encode_ascii(message: Message) -> str:
 
 
 def _json(data: dict[str, Any], *, ascii_only: bool) -> str:
-    return json.dumps(data, ensure_ascii=ascii_only, separators=(",", ":"), default=str)
+    return _ASCII(data) if ascii_only else _TEXT(data)
+
+
+_TEXT = compact_json(ascii_only=False, default=str)
+_ASCII = compact_json(ascii_only=True, default=str)
 
 
 def pack(payload: bytes) -> bytes | None:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import httpx2
 
+from ..jsontext import compact_json
 from .base import Message, ModelError, ModelRequest, ModelResponse, TextSink
 from .windows import model_context_window
 
@@ -239,7 +240,10 @@ def arguments_json(arguments: object) -> str:
     """Tool-call arguments as the JSON text a provider expects back in the history."""
     if isinstance(arguments, str):
         return arguments
-    return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    return _TEXT(arguments)
+
+
+_TEXT = compact_json(ascii_only=False)
 
 
 def parse_arguments(text: str) -> Any:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
+
+from ..jsontext import compact_json
 
 
 def json_result(**fields: Any) -> str:
     """A compact JSON tool result (the reference's error shapes are matched byte for byte)."""
-    return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+    return _TEXT(fields)
+
+
+_TEXT = compact_json(ascii_only=False)
 
 
 def invalid_arguments(tool: str, details: Sequence[str]) -> str:
