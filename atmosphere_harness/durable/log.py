@@ -262,9 +262,10 @@ _view = _memory_viewer()
 def _bytes_of(text: str) -> bytes | memoryview:
     """The UTF-8 of `text` (lone surrogates kept) for `os.writev`: for an ASCII string, its
     own memory when CPython shows it (`_memory_viewer`), valid while `text` is alive; else a
-    copy. A model's 50 KiB argument is mostly ASCII: copying it into a `bytes` on each model
-    turn cost about as much as the rest of the turn's journal (a new 50 KiB object the
-    allocator took from and gave back to the system each time: a dozen page faults)."""
+    copy. A model's 50 KiB argument is mostly ASCII: copying it into a new `bytes` on each
+    model turn, on the event loop, cost about 17 us of CPU per 50 KiB turn in the journal's
+    replay (`benchmarks/durable_journal.py`, docs/benchmarks.md), a fifth of what the journal
+    adds to such a turn."""
     found = _view(text)
     return found if found is not None else text.encode("utf-8", "surrogatepass")
 

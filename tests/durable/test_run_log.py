@@ -211,9 +211,8 @@ def _strings(value: Any) -> list[Any]:
 
 @pytest.mark.skipif(platform.python_implementation() != "CPython", reason="CPython's memory")
 def test_a_large_ascii_string_goes_to_the_log_from_its_own_memory(tmp_path: Path) -> None:
-    # Copying a model's 50 KiB argument into a bytes object on every model turn cost about as
-    # much as the rest of its journal (the allocator gave the memory back and faulted it in
-    # again each time): the record's part is the string's own memory, not a copy.
+    # Copying a model's 50 KiB argument into a new bytes object on every model turn was a fifth
+    # of what the journal added to such a turn: the record's part is the string's own memory.
     ascii_text = "".join(["content line\n"] * (SEPARATE_FROM // 4))
     other = "é\ud800" * SEPARATE_FROM  # (not ASCII: its UTF-8 is a copy, as before)
     payload = SqliteRunStore.encode({"path": "a", "content": ascii_text, "other": other})
