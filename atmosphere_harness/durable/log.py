@@ -30,7 +30,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from json import encoder as _json_encoder
 from pathlib import Path
 from typing import Any
@@ -150,44 +150,47 @@ def decode_payload(text: str) -> Any:
 def _lift(value: Any, lifted: list[str]) -> Any:
     """`value` with its long strings replaced by placeholders (appended to `lifted`); `value`
     itself when it has none. Only what JSON encodes as an object, array or string is walked
-    (copied only where something was lifted: most payloads are small and walked, not built)."""
+    (copied only where something was lifted: most payloads are small and walked, not built).
+    Each container's items are looked at in place (a short string or a number costs a type
+    check, not a call): this walk runs on every payload of every model turn."""
     if isinstance(value, str):
         if len(value) >= RAW_FROM or value[:1] == LIFTED:
             lifted.append(value)
             return f"{LIFTED}{len(lifted) - 1}"
         return value
     if isinstance(value, dict):
-        changed = _lifted_items(value.items(), lifted)
+        changed: dict[Any, Any] | None = None
+        for key, item in value.items():
+            if type(item) is str:
+                if len(item) < RAW_FROM and item[:1] != LIFTED:
+                    continue
+            elif not isinstance(item, _WALKED):
+                continue
+            new = _lift(item, lifted)
+            if new is not item:
+                if changed is None:
+                    changed = {}
+                changed[key] = new
         return value if changed is None else {**value, **changed}
-    if isinstance(value, list | tuple):
-        changed = _lifted_items(enumerate(value), lifted)
-        if changed is None:
-            return value
-        items = list(value)
-        for index, new in changed.items():
-            items[index] = new
-        return items
+    if isinstance(value, _SEQUENCES):
+        items: list[Any] | None = None
+        for index, item in enumerate(value):
+            if type(item) is str:
+                if len(item) < RAW_FROM and item[:1] != LIFTED:
+                    continue
+            elif not isinstance(item, _WALKED):
+                continue
+            new = _lift(item, lifted)
+            if new is not item:
+                if items is None:
+                    items = list(value)
+                items[index] = new
+        return value if items is None else items
     return value
 
 
-def _lifted_items(items: Iterable[tuple[Any, Any]], lifted: list[str]) -> dict[Any, Any] | None:
-    """The `(key or index, value)` pairs of `items` whose value `_lift` changed, or `None`."""
-    changed: dict[Any, Any] | None = None
-    for key, item in items:
-        if type(item) is str:
-            if len(item) < RAW_FROM and item[:1] != LIFTED:
-                continue
-        elif not isinstance(item, _WALKED):
-            continue
-        new = _lift(item, lifted)
-        if new is not item:
-            if changed is None:
-                changed = {}
-            changed[key] = new
-    return changed
-
-
 _WALKED = (str, dict, list, tuple)
+_SEQUENCES = (list, tuple)
 
 
 def _restore(value: Any, lifted: list[str], first: int) -> Any:
@@ -208,6 +211,65 @@ def _utf8(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+def _memory_viewer() -> Callable[[str], memoryview | None]:
+    """`_bytes_of`'s way to the UTF-8 of an ASCII string without a copy, or one that never
+    finds it (not CPython, no `ctypes`).
+
+    CPython keeps an ASCII string's characters as one byte each, which is its UTF-8:
+    `PyUnicode_AsUTF8AndSize` gives a pointer to them (documented: no copy is made, and the
+    bytes live as long as the string), and `PyMemoryView_FromMemory` shows them as a
+    read-only buffer `os.writev` takes. Checked once on a string made at run time: if the
+    view does not hold its UTF-8, none is used."""
+
+    def never(text: str) -> memoryview | None:
+        return None
+
+    try:
+        import ctypes
+
+        api = ctypes.pythonapi
+        as_utf8 = api.PyUnicode_AsUTF8AndSize
+        as_utf8.restype = ctypes.c_void_p
+        as_utf8.argtypes = (ctypes.py_object, ctypes.c_void_p)
+        from_memory = api.PyMemoryView_FromMemory
+        from_memory.restype = ctypes.py_object
+        from_memory.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+    except (ImportError, AttributeError, OSError):
+        return never
+    read_only = 0x100  # PyBUF_READ
+
+    def view(text: str) -> memoryview | None:
+        if not text.isascii():
+            return None  # (its UTF-8 would be a copy, kept by the string)
+        address = as_utf8(text, None)
+        if not address:
+            return None
+        found: memoryview = from_memory(address, len(text), read_only)
+        return found
+
+    probe = "".join(["journal probe ", "\x7f" * SEPARATE_FROM])
+    try:
+        seen = view(probe)
+        works = seen is not None and bytes(seen) == probe.encode("ascii")
+    except Exception:
+        works = False
+    return view if works else never
+
+
+_view = _memory_viewer()
+
+
+def _bytes_of(text: str) -> bytes | memoryview:
+    """The UTF-8 of `text` (lone surrogates kept) for `os.writev`: for an ASCII string, its
+    own memory when CPython shows it (`_memory_viewer`), valid while `text` is alive; else a
+    copy. A model's 50 KiB argument is mostly ASCII: copying it into a new `bytes` on each
+    model turn, on the event loop, cost about 17 us of CPU per 50 KiB turn in the journal's
+    replay (`benchmarks/durable_journal.py`, docs/benchmarks.md), a fifth of what the journal
+    adds to such a turn."""
+    found = _view(text)
+    return found if found is not None else text.encode("utf-8", "surrogatepass")
+
+
 def pack(frames: Sequence[tuple[int, str, str]], checkpoints: Sequence[tuple[str, str]]) -> bytes:
     """One record holding `frames` and `checkpoints`."""
     return b"".join(pack_parts(frames, checkpoints))
@@ -215,12 +277,13 @@ def pack(frames: Sequence[tuple[int, str, str]], checkpoints: Sequence[tuple[str
 
 def pack_parts(
     frames: Sequence[tuple[int, str, str]], checkpoints: Sequence[tuple[str, str]]
-) -> list[bytes]:
+) -> list[bytes | memoryview]:
     """`pack`'s record as buffers to write one after the other (`RunLogs.write`): a payload's
     large pieces (`SEPARATE_FROM`, a `Lifted` payload's strings) are buffers of their own
-    instead of being copied again into one."""
-    parts: list[bytes] = []
-    small: list[bytes] = [b""]  # (the head, once the size is known)
+    instead of being copied again into one. A large ASCII string's buffer is the string's own
+    memory (`_bytes_of`): write the parts while `frames` and `checkpoints` are alive."""
+    parts: list[bytes | memoryview] = []
+    small: list[bytes | memoryview] = [b""]  # (the head, once the size is known)
     size = 0
     entry, overhead = ENTRY.pack, ENTRY.size
 
@@ -238,11 +301,12 @@ def pack_parts(
                 parts.extend((b"".join(small), payload))
                 small = []
             return
-        pieces = [payload]
+        pieces: list[bytes | memoryview] = [payload]
         length = len(payload)
         if isinstance(data, Lifted):
             for string in data.strings:
-                prefix, lifted = b"%d:" % len(string), string.encode("utf-8", "surrogatepass")
+                prefix = b"%d:" % len(string)
+                lifted = _bytes_of(string)
                 pieces += (prefix, lifted)
                 length += len(prefix) + len(lifted)
         small += (entry(kind, seq, len(name_bytes), length), name_bytes)
@@ -323,7 +387,9 @@ class RunLogs:
     def path(self, row: int) -> Path:
         return self.directory / f"{row}.log"
 
-    def write(self, row: int, record: bytes | Sequence[bytes], *, new: bool = False) -> None:
+    def write(
+        self, row: int, record: bytes | Sequence[bytes | memoryview], *, new: bool = False
+    ) -> None:
         """Append `record` (bytes, or buffers written one after the other with one `writev`:
         `pack_parts`) to run `row`'s log (`new`: a run just created, whose log starts empty);
         the data is in the page cache when this returns."""

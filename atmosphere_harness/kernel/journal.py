@@ -338,7 +338,10 @@ GROUP_SECONDS = 0.002
 STARTED = "started:"
 """A call's mark that its handler is about to run: it matters on a restart only for a tool that
 must not run twice, whose executor waits until it is stored (`flushed`); the others run again
-either way, so theirs goes with the run's next write."""
+either way, so theirs goes with the run's next write, and not at all if the call's result comes
+before that write (`_StoreWriter.checkpoint`)."""
+RESULT = "result:"
+"""A call's result (`result:<turn>:<call>`, its `started:<turn>:<call>` mark before it)."""
 
 
 class _StoreWriter:
@@ -372,6 +375,9 @@ class _StoreWriter:
         """The store, if it can write on the event loop (see `_kick`)."""
         self._encode = self._now.encode if self._now is not None else encode
         """How payloads are encoded for the store (JSON text, or the store's own form of it)."""
+        self._true = self._encode(True)
+        """`True` encoded once: a call's `started` mark when it runs with the model's own
+        arguments (most calls)."""
         self._soon: asyncio.Handle | None = None
         """The write of what waits for a later one, while one is due (see `_kick`)."""
         self._next_write = 0.0
@@ -396,13 +402,28 @@ class _StoreWriter:
             self._calls = {
                 str(call[0]): (key, call[2]) for call in value.get("calls") or () if len(call) == 3
             }
-        self._checkpoints.append((key, self._encode(value)))
+        if key.startswith(RESULT) and self._checkpoints:
+            self._moot(STARTED + key[len(RESULT) :])
+        self._checkpoints.append((key, self._true if value is True else self._encode(value)))
         if key.startswith(STARTED):
             return  # with the next write (`flushed` writes it now for a caller that waits)
         # The others (an approval, its answer, the history mark, `ENDED`) are written at once:
         # `ENDED`, for one, must be stored before the stopped run unwinds and writes anything.
         held = key.startswith(FOLLOWED)
         self._kick(hold=held, now=not held)
+
+    def _moot(self, started: str) -> None:
+        """Leave out the `started` mark still waiting for a write when its call's result is
+        journalled: the result goes in the same write (one record, whole or not at all), and a
+        restart that finds a result replays it without ever reading the mark. A mark someone
+        waited for (a tool that must not run twice) was written before its tool ran. One
+        payload fewer per model turn: a built-in's calls (most of them) finish within the
+        group's time (`GROUP_SECONDS`)."""
+        pending = self._checkpoints
+        for index in range(len(pending) - 1, -1, -1):
+            if pending[index][0] == started:
+                del pending[index]
+                return
 
     def _kick(self, *, hold: bool = False, now: bool = False) -> None:
         """Start writing what is pending, unless a write is in flight (it takes it next).

@@ -230,8 +230,8 @@ async def test_what_a_run_waits_for_is_stored_with_everything_published_before_i
         seen.append(await journal())  # the run's first write is made at once
         await live.checkpoint("started:1:a", True, wait=True)  # a tool that must not run twice
         seen.append(await journal())
-        await live.checkpoint("started:1:b", True)  # one that may: with the next write
-        await live.checkpoint("result:1:b", "done")
+        await live.checkpoint("started:1:b", True)  # one that may: with the next write,
+        await live.checkpoint("result:1:b", "done")  # and not at all once its result is there
         await live.publish(Frame("tool-result", {"toolCallId": "b"}, "session", "conv", 2))
         await live.checkpoint("history:1", 1, wait=True)
         seen.append(await journal())
@@ -246,8 +246,48 @@ async def test_what_a_run_waits_for_is_stored_with_everything_published_before_i
     assert seen == [
         ([1], ["model:1"]),
         ([1], ["model:1", "started:1:a"]),
-        ([1, 2], ["history:1", "model:1", "result:1:b", "started:1:a", "started:1:b"]),
+        ([1, 2], ["history:1", "model:1", "result:1:b", "started:1:a"]),
     ]
+
+
+async def test_a_started_mark_still_unwritten_when_its_result_comes_is_left_out(
+    tmp_path: Path,
+) -> None:
+    # A restart replays a journalled result and never reads the call's `started` mark, and the
+    # two would go in one record: the mark is one payload a model turn need not write. A mark
+    # already written stays; one of another call stays.
+    store = SqliteRunStore.under(tmp_path)
+    runs = LiveRuns(store)
+
+    async def work(live: LiveRunHandle) -> None:
+        await live.checkpoint("model:1", {"text": "", "calls": [["a", "t", {}], ["b", "t", {}]]})
+        await live.publish(Frame("tool-start", {"toolCallId": "a"}, "session", "conv", 1))
+        await live.checkpoint("started:1:a", True, wait=True)  # written before its tool runs
+        await live.checkpoint("started:1:b", {"edited": True})
+        await live.checkpoint("started:1:c", True)
+        await live.checkpoint("result:1:a", "done a")
+        await live.checkpoint("result:1:b", "done b")
+        await live.publish(Frame("tool-result", {"toolCallId": "b"}, "session", "conv", 2))
+        await live.checkpoint("history:1", 1, wait=True)
+        stored.update((await store.load(live_run_id(runs), 10))[0])
+
+    stored: dict[str, Any] = {}
+    await store.open()
+    try:
+        live = runs.start(work, path="/p", conversation_id="conv", user_id=None, message="m")
+        assert [f.seq async for f in live.follow(0)] == [1, 2]
+    finally:
+        await runs.aclose()
+        await store.aclose()
+    assert sorted(stored) == [
+        "history:1",
+        "model:1",
+        "result:1:a",
+        "result:1:b",
+        "started:1:a",
+        "started:1:c",
+    ]
+    assert stored["result:1:b"] == "done b"
 
 
 async def test_a_stopped_run_is_journalled_ended_before_it_unwinds(tmp_path: Path) -> None:
