@@ -31,7 +31,6 @@ import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from json import encoder as _json_encoder
 from pathlib import Path
 from typing import Any
 
@@ -56,29 +55,6 @@ copied into one buffer with the rest of the record first."""
 MAX_PARTS = 512
 """At most this many buffers go to one `writev` (the system's limit is 1024); a record that
 would need more is joined into one."""
-
-
-def compact_json(default: Callable[[Any], Any] = str) -> Callable[[Any], str]:
-    """A function giving what `json.JSONEncoder(separators=(",", ":"), default=default)
-    .encode(value)` gives (compact, ASCII), about twice as fast for the journal's small
-    payloads: CPython's C encoder is made once, not on every call as `JSONEncoder.encode`
-    makes it. It does not look for cycles (a payload that contains itself is a
-    `RecursionError`, not a `ValueError`; the journal's payloads are trees)."""
-    make: Any = getattr(_json_encoder, "c_make_encoder", None)
-    if make is None:  # not CPython: the standard way
-        return json.JSONEncoder(separators=(",", ":"), default=default).encode
-    # (markers: None, no cycle check; indent: None; then the separators, sort_keys, skipkeys,
-    # allow_nan, as `JSONEncoder.iterencode` passes them.)
-    chunks = make(
-        None, default, _json_encoder.encode_basestring_ascii, None, ":", ",", False, False, True
-    )
-    join = "".join
-
-    def encode(value: Any) -> str:
-        text: str = join(chunks(value, 0))
-        return text
-
-    return encode
 
 
 class Lifted(str):
@@ -211,65 +187,6 @@ def _utf8(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
-def _memory_viewer() -> Callable[[str], memoryview | None]:
-    """`_bytes_of`'s way to the UTF-8 of an ASCII string without a copy, or one that never
-    finds it (not CPython, no `ctypes`).
-
-    CPython keeps an ASCII string's characters as one byte each, which is its UTF-8:
-    `PyUnicode_AsUTF8AndSize` gives a pointer to them (documented: no copy is made, and the
-    bytes live as long as the string), and `PyMemoryView_FromMemory` shows them as a
-    read-only buffer `os.writev` takes. Checked once on a string made at run time: if the
-    view does not hold its UTF-8, none is used."""
-
-    def never(text: str) -> memoryview | None:
-        return None
-
-    try:
-        import ctypes
-
-        api = ctypes.pythonapi
-        as_utf8 = api.PyUnicode_AsUTF8AndSize
-        as_utf8.restype = ctypes.c_void_p
-        as_utf8.argtypes = (ctypes.py_object, ctypes.c_void_p)
-        from_memory = api.PyMemoryView_FromMemory
-        from_memory.restype = ctypes.py_object
-        from_memory.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
-    except (ImportError, AttributeError, OSError):
-        return never
-    read_only = 0x100  # PyBUF_READ
-
-    def view(text: str) -> memoryview | None:
-        if not text.isascii():
-            return None  # (its UTF-8 would be a copy, kept by the string)
-        address = as_utf8(text, None)
-        if not address:
-            return None
-        found: memoryview = from_memory(address, len(text), read_only)
-        return found
-
-    probe = "".join(["journal probe ", "\x7f" * SEPARATE_FROM])
-    try:
-        seen = view(probe)
-        works = seen is not None and bytes(seen) == probe.encode("ascii")
-    except Exception:
-        works = False
-    return view if works else never
-
-
-_view = _memory_viewer()
-
-
-def _bytes_of(text: str) -> bytes | memoryview:
-    """The UTF-8 of `text` (lone surrogates kept) for `os.writev`: for an ASCII string, its
-    own memory when CPython shows it (`_memory_viewer`), valid while `text` is alive; else a
-    copy. A model's 50 KiB argument is mostly ASCII: copying it into a new `bytes` on each
-    model turn, on the event loop, cost about 17 us of CPU per 50 KiB turn in the journal's
-    replay (`benchmarks/durable_journal.py`, docs/benchmarks.md), a fifth of what the journal
-    adds to such a turn."""
-    found = _view(text)
-    return found if found is not None else text.encode("utf-8", "surrogatepass")
-
-
 def pack(frames: Sequence[tuple[int, str, str]], checkpoints: Sequence[tuple[str, str]]) -> bytes:
     """One record holding `frames` and `checkpoints`."""
     return b"".join(pack_parts(frames, checkpoints))
@@ -277,13 +194,12 @@ def pack(frames: Sequence[tuple[int, str, str]], checkpoints: Sequence[tuple[str
 
 def pack_parts(
     frames: Sequence[tuple[int, str, str]], checkpoints: Sequence[tuple[str, str]]
-) -> list[bytes | memoryview]:
+) -> list[bytes]:
     """`pack`'s record as buffers to write one after the other (`RunLogs.write`): a payload's
     large pieces (`SEPARATE_FROM`, a `Lifted` payload's strings) are buffers of their own
-    instead of being copied again into one. A large ASCII string's buffer is the string's own
-    memory (`_bytes_of`): write the parts while `frames` and `checkpoints` are alive."""
-    parts: list[bytes | memoryview] = []
-    small: list[bytes | memoryview] = [b""]  # (the head, once the size is known)
+    instead of being copied again into one."""
+    parts: list[bytes] = []
+    small: list[bytes] = [b""]  # (the head, once the size is known)
     size = 0
     entry, overhead = ENTRY.pack, ENTRY.size
 
@@ -301,12 +217,12 @@ def pack_parts(
                 parts.extend((b"".join(small), payload))
                 small = []
             return
-        pieces: list[bytes | memoryview] = [payload]
+        pieces = [payload]
         length = len(payload)
         if isinstance(data, Lifted):
             for string in data.strings:
                 prefix = b"%d:" % len(string)
-                lifted = _bytes_of(string)
+                lifted = _utf8(string)
                 pieces += (prefix, lifted)
                 length += len(prefix) + len(lifted)
         small += (entry(kind, seq, len(name_bytes), length), name_bytes)
@@ -387,9 +303,7 @@ class RunLogs:
     def path(self, row: int) -> Path:
         return self.directory / f"{row}.log"
 
-    def write(
-        self, row: int, record: bytes | Sequence[bytes | memoryview], *, new: bool = False
-    ) -> None:
+    def write(self, row: int, record: bytes | Sequence[bytes], *, new: bool = False) -> None:
         """Append `record` (bytes, or buffers written one after the other with one `writev`:
         `pack_parts`) to run `row`'s log (`new`: a run just created, whose log starts empty);
         the data is in the page cache when this returns."""

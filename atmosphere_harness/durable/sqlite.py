@@ -37,11 +37,11 @@ from typing import Any
 
 from ..contracts import StoredRun
 from ..events import Frame
+from ..jsontext import compact_json
 from ..memory.sqlite import DATABASE_FILE, SqliteDatabase, Transaction
 from .log import (
     Lifted,
     RunLogs,
-    compact_json,
     decode_payload,
     encode_parts,
     pack_parts,
@@ -82,7 +82,7 @@ CREATE TABLE IF NOT EXISTS durable_checkpoints (
 INSERT_FRAME = "INSERT OR REPLACE INTO durable_frames (run, seq, event, data) VALUES (?, ?, ?, ?)"
 INSERT_CHECKPOINT = "INSERT OR REPLACE INTO durable_checkpoints (run, key, value) VALUES (?, ?, ?)"
 
-_ENCODE = compact_json(str)
+_ENCODE = compact_json(default=str, check_circular=False)
 """The journal's own JSON (`kernel.journal.encode`): compact, ASCII."""
 LOGS_SUFFIX = "-runs"
 """The run logs' directory is the database file's name with this after it (`atmosphere.db-runs`)."""

@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import os
 import socket
 import time
@@ -64,6 +63,7 @@ from ..contracts import (
     StoredRun,
 )
 from ..events import Frame
+from ..jsontext import compact_json
 from ..log import get_logger
 from .remote import RemoteRun
 
@@ -1018,11 +1018,10 @@ async def _abandon(store: RunStore) -> None:
 def encode(value: Any) -> str:
     """JSON as a `RunStore` takes it: compact, ASCII (a lone surrogate a model sent survives as
     an escape; it is also CPython's fastest encoder)."""
-    return _ENCODER.encode(value)
+    return _ENCODE(value)
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
-"""One encoder for every call (`json.dumps` with options builds a new one each time)."""
+_ENCODE = compact_json(default=str)
 
 
 REFERENCE = "$model"
