@@ -31,7 +31,9 @@ Files are the deepagents peer study's workload (seed 1234, 64-byte lines).
 Ours is the real harness in-process: an `@agent` with the default harness (conversation memory
 in SQLite, planning, files, governance) hosted by `HarnessHost` with the default primitives and
 driven by `execute_prompt`, a fresh conversation per repeat (`max_tool_rounds` raised to fit the
-60 turns). The peer is `create_deep_agent` (StateBackend files) with a scripted chat model and an
+60 turns); its model is `BenchModel`, which answers by call count as the peer's scripted model
+does (the HTTP server's is a `ScriptedRuntime`). The peer is `create_deep_agent` (StateBackend
+files) with a scripted chat model and an
 `InMemorySaver` (it keeps the conversation as ours does), driven by `invoke` as in the peer
 study; `peer_variants` has it without a checkpointer. Each repeat runs both, alternating which
 goes first. Prints one JSON document: medians, `ratio` = peer / ours (> 1: we take less), and
@@ -74,6 +76,7 @@ from common import (
 from atmosphere_harness import (
     HarnessSettings,
     ModelRequest,
+    ModelResponse,
     ScriptedRuntime,
     StreamingSession,
     ToolCall,
@@ -138,15 +141,40 @@ def plan_todos(steps: int, done: int) -> list[dict[str, str]]:
     ]
 
 
-def our_turn(request: ModelRequest, stamps: list[float] | None = None) -> Any:
-    """One write per turn (`seq`), one message of writes then one of reads (`batch`), or a
-    short working prompt (`plan`: `write_todos`, one `write_file`, the answer)."""
-    if stamps is not None:
-        stamps.append(time.perf_counter())
+def our_turn(request: ModelRequest) -> Any:
+    """`script`, reading the job and the turn from the messages (the HTTP server's model)."""
     first = next(m for m in reversed(request.messages) if m.role == "user")
-    shape, count, size = job(first.content)
+    return script(first.content, rounds_so_far(request))
+
+
+class BenchModel:
+    """Our side's model in-process: `script`'s answers at once, indexed by call, as the peer's
+    model is (`common.peer_model`), so neither side's model walks the messages it is sent
+    (`ScriptedRuntime` estimates usage from every message, and `our_turn` looks for the user's
+    message: three walks of up to 120 messages a turn, about 5 % of our turn, none of the
+    peer's). Each call's time goes to `stamps`; clear them, and set `job`, before a prompt."""
+
+    name = "bench"
+    capabilities: frozenset[Any] = frozenset()
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+        self.job = ""
+
+    async def complete(self, request: ModelRequest, *, on_text: Any = None) -> ModelResponse:
+        self.stamps.append(time.perf_counter())
+        answer = script(self.job, len(self.stamps) - 1)
+        if isinstance(answer, str):
+            return ModelResponse(text=answer)
+        return ModelResponse(tool_calls=tuple(answer))
+
+
+def script(message: str, done: int) -> Any:
+    """One write per turn (`seq`), one message of writes then one of reads (`batch`), or a
+    short working prompt (`plan`: `write_todos`, one `write_file`, the answer): the answer to
+    the prompt `message` after `done` model turns."""
+    shape, count, size = job(message)
     files = workload(count, size)
-    done = rounds_so_far(request)
     if shape == "seq":
         if done < count:
             path, content = files[done]
@@ -177,14 +205,13 @@ class Ours:
 
     def __init__(self, root: Path, turns: int, *, durable: bool = False) -> None:
         self.root = root
-        self.stamps: list[float] = []
-        runtime = ScriptedRuntime((), default=lambda request: our_turn(request, self.stamps))
-        runtime.record_requests = False
+        self.model = BenchModel()
+        self.stamps = self.model.stamps
         config = settings(root, turns, durable)
         backends = resolve_backends(config)
         self.host = HarnessHost(
             config,
-            runtime=runtime,
+            runtime=self.model,
             specs=[spec_of(Bench)],
             primitives=default_primitives(backends),
             runs=backends.runs,
@@ -210,6 +237,7 @@ class Ours:
                 seen["end"] = frame.event
 
         self.stamps.clear()
+        self.model.job = message
         await execute_prompt(
             self.host,
             self.host.endpoints[PATH],
@@ -225,6 +253,7 @@ class Ours:
     async def prompt_journalled(self, message: str) -> None:
         """One prompt as the HTTP routes run it: through the live-run journal, read back."""
         self.stamps.clear()
+        self.model.job = message
         live = self.host.start_run(
             self.host.endpoints[PATH],
             message=message,
