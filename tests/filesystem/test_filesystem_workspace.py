@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
 from atmosphere_harness.filesystem import FileInfo, FileSystemError, GrepHit
@@ -449,3 +451,57 @@ def test_a_read_given_the_size_it_just_saw_still_reads_a_file_that_changed(tmp_p
         assert os.fstat(fd).st_ino == os.stat(path).st_ino, "left open on the file it read"
     finally:
         os.close(fd)
+
+
+EDIT_ALPHABET = "aé€😀\n"
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    text=st.text(alphabet=EDIT_ALPHABET, max_size=30),
+    old=st.text(alphabet=EDIT_ALPHABET, min_size=1, max_size=3),
+    new=st.text(alphabet=EDIT_ALPHABET + "b", max_size=3),
+    replace_all=st.booleans(),
+)
+def test_an_edit_counts_and_replaces_exactly_as_the_text_would(
+    tmp_path_factory: pytest.TempPathFactory, text: str, old: str, new: str, replace_all: bool
+) -> None:
+    """The edit works on the file's UTF-8 bytes; its answers are the text's."""
+    root = tmp_path_factory.mktemp("edit")
+
+    async def edit() -> tuple[int | str, str]:
+        fs = WorkspaceAgentFileSystem(root / "s")
+        await fs.write("f.md", text)
+        try:
+            answer: int | str = await fs.edit("f.md", old, new, replace_all=replace_all)
+        except FileSystemError as exc:
+            answer = str(exc)
+        return answer, await fs.read("f.md")
+
+    count = text.count(old)
+    if count == 0:
+        expected: tuple[int | str, str] = (
+            "old_text not found in f.md — nothing was changed",
+            text,
+        )
+    elif count > 1 and not replace_all:
+        expected = (
+            f"old_text matches {count} times in f.md — it must match exactly once; include more "
+            "surrounding context, or pass replace_all to replace every match",
+            text,
+        )
+    else:
+        expected = (count if replace_all else 1, text.replace(old, new, -1 if replace_all else 1))
+    assert asyncio.run(edit()) == expected
+
+
+async def test_an_edit_of_text_no_utf8_file_can_hold_finds_nothing(tmp_path: Path) -> None:
+    store = small(tmp_path)
+    await store.write("f.md", "a\ud7ff b")
+    with rejects("old_text not found in f.md — nothing was changed"):
+        await store.edit("f.md", "\ud800", "x")  # a lone surrogate: not text UTF-8 can encode
+    (store.root / "bin.dat").write_bytes(b"\xff\xfe a")
+    with rejects("Cannot read bin.dat: it is not UTF-8 text"):
+        await store.edit("bin.dat", "a", "b")
