@@ -81,7 +81,8 @@ class SpareFiles:
         given, or `None` (nothing done) when there is no spare to take or the system refuses
         the name. Raises `FileNotFoundError` (nothing done, the spare kept) when the name's
         directory does not exist. `home` is a directory on that filesystem to make the next
-        spares in, with `refill(job)`."""
+        spares in, with `refill(job)`, once a quarter of them has been taken (a lone write then
+        asks for no background work: a burst asks once per quarter)."""
         if not _TMPFILE or device in self._unsupported:
             return None
         with self._lock:
@@ -89,7 +90,7 @@ class SpareFiles:
             fd = ready.pop() if ready else None
             wanted = (
                 device not in self._refilling
-                and len(ready or ()) < self.per_device
+                and len(ready or ()) < self.per_device - self.per_device // 4
                 and (ready is not None or len(self._ready) < self.devices)
             )
             if wanted:

@@ -667,13 +667,29 @@ class WorkspaceAgentFileSystem:
 
     def _text(self, target: str, info: os.stat_result, echo: str) -> str:
         """The text of the regular file `target`, whose `lstat` is `info`."""
-        data, fd = self._open_utf8(target, info, echo)
+        data, fd = self._open_bytes(target, info, echo)
         os.close(fd)
-        return data.decode("utf-8")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise FileSystemError(f"Cannot read {echo}: it is not UTF-8 text") from None
 
     def _open_utf8(self, target: str, info: os.stat_result, echo: str) -> tuple[bytes, int]:
-        """The bytes of `_text`, checked to be UTF-8, and the descriptor they were read from,
-        still open (the caller closes it)."""
+        """The bytes of `_text`, checked to be UTF-8 (not decoded), and the descriptor they
+        were read from, still open (the caller closes it)."""
+        data, fd = self._open_bytes(target, info, echo)
+        if not data.isascii():  # (ASCII is UTF-8: checked 8 bytes at a time, no copy)
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                os.close(fd)
+                raise FileSystemError(f"Cannot read {echo}: it is not UTF-8 text") from None
+        return data, fd
+
+    def _open_bytes(self, target: str, info: os.stat_result, echo: str) -> tuple[bytes, int]:
+        """The bytes of the regular file `target` within the bounds (the per-file limit; on the
+        event loop, `workers.ON_LOOP_BYTES`), and the descriptor they were read from, still
+        open (the caller closes it)."""
         on_loop = _on_loop()
         if on_loop and info.st_size > workers.ON_LOOP_BYTES:
             raise _Deferred
@@ -691,11 +707,6 @@ class WorkspaceAgentFileSystem:
                 raise FileSystemError(
                     f"File too large to read: {echo} is {size} bytes (limit {limit})"
                 )
-            if not data.isascii():  # (ASCII is UTF-8: checked 8 bytes at a time, no copy)
-                try:
-                    data.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise FileSystemError(f"Cannot read {echo}: it is not UTF-8 text") from None
             return data, fd
         except BaseException:
             if fd >= 0:

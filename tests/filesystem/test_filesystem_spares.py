@@ -73,8 +73,13 @@ async def test_writes_and_edits_on_the_loop_fill_spares_with_the_same_result(
     }, "no temporary file is left, and every file holds exactly its content"
     mode = os.stat(tmp_path / "store" / "b.md").st_mode & 0o777
     assert mode == 0o666 & ~current_umask(), "the same permissions as a created file"
+    assert pool.ready(device) == spares.PER_DEVICE - 5, "a few taken: no refill asked yet"
+    quarter = spares.PER_DEVICE // 4
+    assert await fs.write_many([(f"m{n}.md", "m") for n in range(quarter - 4)]) == [None] * (
+        quarter - 4
+    )
     await ready(pool, device)
-    assert pool.ready(device) == spares.PER_DEVICE, "refilled, never past the bound"
+    assert pool.ready(device) == spares.PER_DEVICE, "a quarter taken: refilled, never past it"
     assert spares.PER_DEVICE * spares.DEVICES <= 256, "descriptors: far under the usual 1024"
 
 
