@@ -30,8 +30,10 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections.abc import Callable
 
+from . import workers
 from .atomic import remove_quietly, write_fully
 
 PER_DEVICE = 64
@@ -166,8 +168,11 @@ class SpareFiles:
             self._give_up(device)
 
     def _refill(self, device: int, home: str) -> None:
-        """Make spares of `device` in `home` up to `per_device` (in a worker thread)."""
+        """Make spares of `device` in `home` up to `per_device` (in a worker thread), each
+        while the event loop pauses (`workers.wait_for_idle`): one that stays busy gets the
+        rest at the next refill."""
         checked = False
+        deadline = time.monotonic() + workers.IDLE_WAIT_SECONDS
         try:
             while True:
                 with self._lock:
@@ -175,6 +180,8 @@ class SpareFiles:
                         return
                     if len(self._ready.get(device, ())) >= self.per_device:
                         return
+                if not workers.wait_for_idle(deadline):
+                    return
                 fd = os.open(home, _TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o666)
                 if not checked:  # once per refill: the job's files are all made in `home`
                     if os.fstat(fd).st_dev != device:  # `home` is on another filesystem now
@@ -222,6 +229,7 @@ class SpareFiles:
             return len(self._retired)
 
     def _close_retired(self) -> None:
+        workers.wait_for_idle(time.monotonic() + workers.IDLE_WAIT_SECONDS)  # then close anyway
         with self._lock:
             retired, self._retired = self._retired, []
         for fd in retired:

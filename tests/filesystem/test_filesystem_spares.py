@@ -284,3 +284,41 @@ def test_a_child_forked_while_the_pool_is_locked_starts_with_its_own(
         raise AssertionError("the forked child hung on the parent's lock")
     assert os.waitstatus_to_exitcode(status) == 0
     assert pool.ready(device) == spares.PER_DEVICE, "the parent's spares are untouched"
+
+
+class Busy(workers.LoopBudget):
+    """A budget whose event loop never pauses (or always does)."""
+
+    def __init__(self, busy: bool) -> None:
+        super().__init__()
+        self.always = busy
+
+    def busy(self, within: float = workers.IDLE_SECONDS) -> bool:
+        return self.always
+
+
+def test_spares_are_made_only_while_the_loop_pauses(
+    tmp_path: Path, pool: spares.SpareFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = os.stat(tmp_path).st_dev
+    monkeypatch.setattr(workers, "IDLE_WAIT_SECONDS", 0.05)
+    monkeypatch.setattr(workers, "ON_LOOP", Busy(True))
+    started = time.monotonic()
+    pool._refilling.add(device)  # as `place` marks it when it asks for the refill
+    pool._refill(device, str(tmp_path))
+    assert pool.ready(device) == 0, "a loop that never paused: nothing made"
+    assert device not in pool._refilling, "the next write asks again"
+    assert time.monotonic() - started >= 0.05, "it waited for a pause, without the GIL"
+    monkeypatch.setattr(workers, "ON_LOOP", Busy(False))
+    pool._refill(device, str(tmp_path))
+    assert pool.ready(device) == pool.per_device
+
+
+def test_a_loop_is_busy_for_a_moment_after_each_small_operation() -> None:
+    now = [100.0]
+    budget = workers.LoopBudget(clock=lambda: now[0], waited=lambda: 0.0)
+    assert not budget.busy()
+    budget.spent(budget.start(), "write")
+    assert budget.busy()
+    now[0] += workers.IDLE_SECONDS * 1.5
+    assert not budget.busy()
