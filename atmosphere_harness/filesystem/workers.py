@@ -152,6 +152,8 @@ class WorkerPool:
         self._threads = 0
         self._idle = 0  # threads waiting for a job
         self._queued = 0  # jobs put and not yet taken
+        self.running = 0
+        """Jobs a caller waits for (`run`), running now: background work waits for them."""
 
     @property
     def threads(self) -> int:
@@ -185,9 +187,12 @@ class WorkerPool:
             with lock:
                 self._idle += 1
             job = jobs.get()
+            foreground = job[0] is not None
             with lock:
                 self._idle -= 1
                 self._queued -= 1
+                if foreground:
+                    self.running += 1
             loop, future, context, fn, args = job
             del job
             outcome: list[Any] = [future, None, None]
@@ -200,6 +205,9 @@ class WorkerPool:
                 outcome[2] = exc
             finally:
                 _in_worker.after = None
+                if foreground:
+                    with lock:
+                        self.running -= 1
             # Nothing of the job may outlive the caller's wake-up in this thread's frame: the
             # function, its arguments and (through a traceback) its frames' locals.
             del context, fn, args
@@ -390,10 +398,11 @@ async def run(fn: Callable[..., T], /, *args: Any) -> T:
 
 def wait_for_idle(deadline: float) -> bool:
     """In a worker thread, before a step of background work: wait, without the GIL, while the
-    event loop runs small operations back to back (`LoopBudget.busy`). False, at once, when the
-    loop is still busy at `deadline` (a `time.monotonic()`): the caller leaves the rest of its
-    work for later."""
-    while ON_LOOP.busy():
+    event loop runs small operations back to back (`LoopBudget.busy`) or a worker thread runs
+    an operation someone waits for (a grep, a batch: the background step would take the GIL
+    from it too). False, at once, when still busy at `deadline` (a `time.monotonic()`): the
+    caller leaves the rest of its work for later."""
+    while ON_LOOP.busy() or POOL.running:
         if time.monotonic() >= deadline:
             return False
         time.sleep(IDLE_SECONDS)

@@ -208,3 +208,17 @@ def test_a_job_asked_outside_any_loop_or_worker_goes_to_a_worker(
     workers.later(ran.set)
     assert ran.wait(5)
     assert fresh_later == [1]
+
+
+async def test_background_work_waits_while_a_worker_runs_an_operation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workers, "ON_LOOP", workers.LoopBudget())
+    gate = threading.Event()
+    running = asyncio.ensure_future(workers.run(gate.wait, 5))
+    await wait_for(lambda: workers.POOL.running == 1)
+    assert not workers.wait_for_idle(time.monotonic() + 0.05), "a grep or a batch is running"
+    gate.set()
+    assert await running is True
+    assert workers.POOL.running == 0
+    assert workers.wait_for_idle(time.monotonic() + 0.05)
