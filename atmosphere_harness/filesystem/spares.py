@@ -169,8 +169,9 @@ class SpareFiles:
 
     def _refill(self, device: int, home: str) -> None:
         """Make spares of `device` in `home` up to `per_device` (in a worker thread), each
-        while the event loop pauses (`workers.wait_for_idle`): one that stays busy gets the
-        rest at the next refill."""
+        while the event loop pauses (`workers.wait_for_idle`) and, once a quarter of them is
+        ready again, while no worker runs an operation either: a loop or pool that stays busy
+        gets the rest at the next refill."""
         checked = False
         deadline = time.monotonic() + workers.IDLE_WAIT_SECONDS
         try:
@@ -178,9 +179,12 @@ class SpareFiles:
                 with self._lock:
                     if device in self._unsupported:
                         return
-                    if len(self._ready.get(device, ())) >= self.per_device:
+                    ready = len(self._ready.get(device, ()))
+                    if ready >= self.per_device:
                         return
-                if not workers.wait_for_idle(deadline):
+                # The first quarter is made even beside a running operation: the next write
+                # on the loop finds a spare.
+                if not workers.wait_for_idle(deadline, operations=ready >= self.per_device // 4):
                     return
                 fd = os.open(home, _TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o666)
                 if not checked:  # once per refill: the job's files are all made in `home`

@@ -396,13 +396,13 @@ async def run(fn: Callable[..., T], /, *args: Any) -> T:
     return await POOL.run(fn, *args)
 
 
-def wait_for_idle(deadline: float) -> bool:
+def wait_for_idle(deadline: float, *, operations: bool = True) -> bool:
     """In a worker thread, before a step of background work: wait, without the GIL, while the
-    event loop runs small operations back to back (`LoopBudget.busy`) or a worker thread runs
-    an operation someone waits for (a grep, a batch: the background step would take the GIL
-    from it too). False, at once, when still busy at `deadline` (a `time.monotonic()`): the
-    caller leaves the rest of its work for later."""
-    while ON_LOOP.busy() or POOL.running:
+    event loop runs small operations back to back (`LoopBudget.busy`) and, with `operations`,
+    while a worker thread runs an operation someone waits for (a grep, a batch: the background
+    step would take the GIL from it too). False, at once, when still busy at `deadline` (a
+    `time.monotonic()`): the caller leaves the rest of its work for later."""
+    while ON_LOOP.busy() or (operations and POOL.running):
         if time.monotonic() >= deadline:
             return False
         time.sleep(IDLE_SECONDS)

@@ -322,3 +322,21 @@ def test_a_loop_is_busy_for_a_moment_after_each_small_operation() -> None:
     assert budget.busy()
     now[0] += workers.IDLE_SECONDS * 1.5
     assert not budget.busy()
+
+
+def test_beside_a_running_operation_only_the_first_quarter_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small = spares.SpareFiles(per_device=8)
+    device = os.stat(tmp_path).st_dev
+    monkeypatch.setattr(workers, "IDLE_WAIT_SECONDS", 0.05)
+    monkeypatch.setattr(workers, "ON_LOOP", Busy(False))
+    monkeypatch.setattr(workers.POOL, "running", 1)  # a grep, say, holds a worker
+    try:
+        small._refill(device, str(tmp_path))
+        assert small.ready(device) == 2, "enough for the next writes, no more beside the grep"
+        monkeypatch.setattr(workers.POOL, "running", 0)
+        small._refill(device, str(tmp_path))
+        assert small.ready(device) == 8
+    finally:
+        small.close()
