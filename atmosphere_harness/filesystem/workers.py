@@ -88,9 +88,11 @@ call a worker thread makes hands the GIL back and forth with the loop's thread, 
 reference VM costs the loop tens of microseconds a time: refilling 64 spare files right after a
 burst of writes made the 200 reads that followed take 11.5 ms instead of 5.3 ms."""
 
-IDLE_WAIT_SECONDS = 0.1
-"""The longest a background job waits for the loop to pause before it gives up for now
-(`wait_for_idle`): a worker thread is not held for long by a loop that never pauses."""
+IDLE_WAIT_SECONDS = 1.0
+"""The longest a background job waits for a pause before it gives up for now (`wait_for_idle`;
+it sleeps meanwhile, in steps of `IDLE_SECONDS`): long enough to outlast a burst of operations
+(the benchmark's 200 writes, reads and greps take 0.1-0.2 s back to back), short enough that a
+loop that never pauses holds one worker thread at most this long per refill."""
 
 LATER_SECONDS = 0.001
 """How long the event loop gathers `later` jobs before one worker thread runs them all: long
