@@ -232,8 +232,9 @@ class SpareFiles:
         with self._lock:
             return len(self._retired)
 
-    def _close_retired(self) -> None:
-        workers.wait_for_idle(time.monotonic() + workers.IDLE_WAIT_SECONDS)  # then close anyway
+    def _close_retired(self, *, wait: bool = True) -> None:
+        if wait:  # for a pause of the loop and the pool, then close them anyway
+            workers.wait_for_idle(time.monotonic() + workers.IDLE_WAIT_SECONDS)
         with self._lock:
             retired, self._retired = self._retired, []
         for fd in retired:
@@ -246,7 +247,7 @@ class SpareFiles:
             self._ready.clear()
         for fd in spares:
             os.close(fd)
-        self._close_retired()
+        self._close_retired(wait=False)
 
 
 def _link(fd: int, path: str) -> None:
