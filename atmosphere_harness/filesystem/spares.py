@@ -168,10 +168,10 @@ class SpareFiles:
             self._give_up(device)
 
     def _refill(self, device: int, home: str) -> None:
-        """Make spares of `device` in `home` up to `per_device` (in a worker thread), each
-        while the event loop pauses (`workers.wait_for_idle`) and, once a quarter of them is
-        ready again, while no worker runs an operation either: a loop or pool that stays busy
-        gets the rest at the next refill."""
+        """Make spares of `device` in `home` up to `per_device` (in a worker thread): the first
+        quarter at once (the next writes on the loop find one), the rest each while the event
+        loop pauses and no worker runs an operation (`workers.wait_for_idle`): a loop or pool
+        that stays busy gets them at the next refill."""
         checked = False
         deadline = time.monotonic() + workers.IDLE_WAIT_SECONDS
         try:
@@ -182,9 +182,7 @@ class SpareFiles:
                     ready = len(self._ready.get(device, ()))
                     if ready >= self.per_device:
                         return
-                # The first quarter is made even beside a running operation: the next write
-                # on the loop finds a spare.
-                if not workers.wait_for_idle(deadline, operations=ready >= self.per_device // 4):
+                if ready >= self.per_device // 4 and not workers.wait_for_idle(deadline):
                     return
                 fd = os.open(home, _TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o666)
                 if not checked:  # once per refill: the job's files are all made in `home`
