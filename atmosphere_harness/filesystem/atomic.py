@@ -17,6 +17,9 @@ from collections.abc import Callable
 
 from .paths import TEMP_SUFFIX
 
+Spare = Callable[[str, bytes, "str | None"], "str | None"]
+"""`spares.SpareFiles.place` bound to a store: `(temp, data, target or None) -> name or None`."""
+
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -45,26 +48,42 @@ def write_atomic(
     *,
     fsync: bool = False,
     make_parent: Callable[[str], None] | None = None,
-    spare: Callable[[str, bytes], bool] | None = None,
+    spare: Spare | None = None,
+    new: bool = False,
+    parent_missing: bool = False,
 ) -> None:
     """Write `data` to `target` atomically: a temp file in the same directory, then a rename.
 
     When the parent directory is missing, `make_parent(parent)` is called to create it (and may
     refuse by raising); without it the `FileNotFoundError` propagates. A parent that is a file
     raises `NotADirectoryError`. On any failure the temporary file is removed and the target is
-    untouched. `spare(temp, data)`, when given, may put `data` in the temporary file itself (a
-    file made ahead of time, `spares.SpareFiles.place`); when it says it did not, the file is
-    created here.
+    untouched. `spare(temp, data, name)`, when given, may put `data` in a file made ahead of
+    time (`spares.SpareFiles.place`): named `temp` (renamed over the target here), or named
+    `target` at once when `new` says the target did not exist (`name` is then `target`); when
+    it says it did neither, the file is created here. `parent_missing` says the caller found
+    no parent directory: it is made first (with `make_parent`) rather than after a failure.
     """
     parent, name = target.rsplit("/", 1)
     temp = f"{parent}/{temp_name(name)}"
-    if spare is not None and not fsync and spare(temp, data):
+    if parent_missing and make_parent is not None:
+        make_parent(parent)
+    if spare is not None and not fsync:
+        direct = target if new else None
         try:
-            os.replace(temp, target)
-        except BaseException:
-            remove_quietly(temp)
-            raise
-        return
+            named = spare(temp, data, direct)
+        except FileNotFoundError:
+            if make_parent is None:
+                raise
+            make_parent(parent)
+            named = spare(temp, data, direct)
+        if named == temp:
+            try:
+                os.replace(temp, target)
+            except BaseException:
+                remove_quietly(temp)
+                raise
+        if named is not None:
+            return
     try:
         fd = os.open(temp, WRITE_FLAGS, 0o666)
     except FileNotFoundError:
@@ -111,28 +130,43 @@ def fsync_directory(directory: str) -> None:
         os.close(fd)
 
 
-def read_bytes(path: str, limit: int) -> bytes | None:
+def read_bytes(path: str, limit: int, *, size: int | None = None) -> bytes | None:
     """The bytes of `path` (never through a final symlink), or `None` if it holds more than
     `limit` bytes.
 
     One read of the size `fstat` reports (plus one byte, to notice a file still growing) instead
-    of a `limit`-sized buffer per file.
+    of a `limit`-sized buffer per file. `size`, when the caller has just seen it (an `lstat`),
+    saves the `fstat`: a file that changed since is read to its end all the same.
     """
+    data, fd = read_open(path, limit, size=size)
+    os.close(fd)
+    return data
+
+
+def read_open(path: str, limit: int, *, size: int | None = None) -> tuple[bytes | None, int]:
+    """`read_bytes`, and the descriptor it read from, still open: the caller closes it (a write
+    that replaces the file holds it across the rename, see `spares.SpareFiles.retire`)."""
     fd = os.open(path, READ_FLAGS)
     try:
-        size = os.fstat(fd).st_size
-        if size > limit:
-            return None
-        chunks = [os.read(fd, size + 1)]
-        total = len(chunks[0])
-        while total > size:  # it grew since fstat: read on to the end, or past the limit
-            if total > limit:
-                return None
-            chunk = os.read(fd, limit + 1 - total)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    finally:
+        return _read_fd(fd, limit, size), fd
+    except BaseException:
         os.close(fd)
+        raise
+
+
+def _read_fd(fd: int, limit: int, size: int | None) -> bytes | None:
+    if size is None:
+        size = os.fstat(fd).st_size
+    if size > limit:
+        return None
+    chunks = [os.read(fd, size + 1)]
+    total = len(chunks[0])
+    while total > size:  # it grew since it was measured: read on to the end, or past the limit
+        if total > limit:
+            return None
+        chunk = os.read(fd, limit + 1 - total)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

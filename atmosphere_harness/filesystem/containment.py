@@ -21,13 +21,18 @@ def inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def resolve(root: str, rel: str, echo: str, *, follow: bool) -> tuple[str, os.stat_result | None]:
+def resolve(
+    root: str, rel: str, echo: str, *, follow: bool, mtimes: dict[str, int] | None = None
+) -> tuple[str, os.stat_result | None]:
     """The real path of `rel` under the real root `root` and its `lstat` (`None` when missing),
     proven to stay inside.
 
     Segments are checked one `lstat` at a time; a link is resolved (and its target checked)
     when it is an intermediate segment, or the final one with `follow`. `echo` is the path as
-    the caller gave it, for the error message (never a host path).
+    the caller gave it, for the error message (never a host path). `mtimes`, when given,
+    receives the mtime of each directory passed on the way (its real path: those `lstat`
+    found to be directories), which a change's check of the directories on its path
+    (`tally.DiskTally.stale`) then need not `stat` again.
     """
     current = root
     parts = rel.split("/")
@@ -54,4 +59,6 @@ def resolve(root: str, rel: str, echo: str, *, follow: bool) -> tuple[str, os.st
         current = candidate
         if index == last:
             return current, info
+        if mtimes is not None and stat.S_ISDIR(info.st_mode):
+            mtimes[current] = info.st_mtime_ns
     raise AssertionError("unreachable")  # pragma: no cover

@@ -5,16 +5,24 @@ over the target. Creating that file is the costly step on ext4: allocating an in
 540 us on the reference VM (the more the journal is busy), against 3-15 us for each other step of
 an edit (its read, the write of 50 KiB, each `stat`). Linux can make a file with no name
 (`O_TMPFILE`) and give it one later (`linkat` through `/proc/self/fd`), so a worker thread makes
-a few nameless files per filesystem ahead of time, and a write on the event loop takes one,
-names it with the write's temporary name, fills it and renames it over the target as before.
+a few nameless files per filesystem ahead of time, and a write on the event loop takes one.
 
-Nothing else changes: the same temporary name, the same rename, and what a crash leaves is what
-it left before (a nameless file vanishes with the process; a named one is an ordinary temporary
-file, which the next walk sweeps). Where the system cannot do it (another OS, a filesystem
+A write over an existing file names the spare with the write's temporary name, fills it and
+renames it over the target, as a write that creates its file does. A write of a new file fills
+the nameless spare first and then links it under the target's own name, in one step: a reader
+finds no file, then the whole file, never a part of it (no rename is needed then; should the
+name exist by that time, the spare takes the temporary name and is renamed over it as above).
+What a crash leaves is what it left before: a nameless file vanishes with the process; a named
+temporary one is swept by the next walk. Where the system cannot do it (another OS, a filesystem
 without `O_TMPFILE`, no `/proc`, a bind mount that refuses the link), the device is marked and
 its writes create their files as before. Spares are bounded (`PER_DEVICE` open files for each
 of at most `DEVICES` filesystems) and only serve writes made on the event loop: a worker thread
 may as well create its own file.
+
+Also here: `retire(fd)`, for the descriptor a write kept open on the file it replaced. On ext4
+the last close of a replaced file frees its blocks and its inode (90 us for 50 KiB on the
+reference VM, and more the larger the old file was); holding it open across the rename leaves
+that work to a worker thread, after the write (`workers.later`).
 """
 
 from __future__ import annotations
@@ -22,18 +30,28 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections.abc import Callable
 
+from . import workers
 from .atomic import remove_quietly, write_fully
 
-PER_DEVICE = 4
-"""Spare files kept ready per filesystem (open descriptors of nameless files)."""
-DEVICES = 8
-"""Filesystems that get spares at most (a process writes to one or two)."""
+PER_DEVICE = 64
+"""Spare files kept ready per filesystem (open descriptors of nameless files). Making them is
+the same kernel work as creating the files (about 50 us each on the reference VM), and in a
+burst of writes the kernel does it no faster from another thread: what a burst gains is the
+spares made before it, while the store was idle. 64 covers a typical message's `write_file`
+calls; a longer burst creates the rest of its files itself, while the refill catches up."""
+DEVICES = 4
+"""Filesystems that get spares at most (a process writes to one or two): at most
+`PER_DEVICE * DEVICES` descriptors, well under the usual limit of 1024 a process."""
 
 _TMPFILE = getattr(os, "O_TMPFILE", 0) if os.link in os.supports_dir_fd else 0
 _UNSUPPORTED = {errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.EXDEV}
 """What `O_TMPFILE` or the link answers where the system cannot do this at all."""
+
+Later = Callable[[Callable[[], None]], None]
+"""How background work is asked for: `workers.later` (a worker thread, after the write)."""
 
 
 class SpareFiles:
@@ -46,6 +64,7 @@ class SpareFiles:
         self._refilling: set[int] = set()
         self._unsupported: set[int] = set() if _TMPFILE else {-1}
         self._lock = threading.Lock()
+        self._retired: list[int] = []  # descriptors of replaced files, to close in a worker
         self.used = 0
         """Writes that took a spare instead of creating their file (tests, benchmarks)."""
 
@@ -55,19 +74,25 @@ class SpareFiles:
         home: str,
         temp: str,
         data: bytes,
-        refill: Callable[[Callable[[], None]], None],
-    ) -> bool:
-        """Give a spare of `device` the name `temp` and fill it with `data`; `False` (nothing
-        done) when there is none to take or the system refuses the name. `home` is a directory
-        on that filesystem to make the next spares in, with `refill(job)` (a worker thread)."""
+        refill: Later,
+        *,
+        target: str | None = None,
+    ) -> str | None:
+        """Put `data` in a spare of `device` and give it a name: `target` itself when given (a
+        new file), else `temp` (the caller renames it over the target). Returns the name
+        given, or `None` (nothing done) when there is no spare to take or the system refuses
+        the name. Raises `FileNotFoundError` (nothing done, the spare kept) when the name's
+        directory does not exist. `home` is a directory on that filesystem to make the next
+        spares in, with `refill(job)`, once a quarter of them has been taken (a lone write then
+        asks for no background work: a burst asks once per quarter)."""
         if not _TMPFILE or device in self._unsupported:
-            return False
+            return None
         with self._lock:
             ready = self._ready.get(device)
             fd = ready.pop() if ready else None
             wanted = (
                 device not in self._refilling
-                and len(ready or ()) < self.per_device
+                and len(ready or ()) < self.per_device - self.per_device // 4
                 and (ready is not None or len(self._ready) < self.devices)
             )
             if wanted:
@@ -75,48 +100,96 @@ class SpareFiles:
         if wanted:
             refill(lambda: self._refill(device, home))
         if fd is None:
-            return False
+            return None
+        if target is not None:  # fill it while nobody can see it, then name it at once
+            try:
+                write_fully(fd, data)
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                _link(fd, target)
+            except FileExistsError:  # made meanwhile, behind the store: replace it instead
+                pass
+            except OSError as exc:
+                self._refused(device, fd, target, exc, filled=True)
+                return None
+            except BaseException:
+                os.close(fd)
+                raise
+            else:
+                os.close(fd)
+                self.used += 1
+                return target
         try:
-            os.link(f"/proc/self/fd/{fd}", temp, src_dir_fd=_any_directory(), follow_symlinks=True)
+            _link(fd, temp)
         except OSError as exc:
-            self._refused(device, fd, temp, exc)
-            return False
-        try:
-            write_fully(fd, data)
+            self._refused(device, fd, temp, exc, filled=target is not None)
+            return None
         except BaseException:
             os.close(fd)
-            remove_quietly(temp)
             raise
+        if target is None:
+            try:
+                write_fully(fd, data)
+            except BaseException:
+                os.close(fd)
+                remove_quietly(temp)
+                raise
         os.close(fd)
         self.used += 1
-        return True
+        return temp
 
-    def _refused(self, device: int, fd: int, temp: str, exc: OSError) -> None:
-        """The link failed: keep the spare when the fault is the write's own (its directory
-        is missing: the caller creates it and writes the usual way); else drop it, and the
-        device's spares altogether when the system cannot link them."""
-        parent = temp.rsplit("/", 1)[0]
+    def _refused(self, device: int, fd: int, name: str, exc: OSError, *, filled: bool) -> None:
+        """The link of the spare `fd` to `name` failed with `exc`. When the fault is the
+        write's own (the directory is missing: the caller creates it), the spare is kept,
+        emptied if `filled`, and `FileNotFoundError` raised; else it is dropped, and the
+        device's spares altogether when the system cannot link them (the caller then creates
+        its file)."""
+        parent = name.rsplit("/", 1)[0]
         if exc.errno == errno.ENOENT and not os.path.isdir(parent):
-            with self._lock:
-                self._ready.setdefault(device, []).append(fd)
-            return
+            try:
+                if filled:
+                    os.ftruncate(fd, 0)
+                    os.lseek(fd, 0, os.SEEK_SET)
+            except OSError:
+                kept = False
+            else:
+                with self._lock:
+                    ready = self._ready.setdefault(device, [])
+                    kept = len(ready) < self.per_device  # (a refill may have filled it since)
+                    if kept:
+                        ready.append(fd)
+            if not kept:
+                os.close(fd)
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), parent)
         os.close(fd)
         if exc.errno in _UNSUPPORTED or exc.errno == errno.ENOENT:  # ENOENT: no /proc
             self._give_up(device)
 
     def _refill(self, device: int, home: str) -> None:
-        """Make spares of `device` in `home` up to `per_device` (in a worker thread)."""
+        """Make spares of `device` in `home` up to `per_device` (in a worker thread): the first
+        quarter at once (the next writes on the loop find one), the rest each while the event
+        loop pauses and no worker runs an operation (`workers.wait_for_idle`): a loop or pool
+        that stays busy gets them at the next refill."""
+        checked = False
+        deadline = time.monotonic() + workers.IDLE_WAIT_SECONDS
         try:
             while True:
                 with self._lock:
                     if device in self._unsupported:
                         return
-                    if len(self._ready.get(device, ())) >= self.per_device:
+                    ready = len(self._ready.get(device, ()))
+                    if ready >= self.per_device:
                         return
-                fd = os.open(home, _TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o666)
-                if os.fstat(fd).st_dev != device:  # `home` is on another filesystem now
-                    os.close(fd)
+                if ready >= self.per_device // 4 and not workers.wait_for_idle(deadline):
                     return
+                fd = os.open(home, _TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o666)
+                if not checked:  # once per refill: the job's files are all made in `home`
+                    if os.fstat(fd).st_dev != device:  # `home` is on another filesystem now
+                        os.close(fd)
+                        return
+                    checked = True
                 with self._lock:
                     given_up = device in self._unsupported
                     if not given_up:
@@ -143,13 +216,48 @@ class SpareFiles:
         with self._lock:
             return len(self._ready.get(device, ()))
 
+    def retire(self, fd: int, later: Later) -> None:
+        """Close `fd` in a worker thread, with `later(job)`: the descriptor a write kept open on
+        the file it replaced, whose last close frees the file's blocks."""
+        with self._lock:
+            first = not self._retired
+            self._retired.append(fd)
+        if first:
+            later(self._close_retired)
+
+    def retired(self) -> int:
+        """Descriptors waiting to be closed (tests)."""
+        with self._lock:
+            return len(self._retired)
+
+    def _close_retired(self, *, wait: bool = True) -> None:
+        if wait:  # for a pause of the loop and the pool, then close them anyway
+            workers.wait_for_idle(time.monotonic() + workers.IDLE_WAIT_SECONDS)
+        with self._lock:
+            retired, self._retired = self._retired, []
+        for fd in retired:
+            _close(fd)
+
     def close(self) -> None:
-        """Close every spare (their nameless files vanish)."""
+        """Close every spare (their nameless files vanish) and every retired descriptor."""
         with self._lock:
             spares = [fd for ready in self._ready.values() for fd in ready]
             self._ready.clear()
         for fd in spares:
             os.close(fd)
+        self._close_retired(wait=False)
+
+
+def _link(fd: int, path: str) -> None:
+    """Give the nameless file open as `fd` the name `path` (`linkat` through `/proc`)."""
+    os.link(f"/proc/self/fd/{fd}", path, src_dir_fd=_any_directory(), follow_symlinks=True)
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 _directory: list[int] = []
@@ -172,12 +280,9 @@ def _forked() -> None:
     global SPARES
     # The child's copies of the parent's descriptors are closed without taking the lock: another
     # thread of the parent may have held it at the fork, and nothing would ever release it here.
-    for ready in SPARES._ready.values():
+    for ready in [*SPARES._ready.values(), SPARES._retired]:
         for fd in ready:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            _close(fd)
     SPARES = SpareFiles()
 
 

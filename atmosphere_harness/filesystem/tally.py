@@ -135,9 +135,11 @@ class DiskTally:
         self.synced_at = self.checked_at = time.monotonic()
         return StoreUsage(len(sizes), total)
 
-    def stale(self, directories: list[str]) -> bool:
+    def stale(self, directories: list[str], seen: dict[str, int] | None = None) -> bool:
         """Whether the disk may differ from the record: never walked, walked too long ago, or a
-        directory's mtime moved (those in `directories`, and every quarter second all of them)."""
+        directory's mtime moved (those in `directories`, and every quarter second all of them).
+        `seen` holds mtimes just read (by `containment.resolve`, under the same hold): those
+        directories are not `stat`ed again."""
         now = time.monotonic()
         if self.sizes is None or now - self.synced_at > FULL_RESYNC_SECONDS:
             return True
@@ -146,7 +148,14 @@ class DiskTally:
             watched = set(directories).union(self.dirs)
             self.checked_at = now
         recorded = self.dirs
-        return any(mtime(directory) != recorded.get(directory) for directory in watched)
+        known = seen or {}
+        for directory in watched:
+            stamp = known.get(directory)
+            if stamp is None:
+                stamp = mtime(directory)
+            if stamp != recorded.get(directory):
+                return True
+        return False
 
     def all_due(self) -> bool:
         """Whether the next `stale` checks every directory, not only those it is given."""

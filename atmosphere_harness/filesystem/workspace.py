@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from . import spares, workers
-from .atomic import read_bytes, write_atomic
+from .atomic import read_bytes, read_open, write_atomic
 from .base import (
     FileInfo,
     FileNotFoundInWorkspace,
@@ -158,6 +158,22 @@ def is_live(root: str | os.PathLike[str], usage: WorkspaceUsage = PROCESS_USAGE)
     """True while some `WorkspaceAgentFileSystem` on `root` (sharing `usage`) exists in this
     process."""
     return usage.is_live(store_key(root))
+
+
+_HOLD_FLAGS = getattr(os, "O_PATH", os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)) | (
+    os.O_NOFOLLOW | os.O_CLOEXEC
+)
+
+
+def _hold(path: str) -> int:
+    """A descriptor on the file `path` that a write is about to replace, or -1: holding it
+    across the rename leaves the freeing of the old file's blocks to its close, which then
+    happens in a worker thread (`WorkspaceAgentFileSystem._store`). `O_PATH`: no read access
+    is needed, and opening it can never block (a FIFO put in its place)."""
+    try:
+        return os.open(path, _HOLD_FLAGS)
+    except OSError:
+        return -1
 
 
 def _failed(action: str, echo: str, exc: OSError) -> FileSystemError:
@@ -498,9 +514,12 @@ class WorkspaceAgentFileSystem:
     def _key(self, real_path: str) -> str:
         return real_path[len(self._real()) + 1 :]
 
-    def _resolve(self, rel: str, echo: str, *, follow: bool) -> tuple[str, os.stat_result | None]:
-        """The real path of `rel` and its `lstat` (`None` when missing), proven to stay inside."""
-        return resolve(self._real(), rel, echo, follow=follow)
+    def _resolve(
+        self, rel: str, echo: str, *, follow: bool, mtimes: dict[str, int] | None = None
+    ) -> tuple[str, os.stat_result | None]:
+        """The real path of `rel` and its `lstat` (`None` when missing), proven to stay inside;
+        `mtimes` receives those of the directories on the way (see `containment.resolve`)."""
+        return resolve(self._real(), rel, echo, follow=follow, mtimes=mtimes)
 
     def _chain(self, real_path: str) -> list[str]:
         """The directories from `real_path`'s parent up to the root (those a write changes)."""
@@ -513,22 +532,29 @@ class WorkspaceAgentFileSystem:
             raise _Deferred
         self._ledger.recount(self._tally.rebuild(self._real()))
 
-    def _trust(self, chain: list[str]) -> bool:
-        """Make the tally match the disk; True when the store was just counted by a walk."""
+    def _trust(self, chain: list[str], seen: dict[str, int] | None = None) -> bool:
+        """Make the tally match the disk; True when the store was just counted by a walk.
+        `seen`: directory mtimes read under this hold (`_resolve`), not `stat`ed again."""
         tally = self._tally
         if _on_loop() and len(tally.dirs) > ON_LOOP_DIRECTORIES and tally.all_due():
             raise _Deferred
-        if tally.stale(chain):
+        if tally.stale(chain, seen):
             self._sync()
             return True
         return False
 
     def _admit(
-        self, key: str, echo: str, new_size: int, old_size: int | None, chain: list[str]
+        self,
+        key: str,
+        echo: str,
+        new_size: int,
+        old_size: int | None,
+        chain: list[str],
+        seen: dict[str, int] | None = None,
     ) -> tuple[int, int]:
         """Reserve the change of writing `new_size` bytes at `key` in the ledger, or raise if it
         would break a bound. Returns the reserved `(files, bytes)`."""
-        fresh = self._trust(chain)
+        fresh = self._trust(chain, seen)
         sizes = self._tally.sizes
         assert sizes is not None
         if not fresh and sizes.get(key) != old_size:
@@ -572,8 +598,23 @@ class WorkspaceAgentFileSystem:
         except (FileExistsError, NotADirectoryError):
             raise FileSystemError(f"Cannot write {echo}: a parent of it is a file") from None
 
-    def _store(self, target: str, data: bytes, echo: str, reserved: tuple[int, int]) -> None:
-        """Write `data` to `target` atomically, releasing the reservation if that fails."""
+    def _store(
+        self,
+        target: str,
+        data: bytes,
+        echo: str,
+        reserved: tuple[int, int],
+        *,
+        new: bool,
+        old: int = -1,
+        parent_missing: bool = False,
+    ) -> None:
+        """Write `data` to `target` atomically, releasing the reservation if that fails. `new`:
+        the target did not exist when resolved (`parent_missing`: nor did its directory, made
+        first). `old`, when not -1, is a descriptor open on the file this write replaces: its
+        last close frees that file's blocks (on ext4, as costly as the rest of the write), so
+        it is closed in a worker thread after the write (`spares.SpareFiles.retire`), and at
+        once if the write failed (nothing was freed)."""
         try:
             write_atomic(
                 target,
@@ -581,23 +622,30 @@ class WorkspaceAgentFileSystem:
                 fsync=self.fsync,
                 make_parent=lambda parent: self._make_dirs(parent, echo),
                 spare=self._spare if _on_loop() else None,
+                new=new,
+                parent_missing=parent_missing,
             )
         except BaseException as exc:
+            if old >= 0:
+                os.close(old)
             self._ledger.adjust(-reserved[0], -reserved[1])
             if isinstance(exc, NotADirectoryError):
                 raise FileSystemError(f"Cannot write {echo}: a parent of it is a file") from None
             raise
+        if old >= 0:
+            spares.SPARES.retire(old, workers.later)
 
-    def _spare(self, temp: str, data: bytes) -> bool:
-        """Put `data` in `temp` through a file made ahead of time (`spares`), if one is ready:
-        on the event loop, creating the file is most of a small write's cost."""
+    def _spare(self, temp: str, data: bytes, target: str | None) -> str | None:
+        """Put `data` in a file made ahead of time (`spares`), if one is ready, named `temp`
+        (or `target` itself, for a new file): on the event loop, creating the file is most of
+        a small write's cost. The next ones are made after the write (`workers.later`)."""
         device = self._device
         if device is None:
             try:
                 device = self._device = os.stat(self._real()).st_dev
             except OSError:
-                return False
-        return spares.SPARES.place(device, self._real(), temp, data, workers.POOL.submit)
+                return None
+        return spares.SPARES.place(device, self._real(), temp, data, workers.later, target=target)
 
     def _touch(self, *targets: str) -> None:
         """After this store changed `targets`: record the mtimes of the directories that changed,
@@ -618,21 +666,52 @@ class WorkspaceAgentFileSystem:
         tally.settle(changed)
 
     def _text(self, target: str, info: os.stat_result, echo: str) -> str:
+        """The text of the regular file `target`, whose `lstat` is `info`."""
+        data, fd = self._open_bytes(target, info, echo)
+        os.close(fd)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise FileSystemError(f"Cannot read {echo}: it is not UTF-8 text") from None
+
+    def _open_utf8(self, target: str, info: os.stat_result, echo: str) -> tuple[bytes, int]:
+        """The bytes of `_text`, checked to be UTF-8 (not decoded), and the descriptor they
+        were read from, still open (the caller closes it)."""
+        data, fd = self._open_bytes(target, info, echo)
+        if not data.isascii():  # (ASCII is UTF-8: checked 8 bytes at a time, no copy)
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError:
+                os.close(fd)
+                raise FileSystemError(f"Cannot read {echo}: it is not UTF-8 text") from None
+        return data, fd
+
+    def _open_bytes(self, target: str, info: os.stat_result, echo: str) -> tuple[bytes, int]:
+        """The bytes of the regular file `target` within the bounds (the per-file limit; on the
+        event loop, `workers.ON_LOOP_BYTES`), and the descriptor they were read from, still
+        open (the caller closes it)."""
         on_loop = _on_loop()
         if on_loop and info.st_size > workers.ON_LOOP_BYTES:
             raise _Deferred
         limit = self.limits.max_file_bytes
         reads = min(limit, workers.ON_LOOP_BYTES) if on_loop else limit
-        data = None if info.st_size > limit else read_bytes(target, reads)
-        if data is None:
-            if on_loop:
-                raise _Deferred  # it grew past the bound since the stat: the worker reads it
-            size = max(info.st_size, limit + 1)
-            raise FileSystemError(f"File too large to read: {echo} is {size} bytes (limit {limit})")
+        if info.st_size > limit:
+            data, fd = None, -1
+        else:
+            data, fd = read_open(target, reads, size=info.st_size)
         try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise FileSystemError(f"Cannot read {echo}: it is not UTF-8 text") from None
+            if data is None:
+                if on_loop:
+                    raise _Deferred  # it grew past the bound since the stat: the worker reads it
+                size = max(info.st_size, limit + 1)
+                raise FileSystemError(
+                    f"File too large to read: {echo} is {size} bytes (limit {limit})"
+                )
+            return data, fd
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            raise
 
     # --- operations (worker thread) --------------------------------------------------------
 
@@ -710,42 +789,65 @@ class WorkspaceAgentFileSystem:
         return errors
 
     def _write(self, rel: str, echo: str, data: bytes) -> None:
-        target, info = self._resolve(rel, echo, follow=True)
+        seen: dict[str, int] = {}
+        target, info = self._resolve(rel, echo, follow=True, mtimes=seen)
         if info is not None and stat.S_ISDIR(info.st_mode):
             raise FileSystemError(f"Cannot write {echo}: it is a directory")
         old_size = info.st_size if info is not None and stat.S_ISREG(info.st_mode) else None
         key = self._key(target)
         chain = self._chain(target)
-        reserved = self._admit(key, echo, len(data), old_size, chain)
-        self._store(target, data, echo, reserved)
+        reserved = self._admit(key, echo, len(data), old_size, chain, seen)
+        old = -1 if old_size is None else _hold(target)
+        parent = target.rsplit("/", 1)[0]
+        missing = info is None and parent not in seen and parent != self._real()
+        self._store(target, data, echo, reserved, new=info is None, old=old, parent_missing=missing)
         self._tally.put(key, len(data))
         self._touch(target)
 
     def _edit(self, rel: str, echo: str, old: str, new: str, replace_all: bool) -> int:
-        target, info = self._resolve(rel, echo, follow=True)
+        seen: dict[str, int] = {}
+        target, info = self._resolve(rel, echo, follow=True, mtimes=seen)
         if info is None or not stat.S_ISREG(info.st_mode):
             raise FileNotFoundInWorkspace(f"File not found: {echo}")
-        text = self._text(target, info, echo)
-        count = text.count(old)
-        if count == 0:
-            raise FileSystemError(f"old_text not found in {echo} — nothing was changed")
-        if count > 1 and not replace_all:
-            raise FileSystemError(
-                f"old_text matches {count} times in {echo} — it must match exactly once; "
-                "include more surrounding context, or pass replace_all to replace every match"
+        # The edit is made on the UTF-8 bytes: in valid UTF-8 a character's encoding matches only
+        # where that character starts, so the bytes hold exactly the text's matches, and the
+        # text is neither decoded nor encoded again (two copies of the file, a fifth of an
+        # edit's instructions at 50 KiB).
+        data, fd = self._open_utf8(target, info, echo)  # held open until it is replaced
+        try:
+            try:
+                needle: bytes | None = old.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate, which no UTF-8 text holds
+                needle = None
+            count = 0 if needle is None else data.count(needle)
+            if count == 0:
+                raise FileSystemError(f"old_text not found in {echo} — nothing was changed")
+            if count > 1 and not replace_all:
+                raise FileSystemError(
+                    f"old_text matches {count} times in {echo} — it must match exactly once; "
+                    "include more surrounding context, or pass replace_all to replace every match"
+                )
+            assert needle is not None
+            replacement = new.encode("utf-8")
+            updated = (
+                data.replace(needle, replacement)
+                if replace_all
+                else data.replace(needle, replacement, 1)
             )
-        updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
-        if updated != text:
-            data = updated.encode("utf-8")
-            if len(data) > workers.ON_LOOP_BYTES and _on_loop():
-                raise _Deferred
-            check_file_size(echo, len(data), self.limits)
-            key = self._key(target)
-            chain = self._chain(target)
-            reserved = self._admit(key, echo, len(data), info.st_size, chain)
-            self._store(target, data, echo, reserved)
-            self._tally.put(key, len(data))
-            self._touch(target)
+            if updated != data:
+                if len(updated) > workers.ON_LOOP_BYTES and _on_loop():
+                    raise _Deferred
+                check_file_size(echo, len(updated), self.limits)
+                key = self._key(target)
+                chain = self._chain(target)
+                reserved = self._admit(key, echo, len(updated), info.st_size, chain, seen)
+                held, fd = fd, -1
+                self._store(target, updated, echo, reserved, new=False, old=held)
+                self._tally.put(key, len(updated))
+                self._touch(target)
+        finally:
+            if fd >= 0:
+                os.close(fd)
         return count if replace_all else 1
 
     def _glob(self, pattern: str, matcher: re.Pattern[str]) -> list[str]:

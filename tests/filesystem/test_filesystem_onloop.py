@@ -190,6 +190,30 @@ def test_a_cool_down_doubles_while_the_disk_stays_slow_and_starts_over_after_a_q
     assert budget.trips == 8
 
 
+def test_the_wait_for_a_cpu_is_read_again_only_after_a_slow_operation(clock: Clock) -> None:
+    reads: list[float] = []
+
+    def waited() -> float:
+        reads.append(clock.queued)
+        return clock.queued
+
+    budget = workers.LoopBudget(clock=clock, waited=waited)
+    started = budget.start()
+    clock.now += workers.SLOW_SECONDS / 2
+    budget.spent(started, "write")
+    assert len(reads) == 1, "a quick operation: one read (a system call), at its start"
+    started = budget.start()
+    clock.now += workers.SLOW_SECONDS * 3
+    clock.queued += workers.SLOW_SECONDS * 3  # slow in wall time, all of it waiting for a CPU
+    budget.spent(started, "write")
+    assert len(reads) == 3
+    assert budget.allows(), "not the disk's fault: no cool-down"
+    started = budget.start()
+    clock.now += workers.SLOW_SECONDS * 3
+    budget.spent(started, "write")
+    assert not budget.allows()
+
+
 async def test_time_spent_waiting_for_a_cpu_does_not_trip_the_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: Clock
 ) -> None:

@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
 from atmosphere_harness.filesystem import FileSystemError
-from atmosphere_harness.filesystem.paths import TEMP_SUFFIX, check_path
+from atmosphere_harness.filesystem.paths import (
+    MAX_PATH_CHARS,
+    MAX_SEGMENT_BYTES,
+    TEMP_SUFFIX,
+    check_path,
+)
+from atmosphere_harness.filesystem.paths import shown as shown_path
 from tests.fs_support import tree
 
 # The reference's pinned attack strings (section 4.3) and the message each must give.
@@ -216,3 +222,67 @@ async def test_a_store_below_a_symlinked_directory_works(tmp_path: Path) -> None
     await store.write("a/b.md", "ok")
     assert await store.read("a/b.md") == "ok"
     assert (tmp_path / "disk" / "store" / "a" / "b.md").read_text() == "ok"
+
+
+def reference_shown(value: str) -> str:
+    """`shown` as it was written first: a test per character."""
+    if all(" " <= char != "\x7f" for char in value):
+        return value
+    return "".join(char if " " <= char != "\x7f" else f"\\x{ord(char):02x}" for char in value)
+
+
+def reference_check(path: str) -> str:
+    """`check_path` as it was written first (before the C-level scans), for comparison."""
+    if not path.strip():
+        raise FileSystemError("path must not be blank")
+    text = path.strip()
+    echo = reference_shown(path)
+    if "\x00" in text:
+        raise FileSystemError(f"path must not contain NUL characters: {echo}")
+    if not all(" " <= char != "\x7f" for char in text):
+        raise FileSystemError(f"path must not contain control characters: {echo}")
+    if "\\" in text:
+        raise FileSystemError(f"path must use forward slashes: {echo}")
+    if text.startswith("/"):
+        raise FileSystemError(f"path must be relative: {echo}")
+    if len(text) > MAX_PATH_CHARS:
+        raise FileSystemError(f"path is too long: {len(text)} chars (limit {MAX_PATH_CHARS})")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FileSystemError(f"path is not valid Unicode text: {echo}") from None
+    for segment in text.split("/"):
+        if segment in ("", ".", ".."):
+            raise FileSystemError(f"path contains an illegal segment ('{segment}'): {echo}")
+        size = len(segment.encode("utf-8"))
+        if size > MAX_SEGMENT_BYTES:
+            raise FileSystemError(
+                f"path has a name of {size} bytes, over the {MAX_SEGMENT_BYTES}-byte limit: {echo}"
+            )
+        if segment.endswith(TEMP_SUFFIX):
+            raise FileSystemError(f"names ending in {TEMP_SUFFIX} are reserved: {echo}")
+    return text
+
+
+def outcome(check: object, path: str) -> str:
+    try:
+        return "ok: " + check(path)  # type: ignore[operator]
+    except FileSystemError as exc:
+        return "error: " + str(exc)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF), max_size=12),
+            st.sampled_from(["", ".", "..", "\x7f", "\x1f", " ", "é" * 101, "n" * 201]),
+            st.just(f"x{TEMP_SUFFIX}"),
+        ),
+        min_size=1,
+        max_size=5,
+    ).map("/".join)
+)
+def test_path_checks_answer_exactly_as_the_per_character_versions(path: str) -> None:
+    assert outcome(check_path, path) == outcome(reference_check, path)
+    assert shown_path(path) == reference_shown(path)

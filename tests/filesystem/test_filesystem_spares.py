@@ -59,11 +59,11 @@ async def test_writes_and_edits_on_the_loop_fill_spares_with_the_same_result(
 ) -> None:
     fs, device = await started(tmp_path)
     await ready(pool, device)
-    await fs.write("notes/a.md", "alpha beta")  # a new directory: its spare is kept for later
+    await fs.write("notes/a.md", "alpha beta")  # a new directory: made first, then the spare
     await fs.write("second.md", "TWO")  # over an existing file
     assert await fs.edit("notes/a.md", "beta", "gamma") == 1
     assert await fs.write_many([("b.md", "bee"), ("c.md", "sea")]) == [None, None]
-    assert pool.used == 4, "all but the write that had to create its directory"
+    assert pool.used == 5, "every write, the one that had to create its directory too"
     assert tree(tmp_path / "store") == {
         "first.md": b"one",
         "second.md": b"TWO",
@@ -73,8 +73,85 @@ async def test_writes_and_edits_on_the_loop_fill_spares_with_the_same_result(
     }, "no temporary file is left, and every file holds exactly its content"
     mode = os.stat(tmp_path / "store" / "b.md").st_mode & 0o777
     assert mode == 0o666 & ~current_umask(), "the same permissions as a created file"
+    assert pool.ready(device) == spares.PER_DEVICE - 5, "a few taken: no refill asked yet"
+    quarter = spares.PER_DEVICE // 4
+    assert await fs.write_many([(f"m{n}.md", "m") for n in range(quarter - 4)]) == [None] * (
+        quarter - 4
+    )
     await ready(pool, device)
-    assert pool.ready(device) == spares.PER_DEVICE, "refilled, never past the bound"
+    assert pool.ready(device) == spares.PER_DEVICE, "a quarter taken: refilled, never past it"
+    assert spares.PER_DEVICE * spares.DEVICES <= 256, "descriptors: far under the usual 1024"
+
+
+async def test_a_new_file_is_its_spare_linked_under_its_name_and_only_a_replaced_one_is_renamed(
+    tmp_path: Path, pool: spares.SpareFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs, device = await started(tmp_path)
+    await ready(pool, device)
+    renames: list[str] = []
+    real_replace = os.replace
+
+    def replace(source: str, target: str) -> None:
+        renames.append(os.path.basename(target))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", replace)
+    await fs.write("new.md", "fresh")
+    await fs.write("deep/er/new.md", "deeper")
+    assert renames == [], "filled while nameless, then named: nothing to rename"
+    await fs.write("new.md", "replaced")
+    assert await fs.edit("deep/er/new.md", "deeper", "edited") == 1
+    assert renames == ["new.md", "new.md"], "a replaced file is renamed over, atomically"
+    assert pool.used == 4
+    assert tree(tmp_path / "store") == {
+        "first.md": b"one",
+        "second.md": b"two",
+        "new.md": b"replaced",
+        "deep/er/new.md": b"edited",
+    }
+
+
+async def test_a_name_taken_behind_the_stores_back_is_replaced_as_usual(
+    tmp_path: Path, pool: spares.SpareFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs, device = await started(tmp_path)
+    await ready(pool, device)
+    real_link = spares._link
+    target = str(tmp_path / "store" / "race.md")
+
+    def raced(fd: int, path: str) -> None:
+        if path == target:  # another program creates the file just before the link
+            Path(path).write_text("theirs")
+        real_link(fd, path)
+
+    monkeypatch.setattr(spares, "_link", raced)
+    await fs.write("race.md", "ours")
+    assert pool.used == 1
+    assert tree(tmp_path / "store") == {
+        "first.md": b"one",
+        "second.md": b"two",
+        "race.md": b"ours",
+    }, "the spare took the temporary name and replaced theirs; no temporary file is left"
+
+
+def test_a_spare_filled_for_a_missing_directory_is_kept_empty(
+    tmp_path: Path, pool: spares.SpareFiles
+) -> None:
+    small = spares.SpareFiles(per_device=1)
+    device = os.stat(tmp_path).st_dev
+    try:
+        small._refill(device, str(tmp_path))
+        assert small.ready(device) == 1
+        jobs: list[Any] = []
+        home, missing = str(tmp_path), str(tmp_path / "gone" / "a.md")
+        with pytest.raises(FileNotFoundError):
+            small.place(device, home, missing + ".t", b"first", jobs.append, target=missing)
+        assert small.ready(device) == 1, "kept for the write once its directory is made"
+        there = str(tmp_path / "b.md")
+        assert small.place(device, str(tmp_path), there + ".t", b"two", jobs.append, target=there)
+        assert Path(there).read_bytes() == b"two", "emptied and rewound: nothing of the first"
+    finally:
+        small.close()
 
 
 async def test_a_system_that_cannot_link_them_falls_back_for_good(
@@ -207,3 +284,59 @@ def test_a_child_forked_while_the_pool_is_locked_starts_with_its_own(
         raise AssertionError("the forked child hung on the parent's lock")
     assert os.waitstatus_to_exitcode(status) == 0
     assert pool.ready(device) == spares.PER_DEVICE, "the parent's spares are untouched"
+
+
+class Busy(workers.LoopBudget):
+    """A budget whose event loop never pauses (or always does)."""
+
+    def __init__(self, busy: bool) -> None:
+        super().__init__()
+        self.always = busy
+
+    def busy(self, within: float = workers.IDLE_SECONDS) -> bool:
+        return self.always
+
+
+def test_spares_are_made_only_while_the_loop_pauses(
+    tmp_path: Path, pool: spares.SpareFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = os.stat(tmp_path).st_dev
+    monkeypatch.setattr(workers, "IDLE_WAIT_SECONDS", 0.05)
+    monkeypatch.setattr(workers, "ON_LOOP", Busy(True))
+    started = time.monotonic()
+    pool._refilling.add(device)  # as `place` marks it when it asks for the refill
+    pool._refill(device, str(tmp_path))
+    assert pool.ready(device) == pool.per_device // 4, "a loop that never paused: a quarter"
+    assert device not in pool._refilling, "the next write asks again"
+    assert time.monotonic() - started >= 0.05, "it waited for a pause, without the GIL"
+    monkeypatch.setattr(workers, "ON_LOOP", Busy(False))
+    pool._refill(device, str(tmp_path))
+    assert pool.ready(device) == pool.per_device
+
+
+def test_a_loop_is_busy_for_a_moment_after_each_small_operation() -> None:
+    now = [100.0]
+    budget = workers.LoopBudget(clock=lambda: now[0], waited=lambda: 0.0)
+    assert not budget.busy()
+    budget.spent(budget.start(), "write")
+    assert budget.busy()
+    now[0] += workers.IDLE_SECONDS * 1.5
+    assert not budget.busy()
+
+
+def test_beside_a_running_operation_only_the_first_quarter_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # (and beside a busy loop: the test above)
+    small = spares.SpareFiles(per_device=8)
+    device = os.stat(tmp_path).st_dev
+    monkeypatch.setattr(workers, "IDLE_WAIT_SECONDS", 0.05)
+    monkeypatch.setattr(workers, "ON_LOOP", Busy(False))
+    monkeypatch.setattr(workers.POOL, "running", 1)  # a grep, say, holds a worker
+    try:
+        small._refill(device, str(tmp_path))
+        assert small.ready(device) == 2, "enough for the next writes, no more beside the grep"
+        monkeypatch.setattr(workers.POOL, "running", 0)
+        small._refill(device, str(tmp_path))
+        assert small.ready(device) == 8
+    finally:
+        small.close()

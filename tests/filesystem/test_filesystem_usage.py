@@ -22,6 +22,7 @@ from atmosphere_harness.filesystem import (
     StoreUsage,
     UsageLedger,
     WorkspaceUsage,
+    spares,
 )
 from atmosphere_harness.filesystem import workspace as workspace_module
 from atmosphere_harness.filesystem.paths import store_key
@@ -229,10 +230,11 @@ async def test_a_write_that_fails_on_disk_releases_its_reservation(
     await store.write("a.md", "old")
     before = store._ledger.current()
 
-    def refused(src: str, dst: str) -> None:
+    def refused(src: str, dst: str, **options: object) -> None:
         raise FileSystemError("refused by a test")  # not an OSError: the count is kept
 
     monkeypatch.setattr(workspace_module.os, "replace", refused)
+    monkeypatch.setattr(spares.os, "link", refused)  # a new file's spare is linked, not renamed
     with rejects("refused by a test"):
         await store.write("b.md", "new file")
     with rejects("refused by a test"):

@@ -9,11 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
 from atmosphere_harness.filesystem import FileInfo, FileSystemError, GrepHit
 from atmosphere_harness.filesystem import tally as tally_module
 from atmosphere_harness.filesystem import workspace as workspace_module
+from atmosphere_harness.filesystem.atomic import read_bytes, read_open
 from atmosphere_harness.filesystem.paths import TEMP_SUFFIX
 from atmosphere_harness.filesystem.workspace import is_live
 from tests.fs_support import rejects, tree
@@ -310,6 +313,23 @@ async def test_files_added_behind_the_store_are_counted_at_the_next_write(
         await store.write("b", "x")
 
 
+async def test_a_change_in_a_directory_on_the_path_is_seen_from_the_paths_own_lstats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = small(tmp_path, max_files=3)
+    await store.write("d/e/a", "x")
+    stamped: list[str] = []
+    real = tally_module.mtime
+    monkeypatch.setattr(tally_module, "mtime", lambda path: stamped.append(path) or real(path))
+    await store.write("d/e/b", "x")
+    real_root = os.path.realpath(store.root)
+    assert f"{real_root}/d" not in stamped, "its mtime came with the lstat that resolved d/e/b"
+    await asyncio.sleep(0.05)  # past the kernel's coarse timestamp tick
+    (store.root / "d" / "e" / "outside-write").write_text("x")
+    with rejects("Write rejected: the store already holds 3 files, at the 3-file limit"):
+        await store.write("d/e/c", "x")
+
+
 async def test_files_added_in_another_directory_are_seen_by_the_sweep(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -413,3 +433,75 @@ async def test_readers_racing_writers_see_whole_versions_only(
     assert set(seen) <= set(versions)
     assert await store.read("shared.txt") in versions
     assert tree(store.root).keys() == {"shared.txt"}
+
+
+def test_a_read_given_the_size_it_just_saw_still_reads_a_file_that_changed(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    seen = os.stat(path).st_size
+    path.write_bytes(b"y" * 5000)  # grown since the size was taken
+    assert read_bytes(str(path), 10_000, size=seen) == b"y" * 5000
+    assert read_bytes(str(path), 4_000, size=seen) is None, "past the limit once read"
+    path.write_bytes(b"z" * 10)  # shrunk
+    assert read_bytes(str(path), 10_000, size=seen) == b"z" * 10
+    assert read_bytes(str(path), 50, size=seen) is None, "the size given is past the limit"
+    data, fd = read_open(str(path), 10_000, size=10)
+    try:
+        assert data == b"z" * 10
+        assert os.fstat(fd).st_ino == os.stat(path).st_ino, "left open on the file it read"
+    finally:
+        os.close(fd)
+
+
+EDIT_ALPHABET = "aé€😀\n"
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    text=st.text(alphabet=EDIT_ALPHABET, max_size=30),
+    old=st.text(alphabet=EDIT_ALPHABET, min_size=1, max_size=3),
+    new=st.text(alphabet=EDIT_ALPHABET + "b", max_size=3),
+    replace_all=st.booleans(),
+)
+def test_an_edit_counts_and_replaces_exactly_as_the_text_would(
+    tmp_path_factory: pytest.TempPathFactory, text: str, old: str, new: str, replace_all: bool
+) -> None:
+    """The edit works on the file's UTF-8 bytes; its answers are the text's."""
+    root = tmp_path_factory.mktemp("edit")
+
+    async def edit() -> tuple[int | str, str]:
+        fs = WorkspaceAgentFileSystem(root / "s")
+        await fs.write("f.md", text)
+        try:
+            answer: int | str = await fs.edit("f.md", old, new, replace_all=replace_all)
+        except FileSystemError as exc:
+            answer = str(exc)
+        return answer, await fs.read("f.md")
+
+    count = text.count(old)
+    if count == 0:
+        expected: tuple[int | str, str] = (
+            "old_text not found in f.md — nothing was changed",
+            text,
+        )
+    elif count > 1 and not replace_all:
+        expected = (
+            f"old_text matches {count} times in f.md — it must match exactly once; include more "
+            "surrounding context, or pass replace_all to replace every match",
+            text,
+        )
+    else:
+        expected = (count if replace_all else 1, text.replace(old, new, -1 if replace_all else 1))
+    assert asyncio.run(edit()) == expected
+
+
+async def test_an_edit_of_text_no_utf8_file_can_hold_finds_nothing(tmp_path: Path) -> None:
+    store = small(tmp_path)
+    await store.write("f.md", "a\ud7ff b")
+    with rejects("old_text not found in f.md — nothing was changed"):
+        await store.edit("f.md", "\ud800", "x")  # a lone surrogate: not text UTF-8 can encode
+    (store.root / "bin.dat").write_bytes(b"\xff\xfe a")
+    with rejects("Cannot read bin.dat: it is not UTF-8 text"):
+        await store.edit("bin.dat", "a", "b")
