@@ -63,6 +63,18 @@ def check_file_size(echo: str, size: int, limits: FileSystemLimits) -> None:
         )
 
 
+def check_matches(echo: str, count: int, replace_all: bool) -> None:
+    """Reject an edit whose `old_text` matches `count` times: none, or more than one without
+    `replace_all` (every store says it in the same words)."""
+    if count == 0:
+        raise FileSystemError(f"old_text not found in {echo} — nothing was changed")
+    if count > 1 and not replace_all:
+        raise FileSystemError(
+            f"old_text matches {count} times in {echo} — it must match exactly once; "
+            "include more surrounding context, or pass replace_all to replace every match"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class FileInfo:
     """One `ls` entry: a path relative to the store root; size is 0 for directories."""

@@ -79,6 +79,7 @@ from .base import (
     FileSystemLimits,
     GrepHit,
     check_file_size,
+    check_matches,
     encode_content,
 )
 from .containment import resolve
@@ -820,13 +821,7 @@ class WorkspaceAgentFileSystem:
             except UnicodeEncodeError:  # a lone surrogate, which no UTF-8 text holds
                 needle = None
             count = 0 if needle is None else data.count(needle)
-            if count == 0:
-                raise FileSystemError(f"old_text not found in {echo} — nothing was changed")
-            if count > 1 and not replace_all:
-                raise FileSystemError(
-                    f"old_text matches {count} times in {echo} — it must match exactly once; "
-                    "include more surrounding context, or pass replace_all to replace every match"
-                )
+            check_matches(echo, count, replace_all)
             assert needle is not None
             replacement = new.encode("utf-8")
             updated = (

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -236,13 +236,7 @@ async def test_what_a_run_waits_for_is_stored_with_everything_published_before_i
         await live.checkpoint("history:1", 1, wait=True)
         seen.append(await journal())
 
-    await store.open()
-    try:
-        live = runs.start(work, path="/p", conversation_id="conv", user_id=None, message="m")
-        assert [f.seq async for f in live.follow(0)] == [1, 2]
-    finally:
-        await runs.aclose()
-        await store.aclose()
+    assert await run_to_end(store, runs, work) == [1, 2]
     assert seen == [
         ([1], ["model:1"]),
         ([1], ["model:1", "started:1:a"]),
@@ -272,13 +266,7 @@ async def test_a_started_mark_still_unwritten_when_its_result_comes_is_left_out(
         stored.update((await store.load(live_run_id(runs), 10))[0])
 
     stored: dict[str, Any] = {}
-    await store.open()
-    try:
-        live = runs.start(work, path="/p", conversation_id="conv", user_id=None, message="m")
-        assert [f.seq async for f in live.follow(0)] == [1, 2]
-    finally:
-        await runs.aclose()
-        await store.aclose()
+    assert await run_to_end(store, runs, work) == [1, 2]
     assert sorted(stored) == [
         "history:1",
         "model:1",
@@ -321,6 +309,19 @@ async def test_a_stopped_run_is_journalled_ended_before_it_unwinds(tmp_path: Pat
         await runs.aclose()
         await store.aclose()
     assert seen_while_unwinding == [ENDED]
+
+
+async def run_to_end(
+    store: SqliteRunStore, runs: LiveRuns, work: Callable[[LiveRunHandle], Awaitable[None]]
+) -> list[int]:
+    """Open `store`, run `work` as a live run read to its end, close both: the seqs read."""
+    await store.open()
+    try:
+        live = runs.start(work, path="/p", conversation_id="conv", user_id=None, message="m")
+        return [f.seq async for f in live.follow(0)]
+    finally:
+        await runs.aclose()
+        await store.aclose()
 
 
 def live_run_id(runs: LiveRuns) -> str:

@@ -34,6 +34,7 @@ from ...filesystem.base import (
     FileSystemLimits,
     GrepHit,
     check_file_size,
+    check_matches,
     encode_content,
 )
 from ...filesystem.globbing import compile_glob
@@ -265,14 +266,7 @@ class PostgresAgentFileSystem:
                     raise FileNotFoundInWorkspace(f"File not found: {echo}")
                 text = bytes(found).decode("utf-8")
                 count = text.count(old_text)
-                if count == 0:
-                    raise FileSystemError(f"old_text not found in {echo} — nothing was changed")
-                if count > 1 and not replace_all:
-                    raise FileSystemError(
-                        f"old_text matches {count} times in {echo} — it must match exactly "
-                        "once; include more surrounding context, or pass replace_all to "
-                        "replace every match"
-                    )
+                check_matches(echo, count, replace_all)
                 updated = (
                     text.replace(old_text, new_text)
                     if replace_all
