@@ -27,9 +27,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import struct
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,9 @@ TAIL = struct.Struct("<I")
 ENTRY = struct.Struct("<cqII")
 OPEN_FILES = 64
 """Run logs kept open for appending at most (the least recently written is closed first)."""
+SPARE_LOGS = 2
+"""Empty log files made ahead (`RunLogs.make_spares`) for the next runs to start in."""
+SPARE_SUFFIX = ".spare"
 
 RAW_FROM = 1024
 """Strings at least this long (characters) follow a payload's JSON as they are."""
@@ -299,6 +303,10 @@ class RunLogs:
         self.lock = threading.Lock()
         """Held around every use of the logs: the event loop never waits for it (it tries, and
         leaves the work to the database thread if another thread holds it)."""
+        self._spares: deque[tuple[str, int]] = deque()
+        """Empty logs made ahead (`make_spares`), (name, descriptor open for appending): a
+        new run's log is one of them renamed (`_open`)."""
+        self._closed = False
 
     def path(self, row: int) -> Path:
         return self.directory / f"{row}.log"
@@ -324,6 +332,11 @@ class RunLogs:
             raise OSError(f"run log {self.path(row)}: short write ({written} of {size})")
 
     def _open(self, row: int, new: bool) -> int:
+        fd = self._spare(row) if new else None
+        if fd is not None:
+            self._files[row] = fd
+            self._close_oldest()
+            return fd
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
         try:
             fd = os.open(self.path(row), flags | (os.O_TRUNC if new else 0), 0o600)
@@ -335,10 +348,48 @@ class RunLogs:
             # A record a crash cut short: appends go after the last whole one.
             os.ftruncate(fd, whole)
         self._files[row] = fd
+        self._close_oldest()
+        return fd
+
+    def _close_oldest(self) -> None:
         while len(self._files) > OPEN_FILES:
             _, oldest = self._files.popitem(last=False)
             os.close(oldest)
-        return fd
+
+    def _spare(self, row: int) -> int | None:
+        """A spare log renamed to run `row`'s (its descriptor), or `None` if none is ready.
+        The rename replaces whatever had that name (a new run's log starts empty). A spare
+        that is gone (a sweep of another process took it for a dead one's) is dropped: the
+        caller creates the log instead."""
+        while self._spares:
+            name, fd = self._spares.popleft()
+            try:
+                os.rename(self.directory / name, self.path(row))
+            except OSError:
+                os.close(fd)
+                continue
+            return fd
+        return None
+
+    def make_spares(self) -> None:
+        """Make spare logs up to `SPARE_LOGS`, on the thread that does the store's other file
+        work (creating a file is the slow part; asking a thread to do it just for this would
+        cost the loop the thread's wake-up, which is no cheaper on a VM). Named
+        `<pid>-<token>.spare`, so a sweep knows whose they are (`sweep_spares`)."""
+        if len(self._spares) >= SPARE_LOGS or self._closed:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        while len(self._spares) < SPARE_LOGS:
+            name = f"{os.getpid()}-{secrets.token_hex(6)}{SPARE_SUFFIX}"
+            fd = os.open(self.directory / name, flags, 0o600)
+            with self.lock:  # (held only to add it: `close` must not miss it)
+                if not self._closed:
+                    self._spares.append((name, fd))
+                    continue
+            os.close(fd)
+            (self.directory / name).unlink()
+            return
 
     def read(self, row: int) -> Entries:
         """Every entry of run `row`'s whole records (none if it has no log)."""
@@ -367,6 +418,29 @@ class RunLogs:
             return []
         return [int(name[:-4]) for name in names if name.endswith(".log") and name[:-4].isdigit()]
 
+    def sweep_spares(self, dead: Callable[[int], bool]) -> None:
+        """Remove the spare logs of processes that are gone (`dead(pid)`), and those of an
+        earlier life of this pid: a process's own are in `_spares`."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return
+        own = {name for name, _ in self._spares}
+        for name in names:
+            pid, _, rest = name.partition("-")
+            if not rest.endswith(SPARE_SUFFIX) or not pid.isdigit() or name in own:
+                continue
+            if int(pid) == os.getpid() or dead(int(pid)):
+                with contextlib.suppress(FileNotFoundError):
+                    (self.directory / name).unlink()
+
     def close(self) -> None:
+        """Close every descriptor and remove the spare logs (call with `lock` held)."""
+        self._closed = True
         while self._files:
             os.close(self._files.popitem()[1])
+        while self._spares:
+            name, fd = self._spares.popleft()
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                (self.directory / name).unlink()

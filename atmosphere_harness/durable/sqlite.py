@@ -134,6 +134,11 @@ def _owner_dead(owner: str | None, claimant: str) -> bool:
         return False
     if pid == os.getpid():
         return True  # an earlier life of this pid (a restarted container's pid 1)
+    return _process_gone(pid)
+
+
+def _process_gone(pid: int) -> bool:
+    """Whether process `pid` of this host no longer runs."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -191,20 +196,25 @@ class SqliteRunStore:
 
     def _sweep(self, connection: sqlite3.Connection) -> None:
         """Remove the logs of runs that finished or are gone (a crash between `finish`'s
-        commit and its removal of the log leaves one)."""
+        commit and its removal of the log leaves one), and the spare logs of processes that
+        are gone; then make this process's spares."""
         with self._logs.lock:
+            self._logs.sweep_spares(_process_gone)
             rows = self._logs.rows()
-            if not rows:
-                return
-            alive = {
-                int(row)
-                for (row,) in connection.execute(
-                    "SELECT id FROM durable_runs WHERE finished_at IS NULL"
-                ).fetchall()
-            }
+            alive = (
+                {
+                    int(row)
+                    for (row,) in connection.execute(
+                        "SELECT id FROM durable_runs WHERE finished_at IS NULL"
+                    ).fetchall()
+                }
+                if rows
+                else set()
+            )
             for row in rows:
                 if row not in alive:
                     self._logs.remove(row)
+        self._logs.make_spares()
 
     async def aclose(self) -> None:
         if self._database is not None:
@@ -426,6 +436,7 @@ class SqliteRunStore:
             if row is not None:
                 with self._logs.lock:
                     self._logs.remove(int(row[0]))
+            self._logs.make_spares()  # (for the next runs: here, off the loop, at no wake-up)
             if not legacy:
                 return  # (its frames were in the log: nothing much was freed)
             # Rows of an earlier version, which kept everything in SQLite: give their pages back

@@ -19,6 +19,7 @@ from atmosphere_harness.durable.log import (
     MAX_PARTS,
     RAW_FROM,
     SEPARATE_FROM,
+    SPARE_LOGS,
     Lifted,
     RunLogs,
     decode_payload,
@@ -143,6 +144,62 @@ async def test_finish_removes_the_log_and_open_sweeps_a_left_over_one(tmp_path: 
         assert [f.seq for f in (await again.load("open", 10))[1]] == [1]
     finally:
         await again.aclose()
+
+
+def spares_of(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "atmosphere.db-runs").glob("*.spare"))
+
+
+async def test_a_new_run_starts_in_a_spare_log_made_off_the_loop(tmp_path: Path) -> None:
+    store = SqliteRunStore.under(tmp_path)
+    await store.open()
+    try:
+        spares = spares_of(tmp_path)
+        assert len(spares) == SPARE_LOGS  # made by `open`, on the database thread
+        inodes = {spare.stat().st_ino for spare in spares}
+        assert store.append_now("run-1", [frame(1)], [], create=stored(), owner="me")
+        [log] = logs_of(tmp_path)
+        assert log.stat().st_ino in inodes  # a spare renamed into place, not a new file
+        assert len(spares_of(tmp_path)) == SPARE_LOGS - 1
+        await store.finish("run-1")  # the database thread makes the next ones
+        assert len(spares_of(tmp_path)) == SPARE_LOGS
+        assert logs_of(tmp_path) == []
+    finally:
+        await store.aclose()
+    assert spares_of(tmp_path) == []  # a closed store leaves none behind
+
+
+async def test_a_spare_removed_by_someone_else_is_skipped_and_the_log_created(
+    tmp_path: Path,
+) -> None:
+    store = SqliteRunStore.under(tmp_path)
+    await store.open()
+    try:
+        for spare in spares_of(tmp_path):
+            spare.unlink()  # (another process's sweep took them for a dead one's)
+        assert store.append_now("run-1", [frame(1)], [], create=stored(), owner="me")
+        assert store.append_now("run-1", [frame(2)], [], owner="me")
+        assert [f.seq for f in (await store.load("run-1", 10))[1]] == [1, 2]
+    finally:
+        await store.aclose()
+
+
+async def test_open_sweeps_the_spares_of_processes_that_are_gone(tmp_path: Path) -> None:
+    directory = tmp_path / "atmosphere.db-runs"
+    directory.mkdir()
+    gone = directory / "999999999-0a1b2c.spare"  # (no such pid)
+    alive = directory / "1-0a1b2c.spare"  # (pid 1 runs: another process's, left alone)
+    for path in (gone, alive):
+        path.touch()
+    store = SqliteRunStore.under(tmp_path)
+    await store.open()
+    try:
+        assert not gone.exists()
+        assert alive.exists()
+        assert len(spares_of(tmp_path)) == SPARE_LOGS + 1
+    finally:
+        await store.aclose()
+    assert spares_of(tmp_path) == [alive]
 
 
 @pytest.mark.parametrize(
