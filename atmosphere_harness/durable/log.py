@@ -383,13 +383,18 @@ class RunLogs:
         while len(self._spares) < SPARE_LOGS:
             name = f"{os.getpid()}-{secrets.token_hex(6)}{SPARE_SUFFIX}"
             fd = os.open(self.directory / name, flags, 0o600)
-            with self.lock:  # (held only to add it: `close` must not miss it)
-                if not self._closed:
-                    self._spares.append((name, fd))
-                    continue
-            os.close(fd)
-            (self.directory / name).unlink()
-            return
+            if not self._keep_spare(name, fd):
+                os.close(fd)
+                (self.directory / name).unlink()
+                return
+
+    def _keep_spare(self, name: str, fd: int) -> bool:
+        """Add a spare unless the logs were closed meanwhile (`close` must not miss one)."""
+        with self.lock:
+            if self._closed:
+                return False
+            self._spares.append((name, fd))
+            return True
 
     def read(self, row: int) -> Entries:
         """Every entry of run `row`'s whole records (none if it has no log)."""
