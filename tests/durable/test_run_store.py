@@ -22,7 +22,7 @@ from atmosphere_harness.contracts import LiveRunHandle, StoredRun
 from atmosphere_harness.durable import SqliteRunStore
 from atmosphere_harness.durable.sqlite import INLINE_BYTES
 from atmosphere_harness.events import Frame
-from atmosphere_harness.kernel.journal import ENDED, LiveRuns, encode
+from atmosphere_harness.kernel.journal import ENDED, REFERENCE, LiveRuns, _resolved, encode
 from atmosphere_harness.memory.sqlite import SqliteDatabase
 
 HOST = socket.gethostname()
@@ -276,6 +276,34 @@ async def test_a_started_mark_still_unwritten_when_its_result_comes_is_left_out(
         "started:1:c",
     ]
     assert stored["result:1:b"] == "done b"
+
+
+@pytest.mark.parametrize("call_id", ["call_1", 'odd "id" \\ é \x00 \ud800'])
+async def test_a_tool_start_with_the_models_arguments_refers_to_them(
+    tmp_path: Path, call_id: str
+) -> None:
+    # Stored once (in the model turn), and sent as they were; arguments the tool got changed
+    # (an approval's edit) are stored as they are.
+    store = SqliteRunStore.under(tmp_path)
+    runs = LiveRuns(store)
+    arguments = {"path": "a.txt", "content": "x" * 5000}
+    start = {"toolCallId": call_id, "tool": "write_file", "arguments": dict(arguments)}
+    edited = {"toolCallId": "other", "tool": "write_file", "arguments": {"path": "b.txt"}}
+    loaded: list[Any] = []
+
+    async def work(live: LiveRunHandle) -> None:
+        calls = [[call_id, "write_file", arguments], ["other", "write_file", arguments]]
+        await live.checkpoint("model:1", {"text": "", "calls": calls})
+        await live.publish(Frame("tool-start", start, "session", "conv", 1))
+        await live.publish(Frame("tool-start", edited, "session", "conv", 2))
+        await live.checkpoint("history:1", 1, wait=True)
+        loaded.extend(await store.load(live_run_id(runs), 10))
+
+    assert await run_to_end(store, runs, work) == [1, 2]
+    checkpoints, frames = loaded
+    assert frames[0].data == {**start, "arguments": {REFERENCE: "model:1"}}
+    assert frames[1].data == edited
+    assert [f.data for f in _resolved(frames, checkpoints)] == [start, edited]
 
 
 async def test_a_stopped_run_is_journalled_ended_before_it_unwinds(tmp_path: Path) -> None:
