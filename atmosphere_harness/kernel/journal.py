@@ -384,6 +384,8 @@ class _StoreWriter:
         """Loop time before which a publish waits for a later write (see `_kick`)."""
         self._calls: dict[str, tuple[str, Any]] = {}
         """The last model turn's calls: id -> (its checkpoint key, its arguments)."""
+        self._result: tuple[Any, str] | None = None
+        """The last call result journalled, and its payload (see `_tool_result`)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         """The run's loop, once known (`asyncio.get_running_loop` costs a `getpid()` call)."""
 
@@ -392,6 +394,8 @@ class _StoreWriter:
     def frame(self, frame: Frame) -> None:
         if frame.event == events.TOOL_START:
             payload = self._tool_start(frame.data)
+        elif frame.event == events.TOOL_RESULT:
+            payload = self._tool_result(frame.data)
         else:
             payload = self._encode(frame.data)
         self._frames.append((frame.seq, frame.event, payload))
@@ -405,9 +409,12 @@ class _StoreWriter:
             self._calls = {
                 str(call[0]): (key, call[2]) for call in value.get("calls") or () if len(call) == 3
             }
-        if key.startswith(RESULT) and self._checkpoints:
-            self._moot(STARTED + key[len(RESULT) :])
-        self._checkpoints.append((key, self._true if value is True else self._encode(value)))
+        payload = self._true if value is True else self._encode(value)
+        if key.startswith(RESULT):
+            if self._checkpoints:
+                self._moot(STARTED + key[len(RESULT) :])
+            self._result = (value, payload)
+        self._checkpoints.append((key, payload))
         if key.startswith(STARTED):
             return  # with the next write (`flushed` writes it now for a caller that waits)
         # The others (an approval, its answer, the history mark, `ENDED`) are written at once:
@@ -431,6 +438,24 @@ class _StoreWriter:
                 f'"arguments":{{{_REFERENCE_KEY}:{_STRING(known[0])}}}}}'
             )
         return self._encode({**data, "arguments": {REFERENCE: known[0]}})
+
+    def _tool_result(self, data: Mapping[str, Any]) -> str:
+        """A `tool-result` frame's payload: the kernel's shape of it (call id, tool, result)
+        spelled out around the JSON its result checkpoint got just before, when that is plain
+        JSON text (a long result is in the store's own form, `RunStoreNow.encode`: encoded
+        again here)."""
+        call_id, tool = data.get("toolCallId"), data.get("tool")
+        last = self._result
+        if (
+            last is not None
+            and len(data) == 3
+            and data.get("result") is last[0]
+            and type(call_id) is str
+            and type(tool) is str
+            and last[1][:1] == '"'
+        ):
+            return f'{{"toolCallId":{_STRING(call_id)},"tool":{_STRING(tool)},"result":{last[1]}}}'
+        return self._encode(data)
 
     def _moot(self, started: str) -> None:
         """Leave out the `started` mark still waiting for a write when its call's result is

@@ -306,6 +306,33 @@ async def test_a_tool_start_with_the_models_arguments_refers_to_them(
     assert [f.data for f in _resolved(frames, checkpoints)] == [start, edited]
 
 
+@pytest.mark.parametrize(
+    "result", ["Wrote a.txt", 'odd "text" \\ é \x00 \ud800', "long " * 1000, "\x00lifted"]
+)
+async def test_a_tool_result_frame_is_stored_as_it_was_sent(tmp_path: Path, result: str) -> None:
+    # Its payload reuses its result checkpoint's JSON when it can (`_tool_result`).
+    store = SqliteRunStore.under(tmp_path)
+    runs = LiveRuns(store)
+    sent = [
+        {"toolCallId": 'c "1" é', "tool": "write_file", "result": result},
+        {"toolCallId": "c2", "tool": "write_file", "result": result + "?"},  # not the result
+        {"toolCallId": "c3", "tool": "write_file", "result": result, "extra": 1},
+    ]
+    loaded: list[Any] = []
+
+    async def work(live: LiveRunHandle) -> None:
+        for seq, data in enumerate(sent, start=1):
+            await live.checkpoint(f"result:1:{data['toolCallId']}", result)
+            await live.publish(Frame("tool-result", data, "session", "conv", seq))
+        await live.checkpoint("history:1", 1, wait=True)
+        loaded.extend(await store.load(live_run_id(runs), 10))
+
+    assert await run_to_end(store, runs, work) == [1, 2, 3]
+    checkpoints, frames = loaded
+    assert [f.data for f in frames] == sent
+    assert set(checkpoints.values()) == {result, 1}
+
+
 async def test_a_stopped_run_is_journalled_ended_before_it_unwinds(tmp_path: Path) -> None:
     store = SqliteRunStore.under(tmp_path)
     runs = LiveRuns(store)
