@@ -207,20 +207,9 @@ def pack_parts(
     size = 0
     entry, overhead = ENTRY.pack, ENTRY.size
 
-    def add(kind: bytes, seq: int, name: str, data: str) -> None:
+    def add(kind: bytes, seq: int, name_bytes: bytes, data: str, payload: bytes) -> None:
+        """An entry with a large or `Lifted` payload (`payload`: `data`'s own text encoded)."""
         nonlocal small, size
-        name_bytes = name.encode("utf-8", "surrogatepass")
-        payload = data.encode("utf-8", "surrogatepass")
-        if type(data) is str:
-            length = len(payload)
-            small += (entry(kind, seq, len(name_bytes), length), name_bytes)
-            size += overhead + len(name_bytes) + length
-            if length < SEPARATE_FROM:
-                small.append(payload)
-            else:
-                parts.extend((b"".join(small), payload))
-                small = []
-            return
         pieces = [payload]
         length = len(payload)
         if isinstance(data, Lifted):
@@ -238,10 +227,24 @@ def pack_parts(
                 parts.extend((b"".join(small), piece))
                 small = []
 
+    # Most entries are a short plain payload: added right here (this runs for every model
+    # turn of every durable run; a call per entry cost a third of it).
     for seq, event, data in frames:
-        add(b"F", seq, event, data)
+        name_bytes = event.encode("utf-8", "surrogatepass")
+        payload = data.encode("utf-8", "surrogatepass")
+        if type(data) is str and len(payload) < SEPARATE_FROM:
+            small += (entry(b"F", seq, len(name_bytes), len(payload)), name_bytes, payload)
+            size += overhead + len(name_bytes) + len(payload)
+        else:
+            add(b"F", seq, name_bytes, data, payload)
     for key, value in checkpoints:
-        add(b"C", 0, key, value)
+        name_bytes = key.encode("utf-8", "surrogatepass")
+        payload = value.encode("utf-8", "surrogatepass")
+        if type(value) is str and len(payload) < SEPARATE_FROM:
+            small += (entry(b"C", 0, len(name_bytes), len(payload)), name_bytes, payload)
+            size += overhead + len(name_bytes) + len(payload)
+        else:
+            add(b"C", 0, name_bytes, value, payload)
     small.append(TAIL.pack(size))
     parts.append(b"".join(small))
     parts[0] = HEAD.pack(MAGIC, size) + parts[0]
@@ -324,7 +327,7 @@ class RunLogs:
             size = len(record)
             written = os.write(fd, record)
         else:
-            size = sum(len(part) for part in record)
+            size = sum(map(len, record))
             written = os.writev(fd, record) if len(record) > 1 else os.write(fd, record[0])
         if written != size:
             # A short write (a full disk): cut the record off, so the log stays whole.

@@ -87,7 +87,8 @@ _ENCODE = compact_json(default=str, check_circular=False)
 LOGS_SUFFIX = "-runs"
 """The run logs' directory is the database file's name with this after it (`atmosphere.db-runs`)."""
 INLINE_BYTES = 256 * 1024
-"""Appends with at most this much payload are written on the event loop (see the docstring)."""
+"""Appends of at most this many bytes (of payload, or of the packed record) are written on the
+event loop (see the docstring)."""
 WAL_TRIM = 256 * 1024
 """A WAL larger than this after a run is compacted is checkpointed and truncated."""
 TABLE_KEYS = ("history:",)
@@ -254,20 +255,24 @@ class SqliteRunStore:
         """`append`, done right now on the event loop if it is small (`INLINE_BYTES`) and
         nothing else uses what it writes to; `False` if not (nothing was written: call
         `append`). Most appends only write the run's log: no SQLite statement at all."""
-        size = sum(payload_size(data) for _, _, data in frames)
-        size += sum(payload_size(value) for _, value in checkpoints)
-        if size > INLINE_BYTES:
-            return False
         logs = self._logs
         if not logs.lock.acquire(blocking=False):
             return False
         try:
             row = self._rows.get(run_id)
             if row is not None and create is None and not _tabled(checkpoints):
+                # (The common append: the record is packed first, its size known for free.)
                 if self._database is None:
                     return False
-                logs.write(row, pack_parts(frames, checkpoints))
+                parts = pack_parts(frames, checkpoints)
+                if sum(map(len, parts)) > INLINE_BYTES:
+                    return False
+                logs.write(row, parts)
                 return True
+            size = sum(payload_size(data) for _, _, data in frames)
+            size += sum(payload_size(value) for _, value in checkpoints)
+            if size > INLINE_BYTES:
+                return False
             work = self._append(run_id, frames, checkpoints, create, owner, lease_seconds)
             return self.database.try_now(work)
         finally:
