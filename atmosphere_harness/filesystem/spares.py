@@ -93,12 +93,12 @@ class SpareFiles:
     ) -> str | None:
         """Put `data` in a spare of `device` and give it a name: `target` itself when given (a
         new file), else `temp` (the caller renames it over the target). Returns the name
-        given, or `None` (nothing done) when there is no spare to take or the system refuses
-        the name (a new file leaves the last `reserved` spares to replacing writes). Raises
-        `FileNotFoundError` (nothing done, the spare kept) when the name's
-        directory does not exist. `home` is a directory on that filesystem to make the next
-        spares in, with `refill(job)`, once a quarter of them has been taken (a lone write then
-        asks for no background work: a burst asks once per quarter)."""
+        given, or `None` (nothing done) when there is no spare to take (a new file leaves the
+        last `reserved` to writes that replace one) or the system refuses the name. Raises
+        `FileNotFoundError` (nothing done, the spare kept) when the name's directory does not
+        exist. `home` is a directory on that filesystem to make the next spares in, with
+        `refill(job)`, once a quarter of them has been taken (a lone write then asks for no
+        background work: a burst asks once per quarter)."""
         if not _TMPFILE or device in self._unsupported:
             return None
         with self._lock:
