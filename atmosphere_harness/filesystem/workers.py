@@ -229,7 +229,7 @@ class WorkerPool:
             if after:  # the job's own clean-up, once its caller has the result
                 _run_jobs(after)
             if LATER.jobs:  # and any the event loop left for a loop that stopped since
-                LATER.run()
+                LATER.run_left()
             del after
 
 
@@ -377,6 +377,12 @@ class Later:
             if not self.jobs:
                 return
         POOL.submit(self.run)
+
+    def run_left(self) -> None:
+        """Run jobs left behind (asked from a loop that stopped before its timer fired), unless
+        a batch being run will take them (in a worker thread, after its own job)."""
+        if self.jobs and not self._running:
+            self.run()
 
     def run(self) -> None:
         """Run the jobs gathered so far (in a worker thread), then those added meanwhile: a job

@@ -183,6 +183,7 @@ async def test_a_job_asked_while_a_batch_runs_joins_it_without_another_wake_up(
     workers.later(long_job)
     await wait_for(begun.is_set)
     workers.later(lambda: ran.append(("joined", threading.get_ident())))
+    await workers.run(lambda: None)  # another worker's job ends meanwhile: it leaves it there
     await asyncio.sleep(workers.LATER_SECONDS * 5)
     assert ran == [], "it waits for the running batch"
     gate.set()
