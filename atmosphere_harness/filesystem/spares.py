@@ -17,7 +17,9 @@ temporary one is swept by the next walk. Where the system cannot do it (another 
 without `O_TMPFILE`, no `/proc`, a bind mount that refuses the link), the device is marked and
 its writes create their files as before. Spares are bounded (`PER_DEVICE` open files for each
 of at most `DEVICES` filesystems) and only serve writes made on the event loop: a worker thread
-may as well create its own file.
+may as well create its own file. The last `RESERVED` of a filesystem's spares are left to writes
+that replace a file (an edit): a burst of new files, which is what empties the pool, stops
+taking spares there, so the edit that follows it still finds one.
 
 Also here: `retire(fd)`, for the descriptor a write kept open on the file it replaced. On ext4
 the last close of a replaced file frees its blocks and its inode (90 us for 50 KiB on the
@@ -36,12 +38,19 @@ from collections.abc import Callable
 from . import workers
 from .atomic import remove_quietly, write_fully
 
-PER_DEVICE = 64
+PER_DEVICE = 68
 """Spare files kept ready per filesystem (open descriptors of nameless files). Making them is
 the same kernel work as creating the files (about 50 us each on the reference VM), and in a
 burst of writes the kernel does it no faster from another thread: what a burst gains is the
-spares made before it, while the store was idle. 64 covers a typical message's `write_file`
-calls; a longer burst creates the rest of its files itself, while the refill catches up."""
+spares made before it, while the store was idle. 64 for any write (`RESERVED` more are kept for
+replacing writes) cover a typical message's `write_file` calls; a longer burst creates the rest
+of its files itself, while the refill catches up."""
+RESERVED = 4
+"""The last spares of a filesystem, which only a write that replaces a file (an edit, a write
+over an existing file) takes. A burst of new files is what empties the pool (a `write_file`
+batch, or 200 writes in a row), and the refill waits for the loop to pause; the next edit,
+often of a file just written, would then create its temporary file on the loop (110-140 us of a
+0.3 ms edit on the reference VM). New files keep the `PER_DEVICE - RESERVED` others."""
 DEVICES = 4
 """Filesystems that get spares at most (a process writes to one or two): at most
 `PER_DEVICE * DEVICES` descriptors, well under the usual limit of 1024 a process."""
@@ -57,9 +66,13 @@ Later = Callable[[Callable[[], None]], None]
 class SpareFiles:
     """Nameless files ready to be named, per filesystem (`st_dev`); thread-safe."""
 
-    def __init__(self, per_device: int = PER_DEVICE, devices: int = DEVICES) -> None:
+    def __init__(
+        self, per_device: int = PER_DEVICE, devices: int = DEVICES, reserved: int = RESERVED
+    ) -> None:
         self.per_device = per_device
         self.devices = devices
+        self.reserved = min(reserved, per_device // 4)
+        """Spares left for writes that replace a file (`RESERVED`; at most a quarter)."""
         self._ready: dict[int, list[int]] = {}
         self._refilling: set[int] = set()
         self._unsupported: set[int] = set() if _TMPFILE else {-1}
@@ -80,16 +93,18 @@ class SpareFiles:
     ) -> str | None:
         """Put `data` in a spare of `device` and give it a name: `target` itself when given (a
         new file), else `temp` (the caller renames it over the target). Returns the name
-        given, or `None` (nothing done) when there is no spare to take or the system refuses
-        the name. Raises `FileNotFoundError` (nothing done, the spare kept) when the name's
-        directory does not exist. `home` is a directory on that filesystem to make the next
-        spares in, with `refill(job)`, once a quarter of them has been taken (a lone write then
-        asks for no background work: a burst asks once per quarter)."""
+        given, or `None` (nothing done) when there is no spare to take (a new file leaves the
+        last `reserved` to writes that replace one) or the system refuses the name. Raises
+        `FileNotFoundError` (nothing done, the spare kept) when the name's directory does not
+        exist. `home` is a directory on that filesystem to make the next spares in, with
+        `refill(job)`, once a quarter of them has been taken (a lone write then asks for no
+        background work: a burst asks once per quarter)."""
         if not _TMPFILE or device in self._unsupported:
             return None
         with self._lock:
             ready = self._ready.get(device)
-            fd = ready.pop() if ready else None
+            left = len(ready) if ready else 0
+            fd = ready.pop() if ready and (target is None or left > self.reserved) else None
             wanted = (
                 device not in self._refilling
                 and len(ready or ()) < self.per_device - self.per_device // 4

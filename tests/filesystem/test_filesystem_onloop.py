@@ -111,7 +111,7 @@ async def test_a_store_that_flushes_writes_and_edits_in_the_worker_only(
     real = workspace_module.write_atomic
 
     def watched(target: str, data: bytes, **options: Any) -> None:
-        flushed.append(bool(options.get("fsync")) and not workspace_module._on_loop())
+        flushed.append(bool(options.get("fsync")) and not workspace_module._here.on_loop)
         real(target, data, **options)
 
     monkeypatch.setattr(workspace_module, "write_atomic", watched)

@@ -169,6 +169,30 @@ async def test_jobs_asked_from_the_loop_run_in_one_worker_job_after_it(
     assert fresh_later == [1], "one worker job (one wake-up) for the batch"
 
 
+async def test_a_job_asked_while_a_batch_runs_joins_it_without_another_wake_up(
+    fresh_later: list[int],
+) -> None:
+    begun, gate = threading.Event(), threading.Event()
+    ran: list[tuple[str, int]] = []
+
+    def long_job() -> None:  # a refill waiting for the loop to pause, say
+        begun.set()
+        gate.wait(5)
+        ran.append(("first", threading.get_ident()))
+
+    workers.later(long_job)
+    await wait_for(begun.is_set)
+    workers.later(lambda: ran.append(("joined", threading.get_ident())))
+    await workers.run(lambda: None)  # another worker's job ends meanwhile: it leaves it there
+    await asyncio.sleep(workers.LATER_SECONDS * 5)
+    assert ran == [], "it waits for the running batch"
+    gate.set()
+    await wait_for(lambda: len(ran) == 2)
+    assert [name for name, _ in ran] == ["first", "joined"]
+    assert len({thread for _, thread in ran}) == 1, "run by the same worker job"
+    assert fresh_later == [1], "no timer and no second wake-up of a worker"
+
+
 async def test_a_job_asked_from_a_worker_runs_there_once_the_caller_has_its_result() -> None:
     pool = WorkerPool(1)
     gate = threading.Event()

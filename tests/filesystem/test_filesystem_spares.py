@@ -80,7 +80,26 @@ async def test_writes_and_edits_on_the_loop_fill_spares_with_the_same_result(
     )
     await ready(pool, device)
     assert pool.ready(device) == spares.PER_DEVICE, "a quarter taken: refilled, never past it"
-    assert spares.PER_DEVICE * spares.DEVICES <= 256, "descriptors: far under the usual 1024"
+    assert spares.PER_DEVICE * spares.DEVICES <= 300, "descriptors: far under the usual 1024"
+
+
+async def test_a_burst_of_new_files_leaves_the_last_spares_to_the_edits_after_it(
+    tmp_path: Path, pool: spares.SpareFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs, device = await started(tmp_path)
+    await ready(pool, device)
+    monkeypatch.setattr(workers.POOL, "submit", lambda fn, *args: None)  # no refill from now
+    burst = spares.PER_DEVICE - spares.RESERVED + 3
+    assert await fs.write_many([(f"new{n}.md", "new") for n in range(burst)]) == [None] * burst
+    assert pool.used == spares.PER_DEVICE - spares.RESERVED, "the burst stopped at the reserve"
+    assert pool.ready(device) == spares.RESERVED > 0
+    assert await fs.edit("new0.md", "new", "edited") == 1
+    await fs.write("new1.md", "rewritten")
+    assert pool.used == spares.PER_DEVICE - spares.RESERVED + 2, "replacing writes take them"
+    assert pool.ready(device) == spares.RESERVED - 2
+    assert (tmp_path / "store" / "new0.md").read_text() == "edited"
+    assert (tmp_path / "store" / "new1.md").read_text() == "rewritten"
+    assert len(tree(tmp_path / "store")) == burst + 2, "no temporary file left"
 
 
 async def test_a_new_file_is_its_spare_linked_under_its_name_and_only_a_replaced_one_is_renamed(
@@ -319,6 +338,18 @@ def test_a_loop_is_busy_for_a_moment_after_each_small_operation() -> None:
     budget = workers.LoopBudget(clock=lambda: now[0], waited=lambda: 0.0)
     assert not budget.busy()
     budget.spent(budget.start(), "write")
+    assert budget.busy()
+    now[0] += workers.IDLE_SECONDS * 1.5
+    assert not budget.busy()
+
+
+def test_a_loop_is_busy_while_a_small_operation_runs() -> None:
+    now = [100.0]
+    budget = workers.LoopBudget(slow=1.0, clock=lambda: now[0], waited=lambda: 0.0)
+    started = budget.start()  # after a long pause: an edit after a grep, say
+    now[0] += workers.IDLE_SECONDS * 1.5
+    assert budget.busy(), "background work does not start beside a running operation"
+    budget.spent(started, "edit")
     assert budget.busy()
     now[0] += workers.IDLE_SECONDS * 1.5
     assert not budget.busy()
