@@ -20,7 +20,7 @@ import pytest
 
 from atmosphere_harness.contracts import LiveRunHandle, StoredRun
 from atmosphere_harness.durable import SqliteRunStore
-from atmosphere_harness.durable.sqlite import INLINE_BYTES
+from atmosphere_harness.durable.sqlite import INLINE_BYTES, LOG_INLINE_BYTES
 from atmosphere_harness.events import Frame
 from atmosphere_harness.kernel.journal import ENDED, REFERENCE, LiveRuns, _resolved, encode
 from atmosphere_harness.memory.sqlite import SqliteDatabase
@@ -81,13 +81,18 @@ async def test_what_is_appended_is_loaded_back(store: SqliteRunStore) -> None:
 async def test_a_small_append_is_written_now_a_large_one_by_the_thread(
     store: SqliteRunStore,
 ) -> None:
+    # A first write (the run's row) up to `INLINE_BYTES`, a write of the log alone up to
+    # `LOG_INLINE_BYTES`: what a fast run of 50 KiB calls groups in one write stays on the loop.
+    grouped = "model text\n" * (INLINE_BYTES // 10)
+    assert not store.append_now("run-1", [frame(1, grouped)], [], create=stored(), owner="me")
     assert store.append_now("run-1", [frame(1)], [], create=stored(), owner="me")
-    large = "model text\n" * (INLINE_BYTES // 10)
-    assert not store.append_now("run-1", [frame(2, large)], [])  # nothing written
-    assert [f.seq for f in (await store.load("run-1", 10))[1]] == [1]
-    await store.append("run-1", [frame(2, large)], [checkpoint("model:1", {"text": "x"})])
+    assert store.append_now("run-1", [frame(2, grouped)], [])
+    large = "model text\n" * (LOG_INLINE_BYTES // 10)
+    assert not store.append_now("run-1", [frame(3, large)], [])  # nothing written
+    assert [f.seq for f in (await store.load("run-1", 10))[1]] == [1, 2]
+    await store.append("run-1", [frame(3, large)], [checkpoint("model:1", {"text": "x"})])
     checkpoints, frames = await store.load("run-1", 10)
-    assert [(f.seq, f.data["text"]) for f in frames] == [(1, "x"), (2, large)]
+    assert [(f.seq, f.data["text"]) for f in frames] == [(1, "x"), (2, grouped), (3, large)]
     assert checkpoints == {"model:1": {"text": "x"}}
 
 
