@@ -370,6 +370,8 @@ class RunLogs:
                 os.rename(self.directory / name, self.path(row))
             except OSError:
                 os.close(fd)
+                with contextlib.suppress(OSError):
+                    (self.directory / name).unlink()
                 continue
             return fd
         return None

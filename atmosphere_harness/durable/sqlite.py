@@ -90,8 +90,10 @@ LOGS_SUFFIX = "-runs"
 INLINE_BYTES = 256 * 1024
 """Appends with at most this much payload are written on the event loop (see the docstring)."""
 LOG_INLINE_BYTES = 1024 * 1024
-"""The same for an append that only writes the run's log (most of them): copying 1 MiB into the
-page cache takes the loop about 100 us, less than the hop it saves. A run of 50 KiB tool calls
+"""The same for an append that only writes the run's log (most of them). 1 MiB takes the loop
+about 0.5 ms on the reference VM (encoding it to UTF-8, half of it, and copying it into the page
+cache); the database thread would hold the GIL for the encoding all the same, and the hop, and
+readers waiting for it, cost more. A run of 50 KiB tool calls
 on a fast model groups 300 to 600 KiB in a write (`kernel.journal.GROUP_SECONDS`): with the
 lower bound, 4 to 5 of its 15 writes a prompt went to the database thread (the benchmark's
 60-turn prompts), and its readers waited for the thread."""
