@@ -93,10 +93,10 @@ LOG_INLINE_BYTES = 1024 * 1024
 """The same for an append that only writes the run's log (most of them). 1 MiB takes the loop
 about 0.5 ms on the reference VM (encoding it to UTF-8, half of it, and copying it into the page
 cache); the database thread would hold the GIL for the encoding all the same, and the hop, and
-readers waiting for it, cost more. A run of 50 KiB tool calls
-on a fast model groups 300 to 600 KiB in a write (`kernel.journal.GROUP_SECONDS`): with the
-lower bound, 4 to 5 of its 15 writes a prompt went to the database thread (the benchmark's
-60-turn prompts), and its readers waited for the thread."""
+readers waiting for it, cost more. A run of 50 KiB tool calls on a fast model groups 300 to
+600 KiB in a write (`kernel.journal.GROUP_SECONDS`): with the lower bound, 4 to 5 of its 14 to
+19 writes a prompt went to the database thread (the benchmark's 60-turn prompts), and its
+readers waited for the thread."""
 WAL_TRIM = 256 * 1024
 """A WAL larger than this after a run is compacted is checkpointed and truncated."""
 TABLE_KEYS = ("history:",)
