@@ -483,9 +483,11 @@ def main() -> int:
         },
         "ours": ours,
         # How our small operations ran: a cool-down sends them through the worker threads
-        # (`workers.ON_LOOP`), and writes on the loop fill spare files made ahead of time.
+        # (`workers.ON_LOOP`; a lone slow one is a hiccup, let pass), and writes fill spare
+        # files made ahead of time.
         "ours_on_loop": {
             "cool_downs": workers.ON_LOOP.trips,
+            "hiccups": workers.ON_LOOP.hiccups,
             "spare_files_used": spares.SPARES.used,
         },
         "peer": peer,

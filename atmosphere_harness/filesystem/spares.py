@@ -1,11 +1,11 @@
-"""Spare files: made ahead of time, so an atomic write on the event loop skips creating one.
+"""Spare files: made ahead of time, so an atomic write skips creating one.
 
 An atomic write (`atomic.write_atomic`) puts its data in a new temporary file and renames it
 over the target. Creating that file is the costly step on ext4: allocating an inode took 40 to
 540 us on the reference VM (the more the journal is busy), against 3-15 us for each other step of
 an edit (its read, the write of 50 KiB, each `stat`). Linux can make a file with no name
 (`O_TMPFILE`) and give it one later (`linkat` through `/proc/self/fd`), so a worker thread makes
-a few nameless files per filesystem ahead of time, and a write on the event loop takes one.
+a few nameless files per filesystem ahead of time, and a write takes one.
 
 A write over an existing file names the spare with the write's temporary name, fills it and
 renames it over the target, as a write that creates its file does. A write of a new file fills
@@ -16,8 +16,11 @@ What a crash leaves is what it left before: a nameless file vanishes with the pr
 temporary one is swept by the next walk. Where the system cannot do it (another OS, a filesystem
 without `O_TMPFILE`, no `/proc`, a bind mount that refuses the link), the device is marked and
 its writes create their files as before. Spares are bounded (`PER_DEVICE` open files for each
-of at most `DEVICES` filesystems) and only serve writes made on the event loop: a worker thread
-may as well create its own file. The last `RESERVED` of a filesystem's spares are left to writes
+of at most `DEVICES` filesystems). They serve writes in a worker thread too: the caller waits
+for a worker's write as for the loop's, and right after a burst of writes creating the file took
+a worker about 1 ms (ext4's journal busy), which made an edit sent to a worker by the breaker's
+cool-down 1.6 ms instead of 0.6 (the refill a worker asks for runs in it after the operation,
+once the caller has its result). The last `RESERVED` of a filesystem's spares are left to writes
 that replace a file (an edit): a burst of new files, which is what empties the pool, stops
 taking spares there, so the edit that follows it still finds one.
 

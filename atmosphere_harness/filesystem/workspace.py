@@ -374,11 +374,12 @@ class WorkspaceAgentFileSystem:
             self.drop_prefetched()
             size = sum(len(data) for *_, data in wanted)
             deepest = max(wanted, key=lambda item: item[1].count("/"))[1]
+            back_to_back = workers.ON_LOOP.busy()
             now = self._now("write", ".", size, deepest, self._write_many, wanted)
             written = [] if now is _LATER else now
             if len(written) < len(wanted):  # the rest (all, or from a busy store on) hop
                 written += await self._run("write", ".", self._write_many, wanted[len(written) :])
-            else:
+            elif back_to_back:
                 await _yield_once()  # as in `_run_small`
             for (position, *_), error in zip(wanted, written, strict=True):
                 errors[position] = error
@@ -440,10 +441,12 @@ class WorkspaceAgentFileSystem:
         """`_run`, or right here on the event loop when that is allowed (see the module
         docstring): `size` is the bytes the operation writes, known before it starts, and `rel`
         the (deepest) path it works on."""
+        back_to_back = workers.ON_LOOP.busy()
         done = self._now(action, echo, size, rel, fn, *args)
         if done is _LATER:
             return await self._run(action, echo, fn, *args)
-        await _yield_once()  # let other tasks run, as a hop would: a loop of calls stays fair
+        if back_to_back:  # a run of calls lets other tasks run between them, as a hop would
+            await _yield_once()
         return done
 
     def _now(
@@ -631,7 +634,7 @@ class WorkspaceAgentFileSystem:
                 data,
                 fsync=self.fsync,
                 make_parent=lambda parent: self._make_dirs(parent, echo),
-                spare=self._spare if _here.on_loop else None,
+                spare=self._spare,
                 new=new,
                 parent_missing=parent_missing,
             )
@@ -647,8 +650,9 @@ class WorkspaceAgentFileSystem:
 
     def _spare(self, temp: str, data: bytes, target: str | None) -> str | None:
         """Put `data` in a file made ahead of time (`spares`), if one is ready, named `temp`
-        (or `target` itself, for a new file): on the event loop, creating the file is most of
-        a small write's cost. The next ones are made after the write (`workers.later`)."""
+        (or `target` itself, for a new file): creating the file is most of a small write's
+        cost, on the loop or in a worker. The next ones are made after the write
+        (`workers.later`)."""
         device = self._device
         if device is None:
             try:

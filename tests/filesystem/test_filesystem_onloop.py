@@ -139,10 +139,15 @@ async def test_a_slow_operation_sends_small_ones_to_the_worker_for_a_cool_down(
     monkeypatch.setattr(workspace_module, "write_atomic", slow_disk)
     hops = Hops(monkeypatch)
     caplog.set_level(logging.DEBUG, logger="atmosphere_harness.filesystem.workers")
-    await fs.write("a.md", "alpha")
+    await fs.write("a0.md", "alpha")
     assert hops.count == 0, "it ran on the loop, and was slow"
+    assert (workers.ON_LOOP.trips, workers.ON_LOOP.hiccups) == (0, 1), "alone: a hiccup"
+    assert "slow once" in caplog.text
+    clock.now += workers.HICCUP_SECONDS - 0.01
+    await fs.write("a.md", "alpha")
+    assert hops.count == 0, "it ran on the loop too, and was slow within a second of the first"
     assert workers.ON_LOOP.trips == 1
-    assert "slow" in caplog.text
+    assert "small operations use the worker threads" in caplog.text
     assert "operation='write'" in caplog.text
     monkeypatch.setattr(workspace_module, "write_atomic", real)
 
@@ -153,6 +158,7 @@ async def test_a_slow_operation_sends_small_ones_to_the_worker_for_a_cool_down(
     assert hops.count == 4, "during the cool-down every small operation hops"
     assert tree(tmp_path / "store") == {
         "first.md": b"one",
+        "a0.md": b"alpha",
         "a.md": b"alpha",
         "b.md": b"BETA",
         "c.md": b"sea",
@@ -180,14 +186,40 @@ def test_a_cool_down_doubles_while_the_disk_stays_slow_and_starts_over_after_a_q
             clock.now += 0.25
         return round(clock.now - ended, 6)
 
-    assert slow_operation() == workers.FIRST_COOL_DOWN_SECONDS
+    assert slow_operation() == 0.0, "a lone slow operation is a hiccup"
+    assert slow_operation() == workers.FIRST_COOL_DOWN_SECONDS, "the second within a second"
     assert slow_operation() == 2.0, "the probe right after the cool-down was slow too"
     assert [slow_operation() for _ in range(4)] == [4.0, 8.0, 10.0, 10.0]
     clock.now += workers.COOL_DOWN_SECONDS - 0.5
-    assert slow_operation() == 10.0, "still within the spell: no reset"
+    assert slow_operation() == 10.0, "still within the spell: no reset, no hiccup"
     clock.now += workers.COOL_DOWN_SECONDS + 0.5
-    assert slow_operation() == workers.FIRST_COOL_DOWN_SECONDS, "a quiet spell starts over"
-    assert budget.trips == 8
+    assert slow_operation() == 0.0, "a quiet spell starts over: a hiccup again"
+    assert slow_operation() == workers.FIRST_COOL_DOWN_SECONDS
+    assert (budget.trips, budget.hiccups) == (8, 2)
+
+
+def test_only_a_lone_short_slow_operation_is_a_hiccup(clock: Clock) -> None:
+    budget = workers.LoopBudget(clock=clock, waited=clock.waited)
+
+    def operation(took: float) -> bool:
+        """Run one operation of `took` seconds on the loop; whether the loop still allows."""
+        started = budget.start()
+        clock.now += took
+        budget.spent(started, "edit")
+        return budget.allows()
+
+    assert operation(workers.SLOW_SECONDS * 1.5)
+    clock.now += workers.HICCUP_SECONDS
+    assert operation(workers.SLOW_SECONDS * 1.5), "a second later: a hiccup again"
+    clock.now += workers.HICCUP_SECONDS
+    assert not operation(workers.STALL_SECONDS * 1.5), "a stall is never let pass"
+    assert (budget.trips, budget.hiccups) == (1, 2)
+    fresh = workers.LoopBudget(clock=clock, waited=clock.waited)
+    budget = fresh
+    assert operation(workers.SLOW_SECONDS * 1.5)
+    assert operation(workers.SLOW_SECONDS / 2), "a quick one between changes nothing"
+    assert not operation(workers.SLOW_SECONDS * 1.5), "the next slow one within a second trips"
+    assert (fresh.trips, fresh.hiccups) == (1, 1)
 
 
 def test_the_wait_for_a_cpu_is_read_again_only_after_a_slow_operation(clock: Clock) -> None:
@@ -197,7 +229,7 @@ def test_the_wait_for_a_cpu_is_read_again_only_after_a_slow_operation(clock: Clo
         reads.append(clock.queued)
         return clock.queued
 
-    budget = workers.LoopBudget(clock=clock, waited=waited)
+    budget = workers.LoopBudget(clock=clock, waited=waited, stall=0.0)  # no hiccup let pass
     started = budget.start()
     clock.now += workers.SLOW_SECONDS / 2
     budget.spent(started, "write")
@@ -420,7 +452,7 @@ def test_try_enter_never_waits_and_leaves_the_lock_free_when_refused(tmp_path: P
         assert foreign is True
 
 
-async def test_a_run_of_on_loop_operations_lets_other_tasks_run_between_them(
+async def test_a_run_of_on_loop_operations_lets_other_tasks_run_between_them_a_lone_one_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: Clock
 ) -> None:
     fs = await written(tmp_path)
@@ -441,7 +473,14 @@ async def test_a_run_of_on_loop_operations_lets_other_tasks_run_between_them(
         await fs.read(f"f{number}.md")
     assert await fs.write_many([("g.md", "y"), ("h.md", "z")]) == [None, None]
     assert hops.count == 0
-    assert turns - started >= 11, "each operation yielded to the loop once"
+    assert turns - started >= 11 - 1, "each operation after the first yielded to the loop once"
+    clock.now += workers.IDLE_SECONDS * 2
+    await asyncio.sleep(0)
+    started = turns
+    assert await fs.read("g.md") == "y"
+    assert turns == started, "a lone operation after a pause returns at once"
+    assert await fs.read("h.md") == "z"
+    assert turns == started + 1, "the next one, right after it, yields"
     ticker.cancel()
 
 

@@ -1,6 +1,7 @@
-"""Spare files (`filesystem.spares`): writes on the event loop fill a nameless file made ahead of
-time instead of creating one, with the same results; every refusal of the system falls back to
-creating the file, and a failed write leaves the target and the directory as they were."""
+"""Spare files (`filesystem.spares`): writes (on the event loop or in a worker) fill a nameless
+file made ahead of time instead of creating one, with the same results; every refusal of the
+system falls back to creating the file, and a failed write leaves the target and the directory
+as they were."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from atmosphere_harness import FileSystemError, WorkspaceAgentFileSystem
 from atmosphere_harness.filesystem import spares, workers
-from tests.fs_support import makes_tmpfiles, tree
+from tests.fs_support import Hops, makes_tmpfiles, tree
 
 pytestmark = pytest.mark.skipif(
     not getattr(os, "O_TMPFILE", 0) or not os.path.isdir("/proc/self/fd"),
@@ -81,6 +82,25 @@ async def test_writes_and_edits_on_the_loop_fill_spares_with_the_same_result(
     await ready(pool, device)
     assert pool.ready(device) == spares.PER_DEVICE, "a quarter taken: refilled, never past it"
     assert spares.PER_DEVICE * spares.DEVICES <= 300, "descriptors: far under the usual 1024"
+
+
+async def test_writes_and_edits_in_a_worker_take_spares_too(
+    tmp_path: Path, pool: spares.SpareFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs, device = await started(tmp_path)
+    await ready(pool, device)
+    monkeypatch.setattr(workers.ON_LOOP, "allows", lambda: False)  # a cool-down: all hop
+    hops = Hops(monkeypatch)
+    await fs.write("a.md", "alpha beta")
+    assert await fs.edit("a.md", "beta", "gamma") == 1
+    await fs.write("second.md", "TWO")
+    assert hops.count == 3
+    assert pool.used == 3, "the caller waits for a worker's file as for the loop's"
+    assert tree(tmp_path / "store") == {
+        "first.md": b"one",
+        "second.md": b"TWO",
+        "a.md": b"alpha gamma",
+    }
 
 
 async def test_a_burst_of_new_files_leaves_the_last_spares_to_the_edits_after_it(
