@@ -308,10 +308,11 @@ async def test_an_io_failure_drops_the_figures_and_the_next_writer_recounts(
     other = WorkspaceAgentFileSystem(tmp_path / "s", limits, usage=usage)
     await other.write("a", "x")
 
-    def no_space(src: str, dst: str) -> None:
+    def no_space(*args: object, **options: object) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(workspace_module.os, "replace", no_space)
+    monkeypatch.setattr(workspace_module.os, "link", no_space)  # naming a spare file, too
     with rejects("Failed to write b: No space left on device"):
         await failing.write("b", "x")
     monkeypatch.undo()
