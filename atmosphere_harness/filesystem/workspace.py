@@ -228,6 +228,7 @@ class WorkspaceAgentFileSystem:
             self._try_hold = None
         self._tally = DiskTally()
         self._real_root: str | None = None
+        self._real_parent: str | None = None  # the root's parent's real path (see `_real`)
         self._device: int | None = None  # the root's filesystem (`st_dev`), once known
         self._prefetched: dict[str, str | FileSystemError] = {}
         self._prefetched_at = 0.0
@@ -516,13 +517,36 @@ class WorkspaceAgentFileSystem:
             raise
 
     def _real(self) -> str:
-        """The root's real path (symlinks of its ancestors resolved), cached once it exists."""
+        """The root's real path (symlinks of its ancestors resolved), cached once it exists.
+
+        While the root is missing (a conversation's store before its first write), and when it
+        is a directory, that is the real path of the root's parent, resolved once and kept
+        while the parent exists, and the root's name: `os.path.realpath` of the missing root
+        would `lstat` every ancestor on each of the first write's calls (35 system calls for a
+        store six levels deep). A root that is a symlink is resolved whole."""
         if self._real_root is not None:
             return self._real_root
+        try:
+            info = os.lstat(self._root)
+        except OSError:
+            return self._real_beside()  # missing: not kept, the first write makes it
+        if stat.S_ISDIR(info.st_mode):
+            real = self._real_root = self._real_beside()
+            return real
         real = os.path.realpath(self._root)
         if os.path.isdir(real):
             self._real_root = real
         return real
+
+    def _real_beside(self) -> str:
+        """The real path of the root's parent (kept once it exists), joined with its name."""
+        parent, name = os.path.split(self._root)
+        real_parent = self._real_parent
+        if real_parent is None:
+            real_parent = os.path.realpath(parent)
+            if os.path.isdir(real_parent):
+                self._real_parent = real_parent
+        return os.path.join(real_parent, name)
 
     def _key(self, real_path: str) -> str:
         return real_path[len(self._real()) + 1 :]

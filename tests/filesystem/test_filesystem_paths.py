@@ -224,6 +224,37 @@ async def test_a_store_below_a_symlinked_directory_works(tmp_path: Path) -> None
     assert (tmp_path / "disk" / "store" / "a" / "b.md").read_text() == "ok"
 
 
+async def test_a_store_whose_root_is_a_symlink_works_in_its_target(tmp_path: Path) -> None:
+    (tmp_path / "target").mkdir()
+    os.symlink(tmp_path / "target", tmp_path / "root")
+    store = WorkspaceAgentFileSystem(tmp_path / "root")
+    await store.write("a.md", "ok")
+    assert (tmp_path / "target" / "a.md").read_text() == "ok"
+    assert store._real() == str(tmp_path / "target")
+
+
+async def test_a_new_stores_first_write_resolves_its_parent_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "disk").mkdir()
+    os.symlink(tmp_path / "disk", tmp_path / "mount")
+    store = WorkspaceAgentFileSystem(tmp_path / "mount" / "files" / "c1")
+    (tmp_path / "disk" / "files").mkdir()
+    resolved: list[str] = []
+    real = os.path.realpath
+
+    def counted(path: str) -> str:
+        resolved.append(path)
+        return real(path)
+
+    monkeypatch.setattr(os.path, "realpath", counted)
+    await store.write("pkg/a.md", "ok")
+    await store.write("pkg/b.md", "ok")
+    assert resolved == [str(tmp_path / "mount" / "files")], "the parent, once; the root never"
+    assert store._real() == str(tmp_path / "disk" / "files" / "c1")
+    assert (tmp_path / "disk" / "files" / "c1" / "pkg" / "b.md").read_text() == "ok"
+
+
 def reference_shown(value: str) -> str:
     """`shown` as it was written first: a test per character."""
     if all(" " <= char != "\x7f" for char in value):
