@@ -106,14 +106,16 @@ enough that a run of operations shares one wake-up of a worker (and that the wak
 after the operation that asked, not inside it), short enough that a replaced file's blocks
 are freed and spare files are made again at once."""
 
-HICCUP_SECONDS = 1.0
+HICCUP_SECONDS = 10.0
 """A slow on-loop operation (under `STALL_SECONDS`) that comes this long or more after the
 previous slow one is a hiccup: counted (`LoopBudget.hiccups`), logged, and no cool-down. The
 second within this long starts one. On the benchmark VM after 200 writes of 50 KiB, the ext4
 journal's commit made 0 to 2 writes of each 200 take 2.0 to 2.4 ms (all others under 0.6 ms):
 each tripped the breaker, and the edit that followed a second later hopped (0.60 ms against 0.40
 to 0.47 on the loop). A disk that stays slow trips it at its second slow operation instead of
-its first: the loop pays one stall more per slow spell, at most one a second."""
+its first: the loop pays one stall more per slow spell, at most one every ten seconds (as long
+as the longest cool-down: a disk that stalls every few seconds, an ext4 journal committing every
+5 s, still trips it and is then probed less and less often)."""
 
 STALL_SECONDS = 0.01
 """An on-loop operation slower than this starts a cool-down even alone: five times the usual

@@ -145,7 +145,7 @@ async def test_a_slow_operation_sends_small_ones_to_the_worker_for_a_cool_down(
     assert "slow once" in caplog.text
     clock.now += workers.HICCUP_SECONDS - 0.01
     await fs.write("a.md", "alpha")
-    assert hops.count == 0, "it ran on the loop too, and was slow within a second of the first"
+    assert hops.count == 0, "it ran on the loop too, and was slow soon after the first"
     assert workers.ON_LOOP.trips == 1
     assert "small operations use the worker threads" in caplog.text
     assert "operation='write'" in caplog.text
@@ -187,7 +187,7 @@ def test_a_cool_down_doubles_while_the_disk_stays_slow_and_starts_over_after_a_q
         return round(clock.now - ended, 6)
 
     assert slow_operation() == 0.0, "a lone slow operation is a hiccup"
-    assert slow_operation() == workers.FIRST_COOL_DOWN_SECONDS, "the second within a second"
+    assert slow_operation() == workers.FIRST_COOL_DOWN_SECONDS, "the second soon after"
     assert slow_operation() == 2.0, "the probe right after the cool-down was slow too"
     assert [slow_operation() for _ in range(4)] == [4.0, 8.0, 10.0, 10.0]
     clock.now += workers.COOL_DOWN_SECONDS - 0.5
@@ -218,7 +218,7 @@ def test_only_a_lone_short_slow_operation_is_a_hiccup(clock: Clock) -> None:
     budget = fresh
     assert operation(workers.SLOW_SECONDS * 1.5)
     assert operation(workers.SLOW_SECONDS / 2), "a quick one between changes nothing"
-    assert not operation(workers.SLOW_SECONDS * 1.5), "the next slow one within a second trips"
+    assert not operation(workers.SLOW_SECONDS * 1.5), "the next slow one soon after trips"
     assert (fresh.trips, fresh.hiccups) == (1, 1)
 
 
