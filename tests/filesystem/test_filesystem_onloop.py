@@ -210,7 +210,7 @@ def test_only_a_lone_short_slow_operation_is_a_hiccup(clock: Clock) -> None:
 
     assert operation(workers.SLOW_SECONDS * 1.5)
     clock.now += workers.HICCUP_SECONDS
-    assert operation(workers.SLOW_SECONDS * 1.5), "a second later: a hiccup again"
+    assert operation(workers.SLOW_SECONDS * 1.5), "long enough after: a hiccup again"
     clock.now += workers.HICCUP_SECONDS
     assert not operation(workers.STALL_SECONDS * 1.5), "a stall is never let pass"
     assert (budget.trips, budget.hiccups) == (1, 2)
