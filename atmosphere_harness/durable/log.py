@@ -380,14 +380,20 @@ class RunLogs:
         """Make spare logs up to `SPARE_LOGS`, on the thread that does the store's other file
         work (creating a file is the slow part; asking a thread to do it just for this would
         cost the loop the thread's wake-up, which is no cheaper on a VM). Named
-        `<pid>-<token>.spare`, so a sweep knows whose they are (`sweep_spares`)."""
+        `<pid>-<token>.spare`, so a sweep knows whose they are (`sweep_spares`). A spare is
+        only a head start: one the system refuses (a full disk, a read-only directory) is not
+        made, and the next run creates its log itself (where the error is the run's to see),
+        so opening the store or finishing a run never fails for want of one."""
         if len(self._spares) >= SPARE_LOGS or self._closed:
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         while len(self._spares) < SPARE_LOGS:
             name = f"{os.getpid()}-{secrets.token_hex(6)}{SPARE_SUFFIX}"
-            fd = os.open(self.directory / name, flags, 0o600)
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.directory / name, flags, 0o600)
+            except OSError:
+                return
             if not self._keep_spare(name, fd):
                 os.close(fd)
                 (self.directory / name).unlink()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import AsyncIterator
@@ -200,6 +201,30 @@ async def test_open_sweeps_the_spares_of_processes_that_are_gone(tmp_path: Path)
     finally:
         await store.aclose()
     assert spares_of(tmp_path) == [alive]
+
+
+async def test_a_refused_spare_fails_neither_open_nor_finish_and_the_run_makes_its_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = os.open
+
+    def full_for_spares(path: Any, *args: Any, **options: Any) -> int:
+        if str(path).endswith(".spare"):
+            raise OSError(28, "No space left on device")
+        return real_open(path, *args, **options)
+
+    monkeypatch.setattr(os, "open", full_for_spares)
+    store = SqliteRunStore.under(tmp_path)
+    await store.open()  # its spares refused: no error
+    try:
+        assert spares_of(tmp_path) == []
+        assert store.append_now("run-1", [frame(1)], [], create=stored(), owner="me")
+        assert len(logs_of(tmp_path)) == 1, "created as before"
+        await store.finish("run-1")  # the next spares refused too: no error
+        assert logs_of(tmp_path) == []
+        assert spares_of(tmp_path) == []
+    finally:
+        await store.aclose()
 
 
 @pytest.mark.parametrize(
