@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -109,8 +110,9 @@ async def populate(workspace: Path, ids: list[str]) -> float:
 
 def on_disk(workspace: Path) -> dict[str, int]:
     root = owner_root(workspace)
-    with sqlite3.connect(f"file:{workspace / DATABASE_FILE}?mode=ro", uri=True) as connection:
-        (histories,) = connection.execute("SELECT count(*) FROM memory_conversations").fetchone()
+    database = sqlite3.connect(f"file:{workspace / DATABASE_FILE}?mode=ro", uri=True)
+    with contextlib.closing(database):
+        (histories,) = database.execute("SELECT count(*) FROM memory_conversations").fetchone()
     files_root = root / "files"
     plans_dir = root / "plans" / AGENT
     return {

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -276,8 +277,10 @@ class Ours:
         started = time.monotonic()
         database = self.root / DATABASE_FILE
         while time.monotonic() - started < timeout:
-            with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as connection:
-                (left,) = connection.execute(
+            # Closed here: a connection is freed only by the cyclic GC otherwise (its statement
+            # cache refers back to it), which then closes a pile of them inside a measured prompt.
+            with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+                (left,) = db.execute(
                     "SELECT count(*) FROM memory_messages WHERE codec = 0"
                 ).fetchone()
             if not left:
