@@ -24,6 +24,10 @@ once the caller has its result). The last `RESERVED` of a filesystem's spares ar
 that replace a file (an edit): a burst of new files, which is what empties the pool, stops
 taking spares there, so the edit that follows it still finds one.
 
+Spares made ahead *with* a name (in a hidden directory, renamed straight over the target, no
+`linkat`) were built and measured: no faster than these when made ahead of time as the refill
+makes them (docs/benchmarks.md, Round 5), so not kept.
+
 Also here: `retire(fd)`, for the descriptor a write kept open on the file it replaced. On ext4
 the last close of a replaced file frees its blocks and its inode (90 us for 50 KiB on the
 reference VM, and more the larger the old file was); holding it open across the rename leaves
