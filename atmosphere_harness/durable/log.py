@@ -387,10 +387,13 @@ class RunLogs:
         if len(self._spares) >= SPARE_LOGS or self._closed:
             return
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return
         while len(self._spares) < SPARE_LOGS:
             name = f"{os.getpid()}-{secrets.token_hex(6)}{SPARE_SUFFIX}"
             try:
-                self.directory.mkdir(parents=True, exist_ok=True)
                 fd = os.open(self.directory / name, flags, 0o600)
             except OSError:
                 return

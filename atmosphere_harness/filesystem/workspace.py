@@ -520,8 +520,8 @@ class WorkspaceAgentFileSystem:
         """The root's real path (symlinks of its ancestors resolved), cached once it exists.
 
         While the root is missing (a conversation's store before its first write), and when it
-        is a directory, that is the real path of the root's parent, resolved once and kept
-        while the parent exists, and the root's name: `os.path.realpath` of the missing root
+        is a directory, that is the real path of the root's parent, resolved until it exists
+        and then kept, and the root's name: `os.path.realpath` of the missing root
         would `lstat` every ancestor on each of the first write's calls (35 system calls for a
         store six levels deep). A root that is a symlink is resolved whole."""
         if self._real_root is not None:
