@@ -15,6 +15,7 @@ from atmosphere_harness import AgentFileSystem, ScriptedRuntime, ToolCall
 from atmosphere_harness.contracts import ResultHook
 from atmosphere_harness.events import Frame
 from atmosphere_harness.filesystem import FileSystemError, workers
+from atmosphere_harness.filesystem.spares import SPARES_DIR
 from atmosphere_harness.filesystem.tools import file_tools
 from atmosphere_harness.kernel.endpoint import HostedEndpoint
 from atmosphere_harness.kernel.executor import execute_call
@@ -70,7 +71,9 @@ class Harnessed:
 def tree(root: Path) -> dict[str, bytes]:
     """Every regular file below `root` (relative path -> bytes), links not followed."""
     found: dict[str, bytes] = {}
-    for directory, _dirs, files in os.walk(root):
+    for directory, dirs, files in os.walk(root):
+        if SPARES_DIR in dirs:  # a store's named spares: empty files made ahead (`spares`)
+            dirs.remove(SPARES_DIR)
         for name in files:
             full = Path(directory) / name
             if not full.is_symlink():

@@ -10,6 +10,7 @@ that must survive a power cut; the default relies on the OS write-back.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import secrets
@@ -22,6 +23,11 @@ Spare = Callable[[str, bytes, "str | None"], "str | None"]
 
 WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+_SPARE_LOST = {errno.EXDEV, errno.ENOENT}
+"""What a spare's rename over the target answers when the spare cannot serve: it is on another
+mount than the target (a mount inside the store), or another process's sweep of old named
+spares removed it since it was checked (`spares.SpareFiles`)."""
 
 _prefix = secrets.token_hex(4)
 """This process's random part of the temporary names (drawn again in a forked child)."""
@@ -58,10 +64,11 @@ def write_atomic(
     refuse by raising); without it the `FileNotFoundError` propagates. A parent that is a file
     raises `NotADirectoryError`. On any failure the temporary file is removed and the target is
     untouched. `spare(temp, data, name)`, when given, may put `data` in a file made ahead of
-    time (`spares.SpareFiles.place`): named `temp` (renamed over the target here), or named
-    `target` at once when `new` says the target did not exist (`name` is then `target`); when
-    it says it did neither, the file is created here. `parent_missing` says the caller found
-    no parent directory: it is made first (with `make_parent`) rather than after a failure.
+    time (`spares.SpareFiles.place`): named `temp` or a named spare's own name (renamed over
+    the target here), or named `target` at once when `new` says the target did not exist
+    (`name` is then `target`); when it says it did neither, the file is created here.
+    `parent_missing` says the caller found no parent directory: it is made first (with
+    `make_parent`) rather than after a failure.
     """
     parent, name = target.rsplit("/", 1)
     temp = f"{parent}/{temp_name(name)}"
@@ -76,12 +83,14 @@ def write_atomic(
                 raise
             make_parent(parent)
             named = spare(temp, data, direct)
-        if named == temp:
+        if named is not None and named != target:  # (`temp`, or a named spare elsewhere)
             try:
-                os.replace(temp, target)
-            except BaseException:
-                remove_quietly(temp)
-                raise
+                os.replace(named, target)
+            except BaseException as exc:
+                remove_quietly(named)
+                if not isinstance(exc, OSError) or exc.errno not in _SPARE_LOST:
+                    raise
+                named = None  # (see `_SPARE_LOST`): the file is created below instead
         if named is not None:
             return
     try:

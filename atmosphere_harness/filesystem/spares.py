@@ -24,9 +24,20 @@ once the caller has its result). The last `RESERVED` of a filesystem's spares ar
 that replace a file (an edit): a burst of new files, which is what empties the pool, stops
 taking spares there, so the edit that follows it still finds one.
 
-Spares made ahead *with* a name (in a hidden directory, renamed straight over the target, no
-`linkat`) were built and measured: no faster than these when made ahead of time as the refill
-makes them (docs/benchmarks.md, Round 5), so not kept.
+**Named spares, for writes that replace a file.** Naming a nameless file (`linkat`) is itself a
+change of the directory and of the filesystem's list of nameless files: 20-50 us of an edit on
+the reference VM. A store also keeps `NAMED_PER_STORE` empty files made ahead *with* a name, in
+its hidden `SPARES_DIR` (walks, listings, searches and the usage count skip it; a path into it
+is refused), and a write that replaces a file fills one and renames it straight over the
+target: no `linkat`, no temporary name. In the benchmark's sequence (an edit right after a
+glob) that took 27-34 us off a 0.35 ms edit (docs/benchmarks.md, Round 6). The store makes the
+directory with its root (or at its next recount, for a store made before this process); the
+pool is kept for the `NAMED_STORES` stores written last. A named spare is only an empty file:
+one found unlinked (somebody removed it) is dropped, one older than `tally.ORPHAN_SECONDS`
+that no live pool holds is swept by the next refill, and a rename the system refuses (`EXDEV`,
+a mount inside the store) falls back to creating the file. An earlier attempt kept them in one
+directory per process and measured no gain in steady-state repeated edits, where the refill
+ran beside each edit; the gain is for the edit that comes after a pause, as a model's does.
 
 Also here: `retire(fd)`, for the descriptor a write kept open on the file it replaced. On ext4
 the last close of a replaced file frees its blocks and its inode (90 us for 50 KiB on the
@@ -36,14 +47,19 @@ that work to a worker thread, after the write (`workers.later`).
 
 from __future__ import annotations
 
+import atexit
 import errno
+import itertools
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
 
 from . import workers
 from .atomic import remove_quietly, write_fully
+from .paths import TEMP_SUFFIX
+from .tally import ORPHAN_SECONDS
 
 PER_DEVICE = 68
 """Spare files kept ready per filesystem (open descriptors of nameless files). Making them is
@@ -58,6 +74,14 @@ over an existing file) takes. A burst of new files is what empties the pool (a `
 batch, or 200 writes in a row), and the refill waits for the loop to pause; the next edit,
 often of a file just written, would then create its temporary file on the loop (110-140 us of a
 0.3 ms edit on the reference VM). New files keep the `PER_DEVICE - RESERVED` others."""
+NAMED_PER_STORE = 2
+"""Named spares kept ready per store: a model edits one file at a time, and the refill makes the
+next one after each use."""
+NAMED_STORES = 8
+"""Stores that keep named spares at most (the ones written last): `NAMED_PER_STORE *
+NAMED_STORES` more open descriptors, and as many empty files on disk."""
+SPARES_DIR = ".spares" + TEMP_SUFFIX
+"""The hidden directory, in a store's root, that holds its named spares."""
 DEVICES = 4
 """Filesystems that get spares at most (a process writes to one or two): at most
 `PER_DEVICE * DEVICES` descriptors, well under the usual limit of 1024 a process."""
@@ -85,8 +109,15 @@ class SpareFiles:
         self._unsupported: set[int] = set() if _TMPFILE else {-1}
         self._lock = threading.Lock()
         self._retired: list[int] = []  # descriptors of replaced files, to close in a worker
+        # Named spares per store root, the store written last at the end; `None`: the store
+        # has no usable `SPARES_DIR` (its replacing writes take nameless spares).
+        self._named: dict[str, list[tuple[int, str]] | None] = {}
+        self._naming: set[str] = set()  # stores whose named spares are being made
+        self._swept: set[str] = set()  # stores whose `SPARES_DIR` this process swept once
         self.used = 0
         """Writes that took a spare instead of creating their file (tests, benchmarks)."""
+        self.named_used = 0
+        """Of those, the writes that took a named spare."""
 
     def place(
         self,
@@ -105,7 +136,18 @@ class SpareFiles:
         `FileNotFoundError` (nothing done, the spare kept) when the name's directory does not
         exist. `home` is a directory on that filesystem to make the next spares in, with
         `refill(job)`, once a quarter of them has been taken (a lone write then asks for no
-        background work: a burst asks once per quarter)."""
+        background work: a burst asks once per quarter).
+
+        `home` is also the store's root: a write that replaces a file (no `target`) takes one
+        of the store's named spares first, and returns its name (the caller renames it over
+        the target); any write asks for the store's named spares while it has none."""
+        named = self._named.get(home, ())
+        if named is not None and len(named) < NAMED_PER_STORE and home not in self._naming:
+            self._ask_named(home, refill)
+        if target is None and named:
+            taken = self._take_named(home, data)
+            if taken is not None:
+                return taken
         if not _TMPFILE or device in self._unsupported:
             return None
         with self._lock:
@@ -161,6 +203,106 @@ class SpareFiles:
         os.close(fd)
         self.used += 1
         return temp
+
+    def _ask_named(self, home: str, refill: Later) -> None:
+        with self._lock:
+            if home in self._naming:
+                return
+            self._naming.add(home)
+        refill(lambda: self._make_named(home))
+
+    def _take_named(self, home: str, data: bytes) -> str | None:
+        """A named spare of the store `home` filled with `data`, by name, or `None` (none
+        left, or the one taken was removed behind the pool's back: dropped)."""
+        with self._lock:
+            pool = self._named.pop(home, None)
+            spare = pool.pop() if pool else None
+            if pool is not None:
+                self._named[home] = pool  # (now the store written last)
+        if spare is None:
+            return None
+        fd, path = spare
+        try:
+            if os.fstat(fd).st_nlink == 0:  # removed (a sweep, a shell): not a file any more
+                os.close(fd)
+                return None
+            write_fully(fd, data)
+        except BaseException:
+            os.close(fd)
+            remove_quietly(path)
+            raise
+        os.close(fd)
+        self.used += 1
+        self.named_used += 1
+        return path
+
+    def _make_named(self, home: str) -> None:
+        """Make the store `home`'s named spares up to `NAMED_PER_STORE` in its `SPARES_DIR`
+        (in a worker thread); a store without that directory (or where it is not a plain
+        directory) is marked and asks no more. Past `NAMED_STORES` stores, the pool of the
+        one written longest ago is closed and its files removed."""
+        made: list[tuple[int, str]] = []
+        usable = True
+        try:
+            directory = os.open(
+                f"{home}/{SPARES_DIR}", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
+        except OSError:
+            usable = False
+        else:
+            try:
+                if home not in self._swept:
+                    self._swept.add(home)
+                    self._sweep(home, directory)
+                with self._lock:
+                    have = len(self._named.get(home) or ())
+                for _ in range(NAMED_PER_STORE - have):
+                    name = f"{_prefix}{next(_serial):x}{TEMP_SUFFIX}"
+                    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                    fd = os.open(name, flags, 0o666, dir_fd=directory)
+                    made.append((fd, f"{home}/{SPARES_DIR}/{name}"))
+            except OSError:
+                pass  # (the ones made are kept; the next write asks again)
+            finally:
+                os.close(directory)
+        with self._lock:
+            self._naming.discard(home)
+            pool = self._named.pop(home, None)
+            evicted: list[tuple[int, str]] = []
+            if usable:
+                self._named[home] = (pool or []) + made
+            else:
+                self._named[home] = None
+                evicted += pool or ()
+            while len(self._named) > NAMED_STORES:
+                oldest = next(iter(self._named))
+                evicted += self._named.pop(oldest) or ()
+                self._swept.discard(oldest)
+        _drop(evicted)
+
+    def _sweep(self, home: str, directory: int) -> None:
+        """Remove the named spares another process left in `home`'s `SPARES_DIR` (not this
+        pool's) older than `ORPHAN_SECONDS`: a process that ended without removing its own."""
+        with self._lock:
+            mine = {path.rsplit("/", 1)[1] for path in self._all_named()}
+        cutoff = time.time() - ORPHAN_SECONDS
+        for name in os.listdir(directory):
+            if name in mine:
+                continue
+            try:
+                info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode) and info.st_mtime < cutoff:
+                    os.unlink(name, dir_fd=directory)
+            except OSError:
+                pass
+
+    def _all_named(self) -> list[str]:
+        return [path for pool in self._named.values() for _, path in pool or ()]
+
+    def named(self, home: str) -> int:
+        """Named spares of the store `home` ready now."""
+        with self._lock:
+            return len(self._named.get(home) or ())
 
     def _refused(self, device: int, fd: int, name: str, exc: OSError, *, filled: bool) -> None:
         """The link of the spare `fd` to `name` failed with `exc`. When the fault is the
@@ -261,12 +403,16 @@ class SpareFiles:
             _close(fd)
 
     def close(self) -> None:
-        """Close every spare (their nameless files vanish) and every retired descriptor."""
+        """Close every spare (their nameless files vanish; the named ones are removed) and
+        every retired descriptor."""
         with self._lock:
             spares = [fd for ready in self._ready.values() for fd in ready]
             self._ready.clear()
+            named = [spare for pool in self._named.values() for spare in pool or ()]
+            self._named.clear()
         for fd in spares:
             os.close(fd)
+        _drop(named)
         self._close_retired(wait=False)
 
 
@@ -280,6 +426,18 @@ def _close(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+def _drop(named: list[tuple[int, str]]) -> None:
+    """Close named spares and remove their files."""
+    for fd, path in named:
+        _close(fd)
+        remove_quietly(path)
+
+
+_prefix = f"{os.getpid()}-{os.urandom(4).hex()}-"
+"""This process's part of its named spares' names (drawn again in a forked child)."""
+_serial = itertools.count()
 
 
 _directory: list[int] = []
@@ -299,13 +457,25 @@ SPARES = SpareFiles()
 
 
 def _forked() -> None:
-    global SPARES
+    global SPARES, _prefix
     # The child's copies of the parent's descriptors are closed without taking the lock: another
     # thread of the parent may have held it at the fork, and nothing would ever release it here.
-    for ready in [*SPARES._ready.values(), SPARES._retired]:
+    # The named spares' files are the parent's: left to it.
+    named = [fd for pool in SPARES._named.values() for fd, _ in pool or ()]
+    for ready in [*SPARES._ready.values(), SPARES._retired, named]:
         for fd in ready:
             _close(fd)
     SPARES = SpareFiles()
+    _prefix = f"{os.getpid()}-{os.urandom(4).hex()}-"
 
 
 os.register_at_fork(after_in_child=_forked)
+
+
+@atexit.register
+def _exiting() -> None:
+    """Remove this process's named spares (a process killed leaves them to the next sweep)."""
+    with SPARES._lock:
+        named = [spare for pool in SPARES._named.values() for spare in pool or ()]
+        SPARES._named.clear()
+    _drop(named)

@@ -94,6 +94,13 @@ call a worker thread makes hands the GIL back and forth with the loop's thread, 
 reference VM costs the loop tens of microseconds a time: refilling 64 spare files right after a
 burst of writes made the 200 reads that followed take 11.5 ms instead of 5.3 ms."""
 
+SLICE_SECONDS = 0.001
+"""The longest small operations run back to back on the event loop before other tasks get a turn
+(`LoopBudget.owes_turn`; a hop, which waits for a worker, is a turn). A turn is a pass of the
+event loop (its `epoll` and timers): 10-25 us run cold on the reference VM, as much as a small
+read, so a lone operation (an edit after a model's reply, or right after a grep) does not pay
+one, and a run of hundreds of them still lets other requests in every millisecond."""
+
 IDLE_WAIT_SECONDS = 1.0
 """The longest a background job waits for a pause before it gives up for now (`wait_for_idle`;
 it sleeps meanwhile, in steps of `IDLE_SECONDS`): long enough to outlast a burst of operations
@@ -323,6 +330,7 @@ class LoopBudget:
         self._length = 0.0  # the length of the last cool-down
         self._last = float("-inf")  # when the last on-loop operation ended (+inf: one runs)
         self._slow_at = float("-inf")  # when the last slow operation ended
+        self._turn = float("-inf")  # when other tasks last had a turn (or a run of ops began)
         self.trips = 0
         self.hiccups = 0
 
@@ -330,8 +338,21 @@ class LoopBudget:
         return self.clock() >= self._until
 
     def start(self) -> tuple[float, float]:
+        now = self.clock()
+        if now - self._last >= IDLE_SECONDS:  # not right after another: a new run begins
+            self._turn = now
         self._last = float("inf")  # busy until `spent`
-        return self.clock(), self.waited()
+        return now, self.waited()
+
+    def owes_turn(self) -> bool:
+        """Whether the small operations run back to back on the loop since other tasks last
+        had a turn (`turned`) took more than `SLICE_SECONDS`: the one just ended should give
+        them one."""
+        return self._last - self._turn > SLICE_SECONDS
+
+    def turned(self) -> None:
+        """Other tasks had a turn of the loop just now (a yield, or a hop's wait)."""
+        self._turn = self.clock()
 
     def busy(self, within: float = IDLE_SECONDS) -> bool:
         """Whether an on-loop operation is running or ended within the last `within` seconds
@@ -467,7 +488,10 @@ os.register_at_fork(after_in_child=_forked)
 
 async def run(fn: Callable[..., T], /, *args: Any) -> T:
     """`fn(*args)` in one of the process's worker threads (see the module docstring)."""
-    return await POOL.run(fn, *args)
+    try:
+        return await POOL.run(fn, *args)
+    finally:
+        ON_LOOP.turned()  # the loop ran other tasks while it waited
 
 
 def wait_for_idle(deadline: float, *, operations: bool = True) -> bool:

@@ -47,7 +47,9 @@ the whole operation goes to the worker thread instead, having changed nothing:
   disk (0.4 ms to tens of milliseconds), which is exactly what the loop must never do.
 
 A write on the loop fills a temporary file made ahead of time by a worker (`spares`), when one
-is ready: creating the file is most of a small write's cost.
+is ready: creating the file is most of a small write's cost. An operation on the loop returns
+without a turn of the event loop, unless the operations run back to back since other tasks last
+had one (a hop is one) took more than `workers.SLICE_SECONDS`: then it yields once.
 
 The store's first operation always hops (it claims the store's lease, which may wait for an
 eviction), and so does every small operation while `workers.ON_LOOP` is cooling down after one
@@ -157,6 +159,12 @@ costs an operation run cold (after a grep) about 1.5 us on the reference VM."""
 def _yield_once() -> Generator[None, None, None]:
     """Let the event loop run other tasks once: `asyncio.sleep(0)` without its wrapper."""
     yield
+
+
+async def _give_turn() -> None:
+    """Yield to the event loop once and note it (`workers.LoopBudget.turned`)."""
+    await _yield_once()
+    workers.ON_LOOP.turned()
 
 
 class _Deferred(Exception):
@@ -375,13 +383,12 @@ class WorkspaceAgentFileSystem:
             self.drop_prefetched()
             size = sum(len(data) for *_, data in wanted)
             deepest = max(wanted, key=lambda item: item[1].count("/"))[1]
-            back_to_back = workers.ON_LOOP.busy()
             now = self._now("write", ".", size, deepest, self._write_many, wanted)
             written = [] if now is _LATER else now
             if len(written) < len(wanted):  # the rest (all, or from a busy store on) hop
                 written += await self._run("write", ".", self._write_many, wanted[len(written) :])
-            elif back_to_back:
-                await _yield_once()  # as in `_run_small`
+            elif workers.ON_LOOP.owes_turn():
+                await _give_turn()  # as in `_run_small`
             for (position, *_), error in zip(wanted, written, strict=True):
                 errors[position] = error
         return errors
@@ -442,12 +449,11 @@ class WorkspaceAgentFileSystem:
         """`_run`, or right here on the event loop when that is allowed (see the module
         docstring): `size` is the bytes the operation writes, known before it starts, and `rel`
         the (deepest) path it works on."""
-        back_to_back = workers.ON_LOOP.busy()
         done = self._now(action, echo, size, rel, fn, *args)
         if done is _LATER:
             return await self._run(action, echo, fn, *args)
-        if back_to_back:  # a run of calls lets other tasks run between them, as a hop would
-            await _yield_once()
+        if workers.ON_LOOP.owes_turn():  # a long run of calls lets other tasks in, as hops do
+            await _give_turn()
         return done
 
     def _now(
@@ -567,6 +573,7 @@ class WorkspaceAgentFileSystem:
         if _here.on_loop:
             self._tally.forget()  # `stale` may have moved its clock: the worker walks for sure
             raise _Deferred
+        self._make_spares_dir()  # (a store made before this process, or by an older version)
         self._ledger.recount(self._tally.rebuild(self._real()))
 
     def _trust(self, chain: list[str], seen: dict[str, int] | None = None) -> bool:
@@ -625,7 +632,8 @@ class WorkspaceAgentFileSystem:
         )
 
     def _make_dirs(self, directory: str, echo: str) -> None:
-        if self._on_create is not None and not os.path.isdir(self._root):
+        root_missing = not os.path.isdir(self._root)
+        if self._on_create is not None and root_missing:
             if _here.on_loop:
                 raise _Deferred  # the conversation cap may walk and evict other stores
             self._on_create()
@@ -634,6 +642,18 @@ class WorkspaceAgentFileSystem:
             os.makedirs(directory, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
             raise FileSystemError(f"Cannot write {echo}: a parent of it is a file") from None
+        if root_missing:
+            self._make_spares_dir()
+
+    def _make_spares_dir(self) -> None:
+        """Make the root's hidden `spares.SPARES_DIR` (named spares for the writes that replace
+        a file), if it is missing and the store writes without flushing. Only with the root
+        itself or in a recount: it changes the root's mtime, which the tally then records."""
+        if not self.fsync:
+            try:
+                os.mkdir(f"{self._real()}/{spares.SPARES_DIR}")
+            except OSError:
+                pass  # there already, or the root is not there (nothing is made)
 
     def _store(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -400,8 +401,7 @@ async def test_the_first_write_of_a_conversation_applies_the_cap_in_a_worker(
     await fs.write("a.md", "alpha")
     assert fs._claimed
     # The store directory disappears (as after an eviction by another process's cap).
-    (tmp_path / "c1" / "a.md").unlink()
-    (tmp_path / "c1").rmdir()
+    shutil.rmtree(tmp_path / "c1")
     await fs.write("b.md", "beta")
     assert threads == [False, False], "the cap ran in a worker thread both times"
     assert tree(tmp_path / "c1") == {"b.md": b"beta"}
@@ -452,7 +452,7 @@ def test_try_enter_never_waits_and_leaves_the_lock_free_when_refused(tmp_path: P
         assert foreign is True
 
 
-async def test_a_run_of_on_loop_operations_lets_other_tasks_run_between_them_a_lone_one_not(
+async def test_a_run_of_on_loop_operations_gives_other_tasks_a_turn_every_slice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: Clock
 ) -> None:
     fs = await written(tmp_path)
@@ -473,14 +473,25 @@ async def test_a_run_of_on_loop_operations_lets_other_tasks_run_between_them_a_l
         await fs.read(f"f{number}.md")
     assert await fs.write_many([("g.md", "y"), ("h.md", "z")]) == [None, None]
     assert hops.count == 0
-    assert turns - started >= 11 - 1, "each operation after the first yielded to the loop once"
-    clock.now += workers.IDLE_SECONDS * 2
-    await asyncio.sleep(0)
-    started = turns
+    assert turns == started, "a run shorter than the slice keeps the loop"
+    clock.now += workers.SLICE_SECONDS * 1.5  # (less than `IDLE_SECONDS`: still back to back)
     assert await fs.read("g.md") == "y"
-    assert turns == started, "a lone operation after a pause returns at once"
+    assert turns == started + 1, "the operation that ends past the slice yields once"
     assert await fs.read("h.md") == "z"
-    assert turns == started + 1, "the next one, right after it, yields"
+    assert turns == started + 1, "and the slice starts again"
+    clock.now += workers.SLICE_SECONDS * 1.5
+    assert await fs.write_many([("i.md", "i")]) == [None]
+    assert turns == started + 2, "a batch too"
+    clock.now += workers.SLICE_SECONDS * 1.5
+    await fs.ls()  # a hop: the loop ran other tasks while it waited
+    started = turns
+    assert await fs.read("i.md") == "i"
+    assert turns == started, "right after a hop, no turn is owed"
+    clock.now += workers.IDLE_SECONDS * 2
+    assert await fs.read("g.md") == "y"
+    clock.now += workers.SLICE_SECONDS * 0.9
+    assert await fs.read("h.md") == "z"
+    assert turns == started, "a lone operation after a pause starts a new run"
     ticker.cancel()
 
 

@@ -9,6 +9,7 @@ import asyncio
 import errno
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ import pytest
 
 from atmosphere_harness import FileSystemError, WorkspaceAgentFileSystem
 from atmosphere_harness.filesystem import spares, workers
+from atmosphere_harness.filesystem.paths import TEMP_SUFFIX
+from atmosphere_harness.filesystem.tally import ORPHAN_SECONDS
 from tests.fs_support import Hops, makes_tmpfiles, tree
 
 pytestmark = pytest.mark.skipif(
@@ -46,6 +49,16 @@ async def ready(pool: spares.SpareFiles, device: int) -> None:
     raise AssertionError("the spares were never made")
 
 
+async def named_ready(pool: spares.SpareFiles, fs: WorkspaceAgentFileSystem) -> str:
+    """Wait until the store's named spares are made; returns their directory."""
+    home = fs._real()
+    for _ in range(500):
+        if pool.named(home) == spares.NAMED_PER_STORE:
+            return f"{home}/{spares.SPARES_DIR}"
+        await asyncio.sleep(0.01)
+    raise AssertionError("the named spares were never made")
+
+
 async def started(tmp_path: Path) -> tuple[WorkspaceAgentFileSystem, int]:
     """A store whose first writes (the claim, in a worker; then one on the loop, which asks
     for spares) are done, and its filesystem's device."""
@@ -60,11 +73,13 @@ async def test_writes_and_edits_on_the_loop_fill_spares_with_the_same_result(
 ) -> None:
     fs, device = await started(tmp_path)
     await ready(pool, device)
+    await named_ready(pool, fs)
     await fs.write("notes/a.md", "alpha beta")  # a new directory: made first, then the spare
     await fs.write("second.md", "TWO")  # over an existing file
     assert await fs.edit("notes/a.md", "beta", "gamma") == 1
     assert await fs.write_many([("b.md", "bee"), ("c.md", "sea")]) == [None, None]
     assert pool.used == 5, "every write, the one that had to create its directory too"
+    assert pool.named_used == 2, "the two that replaced a file took the store's named spares"
     assert tree(tmp_path / "store") == {
         "first.md": b"one",
         "second.md": b"TWO",
@@ -74,10 +89,10 @@ async def test_writes_and_edits_on_the_loop_fill_spares_with_the_same_result(
     }, "no temporary file is left, and every file holds exactly its content"
     mode = os.stat(tmp_path / "store" / "b.md").st_mode & 0o777
     assert mode == 0o666 & ~current_umask(), "the same permissions as a created file"
-    assert pool.ready(device) == spares.PER_DEVICE - 5, "a few taken: no refill asked yet"
+    assert pool.ready(device) == spares.PER_DEVICE - 3, "a few taken: no refill asked yet"
     quarter = spares.PER_DEVICE // 4
-    assert await fs.write_many([(f"m{n}.md", "m") for n in range(quarter - 4)]) == [None] * (
-        quarter - 4
+    assert await fs.write_many([(f"m{n}.md", "m") for n in range(quarter - 2)]) == [None] * (
+        quarter - 2
     )
     await ready(pool, device)
     assert pool.ready(device) == spares.PER_DEVICE, "a quarter taken: refilled, never past it"
@@ -108,17 +123,20 @@ async def test_a_burst_of_new_files_leaves_the_last_spares_to_the_edits_after_it
 ) -> None:
     fs, device = await started(tmp_path)
     await ready(pool, device)
+    await named_ready(pool, fs)
     monkeypatch.setattr(workers.POOL, "submit", lambda fn, *args: None)  # no refill from now
     burst = spares.PER_DEVICE - spares.RESERVED + 3
     assert await fs.write_many([(f"new{n}.md", "new") for n in range(burst)]) == [None] * burst
     assert pool.used == spares.PER_DEVICE - spares.RESERVED, "the burst stopped at the reserve"
     assert pool.ready(device) == spares.RESERVED > 0
-    assert await fs.edit("new0.md", "new", "edited") == 1
-    await fs.write("new1.md", "rewritten")
-    assert pool.used == spares.PER_DEVICE - spares.RESERVED + 2, "replacing writes take them"
+    for number in range(spares.NAMED_PER_STORE + 2):
+        assert await fs.edit(f"new{number}.md", "new", "edited") == 1
+    taken = spares.PER_DEVICE - spares.RESERVED + spares.NAMED_PER_STORE + 2
+    assert pool.used == taken, "replacing writes take the named ones, then the reserve"
+    assert pool.named_used == spares.NAMED_PER_STORE
     assert pool.ready(device) == spares.RESERVED - 2
-    assert (tmp_path / "store" / "new0.md").read_text() == "edited"
-    assert (tmp_path / "store" / "new1.md").read_text() == "rewritten"
+    for number in range(spares.NAMED_PER_STORE + 2):
+        assert (tmp_path / "store" / f"new{number}.md").read_text() == "edited"
     assert len(tree(tmp_path / "store")) == burst + 2, "no temporary file left"
 
 
@@ -271,7 +289,10 @@ def test_a_refill_stops_at_the_bound_and_on_a_filesystem_without_tmpfiles(
         assert pool.ready(other) == 0
         jobs: list[Any] = []
         assert not pool.place(other, str(tmp_path), str(tmp_path / "x"), b"x", jobs.append)
-        assert jobs == [], "a device given up asks for no refill"
+        assert len(jobs) == 1, "only the store's named spares are asked for"
+        jobs.pop()()  # (none: the directory has no `SPARES_DIR`, which marks it)
+        assert not pool.place(other, str(tmp_path), str(tmp_path / "x"), b"x", jobs.append)
+        assert jobs == [], "a device given up asks for no refill, nor a store without the dir"
     finally:
         pool.close()
     assert pool.ready(device) == 0
@@ -391,3 +412,125 @@ def test_beside_a_running_operation_only_the_first_quarter_is_made(
         assert small.ready(device) == 8
     finally:
         small.close()
+
+
+async def test_a_replacing_write_renames_a_named_spare_straight_over_its_target(
+    tmp_path: Path, pool: spares.SpareFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs, _ = await started(tmp_path)
+    directory = await named_ready(pool, fs)
+    renames: list[tuple[str, str]] = []
+    real_replace = os.replace
+
+    def replace(source: str, target: str) -> None:
+        renames.append((os.path.dirname(source), os.path.basename(target)))
+        real_replace(source, target)
+
+    def no_link(fd: int, path: str) -> None:
+        raise AssertionError("a named spare needs no link")
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(spares, "_link", no_link)
+    assert await fs.edit("first.md", "one", "uno") == 1
+    await fs.write("second.md", "TWO")
+    assert renames == [(directory, "first.md"), (directory, "second.md")]
+    assert pool.named_used == 2
+    assert tree(tmp_path / "store") == {"first.md": b"uno", "second.md": b"TWO"}
+    assert [info.path for info in await fs.ls()] == ["first.md", "second.md"]
+    assert await fs.glob("**/*") == ["first.md", "second.md"]
+    assert [hit.path for hit in await fs.grep("TWO")] == ["second.md"]
+    assert (await fs.usage()).files == 2, "the spares are not the store's files"
+    await named_ready(pool, fs)  # made again after use
+    left = os.listdir(directory)
+    assert len(left) == spares.NAMED_PER_STORE
+    assert all(os.stat(f"{directory}/{name}").st_size == 0 for name in left)
+    with pytest.raises(FileSystemError, match="reserved"):
+        await fs.read(f"{spares.SPARES_DIR}/{left[0]}")
+
+
+async def test_named_spares_removed_behind_the_pools_back_are_dropped(
+    tmp_path: Path, pool: spares.SpareFiles
+) -> None:
+    fs, _ = await started(tmp_path)
+    directory = await named_ready(pool, fs)
+    for name in os.listdir(directory):
+        os.unlink(f"{directory}/{name}")  # (a sweep by another process, a shell)
+    assert await fs.edit("first.md", "one", "uno") == 1
+    assert pool.named_used == 0, "a removed spare is not used"
+    shutil.rmtree(directory)  # the whole directory now
+    for text in ("TWO", "2", "II"):
+        await fs.write("second.md", text)
+    assert tree(tmp_path / "store") == {"first.md": b"uno", "second.md": b"II"}
+    for _ in range(500):
+        if pool.named(fs._real()) == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert pool.named(fs._real()) == 0, "spares whose directory is gone are dropped, not made"
+
+
+async def test_a_named_spare_the_system_cannot_rename_there_falls_back_to_creating_the_file(
+    tmp_path: Path, pool: spares.SpareFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fs, _ = await started(tmp_path)
+    directory = await named_ready(pool, fs)
+    real_replace = os.replace
+
+    taken: list[str] = []
+
+    def replace(source: str, target: str) -> None:
+        if os.path.dirname(source) == directory:
+            taken.append(source)
+            if len(taken) == 1:
+                os.unlink(source)  # (a sweep by another process, right after the check)
+            else:
+                raise OSError(errno.EXDEV, "Invalid cross-device link")  # (a mount inside)
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", replace)
+    assert await fs.edit("first.md", "one", "uno") == 1
+    assert await fs.edit("first.md", "uno", "one") == 1
+    assert tree(tmp_path / "store") == {"first.md": b"one", "second.md": b"two"}
+    assert pool.named_used == len(taken) == 2, "both took a named spare, then created the file"
+    assert not any(os.path.exists(path) for path in taken), "the refused spare removed"
+
+
+def test_a_refill_sweeps_the_named_spares_other_processes_left_and_the_pool_is_bounded(
+    tmp_path: Path,
+) -> None:
+    pool = spares.SpareFiles()
+    homes = [tmp_path / f"s{number}" for number in range(spares.NAMED_STORES + 1)]
+    for home in homes:
+        (home / spares.SPARES_DIR).mkdir(parents=True)
+    directory = homes[0] / spares.SPARES_DIR
+    stale, fresh = directory / f"1-dead-0{TEMP_SUFFIX}", directory / f"2-live-0{TEMP_SUFFIX}"
+    stale.touch()
+    fresh.touch()
+    old = time.time() - ORPHAN_SECONDS - 5
+    os.utime(stale, (old, old))
+    try:
+        for home in homes:
+            pool._make_named(str(home))
+        assert not stale.exists(), "a left-over older than the orphan age is removed"
+        assert fresh.exists(), "a recent one may be a live process's"
+        assert pool.named(str(homes[0])) == 0, "past the bound, the oldest store's are dropped"
+        assert sorted(os.listdir(directory)) == [fresh.name], "and their files removed"
+        assert all(pool.named(str(home)) == spares.NAMED_PER_STORE for home in homes[1:])
+    finally:
+        pool.close()
+    assert all(os.listdir(home / spares.SPARES_DIR) == [] for home in homes[1:])
+
+
+async def test_a_store_made_before_this_process_gets_its_spares_directory_at_its_recount(
+    tmp_path: Path, pool: spares.SpareFiles
+) -> None:
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "old.md").write_text("old")
+    fs = WorkspaceAgentFileSystem(tmp_path / "store")
+    await fs.write("new.md", "new")
+    assert os.path.isdir(tmp_path / "store" / spares.SPARES_DIR)
+    await named_ready(pool, fs)
+    assert await fs.edit("old.md", "old", "older") == 1
+    assert pool.named_used == 1
+    flushed = WorkspaceAgentFileSystem(tmp_path / "durable", fsync=True)
+    await flushed.write("a.md", "a")
+    assert os.listdir(tmp_path / "durable") == ["a.md"], "a flushing store takes no spares"

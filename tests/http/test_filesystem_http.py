@@ -25,6 +25,7 @@ from atmosphere_harness import (
     tool,
 )
 from atmosphere_harness.filesystem.paths import TEMP_SUFFIX
+from atmosphere_harness.filesystem.spares import SPARES_DIR
 from atmosphere_harness.filesystem.tools import FILE_TOOL_NAMES
 from tests.agents import echo
 from tests.fs_support import tree
@@ -59,7 +60,9 @@ async def test_file_tools_round_trip_and_the_per_file_bound(workspace: Path) -> 
     assert frames[-1]["event"] == "complete"
     store = workspace / "agents" / "writer" / "files" / "conv-1"
     assert tree(store) == {"notes/todo.md": b"- ship\n- rest\n"}, "no partial or temp file"
-    assert not list(store.rglob(f"*{TEMP_SUFFIX}"))
+    spares = store / SPARES_DIR  # (named spares: empty files made ahead, `filesystem.spares`)
+    temporary = [path for path in store.rglob(f"*{TEMP_SUFFIX}") if path != spares]
+    assert all(path.parent == spares and path.stat().st_size == 0 for path in temporary)
 
 
 async def test_a_prompt_that_writes_nothing_creates_no_directory(workspace: Path) -> None:

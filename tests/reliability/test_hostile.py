@@ -24,6 +24,8 @@ from typing import Any
 import httpx2
 import pytest
 
+from atmosphere_harness.filesystem.spares import SPARES_DIR
+
 from . import hostile
 from .apps import CHAT, HEALTH, OWNER, PATH
 from .driver import STREAM_TIMEOUT, stream_frames
@@ -242,7 +244,7 @@ async def test_traversal_and_planted_links_never_leave_the_store(
     for result in results[:-1]:
         assert_clear(result)
     store = owner / first.conversation_id
-    assert sorted(path.name for path in store.iterdir()) == ["inside.txt"]
+    assert sorted(path.name for path in store.iterdir()) == [SPARES_DIR, "inside.txt"]
     assert {path.name for path in owner.parent.iterdir()} <= {"files", "plans"}
     assert not (owner.parent.parent / "escape.txt").exists()
 
