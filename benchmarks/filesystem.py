@@ -18,7 +18,7 @@ own stores beside it: `FilesystemBackend` (sync, async, Python grep) and, when
 `langgraph-checkpoint-postgres` is installed, `StoreBackend` on langgraph's `PostgresStore` (its
 way of keeping files in PostgreSQL; otherwise `peer_store: null` with the reason).
 
-    python benchmarks/filesystem.py --repeats 7 > result.json
+    python benchmarks/filesystem.py --repeats 15 > result.json
 
 Prints one JSON document: per-op medians (ms), the ratio ours / deepagents and ours / rg, and
 `peer: null` with the reason when deepagents is not installed (`pip install '.[bench]'`).
@@ -378,7 +378,7 @@ def drop_database(url: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--files", type=int, default=200)
     parser.add_argument("--size-kib", type=int, default=50)
     parser.add_argument("--postgres-url", default=None, help="default: a throwaway database")

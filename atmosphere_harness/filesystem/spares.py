@@ -194,13 +194,9 @@ class SpareFiles:
             os.close(fd)
             raise
         if target is None:
-            try:
-                write_fully(fd, data)
-            except BaseException:
-                os.close(fd)
-                remove_quietly(temp)
-                raise
-        os.close(fd)
+            _fill(fd, data, temp)
+        else:
+            os.close(fd)
         self.used += 1
         return temp
 
@@ -223,15 +219,13 @@ class SpareFiles:
             return None
         fd, path = spare
         try:
-            if os.fstat(fd).st_nlink == 0:  # removed (a sweep, a shell): not a file any more
-                os.close(fd)
-                return None
-            write_fully(fd, data)
-        except BaseException:
+            gone = os.fstat(fd).st_nlink == 0  # removed (a sweep, a shell): not a file any more
+        except OSError:
+            gone = True
+        if gone:
             os.close(fd)
-            remove_quietly(path)
-            raise
-        os.close(fd)
+            return None
+        _fill(fd, data, path)
         self.used += 1
         self.named_used += 1
         return path
@@ -426,6 +420,18 @@ def _close(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+def _fill(fd: int, data: bytes, name: str) -> None:
+    """Write `data` into the spare open as `fd`, named `name`, and close it; a write that fails
+    removes the file (the target is left as it was)."""
+    try:
+        write_fully(fd, data)
+    except BaseException:
+        os.close(fd)
+        remove_quietly(name)
+        raise
+    os.close(fd)
 
 
 def _drop(named: list[tuple[int, str]]) -> None:
