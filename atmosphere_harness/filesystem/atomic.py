@@ -88,9 +88,10 @@ def write_atomic(
                 os.replace(named, target)
             except BaseException as exc:
                 remove_quietly(named)
-                if not isinstance(exc, OSError) or exc.errno not in _SPARE_LOST:
+                lost = isinstance(exc, OSError) and exc.errno in _SPARE_LOST
+                if named == temp or not lost:  # (`temp` is beside the target: nothing to retry)
                     raise
-                named = None  # (see `_SPARE_LOST`): the file is created below instead
+                named = None  # a named spare that cannot serve: the file is created below
         if named is not None:
             return
     try:
