@@ -32,12 +32,14 @@ is refused), and a write that replaces a file fills one and renames it straight 
 target: no `linkat`, no temporary name. In the benchmark's sequence (an edit right after a
 glob) that took 27-34 us off a 0.35 ms edit (docs/benchmarks.md, Round 6). The store makes the
 directory with its root (or at its next recount, for a store made before this process); the
-pool is kept for the `NAMED_STORES` stores written last. A named spare is only an empty file:
-one found unlinked (somebody removed it) is dropped, one older than `tally.ORPHAN_SECONDS`
-that no live pool holds is swept by the next refill, and a rename the system refuses (`EXDEV`,
-a mount inside the store) falls back to creating the file. An earlier attempt kept them in one
-directory per process and measured no gain in steady-state repeated edits, where the refill
-ran beside each edit; the gain is for the edit that comes after a pause, as a model's does.
+pool is kept for the `NAMED_STORES` stores whose spares were taken or made last. A named spare
+is only an empty file: one found unlinked (somebody removed it) is dropped, one older than
+`tally.ORPHAN_SECONDS` that no live pool holds is swept by the next refill, and a rename the
+system refuses (`EXDEV`, a mount inside the store) falls back to creating the file. An
+earlier attempt kept them in one directory per process and measured no gain in steady-state
+repeated edits (why was not traced; the refill then ran beside each edit); measured again,
+with spares made seconds ahead, named ones were 30 us faster, and the edit a model makes comes
+after such a pause.
 
 Also here: `retire(fd)`, for the descriptor a write kept open on the file it replaced. On ext4
 the last close of a replaced file frees its blocks and its inode (90 us for 50 KiB on the
@@ -78,8 +80,8 @@ NAMED_PER_STORE = 2
 """Named spares kept ready per store: a model edits one file at a time, and the refill makes the
 next one after each use."""
 NAMED_STORES = 8
-"""Stores that keep named spares at most (the ones written last): `NAMED_PER_STORE *
-NAMED_STORES` more open descriptors, and as many empty files on disk."""
+"""Stores that keep named spares at most (the ones whose spares were taken or made last):
+`NAMED_PER_STORE * NAMED_STORES` more open descriptors, and as many empty files on disk."""
 SPARES_DIR = ".spares" + TEMP_SUFFIX
 """The hidden directory, in a store's root, that holds its named spares."""
 DEVICES = 4
@@ -109,8 +111,8 @@ class SpareFiles:
         self._unsupported: set[int] = set() if _TMPFILE else {-1}
         self._lock = threading.Lock()
         self._retired: list[int] = []  # descriptors of replaced files, to close in a worker
-        # Named spares per store root, the store written last at the end; `None`: the store
-        # has no usable `SPARES_DIR` (its replacing writes take nameless spares).
+        # Named spares per store root, the one taken from or refilled last at the end; `None`:
+        # the store has no usable `SPARES_DIR` (its replacing writes take nameless spares).
         self._named: dict[str, list[tuple[int, str]] | None] = {}
         self._naming: set[str] = set()  # stores whose named spares are being made
         self._swept: set[str] = set()  # stores whose `SPARES_DIR` this process swept once
@@ -214,7 +216,7 @@ class SpareFiles:
             pool = self._named.pop(home, None)
             spare = pool.pop() if pool else None
             if pool is not None:
-                self._named[home] = pool  # (now the store written last)
+                self._named[home] = pool  # (now the one used last)
         if spare is None:
             return None
         fd, path = spare
@@ -278,7 +280,7 @@ class SpareFiles:
         """Remove the named spares another process left in `home`'s `SPARES_DIR` (not this
         pool's) older than `ORPHAN_SECONDS`: a process that ended without removing its own."""
         with self._lock:
-            mine = {path.rsplit("/", 1)[1] for path in self._all_named()}
+            mine = {path.rsplit("/", 1)[1] for _, path in self._all_named()}
         cutoff = time.time() - ORPHAN_SECONDS
         for name in os.listdir(directory):
             if name in mine:
@@ -290,8 +292,16 @@ class SpareFiles:
             except OSError:
                 pass
 
-    def _all_named(self) -> list[str]:
-        return [path for pool in self._named.values() for _, path in pool or ()]
+    def _all_named(self) -> list[tuple[int, str]]:
+        """Every named spare in the pools (under the lock, or where no other thread runs)."""
+        return [spare for pool in self._named.values() for spare in pool or ()]
+
+    def drop_named(self) -> None:
+        """Close every named spare and remove its file."""
+        with self._lock:
+            named = self._all_named()
+            self._named.clear()
+        _drop(named)
 
     def named(self, home: str) -> int:
         """Named spares of the store `home` ready now."""
@@ -402,11 +412,9 @@ class SpareFiles:
         with self._lock:
             spares = [fd for ready in self._ready.values() for fd in ready]
             self._ready.clear()
-            named = [spare for pool in self._named.values() for spare in pool or ()]
-            self._named.clear()
         for fd in spares:
             os.close(fd)
-        _drop(named)
+        self.drop_named()
         self._close_retired(wait=False)
 
 
@@ -467,7 +475,7 @@ def _forked() -> None:
     # The child's copies of the parent's descriptors are closed without taking the lock: another
     # thread of the parent may have held it at the fork, and nothing would ever release it here.
     # The named spares' files are the parent's: left to it.
-    named = [fd for pool in SPARES._named.values() for fd, _ in pool or ()]
+    named = [fd for fd, _ in SPARES._all_named()]
     for ready in [*SPARES._ready.values(), SPARES._retired, named]:
         for fd in ready:
             _close(fd)
@@ -481,7 +489,4 @@ os.register_at_fork(after_in_child=_forked)
 @atexit.register
 def _exiting() -> None:
     """Remove this process's named spares (a process killed leaves them to the next sweep)."""
-    with SPARES._lock:
-        named = [spare for pool in SPARES._named.values() for spare in pool or ()]
-        SPARES._named.clear()
-    _drop(named)
+    SPARES.drop_named()
