@@ -17,12 +17,11 @@ app.include_router(harness_router)
 
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
-from .cache import CacheHint, PromptCache
-from .delegation import DelegationError
-from .errors import HarnessError
-from .events import Event
-from .filesystem import (
+from ._cache import CacheHint, PromptCache
+from ._delegation import DelegationError
+from ._errors import HarnessError
+from ._events import Event
+from ._filesystem import (
     AgentFileSystem,
     CompositeAgentFileSystem,
     FileNotFoundInWorkspace,
@@ -30,7 +29,7 @@ from .filesystem import (
     FileSystemLimits,
     WorkspaceAgentFileSystem,
 )
-from .governance import (
+from ._governance import (
     Admit,
     Deny,
     GovernancePolicy,
@@ -40,19 +39,19 @@ from .governance import (
     ToolApprovalPolicy,
     Transform,
 )
-from .harness import Harness
-from .kernel.session import StreamingSession
-from .mcp.servers import MCPServerHTTP, MCPServerStdio
-from .memory import (
+from ._harness import Harness
+from ._kernel.session import StreamingSession
+from ._mcp.servers import MCPServerHTTP, MCPServerStdio
+from ._memory import (
     ConversationMemory,
     InMemoryLongTermMemory,
     LongTermMemory,
     LongTermMemoryInterceptor,
     SqliteLongTermMemory,
 )
-from .planning import AgentPlan, PlanStatus, PlanStep, PlanStore, PlanStoreError
-from .registry import agent, ai_endpoint, coordinator, prompt, skill
-from .runtimes.base import (
+from ._planning import AgentPlan, PlanStatus, PlanStep, PlanStore, PlanStoreError
+from ._registry import agent, ai_endpoint, coordinator, prompt, skill
+from ._runtimes.base import (
     AgentRuntime,
     AiCapability,
     Message,
@@ -62,23 +61,24 @@ from .runtimes.base import (
     ToolCall,
     Usage,
 )
-from .runtimes.scripted import ScriptedRuntime
-from .settings import HarnessSettings
-from .tools.base import Tool, ToolArgumentError, ToolContext, ToolKind, tool
-from .web.admin import get_admin_principal
-from .web.deps import HarnessDep, get_harness, get_user_id
-from .web.files import AgentFileSystemDep, get_file_system
-from .web.memory import LongTermMemoryDep, get_long_term_memory
-from .web.planning import PlanStoreDep, get_plan_store
-from .web.router import create_harness_router, harness_router
+from ._runtimes.scripted import ScriptedRuntime
+from ._settings import HarnessSettings
+from ._tools.base import Tool, ToolArgumentError, ToolContext, ToolKind, tool
+from ._version import __version__
+from ._web.admin import get_admin_principal
+from ._web.deps import HarnessDep, get_harness, get_user_id
+from ._web.files import AgentFileSystemDep, get_file_system
+from ._web.memory import LongTermMemoryDep, get_long_term_memory
+from ._web.planning import PlanStoreDep, get_plan_store
+from ._web.router import create_harness_router, harness_router
 
 if TYPE_CHECKING:
-    from .runtimes.anthropic import AnthropicRuntime
-    from .runtimes.openai import OpenAIRuntime
+    from ._runtimes.anthropic import AnthropicRuntime
+    from ._runtimes.openai import OpenAIRuntime
 
 _PROVIDER_RUNTIMES = {
-    "OpenAIRuntime": ("openai", "atmosphere_harness.runtimes.openai"),
-    "AnthropicRuntime": ("anthropic", "atmosphere_harness.runtimes.anthropic"),
+    "OpenAIRuntime": ("openai", "atmosphere_harness._runtimes.openai"),
+    "AnthropicRuntime": ("anthropic", "atmosphere_harness._runtimes.anthropic"),
 }
 
 

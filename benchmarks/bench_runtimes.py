@@ -37,9 +37,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from atmosphere_harness import Message, ModelRequest
-from atmosphere_harness.runtimes.anthropic import AnthropicRuntime
-from atmosphere_harness.runtimes.base import ToolSpec
-from atmosphere_harness.runtimes.openai import OpenAIRuntime
+from atmosphere_harness._runtimes.anthropic import AnthropicRuntime
+from atmosphere_harness._runtimes.base import ToolSpec
+from atmosphere_harness._runtimes.openai import OpenAIRuntime
 
 WORKLOADS = ("text", "tools", "big-argument")
 SCHEMA = {

@@ -35,9 +35,9 @@ from typing import Any
 
 from common import machine, make_workload
 
-from atmosphere_harness.contracts import StoredRun
-from atmosphere_harness.durable import SqliteRunStore
-from atmosphere_harness.kernel.journal import encode
+from atmosphere_harness._contracts import StoredRun
+from atmosphere_harness._durable import SqliteRunStore
+from atmosphere_harness._kernel.journal import encode
 
 
 def percentiles(seconds: list[float]) -> dict[str, float]:

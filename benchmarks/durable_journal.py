@@ -40,10 +40,10 @@ from typing import Any
 from common import machine
 from turns import Ours
 
-from atmosphere_harness.contracts import StoredRun
-from atmosphere_harness.durable import SqliteRunStore
-from atmosphere_harness.events import Frame
-from atmosphere_harness.kernel import journal
+from atmosphere_harness._contracts import StoredRun
+from atmosphere_harness._durable import SqliteRunStore
+from atmosphere_harness._events import Frame
+from atmosphere_harness._kernel import journal
 
 Call = tuple[str, Any, Any, bool]
 """A recorded journal call: `("frame", frame, None, False)` or

@@ -44,8 +44,8 @@ from typing import Any
 from common import make_workload, summary, version
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
-from atmosphere_harness.filesystem import spares, workers
-from atmosphere_harness.filesystem.tools import read_window
+from atmosphere_harness._filesystem import spares, workers
+from atmosphere_harness._filesystem.tools import read_window
 
 OPS = (
     "write_all",
@@ -165,7 +165,7 @@ class Postgres:
     name = "postgres"
 
     def __init__(self, url: str, files: list[tuple[str, str]]) -> None:
-        from atmosphere_harness.backends.postgres import PostgresAgentFileSystem, PostgresDatabase
+        from atmosphere_harness._backends.postgres import PostgresAgentFileSystem, PostgresDatabase
 
         self.store_class = PostgresAgentFileSystem
         self.files = files

@@ -55,11 +55,11 @@ def median(values: list[float]) -> float:
 async def run_turns(files: list[tuple[str, str]], shape: str, memory: bool) -> dict[str, Any]:
     from atmosphere_harness import Harness, HarnessSettings, ScriptedRuntime, ToolCall, agent
     from atmosphere_harness import prompt as prompt_method
-    from atmosphere_harness.assembly import default_primitives
-    from atmosphere_harness.kernel.host import HarnessHost
-    from atmosphere_harness.kernel.run import execute_prompt
-    from atmosphere_harness.registry import clear_registry, spec_of
-    from atmosphere_harness.tools.base import tool
+    from atmosphere_harness._assembly import default_primitives
+    from atmosphere_harness._kernel.host import HarnessHost
+    from atmosphere_harness._kernel.run import execute_prompt
+    from atmosphere_harness._registry import clear_registry, spec_of
+    from atmosphere_harness._tools.base import tool
 
     workspace = Path(tempfile.mkdtemp(prefix="memory-bench-"))
     files_root = workspace / "files"
@@ -230,7 +230,7 @@ TOPICS = ("garden", "piano", "cycling", "coffee", "python", "montreal")
 
 async def recall_section(users: int, facts_per_user: int, samples: int) -> dict[str, Any]:
     from atmosphere_harness import SqliteLongTermMemory
-    from atmosphere_harness.memory.interceptor import LongTermMemoryInterceptor
+    from atmosphere_harness._memory.interceptor import LongTermMemoryInterceptor
 
     workspace = Path(tempfile.mkdtemp(prefix="memory-recall-"))
     store = SqliteLongTermMemory(workspace / "facts.db", max_facts_per_user=facts_per_user)
@@ -288,8 +288,8 @@ async def close_section(closes: int, extraction_ms: float) -> dict[str, Any]:
         get_user_id,
     )
     from atmosphere_harness import prompt as prompt_method
-    from atmosphere_harness.registry import clear_registry
-    from atmosphere_harness.web.deps import user_id_from_header
+    from atmosphere_harness._registry import clear_registry
+    from atmosphere_harness._web.deps import user_id_from_header
 
     extraction_times: list[float] = []
 

@@ -35,7 +35,7 @@ from common import machine, peer_missing
 from turns import Ours
 
 from atmosphere_harness import WorkspaceAgentFileSystem
-from atmosphere_harness.filesystem import workers
+from atmosphere_harness._filesystem import workers
 
 MODES: dict[str, tuple[int, float]] = {
     "hop": (-1, float("inf")),

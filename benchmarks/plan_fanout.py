@@ -44,7 +44,7 @@ from atmosphere_harness import (
     create_harness_router,
     prompt,
 )
-from atmosphere_harness.planning import InProcessPlanBus, PlanEvent, PlanningPrimitive
+from atmosphere_harness._planning import InProcessPlanBus, PlanEvent, PlanningPrimitive
 
 AGENT = "bench"
 CONVERSATION = "fanout"

@@ -51,8 +51,8 @@ import redis
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from atmosphere_harness.backends.redis import RedisConnection, RedisPlanBus  # noqa: E402
-from atmosphere_harness.planning.bus import InProcessPlanBus, PlanEventBus  # noqa: E402
+from atmosphere_harness._backends.redis import RedisConnection, RedisPlanBus  # noqa: E402
+from atmosphere_harness._planning.bus import InProcessPlanBus, PlanEventBus  # noqa: E402
 from tests.reliability.server import ServerProcess  # noqa: E402
 from tests.scaleout.redis_app import PATH  # noqa: E402
 
@@ -174,7 +174,7 @@ def script_names() -> dict[str, str]:
     """SHA-1 -> name of every Lua script a turn may run (ours and redis-py's lock's)."""
     from redis.asyncio.lock import Lock
 
-    from atmosphere_harness.backends.redis import history, long_term, runs
+    from atmosphere_harness._backends.redis import history, long_term, runs
     from tests.scaleout.wire import script_names as names_in
 
     found = {**names_in(history), **names_in(long_term), **names_in(runs)}

@@ -44,11 +44,11 @@ from common import free_port, machine, rss_kib, wait_until_serving
 from turns import AGENT, PATH, plan_todos, workload
 
 from atmosphere_harness import AgentPlan, Message, ToolCall
-from atmosphere_harness.filesystem.provider import AgentFileSystemProvider
-from atmosphere_harness.memory.history import ConversationKey
-from atmosphere_harness.memory.sqlite import DATABASE_FILE, SqliteDatabase
-from atmosphere_harness.memory.sqlite_history import SqliteHistory
-from atmosphere_harness.planning.store import FilePlanStore
+from atmosphere_harness._filesystem.provider import AgentFileSystemProvider
+from atmosphere_harness._memory.history import ConversationKey
+from atmosphere_harness._memory.sqlite import DATABASE_FILE, SqliteDatabase
+from atmosphere_harness._memory.sqlite_history import SqliteHistory
+from atmosphere_harness._planning.store import FilePlanStore
 
 STEPS = 3
 TURNS_PER_PROMPT = 3

@@ -84,13 +84,13 @@ from atmosphere_harness import (
     agent,
     prompt,
 )
-from atmosphere_harness.assembly import default_primitives
-from atmosphere_harness.backends import resolve_backends
-from atmosphere_harness.events import Frame
-from atmosphere_harness.kernel.host import HarnessHost
-from atmosphere_harness.kernel.run import execute_prompt
-from atmosphere_harness.memory.sqlite import DATABASE_FILE
-from atmosphere_harness.registry import spec_of
+from atmosphere_harness._assembly import default_primitives
+from atmosphere_harness._backends import resolve_backends
+from atmosphere_harness._events import Frame
+from atmosphere_harness._kernel.host import HarnessHost
+from atmosphere_harness._kernel.run import execute_prompt
+from atmosphere_harness._memory.sqlite import DATABASE_FILE
+from atmosphere_harness._registry import spec_of
 
 AGENT = "bench"
 PATH = f"/atmosphere/agent/{AGENT}"

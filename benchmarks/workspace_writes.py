@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
-from atmosphere_harness.filesystem.usage import (
+from atmosphere_harness._filesystem.usage import (
     InProcessWorkspaceUsage,
     SharedVolumeWorkspaceUsage,
 )

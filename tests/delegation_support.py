@@ -18,7 +18,7 @@ from atmosphere_harness import (
     PolicyContext,
     ToolApprovalPolicy,
 )
-from atmosphere_harness.runtimes.base import AgentRuntime
+from atmosphere_harness._runtimes.base import AgentRuntime
 from tests.support import make_app
 
 

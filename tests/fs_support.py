@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import AgentFileSystem, ScriptedRuntime, ToolCall
-from atmosphere_harness.contracts import ResultHook
-from atmosphere_harness.events import Frame
-from atmosphere_harness.filesystem import FileSystemError, workers
-from atmosphere_harness.filesystem.spares import SPARES_DIR
-from atmosphere_harness.filesystem.tools import file_tools
-from atmosphere_harness.kernel.endpoint import HostedEndpoint
-from atmosphere_harness.kernel.executor import execute_call
-from atmosphere_harness.kernel.run import RunContext
-from atmosphere_harness.registry import EndpointKind
-from atmosphere_harness.tools.base import Tool
+from atmosphere_harness._contracts import ResultHook
+from atmosphere_harness._events import Frame
+from atmosphere_harness._filesystem import FileSystemError, workers
+from atmosphere_harness._filesystem.spares import SPARES_DIR
+from atmosphere_harness._filesystem.tools import file_tools
+from atmosphere_harness._kernel.endpoint import HostedEndpoint
+from atmosphere_harness._kernel.executor import execute_call
+from atmosphere_harness._kernel.run import RunContext
+from atmosphere_harness._registry import EndpointKind
+from atmosphere_harness._tools.base import Tool
 
 
 class Harnessed:

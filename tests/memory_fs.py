@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 import re
 
-from atmosphere_harness.filesystem.base import (
+from atmosphere_harness._filesystem.base import (
     FileInfo,
     FileNotFoundInWorkspace,
     FileSystemError,

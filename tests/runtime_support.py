@@ -19,8 +19,8 @@ from atmosphere_harness import (
     prompt,
     tool,
 )
-from atmosphere_harness.contracts import Primitive
-from atmosphere_harness.runtimes.base import AgentRuntime, ModelRequest, ModelResponse
+from atmosphere_harness._contracts import Primitive
+from atmosphere_harness._runtimes.base import AgentRuntime, ModelRequest, ModelResponse
 from tests.fake_providers import FakeProvider
 from tests.support import client_for, serve
 

@@ -18,7 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from atmosphere_harness import HarnessSettings, create_harness_router
-from atmosphere_harness.runtimes.base import AgentRuntime
+from atmosphere_harness._runtimes.base import AgentRuntime
 
 
 def make_app(

@@ -32,7 +32,7 @@ from atmosphere_harness import (
     prompt,
     tool,
 )
-from atmosphere_harness.runtimes.base import Message
+from atmosphere_harness._runtimes.base import Message
 
 BUGGY = """def add(a: int, b: int) -> int:
     return a + b

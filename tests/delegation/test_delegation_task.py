@@ -24,9 +24,9 @@ from atmosphere_harness import (
     agent,
     coordinator,
 )
-from atmosphere_harness.delegation import SYSTEM_PROMPT
-from atmosphere_harness.governance import policy_chain
-from atmosphere_harness.runtimes.base import ModelError
+from atmosphere_harness._delegation import SYSTEM_PROMPT
+from atmosphere_harness._governance import policy_chain
+from atmosphere_harness._runtimes.base import ModelError
 from tests.agents import echo
 from tests.delegation_support import Recorder, deny_when, governed_app, open_prompt
 from tests.support import of_type, serve

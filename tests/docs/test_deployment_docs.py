@@ -14,7 +14,7 @@ import click
 import uvicorn
 
 from atmosphere_harness import HarnessSettings, agent
-from atmosphere_harness.web import sse, websocket
+from atmosphere_harness._web import sse, websocket
 from tests.agents import echo
 from tests.support import make_app
 

@@ -35,13 +35,13 @@ from atmosphere_harness import (
     prompt,
     tool,
 )
-from atmosphere_harness.runtimes.base import (
+from atmosphere_harness._runtimes.base import (
     AiCapability,
     ModelRequest,
     ModelResponse,
     TextSink,
 )
-from atmosphere_harness.web.deps import user_id_from_header
+from atmosphere_harness._web.deps import user_id_from_header
 
 PATH = "/atmosphere/agent/durable"
 STREAMED = ["alpha ", "beta ", "gamma ", "delta ", "epsilon ", "zeta"]

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from atmosphere_harness.contracts import StoredRun
-from atmosphere_harness.durable import SqliteRunStore
-from atmosphere_harness.durable.log import (
+from atmosphere_harness._contracts import StoredRun
+from atmosphere_harness._durable import SqliteRunStore
+from atmosphere_harness._durable.log import (
     MAX_PARTS,
     RAW_FROM,
     SEPARATE_FROM,
@@ -28,8 +28,8 @@ from atmosphere_harness.durable.log import (
     pack,
     pack_parts,
 )
-from atmosphere_harness.jsontext import compact_json
-from atmosphere_harness.kernel.journal import encode
+from atmosphere_harness._jsontext import compact_json
+from atmosphere_harness._kernel.journal import encode
 
 
 def stored(run_id: str = "run-1") -> StoredRun:

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from atmosphere_harness.contracts import LiveRunHandle, StoredRun
-from atmosphere_harness.durable import SqliteRunStore
-from atmosphere_harness.durable.sqlite import INLINE_BYTES, LOG_INLINE_BYTES
-from atmosphere_harness.events import Frame
-from atmosphere_harness.kernel.journal import ENDED, REFERENCE, LiveRuns, _resolved, encode
-from atmosphere_harness.memory.sqlite import SqliteDatabase
+from atmosphere_harness._contracts import LiveRunHandle, StoredRun
+from atmosphere_harness._durable import SqliteRunStore
+from atmosphere_harness._durable.sqlite import INLINE_BYTES, LOG_INLINE_BYTES
+from atmosphere_harness._events import Frame
+from atmosphere_harness._kernel.journal import ENDED, REFERENCE, LiveRuns, _resolved, encode
+from atmosphere_harness._memory.sqlite import SqliteDatabase
 
 HOST = socket.gethostname()
 

@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from atmosphere_harness.filesystem import AgentFileSystemProvider, FileSystemLimits
-from atmosphere_harness.filesystem.provider import CAP_LOCK
-from atmosphere_harness.planning.model import AgentPlan
-from atmosphere_harness.planning.store import CAP_LOCK as PLAN_LOCK
-from atmosphere_harness.planning.store import FilePlanStore
+from atmosphere_harness._filesystem import AgentFileSystemProvider, FileSystemLimits
+from atmosphere_harness._filesystem.provider import CAP_LOCK
+from atmosphere_harness._planning.model import AgentPlan
+from atmosphere_harness._planning.store import CAP_LOCK as PLAN_LOCK
+from atmosphere_harness._planning.store import FilePlanStore
 from tests.fs_support import Harnessed
 
 BARRIER_SECONDS = 60.0

@@ -15,11 +15,11 @@ from atmosphere_harness import (
     HarnessSettings,
     WorkspaceAgentFileSystem,
 )
-from atmosphere_harness.filesystem import AgentFileSystemProvider, FileInfo, GrepHit
-from atmosphere_harness.filesystem.composite import normalize_routes
-from atmosphere_harness.filesystem.primitive import FilesystemPrimitive
-from atmosphere_harness.kernel.host import HarnessHost
-from atmosphere_harness.runtimes.scripted import ScriptedRuntime
+from atmosphere_harness._filesystem import AgentFileSystemProvider, FileInfo, GrepHit
+from atmosphere_harness._filesystem.composite import normalize_routes
+from atmosphere_harness._filesystem.primitive import FilesystemPrimitive
+from atmosphere_harness._kernel.host import HarnessHost
+from atmosphere_harness._runtimes.scripted import ScriptedRuntime
 from tests.fs_support import rejects, tree
 
 

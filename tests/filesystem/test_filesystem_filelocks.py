@@ -1,4 +1,4 @@
-"""The cross-process lock primitives (`atmosphere_harness.filelocks`) and the shared-volume usage.
+"""The cross-process lock primitives (`atmosphere_harness._filelocks`) and the shared-volume usage.
 
 Two lock objects on one file behave like two processes (each has its own open file description
 and token), so these run in one interpreter; `test_filesystem_processes.py` runs real ones.
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
-from atmosphere_harness.filelocks import Lease, LockFile, leased, retire
-from atmosphere_harness.filesystem import AgentFileSystemProvider
-from atmosphere_harness.filesystem.paths import store_key
-from atmosphere_harness.filesystem.usage import (
+from atmosphere_harness._filelocks import Lease, LockFile, leased, retire
+from atmosphere_harness._filesystem import AgentFileSystemProvider
+from atmosphere_harness._filesystem.paths import store_key
+from atmosphere_harness._filesystem.usage import (
     SharedVolumeWorkspaceUsage,
     StoreUsage,
     lease_path,

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import AgentFileSystem, FileSystemLimits, WorkspaceAgentFileSystem, tool
-from atmosphere_harness.filesystem.offload import ToolOutputOffload, offload_path
-from atmosphere_harness.filesystem.tools import file_tools
-from atmosphere_harness.tools.base import build_tool
+from atmosphere_harness._filesystem.offload import ToolOutputOffload, offload_path
+from atmosphere_harness._filesystem.tools import file_tools
+from atmosphere_harness._tools.base import build_tool
 from tests.fs_support import Harnessed, tree
 
 BIG = "".join(f"row {n:05d}: {'é' * (n % 5)} data\r\n" for n in range(2000)) + "the end"

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
-from atmosphere_harness.filelocks import LockFile
-from atmosphere_harness.filesystem import tally as tally_module
-from atmosphere_harness.filesystem import workers
-from atmosphere_harness.filesystem import workspace as workspace_module
-from atmosphere_harness.filesystem.paths import store_key
-from atmosphere_harness.filesystem.usage import (
+from atmosphere_harness._filelocks import LockFile
+from atmosphere_harness._filesystem import tally as tally_module
+from atmosphere_harness._filesystem import workers
+from atmosphere_harness._filesystem import workspace as workspace_module
+from atmosphere_harness._filesystem.paths import store_key
+from atmosphere_harness._filesystem.usage import (
     InProcessWorkspaceUsage,
     SharedVolumeWorkspaceUsage,
     StoreUsage,
@@ -139,7 +139,7 @@ async def test_a_slow_operation_sends_small_ones_to_the_worker_for_a_cool_down(
 
     monkeypatch.setattr(workspace_module, "write_atomic", slow_disk)
     hops = Hops(monkeypatch)
-    caplog.set_level(logging.DEBUG, logger="atmosphere_harness.filesystem.workers")
+    caplog.set_level(logging.DEBUG, logger="atmosphere_harness._filesystem.workers")
     await fs.write("a0.md", "alpha")
     assert hops.count == 0, "it ran on the loop, and was slow"
     assert (workers.ON_LOOP.trips, workers.ON_LOOP.hiccups) == (0, 1), "alone: a hiccup"

@@ -11,14 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
-from atmosphere_harness.filesystem import FileSystemError
-from atmosphere_harness.filesystem.paths import (
+from atmosphere_harness._filesystem import FileSystemError
+from atmosphere_harness._filesystem.paths import (
     MAX_PATH_CHARS,
     MAX_SEGMENT_BYTES,
     TEMP_SUFFIX,
     check_path,
 )
-from atmosphere_harness.filesystem.paths import shown as shown_path
+from atmosphere_harness._filesystem.paths import shown as shown_path
 from tests.fs_support import tree
 
 # The reference's pinned attack strings (section 4.3) and the message each must give.

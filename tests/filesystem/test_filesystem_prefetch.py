@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import ToolCall, WorkspaceAgentFileSystem
-from atmosphere_harness.contracts import Run
-from atmosphere_harness.filesystem import FileNotFoundInWorkspace, FileSystemLimits
-from atmosphere_harness.filesystem import workspace as workspace_module
-from atmosphere_harness.filesystem.tools import file_tools
-from atmosphere_harness.kernel.executor import execute_calls
-from atmosphere_harness.tools.base import Tool, ToolContext
+from atmosphere_harness._contracts import Run
+from atmosphere_harness._filesystem import FileNotFoundInWorkspace, FileSystemLimits
+from atmosphere_harness._filesystem import workspace as workspace_module
+from atmosphere_harness._filesystem.tools import file_tools
+from atmosphere_harness._kernel.executor import execute_calls
+from atmosphere_harness._tools.base import Tool, ToolContext
 from tests.fs_support import Harnessed, Hops
 
 pytestmark = pytest.mark.usefixtures("on_loop_and_worker")

@@ -22,15 +22,15 @@ from atmosphere_harness import (
     ai_endpoint,
     tool,
 )
-from atmosphere_harness.filesystem import AgentFileSystemProvider
-from atmosphere_harness.filesystem.offload import ToolOutputOffload
-from atmosphere_harness.filesystem.primitive import SURFACE, FilesystemPrimitive
-from atmosphere_harness.filesystem.tools import FILE_TOOL_NAMES, bound_file_system
-from atmosphere_harness.kernel.endpoint import HostedEndpoint
-from atmosphere_harness.kernel.host import HarnessHost
-from atmosphere_harness.registry import spec_of
-from atmosphere_harness.runtimes.base import AgentRuntime
-from atmosphere_harness.settings import SurfaceMode
+from atmosphere_harness._filesystem import AgentFileSystemProvider
+from atmosphere_harness._filesystem.offload import ToolOutputOffload
+from atmosphere_harness._filesystem.primitive import SURFACE, FilesystemPrimitive
+from atmosphere_harness._filesystem.tools import FILE_TOOL_NAMES, bound_file_system
+from atmosphere_harness._kernel.endpoint import HostedEndpoint
+from atmosphere_harness._kernel.host import HarnessHost
+from atmosphere_harness._registry import spec_of
+from atmosphere_harness._runtimes.base import AgentRuntime
+from atmosphere_harness._settings import SurfaceMode
 from tests.agents import echo
 
 

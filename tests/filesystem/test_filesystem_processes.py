@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from atmosphere_harness.filesystem import AgentFileSystemProvider, FileSystemLimits
-from atmosphere_harness.filesystem.paths import TEMP_SUFFIX
+from atmosphere_harness._filesystem import AgentFileSystemProvider, FileSystemLimits
+from atmosphere_harness._filesystem.paths import TEMP_SUFFIX
 from tests.filesystem.processes import BARRIER_SECONDS
 from tests.fs_support import tree
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import FileSystemError, WorkspaceAgentFileSystem
-from atmosphere_harness.filesystem import spares, workers
-from atmosphere_harness.filesystem.workers import WorkerPool
+from atmosphere_harness._filesystem import spares, workers
+from atmosphere_harness._filesystem.workers import WorkerPool
 from tests.fs_support import tree
 
 

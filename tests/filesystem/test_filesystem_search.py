@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
-from atmosphere_harness.filesystem import FileSystemError, GrepHit
-from atmosphere_harness.filesystem import search as search_module
-from atmosphere_harness.filesystem.globbing import compile_glob
-from atmosphere_harness.filesystem.search import (
+from atmosphere_harness._filesystem import FileSystemError, GrepHit
+from atmosphere_harness._filesystem import search as search_module
+from atmosphere_harness._filesystem.globbing import compile_glob
+from atmosphere_harness._filesystem.search import (
     Deadline,
     compile_pattern,
     search_file,

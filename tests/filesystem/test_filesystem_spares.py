@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import FileSystemError, WorkspaceAgentFileSystem
-from atmosphere_harness.filesystem import spares, workers
-from atmosphere_harness.filesystem.paths import TEMP_SUFFIX
-from atmosphere_harness.filesystem.tally import ORPHAN_SECONDS
+from atmosphere_harness._filesystem import spares, workers
+from atmosphere_harness._filesystem.paths import TEMP_SUFFIX
+from atmosphere_harness._filesystem.tally import ORPHAN_SECONDS
 from tests.fs_support import Hops, makes_tmpfiles, tree
 
 pytestmark = pytest.mark.skipif(

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atmosphere_harness import AgentFileSystem, ToolKind, WorkspaceAgentFileSystem
-from atmosphere_harness.filesystem import AgentFileSystemProvider, FileSystemLimits
-from atmosphere_harness.filesystem import workspace as workspace_module
-from atmosphere_harness.filesystem.tools import (
+from atmosphere_harness._filesystem import AgentFileSystemProvider, FileSystemLimits
+from atmosphere_harness._filesystem import workspace as workspace_module
+from atmosphere_harness._filesystem.tools import (
     FILE_TOOL_NAMES,
     UNAVAILABLE,
     _span,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
-from atmosphere_harness.filesystem import (
+from atmosphere_harness._filesystem import (
     AgentFileSystemProvider,
     FileSystemError,
     InProcessWorkspaceUsage,
@@ -24,10 +24,10 @@ from atmosphere_harness.filesystem import (
     WorkspaceUsage,
     spares,
 )
-from atmosphere_harness.filesystem import workspace as workspace_module
-from atmosphere_harness.filesystem.paths import store_key
-from atmosphere_harness.filesystem.tally import DiskTally
-from atmosphere_harness.filesystem.usage import (
+from atmosphere_harness._filesystem import workspace as workspace_module
+from atmosphere_harness._filesystem.paths import store_key
+from atmosphere_harness._filesystem.tally import DiskTally
+from atmosphere_harness._filesystem.usage import (
     PROCESS_USAGE,
     InProcessLedger,
     SharedVolumeLedger,

@@ -12,7 +12,7 @@ import weakref
 
 import pytest
 
-from atmosphere_harness.filesystem.workers import WorkerPool
+from atmosphere_harness._filesystem.workers import WorkerPool
 
 WHO: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
 

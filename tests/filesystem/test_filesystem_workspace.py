@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
-from atmosphere_harness.filesystem import FileInfo, FileSystemError, GrepHit
-from atmosphere_harness.filesystem import tally as tally_module
-from atmosphere_harness.filesystem import workspace as workspace_module
-from atmosphere_harness.filesystem.atomic import read_bytes, read_open
-from atmosphere_harness.filesystem.paths import TEMP_SUFFIX
-from atmosphere_harness.filesystem.workspace import is_live
+from atmosphere_harness._filesystem import FileInfo, FileSystemError, GrepHit
+from atmosphere_harness._filesystem import tally as tally_module
+from atmosphere_harness._filesystem import workspace as workspace_module
+from atmosphere_harness._filesystem.atomic import read_bytes, read_open
+from atmosphere_harness._filesystem.paths import TEMP_SUFFIX
+from atmosphere_harness._filesystem.workspace import is_live
 from tests.fs_support import rejects, tree
 
 pytestmark = pytest.mark.usefixtures("on_loop_and_worker")

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import HarnessSettings, PromptCache
-from atmosphere_harness.config_file import (
+from atmosphere_harness._config_file import (
     QUARKUS_DURABLE_OPT_OUT,
     SEED_KEYS,
     UNSUPPORTED,
     ConfigFileError,
     parse_properties,
 )
-from atmosphere_harness.settings import Compaction, PromptCacheKeyMode, SurfaceMode
+from atmosphere_harness._settings import Compaction, PromptCacheKeyMode, SurfaceMode
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         record.getMessage()
         for record in caplog.records
-        if record.levelno == logging.WARNING and record.name == "atmosphere_harness.config_file"
+        if record.levelno == logging.WARNING and record.name == "atmosphere_harness._config_file"
     ]
 
 

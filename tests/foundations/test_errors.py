@@ -18,10 +18,10 @@ from atmosphere_harness import (
     PlanStoreError,
     ToolArgumentError,
 )
-from atmosphere_harness.filesystem.search import GrepTimeout
-from atmosphere_harness.kernel.loop import LoopLimitExceeded
-from atmosphere_harness.planning.bus import PlanBusFull
-from atmosphere_harness.runtimes.scripted import ScriptExhausted
+from atmosphere_harness._filesystem.search import GrepTimeout
+from atmosphere_harness._kernel.loop import LoopLimitExceeded
+from atmosphere_harness._planning.bus import PlanBusFull
+from atmosphere_harness._runtimes.scripted import ScriptExhausted
 
 PACKAGE = Path(atmosphere_harness.__file__).parent
 
@@ -112,6 +112,6 @@ def test_every_exception_class_the_package_defines_is_in_the_tree() -> None:
 
 
 def test_errors_module_imports_nothing_from_the_package() -> None:
-    tree = ast.parse((PACKAGE / "errors.py").read_text(encoding="utf-8"))
+    tree = ast.parse((PACKAGE / "_errors.py").read_text(encoding="utf-8"))
     imports = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     assert all(node.level == 0 and node.module == "__future__" for node in imports)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from atmosphere_harness.jsontext import compact_json
+from atmosphere_harness._jsontext import compact_json
 
 # Text with lone surrogates, control characters and non-ASCII; numbers with NaN and infinities.
 scalars = (

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from atmosphere_harness.log import ROOT_LOGGER, ensure_handler, get_logger
+from atmosphere_harness._log import ROOT_LOGGER, ensure_handler, get_logger
 
 
 @pytest.fixture

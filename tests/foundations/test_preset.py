@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from atmosphere_harness import Harness, HarnessSettings, PromptCache
-from atmosphere_harness.preset import HarnessPreset, RuntimeTruth, effective_cache_policy
+from atmosphere_harness._preset import HarnessPreset, RuntimeTruth, effective_cache_policy
 
 ALL = Harness.expand([Harness.ALL])
 NONE: frozenset[Harness] = frozenset()

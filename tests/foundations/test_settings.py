@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from atmosphere_harness import FileSystemLimits, HarnessSettings, PromptCache
-from atmosphere_harness.settings import (
+from atmosphere_harness._settings import (
     Compaction,
     PromptCacheKeyMode,
     RuntimeChoice,

@@ -19,10 +19,10 @@ from atmosphere_harness import (
     ToolKind,
     Transform,
 )
-from atmosphere_harness.governance import PolicyChain, PolicyPhase, load_policies
-from atmosphere_harness.governance import chain as chain_module
-from atmosphere_harness.governance.approvals import Answer, AnswerStatus, ApprovalRegistry
-from atmosphere_harness.tools.base import Tool
+from atmosphere_harness._governance import PolicyChain, PolicyPhase, load_policies
+from atmosphere_harness._governance import chain as chain_module
+from atmosphere_harness._governance.approvals import Answer, AnswerStatus, ApprovalRegistry
+from atmosphere_harness._tools.base import Tool
 
 
 class Rule:

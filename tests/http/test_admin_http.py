@@ -28,10 +28,10 @@ from atmosphere_harness import (
     create_harness_router,
     get_admin_principal,
 )
-from atmosphere_harness.filesystem.primitive import SURFACE as FILE_SURFACE
-from atmosphere_harness.planning.attach import SURFACE as PLAN_SURFACE
-from atmosphere_harness.planning.tools import STORE_SERVICE
-from atmosphere_harness.web.admin import HINT_NO_TOKEN, UNAUTHORIZED
+from atmosphere_harness._filesystem.primitive import SURFACE as FILE_SURFACE
+from atmosphere_harness._planning.attach import SURFACE as PLAN_SURFACE
+from atmosphere_harness._planning.tools import STORE_SERVICE
+from atmosphere_harness._web.admin import HINT_NO_TOKEN, UNAUTHORIZED
 from tests.agents import echo
 from tests.http.test_planning_http import EventReader
 from tests.support import client_for, make_app, of_type

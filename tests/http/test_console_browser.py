@@ -32,7 +32,7 @@ from atmosphere_harness import (
     create_harness_router,
     tool,
 )
-from atmosphere_harness.delegation import SYSTEM_PROMPT as SUBAGENT_PROMPT
+from atmosphere_harness._delegation import SYSTEM_PROMPT as SUBAGENT_PROMPT
 from tests.agents import echo
 from tests.support import require_service, serve
 

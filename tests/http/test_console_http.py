@@ -47,7 +47,7 @@ async def test_the_console_is_served_with_a_strict_policy(workspace: Path) -> No
 
 def test_the_console_loads_nothing_from_elsewhere() -> None:
     """No CDN, no remote font: every URL in the page's files is relative to the app."""
-    console = ROOT / "atmosphere_harness" / "web" / "console"
+    console = ROOT / "atmosphere_harness" / "_web" / "console"
     for name in ("index.html", "console.js", "console.css"):
         text = (console / name).read_text(encoding="utf-8")
         assert not re.search(r"https?://", text), name
@@ -59,7 +59,7 @@ def test_the_console_ships_in_the_wheel() -> None:
     """The package data the router reads at start-up is inside the package directory."""
     from importlib.resources import files
 
-    package = files("atmosphere_harness.web.console")
+    package = files("atmosphere_harness._web.console")
     for name in ("index.html", "console.js", "console.css"):
         assert package.joinpath(name).read_bytes()
 

@@ -28,9 +28,9 @@ from atmosphere_harness import (
     create_harness_router,
     get_user_id,
 )
-from atmosphere_harness.planning.bus import PlanBusFull
-from atmosphere_harness.web.deps import user_id_from_header
-from atmosphere_harness.web.errors import HarnessRoute, Problem
+from atmosphere_harness._planning.bus import PlanBusFull
+from atmosphere_harness._web.deps import user_id_from_header
+from atmosphere_harness._web.errors import HarnessRoute, Problem
 from tests.agents import echo
 from tests.support import client_for, make_app, parse_sse
 

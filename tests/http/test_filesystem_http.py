@@ -24,9 +24,9 @@ from atmosphere_harness import (
     prompt,
     tool,
 )
-from atmosphere_harness.filesystem.paths import TEMP_SUFFIX
-from atmosphere_harness.filesystem.spares import SPARES_DIR
-from atmosphere_harness.filesystem.tools import FILE_TOOL_NAMES
+from atmosphere_harness._filesystem.paths import TEMP_SUFFIX
+from atmosphere_harness._filesystem.spares import SPARES_DIR
+from atmosphere_harness._filesystem.tools import FILE_TOOL_NAMES
 from tests.agents import echo
 from tests.fs_support import tree
 from tests.support import client_for, make_app, of_type

@@ -26,8 +26,8 @@ from atmosphere_harness import (
     get_user_id,
     tool,
 )
-from atmosphere_harness.governance import policy_chain
-from atmosphere_harness.web.deps import user_id_from_header
+from atmosphere_harness._governance import policy_chain
+from atmosphere_harness._web.deps import user_id_from_header
 from tests.agents import echo
 from tests.delegation_support import FrameReader, Recorder, deny_when, governed_app, open_prompt
 from tests.support import of_type, serve

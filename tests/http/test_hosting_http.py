@@ -22,7 +22,7 @@ from atmosphere_harness import (
     skill,
     tool,
 )
-from atmosphere_harness.web import sse as sse_module
+from atmosphere_harness._web import sse as sse_module
 from tests.agents import echo
 from tests.firehose import FRAMES, Firehose, FirehoseEndpoint, settled, slow_connection
 from tests.firehose import PATH as FIREHOSE

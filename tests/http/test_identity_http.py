@@ -19,7 +19,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from atmosphere_harness import InMemoryLongTermMemory, ModelRequest, ScriptedRuntime, get_user_id
-from atmosphere_harness.preset import LONG_TERM_MEMORY
+from atmosphere_harness._preset import LONG_TERM_MEMORY
 from tests.http.test_agui_http import run_agui, run_input
 from tests.http.test_memory_http import KEEPER, Keeper, app_for, eventually, model, say
 from tests.http.test_websocket import run_over, ws_url

@@ -31,9 +31,9 @@ from atmosphere_harness import (
     get_user_id,
     prompt,
 )
-from atmosphere_harness.memory import InMemoryHistory
-from atmosphere_harness.memory.primitive import MemoryPrimitive
-from atmosphere_harness.web.deps import user_id_from_header
+from atmosphere_harness._memory import InMemoryHistory
+from atmosphere_harness._memory.primitive import MemoryPrimitive
+from atmosphere_harness._web.deps import user_id_from_header
 from tests.agents import echo
 from tests.support import client_for, make_app, parse_sse
 
@@ -208,7 +208,7 @@ async def test_truth_reports_what_attached(workspace: Path) -> None:
     for truth in (body["harness"], endpoint_truth(body, KEEPER)):
         assert truth["conversation-memory"] == "ACTIVE"
         assert truth["long-term-memory"] == (
-            "ACTIVE(atmosphere_harness.memory.SqliteLongTermMemory)"
+            "ACTIVE(atmosphere_harness._memory.SqliteLongTermMemory)"
         )
         assert truth["compaction"] == "sliding-window"
 
@@ -218,7 +218,7 @@ async def test_truth_names_the_store_passed_to_the_router(workspace: Path) -> No
     async with client_for(app) as client:
         body = await info(client)
     assert body["harness"]["long-term-memory"] == (
-        "ACTIVE(atmosphere_harness.memory.InMemoryLongTermMemory)"
+        "ACTIVE(atmosphere_harness._memory.InMemoryLongTermMemory)"
     )
 
 

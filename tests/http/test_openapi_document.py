@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from atmosphere_harness.ids import CONVERSATION_ID_PATTERN, check_conversation_id
+from atmosphere_harness._ids import CONVERSATION_ID_PATTERN, check_conversation_id
 from samples.personal_assistant.app import Assistant
 from tests.support import client_for, make_app
 

@@ -25,7 +25,7 @@ from atmosphere_harness import (
     create_harness_router,
     get_plan_store,
 )
-from atmosphere_harness.planning import AgentPlan, FilePlanStore, PlanStatus, PlanStep
+from atmosphere_harness._planning import AgentPlan, FilePlanStore, PlanStatus, PlanStep
 from tests.agents import echo
 from tests.support import client_for, make_app, of_type, serve
 from tests.support import prompt as post_prompt
@@ -339,7 +339,7 @@ async def test_the_demo_model_plans_and_completes_every_step(workspace: Path) ->
 async def test_an_idle_plan_stream_is_kept_alive_with_pings(
     workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("atmosphere_harness.web.planning.PING_SECONDS", 0.2)
+    monkeypatch.setattr("atmosphere_harness._web.planning.PING_SECONDS", 0.2)
     app = make_app([Planner], runtime=ScriptedRuntime(), workspace=workspace)
     async with client_for(app) as client, plan_stream(client, "idle") as stream:
         assert (await stream.next())["event"] == "plan-snapshot"
@@ -354,10 +354,10 @@ async def test_a_viewer_that_stops_reading_is_disconnected_after_the_send_timeou
     """The fan-out's sends carry no per-send timeout of their own (`FanOutResponse`): the ping
     task notices a send that has not returned after `SEND_TIMEOUT` and ends the response, so a
     stalled viewer is unsubscribed while the others keep getting every update."""
-    from atmosphere_harness.planning import InProcessPlanBus, PlanningPrimitive
+    from atmosphere_harness._planning import InProcessPlanBus, PlanningPrimitive
     from tests.firehose import slow_connection
 
-    monkeypatch.setattr("atmosphere_harness.web.planning.SEND_TIMEOUT", 1.0)
+    monkeypatch.setattr("atmosphere_harness._web.planning.SEND_TIMEOUT", 1.0)
     bus = InProcessPlanBus()
     app = make_app(
         [Planner],
@@ -397,8 +397,8 @@ async def test_a_viewer_that_stops_reading_is_disconnected_after_the_send_timeou
 
 
 async def test_an_update_is_encoded_once_for_all_its_viewers() -> None:
-    from atmosphere_harness.planning import InProcessPlanBus
-    from atmosphere_harness.web.planning import updates_chunk
+    from atmosphere_harness._planning import InProcessPlanBus
+    from atmosphere_harness._web.planning import updates_chunk
 
     bus = InProcessPlanBus()
     event = await bus.publish("planner", "c", {"steps": [], "goal": "g"})
@@ -415,7 +415,7 @@ def test_the_fan_out_response_overrides_methods_sse_starlette_still_calls() -> N
 
     from sse_starlette import EventSourceResponse
 
-    from atmosphere_harness.web.planning import FanOutResponse
+    from atmosphere_harness._web.planning import FanOutResponse
 
     source = inspect.getsource(EventSourceResponse)
     for name in ("_send_with_timeout", "_ping"):

@@ -28,7 +28,7 @@ from atmosphere_harness import (
     prompt,
     tool,
 )
-from atmosphere_harness.web.deps import user_id_from_header
+from atmosphere_harness._web.deps import user_id_from_header
 from samples.personal_assistant.app import Assistant
 from tests.agents import echo
 from tests.delegation_support import open_prompt
@@ -283,7 +283,7 @@ async def test_include_order_decides_against_a_catch_all(workspace: Path) -> Non
 @pytest.fixture
 def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """A process-wide registry holding only this test's classes."""
-    from atmosphere_harness import registry
+    from atmosphere_harness import _registry as registry
 
     monkeypatch.setattr(registry, "_registry", {})
 

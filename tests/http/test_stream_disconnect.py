@@ -20,7 +20,7 @@ import httpx2
 import pytest
 
 from atmosphere_harness import ScriptedRuntime
-from atmosphere_harness.web import sse as sse_module
+from atmosphere_harness._web import sse as sse_module
 from tests.firehose import PATH as FIREHOSE
 from tests.firehose import Firehose, FirehoseEndpoint, slow_connection
 from tests.reliability.apps import PATH
@@ -95,7 +95,7 @@ async def test_a_reader_cut_off_by_the_send_timeout_costs_one_info_line(
     ours = [r for r in caplog.records if "stopped reading" in r.getMessage()]
     assert len(ours) == 1, [r.getMessage() for r in caplog.records]
     assert ours[0].levelno == logging.INFO
-    assert ours[0].name == "atmosphere_harness.web.sse"
+    assert ours[0].name == "atmosphere_harness._web.sse"
     assert f"path='{FIREHOSE}'" in ours[0].getMessage()
     assert [r for r in caplog.records if r.exc_info] == []
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -16,7 +16,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
 from atmosphere_harness import ScriptedRuntime, ToolCall
-from atmosphere_harness.web import websocket as ws_module
+from atmosphere_harness._web import websocket as ws_module
 from tests.firehose import FRAMES, Firehose, FirehoseEndpoint, settled, slow_connection
 from tests.firehose import PATH as FIREHOSE
 from tests.http.test_memory_http import KEEPER, Keeper, _facts, app_for, eventually, model

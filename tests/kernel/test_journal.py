@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from atmosphere_harness.events import Frame
-from atmosphere_harness.kernel import journal
-from atmosphere_harness.kernel.journal import LiveRun
+from atmosphere_harness._events import Frame
+from atmosphere_harness._kernel import journal
+from atmosphere_harness._kernel.journal import LiveRun
 
 
 def frame(seq: int, event: str = "text") -> Frame:

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import HarnessSettings, ScriptedRuntime, agent
-from atmosphere_harness.assembly import build_host, default_primitives
-from atmosphere_harness.backends import StateBackends, resolve_backends
-from atmosphere_harness.contracts import Key, TypedMap
-from atmosphere_harness.kernel.host import HarnessHost
-from atmosphere_harness.kernel.journal import LiveRuns
-from atmosphere_harness.kernel.locks import InProcessConversationLocks
-from atmosphere_harness.registry import spec_of
+from atmosphere_harness._assembly import build_host, default_primitives
+from atmosphere_harness._backends import StateBackends, resolve_backends
+from atmosphere_harness._contracts import Key, TypedMap
+from atmosphere_harness._kernel.host import HarnessHost
+from atmosphere_harness._kernel.journal import LiveRuns
+from atmosphere_harness._kernel.locks import InProcessConversationLocks
+from atmosphere_harness._registry import spec_of
 from tests.agents import echo
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,9 +220,9 @@ def test_the_architecture_contract_catches_a_primitive_importing_the_kernel(
     copy = tmp_path / "tree"
     shutil.copytree(ROOT / "atmosphere_harness", copy / "atmosphere_harness")
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
-    attach = copy / "atmosphere_harness" / "planning" / "attach.py"
+    attach = copy / "atmosphere_harness" / "_planning" / "attach.py"
     attach.write_text(
-        attach.read_text(encoding="utf-8") + "\nfrom ..kernel.host import HarnessHost  # noqa\n",
+        attach.read_text(encoding="utf-8") + "\nfrom .._kernel.host import HarnessHost  # noqa\n",
         encoding="utf-8",
     )
     result = subprocess.run(
@@ -234,13 +234,13 @@ def test_the_architecture_contract_catches_a_primitive_importing_the_kernel(
         env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode != 0, result.stdout[-3000:]
-    assert "atmosphere_harness.planning.attach -> atmosphere_harness.kernel.host" in result.stdout
+    assert "atmosphere_harness._planning.attach -> atmosphere_harness._kernel.host" in result.stdout
 
 
 async def test_the_backends_workspace_usage_accounts_the_filesystem(workspace: Path) -> None:
-    from atmosphere_harness.filesystem.paths import store_key
-    from atmosphere_harness.filesystem.primitive import SURFACE
-    from atmosphere_harness.filesystem.usage import (
+    from atmosphere_harness._filesystem.paths import store_key
+    from atmosphere_harness._filesystem.primitive import SURFACE
+    from atmosphere_harness._filesystem.usage import (
         PROCESS_USAGE,
         InProcessWorkspaceUsage,
         StoreUsage,

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import ScriptedRuntime, ToolCall, agent
-from atmosphere_harness.events import Frame
-from atmosphere_harness.memory import codec
-from atmosphere_harness.runtimes.base import Message
+from atmosphere_harness._events import Frame
+from atmosphere_harness._memory import codec
+from atmosphere_harness._runtimes.base import Message
 from tests.agents import echo
 from tests.http.test_agui_http import run_agui, run_input
 from tests.support import client_for, make_app, of_type

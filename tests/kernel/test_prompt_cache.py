@@ -24,11 +24,11 @@ from atmosphere_harness import (
     ai_endpoint,
     prompt,
 )
-from atmosphere_harness.cache import cache_key_host_allowed
-from atmosphere_harness.contracts import Key, Primitive
-from atmosphere_harness.runtimes.anthropic import AnthropicRuntime
-from atmosphere_harness.runtimes.openai import OpenAIRuntime
-from atmosphere_harness.settings import PromptCacheKeyMode
+from atmosphere_harness._cache import cache_key_host_allowed
+from atmosphere_harness._contracts import Key, Primitive
+from atmosphere_harness._runtimes.anthropic import AnthropicRuntime
+from atmosphere_harness._runtimes.openai import OpenAIRuntime
+from atmosphere_harness._settings import PromptCacheKeyMode
 from tests.agents import echo
 from tests.runtime_support import PATH, SYSTEM, harness_app
 from tests.support import client_for

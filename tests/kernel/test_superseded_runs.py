@@ -14,15 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from atmosphere_harness import HarnessSettings, ScriptedRuntime, agent
-from atmosphere_harness.events import Frame
-from atmosphere_harness.kernel.endpoint import HostedEndpoint
-from atmosphere_harness.kernel.host import HarnessHost
-from atmosphere_harness.kernel.journal import ENDED
-from atmosphere_harness.kernel.loop import SUPERSEDED
-from atmosphere_harness.kernel.run import execute_prompt
-from atmosphere_harness.memory.history import ConversationKey, InMemoryHistory
-from atmosphere_harness.memory.primitive import MemoryPrimitive
-from atmosphere_harness.registry import spec_of
+from atmosphere_harness._events import Frame
+from atmosphere_harness._kernel.endpoint import HostedEndpoint
+from atmosphere_harness._kernel.host import HarnessHost
+from atmosphere_harness._kernel.journal import ENDED
+from atmosphere_harness._kernel.loop import SUPERSEDED
+from atmosphere_harness._kernel.run import execute_prompt
+from atmosphere_harness._memory.history import ConversationKey, InMemoryHistory
+from atmosphere_harness._memory.primitive import MemoryPrimitive
+from atmosphere_harness._registry import spec_of
 from tests.agents import echo
 
 Chat = echo(agent(name="chat"), "Chat")

@@ -18,7 +18,7 @@ from atmosphere_harness import (
     ToolCall,
     agent,
 )
-from atmosphere_harness.tools.bounds import (
+from atmosphere_harness._tools.bounds import (
     DEFAULT_MAX_ARGUMENT_CHARS,
     DEFAULT_MAX_TOOL_CALLS,
     MAX_ARGUMENT_DEPTH,

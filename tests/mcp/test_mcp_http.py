@@ -21,11 +21,11 @@ from atmosphere_harness import (
     ToolKind,
     agent,
 )
-from atmosphere_harness.assembly import build_host
-from atmosphere_harness.mcp import MCPPrimitive
-from atmosphere_harness.registry import spec_of
-from atmosphere_harness.runtimes.scripted import ScriptedRuntime
-from atmosphere_harness.settings import HarnessSettings
+from atmosphere_harness._assembly import build_host
+from atmosphere_harness._mcp import MCPPrimitive
+from atmosphere_harness._registry import spec_of
+from atmosphere_harness._runtimes.scripted import ScriptedRuntime
+from atmosphere_harness._settings import HarnessSettings
 from tests.agents import echo
 from tests.delegation_support import deny_when, governed_app, open_prompt
 from tests.mcp.support import calling, each_turn, http_server, rounds, since_user, stdio_server

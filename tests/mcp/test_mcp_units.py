@@ -6,7 +6,7 @@ import mcp_types
 import pytest
 
 from atmosphere_harness import MCPServerHTTP, MCPServerStdio, ToolKind
-from atmosphere_harness.mcp.tools import idempotent, kind_of, render
+from atmosphere_harness._mcp.tools import idempotent, kind_of, render
 
 
 @pytest.mark.parametrize(

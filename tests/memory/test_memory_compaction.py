@@ -20,7 +20,7 @@ from atmosphere_harness import (
     agent,
     create_harness_router,
 )
-from atmosphere_harness.memory.compaction import (
+from atmosphere_harness._memory.compaction import (
     SUMMARIZER_SYSTEM_PROMPT,
     SlidingWindowCompaction,
     SummarizingCompaction,
@@ -33,14 +33,14 @@ from atmosphere_harness.memory.compaction import (
     token_budget,
     units,
 )
-from atmosphere_harness.memory.primitive import CONVERSATION_MEMORY_SERVICE
-from atmosphere_harness.preset import COMPACTION
-from atmosphere_harness.runtimes.anthropic import AnthropicRuntime
-from atmosphere_harness.runtimes.base import AgentRuntime
-from atmosphere_harness.runtimes.openai import OpenAIRuntime
-from atmosphere_harness.runtimes.windows import model_context_window
-from atmosphere_harness.settings import Compaction
-from atmosphere_harness.web.deps import STATE_KEY
+from atmosphere_harness._memory.primitive import CONVERSATION_MEMORY_SERVICE
+from atmosphere_harness._preset import COMPACTION
+from atmosphere_harness._runtimes.anthropic import AnthropicRuntime
+from atmosphere_harness._runtimes.base import AgentRuntime
+from atmosphere_harness._runtimes.openai import OpenAIRuntime
+from atmosphere_harness._runtimes.windows import model_context_window
+from atmosphere_harness._settings import Compaction
+from atmosphere_harness._web.deps import STATE_KEY
 from tests.agents import echo
 from tests.support import client_for, make_app
 from tests.support import prompt as post_prompt

@@ -12,17 +12,17 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import ConversationMemory, Message, ToolCall
-from atmosphere_harness.contracts import LockedReader, TypedMap
-from atmosphere_harness.memory import codec, sqlite_history
-from atmosphere_harness.memory.compaction import SummarizingCompaction
-from atmosphere_harness.memory.history import (
+from atmosphere_harness._contracts import LockedReader, TypedMap
+from atmosphere_harness._memory import codec, sqlite_history
+from atmosphere_harness._memory.compaction import SummarizingCompaction
+from atmosphere_harness._memory.history import (
     ConversationKey,
     HistoryBackend,
     HistoryRead,
     InMemoryHistory,
 )
-from atmosphere_harness.memory.sqlite import SqliteDatabase
-from atmosphere_harness.memory.sqlite_history import SqliteHistory
+from atmosphere_harness._memory.sqlite import SqliteDatabase
+from atmosphere_harness._memory.sqlite_history import SqliteHistory
 
 
 class FakeRun:

@@ -30,7 +30,7 @@ async def test_the_documented_example_keeps_and_closes_a_conversation(
         assert other.status_code == 404
         info = (await client.get("/api/console/info")).json()
     assert info["harness"]["long-term-memory"] == (
-        "ACTIVE(atmosphere_harness.memory.SqliteLongTermMemory)"
+        "ACTIVE(atmosphere_harness._memory.SqliteLongTermMemory)"
     )
     connection = sqlite3.connect(workspace / "atmosphere.db")
     try:

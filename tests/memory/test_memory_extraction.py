@@ -13,7 +13,7 @@ from atmosphere_harness import (
     ModelRequest,
     ScriptedRuntime,
 )
-from atmosphere_harness.memory.extraction import (
+from atmosphere_harness._memory.extraction import (
     EXTRACTION_PROMPT,
     EXTRACTION_SYSTEM_PROMPT,
     extract_facts,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import InMemoryLongTermMemory, LongTermMemory, SqliteLongTermMemory
-from atmosphere_harness.memory.long_term import MAX_FACT_CHARS, scoped_terms
+from atmosphere_harness._memory.long_term import MAX_FACT_CHARS, scoped_terms
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -22,7 +22,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         from tests.scaleout.postgres_service import opened_database
 
         async with opened_database() as database:
-            from atmosphere_harness.backends.postgres import PostgresLongTermMemory
+            from atmosphere_harness._backends.postgres import PostgresLongTermMemory
 
             yield PostgresLongTermMemory(database, max_facts_per_user=5)
         return

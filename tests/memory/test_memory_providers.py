@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from atmosphere_harness import HarnessSettings, InMemoryLongTermMemory, LongTermMemory
-from atmosphere_harness.memory.providers import resolve_provider
+from atmosphere_harness._memory.providers import resolve_provider
 
 
 class Provider:

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import AgentFileSystem, ToolCall
-from atmosphere_harness.runtimes.memory_tool import NATIVE, UNAVAILABLE, memory_tool
-from atmosphere_harness.tools.base import ToolContext
+from atmosphere_harness._runtimes.memory_tool import NATIVE, UNAVAILABLE, memory_tool
+from atmosphere_harness._tools.base import ToolContext
 from tests.memory_fs import DictFileSystem
 
 

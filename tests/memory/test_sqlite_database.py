@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from atmosphere_harness.memory.sqlite import CHECKPOINT_FROM, Elsewhere, SqliteDatabase, Transaction
+from atmosphere_harness._memory.sqlite import (
+    CHECKPOINT_FROM,
+    Elsewhere,
+    SqliteDatabase,
+    Transaction,
+)
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, body BLOB NOT NULL);"
 

@@ -29,14 +29,14 @@ from atmosphere_harness import (
     prompt,
     tool,
 )
-from atmosphere_harness.assembly import default_primitives
-from atmosphere_harness.kernel.host import HarnessHost
-from atmosphere_harness.kernel.run import RunContext
-from atmosphere_harness.planning import FilePlanStore, PlanningPrimitive
-from atmosphere_harness.planning.attach import SURFACE
-from atmosphere_harness.planning.tools import BUS_SERVICE, STORE_SERVICE
-from atmosphere_harness.registry import spec_of
-from atmosphere_harness.settings import SurfaceMode
+from atmosphere_harness._assembly import default_primitives
+from atmosphere_harness._kernel.host import HarnessHost
+from atmosphere_harness._kernel.run import RunContext
+from atmosphere_harness._planning import FilePlanStore, PlanningPrimitive
+from atmosphere_harness._planning.attach import SURFACE
+from atmosphere_harness._planning.tools import BUS_SERVICE, STORE_SERVICE
+from atmosphere_harness._registry import spec_of
+from atmosphere_harness._settings import SurfaceMode
 from tests.agents import echo
 
 PlainPlanner = echo(agent(name="plain-planner"), "PlainPlanner")
@@ -252,7 +252,7 @@ async def test_the_bus_is_app_wide_and_closed_at_shutdown(workspace: Path) -> No
 
 
 async def test_a_given_bus_replaces_the_in_process_one(workspace: Path) -> None:
-    from atmosphere_harness.planning import InProcessPlanBus
+    from atmosphere_harness._planning import InProcessPlanBus
 
     mine = InProcessPlanBus(queue_size=2)
     host = HarnessHost(
@@ -300,7 +300,7 @@ class StoreUser:
 
 
 async def test_plan_store_is_injected_into_prompt_methods(workspace: Path) -> None:
-    from atmosphere_harness.kernel.run import execute_prompt
+    from atmosphere_harness._kernel.run import execute_prompt
 
     SEEN.clear()
     async with hosted(StoreUser, workspace) as host:
@@ -329,7 +329,7 @@ StepCounter = echo(agent(name="step-counter"), "StepCounter", tools=[count_steps
 async def test_plan_store_is_injected_into_tools_and_hidden_from_the_model(
     workspace: Path,
 ) -> None:
-    from atmosphere_harness.kernel.run import execute_prompt
+    from atmosphere_harness._kernel.run import execute_prompt
 
     runtime = ScriptedRuntime(
         [

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import AgentPlan, PlanStatus, PlanStep
-from atmosphere_harness.planning import FilePlanStore, PlanStore, PlanStoreError
+from atmosphere_harness._planning import FilePlanStore, PlanStore, PlanStoreError
 
 PLAN = AgentPlan([PlanStep("Write tests", PlanStatus.IN_PROGRESS, "Writing tests")], "Ship")
 OTHER = AgentPlan([PlanStep("Replace the plan", PlanStatus.COMPLETED)])
@@ -308,7 +308,7 @@ WRITER = textwrap.dedent(
     """
     import asyncio, sys
     from atmosphere_harness import AgentPlan, PlanStep, PlanStatus
-    from atmosphere_harness.planning import FilePlanStore
+    from atmosphere_harness._planning import FilePlanStore
 
     SMALL = AgentPlan([PlanStep("small", PlanStatus.IN_PROGRESS)], "small")
     LARGE = AgentPlan([PlanStep("large step %d " % i + "x" * 400) for i in range(250)], "large")

@@ -14,14 +14,19 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import AgentPlan, Harness, PlanStatus, PlanStep, ToolCall, ToolKind
-from atmosphere_harness.events import Frame
-from atmosphere_harness.kernel.endpoint import HostedEndpoint
-from atmosphere_harness.kernel.executor import execute_call
-from atmosphere_harness.kernel.run import RunContext
-from atmosphere_harness.planning import FilePlanStore, InProcessPlanBus, PlanStore, write_todos_tool
-from atmosphere_harness.planning.tools import BUS_SERVICE, parse_todos
-from atmosphere_harness.registry import EndpointKind
-from atmosphere_harness.runtimes.scripted import ScriptedRuntime
+from atmosphere_harness._events import Frame
+from atmosphere_harness._kernel.endpoint import HostedEndpoint
+from atmosphere_harness._kernel.executor import execute_call
+from atmosphere_harness._kernel.run import RunContext
+from atmosphere_harness._planning import (
+    FilePlanStore,
+    InProcessPlanBus,
+    PlanStore,
+    write_todos_tool,
+)
+from atmosphere_harness._planning.tools import BUS_SERVICE, parse_todos
+from atmosphere_harness._registry import EndpointKind
+from atmosphere_harness._runtimes.scripted import ScriptedRuntime
 
 TWO_STEPS = [
     {"content": "Write the plan", "status": "in_progress", "activeForm": "Writing the plan"},

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from atmosphere_harness import HarnessSettings, ScriptedRuntime, create_harness_router, get_user_id
-from atmosphere_harness.governance.approval import ToolApprovalPolicy
-from atmosphere_harness.runtimes.base import AgentRuntime
-from atmosphere_harness.web.deps import user_id_from_header
+from atmosphere_harness._governance.approval import ToolApprovalPolicy
+from atmosphere_harness._runtimes.base import AgentRuntime
+from atmosphere_harness._web.deps import user_id_from_header
 from samples.personal_assistant.app import Assistant, Chat
 from tests.scaleout import postgres_model
 

@@ -24,7 +24,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from atmosphere_harness.filesystem.spares import SPARES_DIR
+from atmosphere_harness._filesystem.spares import SPARES_DIR
 
 from . import hostile
 from .apps import CHAT, HEALTH, OWNER, PATH

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from atmosphere_harness.ids import CONVERSATION_ID_PATTERN
+from atmosphere_harness._ids import CONVERSATION_ID_PATTERN
 
 from .apps import OWNER, PATH
 from .server import ServerProcess, running

@@ -15,10 +15,10 @@ from typing import Any
 
 import httpx2
 
-from atmosphere_harness.filesystem.paths import TEMP_SUFFIX
-from atmosphere_harness.memory import codec
-from atmosphere_harness.planning.model import AgentPlan
-from atmosphere_harness.planning.store import MAX_PLAN_BYTES, MAX_STEPS
+from atmosphere_harness._filesystem.paths import TEMP_SUFFIX
+from atmosphere_harness._memory import codec
+from atmosphere_harness._planning.model import AgentPlan
+from atmosphere_harness._planning.store import MAX_PLAN_BYTES, MAX_STEPS
 
 from . import workload
 from .apps import OWNER, PATH

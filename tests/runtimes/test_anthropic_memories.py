@@ -18,8 +18,8 @@ from fastapi import FastAPI
 
 from atmosphere_harness import HarnessSettings, StreamingSession, agent, prompt, tool
 from atmosphere_harness import create_harness_router as router_for
-from atmosphere_harness.filesystem.provider import user_dir_name
-from atmosphere_harness.runtimes.anthropic import AnthropicRuntime
+from atmosphere_harness._filesystem.provider import user_dir_name
+from atmosphere_harness._runtimes.anthropic import AnthropicRuntime
 from tests.fake_providers import Stream, anthropic_text, anthropic_tool_uses, fake_anthropic
 from tests.support import client_for, parse_sse, serve
 

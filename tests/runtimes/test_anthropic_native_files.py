@@ -21,14 +21,14 @@ from atmosphere_harness import (
     agent,
     create_harness_router,
 )
-from atmosphere_harness.runtimes.anthropic import AnthropicRuntime
+from atmosphere_harness._runtimes.anthropic import AnthropicRuntime
 from tests.agents import echo
 from tests.fake_providers import Stream, anthropic_text, anthropic_tool_uses, fake_anthropic
 from tests.support import client_for, serve
 from tests.support import prompt as post_prompt
 
 pytest.importorskip(
-    "atmosphere_harness.filesystem.primitive", reason="needs the filesystem primitive"
+    "atmosphere_harness._filesystem.primitive", reason="needs the filesystem primitive"
 )
 
 FILE_TOOLS = {"ls", "read_file", "write_file", "edit_file", "glob", "grep", "delete", "rename"}

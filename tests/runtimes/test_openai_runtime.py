@@ -11,8 +11,8 @@ import httpx2
 import pytest
 
 from atmosphere_harness import CacheHint, Message, ModelRequest, ToolCall
-from atmosphere_harness.runtimes.base import ModelError, ToolSpec
-from atmosphere_harness.runtimes.openai import OpenAIRuntime
+from atmosphere_harness._runtimes.base import ModelError, ToolSpec
+from atmosphere_harness._runtimes.openai import OpenAIRuntime
 from tests.fake_providers import (
     LoopbackTransport,
     Status,
@@ -109,7 +109,7 @@ async def test_streams_text_and_sends_the_exact_body() -> None:
 
 @pytest.mark.parametrize("runtime_kind", ["openai", "anthropic"])
 async def test_finished_streams_leave_the_connection_reusable(runtime_kind: str) -> None:
-    from atmosphere_harness.runtimes.anthropic import AnthropicRuntime
+    from atmosphere_harness._runtimes.anthropic import AnthropicRuntime
     from tests.fake_providers import anthropic_text, fake_anthropic
 
     if runtime_kind == "openai":

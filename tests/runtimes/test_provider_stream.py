@@ -6,8 +6,8 @@ import httpx2
 import pytest
 
 from atmosphere_harness import Message, ToolCall
-from atmosphere_harness.runtimes.base import ModelError
-from atmosphere_harness.runtimes.provider import (
+from atmosphere_harness._runtimes.base import ModelError
+from atmosphere_harness._runtimes.provider import (
     MISSING_RESULT,
     paired,
     parse_arguments,

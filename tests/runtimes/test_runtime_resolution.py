@@ -12,10 +12,10 @@ from pydantic import ValidationError
 
 import atmosphere_harness
 from atmosphere_harness import HarnessSettings, ScriptedRuntime, create_harness_router
-from atmosphere_harness.runtimes import resolve
-from atmosphere_harness.runtimes.anthropic import AnthropicRuntime
-from atmosphere_harness.runtimes.openai import OpenAIRuntime
-from atmosphere_harness.settings import PromptCacheKeyMode, RuntimeChoice
+from atmosphere_harness._runtimes import resolve
+from atmosphere_harness._runtimes.anthropic import AnthropicRuntime
+from atmosphere_harness._runtimes.openai import OpenAIRuntime
+from atmosphere_harness._settings import PromptCacheKeyMode, RuntimeChoice
 from tests.fake_providers import Stream, anthropic_text, fake_anthropic
 from tests.runtime_support import PATH, WireCalculator, without_provider_credentials
 from tests.support import client_for, serve

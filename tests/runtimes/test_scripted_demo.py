@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import ScriptedRuntime, agent, coordinator
-from atmosphere_harness.runtimes.base import Message, ModelRequest, ToolSpec
-from atmosphere_harness.runtimes.demo_tools import (
+from atmosphere_harness._runtimes.base import Message, ModelRequest, ToolSpec
+from atmosphere_harness._runtimes.demo_tools import (
     BUILTIN_TOOL_NAMES,
     fill_arguments,
     pick_user_tool,
 )
-from atmosphere_harness.runtimes.scripted import DEFAULT_MAX_REQUESTS, demo_turn
+from atmosphere_harness._runtimes.scripted import DEFAULT_MAX_REQUESTS, demo_turn
 from tests.agents import echo
 from tests.support import client_for, doc_example, make_app, of_type, prompt
 

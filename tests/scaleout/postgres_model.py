@@ -23,9 +23,9 @@ import json
 from collections.abc import Sequence
 
 from atmosphere_harness import ModelRequest, ScriptedRuntime, ToolCall
-from atmosphere_harness.governance.approval import ToolApprovalPolicy
-from atmosphere_harness.memory.extraction import EXTRACTION_SYSTEM_PROMPT
-from atmosphere_harness.runtimes.base import Message
+from atmosphere_harness._governance.approval import ToolApprovalPolicy
+from atmosphere_harness._memory.extraction import EXTRACTION_SYSTEM_PROMPT
+from atmosphere_harness._runtimes.base import Message
 
 APPROVAL_POLICY = ToolApprovalPolicy.custom(lambda tool: tool.name == "write_file")
 

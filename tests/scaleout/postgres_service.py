@@ -20,7 +20,7 @@ import pytest
 from tests.support import require_service
 
 if TYPE_CHECKING:
-    from atmosphere_harness.backends.postgres import PostgresDatabase
+    from atmosphere_harness._backends.postgres import PostgresDatabase
 
 HOST = "127.0.0.1"
 PORT = 5432
@@ -105,7 +105,7 @@ async def terminate_backends(url: str) -> int:
 async def opened_database() -> AsyncIterator[PostgresDatabase]:
     """A `PostgresDatabase` open on a fresh database (dropped afterwards)."""
     url = await asyncio.to_thread(create_database)
-    from atmosphere_harness.backends.postgres import PostgresDatabase
+    from atmosphere_harness._backends.postgres import PostgresDatabase
 
     database = PostgresDatabase(url)
     try:

@@ -35,9 +35,9 @@ from atmosphere_harness import (
     get_user_id,
     tool,
 )
-from atmosphere_harness.memory.extraction import EXTRACTION_SYSTEM_PROMPT
-from atmosphere_harness.runtimes.base import Message
-from atmosphere_harness.web.deps import user_id_from_header
+from atmosphere_harness._memory.extraction import EXTRACTION_SYSTEM_PROMPT
+from atmosphere_harness._runtimes.base import Message
+from atmosphere_harness._web.deps import user_id_from_header
 from tests.agents import echo
 
 PATH = "/atmosphere/agent/scribe"

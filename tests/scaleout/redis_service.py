@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from atmosphere_harness.backends.redis import RedisConnection
+from atmosphere_harness._backends.redis import RedisConnection
 from tests.support import require_service
 
 HOST = "127.0.0.1"

@@ -16,7 +16,7 @@ import asyncpg
 import httpx2
 import pytest
 
-from atmosphere_harness.memory import codec
+from atmosphere_harness._memory import codec
 from tests.reliability import workload
 from tests.reliability.apps import PATH
 from tests.reliability.driver import (

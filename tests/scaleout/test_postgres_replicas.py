@@ -74,7 +74,7 @@ async def test_console_info_names_the_backend_and_the_store(
             "workspace": "files",
         }
         assert info["harness"]["long-term-memory"] == (
-            "ACTIVE(atmosphere_harness.backends.postgres.PostgresLongTermMemory)"
+            "ACTIVE(atmosphere_harness._backends.postgres.PostgresLongTermMemory)"
         )
 
 

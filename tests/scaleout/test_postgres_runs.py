@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import HarnessSettings
-from atmosphere_harness.backends import resolve_backends
-from atmosphere_harness.backends.postgres import LeaseLost, PostgresDatabase, PostgresRunStore
-from atmosphere_harness.contracts import LiveRunHandle, StoredRun
-from atmosphere_harness.events import Frame
-from atmosphere_harness.kernel import journal, remote
-from atmosphere_harness.kernel.journal import LiveRuns, encode
+from atmosphere_harness._backends import resolve_backends
+from atmosphere_harness._backends.postgres import LeaseLost, PostgresDatabase, PostgresRunStore
+from atmosphere_harness._contracts import LiveRunHandle, StoredRun
+from atmosphere_harness._events import Frame
+from atmosphere_harness._kernel import journal, remote
+from atmosphere_harness._kernel.journal import LiveRuns, encode
 
 from .postgres_service import create_database, drop_database
 

@@ -15,22 +15,22 @@ import asyncpg
 import pytest
 
 from atmosphere_harness import HarnessSettings
-from atmosphere_harness.backends import StateBackends, resolve_backends
-from atmosphere_harness.backends.postgres import (
+from atmosphere_harness._backends import StateBackends, resolve_backends
+from atmosphere_harness._backends.postgres import (
     BackendUnavailable,
     PostgresDatabase,
     PostgresPlanStore,
     redact,
 )
-from atmosphere_harness.backends.postgres.history import LOCK_NEWEST, PostgresHistory
-from atmosphere_harness.backends.postgres.locks import MARK
-from atmosphere_harness.backends.postgres.schema import SCHEMA_VERSION
-from atmosphere_harness.governance.approvals import Answer, AnswerStatus
-from atmosphere_harness.memory.compaction import Summary
-from atmosphere_harness.memory.history import ConversationKey, HistoryRead
-from atmosphere_harness.planning.model import AgentPlan, PlanStatus, PlanStep
-from atmosphere_harness.planning.store import PlanStoreError
-from atmosphere_harness.runtimes.base import Message, ToolCall
+from atmosphere_harness._backends.postgres.history import LOCK_NEWEST, PostgresHistory
+from atmosphere_harness._backends.postgres.locks import MARK
+from atmosphere_harness._backends.postgres.schema import SCHEMA_VERSION
+from atmosphere_harness._governance.approvals import Answer, AnswerStatus
+from atmosphere_harness._memory.compaction import Summary
+from atmosphere_harness._memory.history import ConversationKey, HistoryRead
+from atmosphere_harness._planning.model import AgentPlan, PlanStatus, PlanStep
+from atmosphere_harness._planning.store import PlanStoreError
+from atmosphere_harness._runtimes.base import Message, ToolCall
 
 from .postgres_service import postgres_url, terminate_backends
 
@@ -222,7 +222,7 @@ async def test_a_conversation_closed_on_two_replicas_is_extracted_by_one(
     two), until it marks them extracted or its claim expires."""
     import asyncio
 
-    from atmosphere_harness.backends.postgres import history as postgres_history
+    from atmosphere_harness._backends.postgres import history as postgres_history
 
     a, b = pair
     assert a.history is not None
@@ -318,7 +318,7 @@ async def test_a_plan_published_on_one_replica_reaches_a_viewer_on_the_other(
 async def test_bus_history_is_bounded_and_a_pruned_id_asks_for_a_snapshot(
     postgres_url: str, workspace: Path
 ) -> None:
-    from atmosphere_harness.backends.postgres import PostgresPlanBus
+    from atmosphere_harness._backends.postgres import PostgresPlanBus
 
     database = PostgresDatabase(postgres_url)
     bus = PostgresPlanBus(database, history_size=3)
@@ -342,7 +342,7 @@ async def test_bus_history_is_bounded_and_a_pruned_id_asks_for_a_snapshot(
 
 
 async def test_expired_updates_are_swept_and_cannot_be_resumed_from(postgres_url: str) -> None:
-    from atmosphere_harness.backends.postgres import PostgresPlanBus
+    from atmosphere_harness._backends.postgres import PostgresPlanBus
 
     database = PostgresDatabase(postgres_url)
     bus = PostgresPlanBus(database, ttl=0.05)
@@ -445,7 +445,7 @@ async def test_an_unanswered_approval_times_out_and_later_answers_are_unknown(
 async def test_pending_approvals_are_bounded_across_replicas(
     postgres_url: str, workspace: Path
 ) -> None:
-    from atmosphere_harness.backends.postgres import PostgresApprovalStore
+    from atmosphere_harness._backends.postgres import PostgresApprovalStore
 
     database = PostgresDatabase(postgres_url)
     store = PostgresApprovalStore(database, max_pending=2)
@@ -524,7 +524,7 @@ async def test_a_release_notifies_only_a_waiter_and_the_waiter_is_woken_by_it(
     """An uncontended release sends no `NOTIFY` (each one wakes every replica's listener); a
     waiter marks the lock, so the holder's release notifies it: it never needs its retry timer
     (an hour here)."""
-    from atmosphere_harness.backends.postgres import locks
+    from atmosphere_harness._backends.postgres import locks
 
     monkeypatch.setattr(locks, "RETRY_SECONDS", 3600.0)
     a, b = pair

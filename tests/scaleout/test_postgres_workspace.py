@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from atmosphere_harness.backends.postgres import PostgresDatabase
-from atmosphere_harness.backends.postgres.workspace import PostgresAgentFileSystem
-from atmosphere_harness.filesystem.base import FileSystemError, FileSystemLimits
-from atmosphere_harness.filesystem.paths import check_path
-from atmosphere_harness.filesystem.workspace import WorkspaceAgentFileSystem
+from atmosphere_harness._backends.postgres import PostgresDatabase
+from atmosphere_harness._backends.postgres.workspace import PostgresAgentFileSystem
+from atmosphere_harness._filesystem.base import FileSystemError, FileSystemLimits
+from atmosphere_harness._filesystem.paths import check_path
+from atmosphere_harness._filesystem.workspace import WorkspaceAgentFileSystem
 from tests.filesystem.test_filesystem_paths import ATTACKS, relative_paths
 
 from .postgres_service import postgres_url

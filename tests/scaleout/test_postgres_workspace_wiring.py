@@ -13,18 +13,18 @@ from typing import Any
 import asyncpg
 import pytest
 
-from atmosphere_harness.assembly import default_primitives
-from atmosphere_harness.backends import BackendMisconfigured, resolve_backends
-from atmosphere_harness.backends.postgres import (
+from atmosphere_harness._assembly import default_primitives
+from atmosphere_harness._backends import BackendMisconfigured, resolve_backends
+from atmosphere_harness._backends.postgres import (
     PostgresAgentFileSystem,
     PostgresDatabase,
     PostgresWorkspaceStores,
 )
-from atmosphere_harness.filesystem.base import FileSystemError, FileSystemLimits
-from atmosphere_harness.filesystem.composite import CompositeAgentFileSystem
-from atmosphere_harness.filesystem.primitive import FilesystemPrimitive
-from atmosphere_harness.filesystem.provider import AgentFileSystemProvider
-from atmosphere_harness.settings import HarnessSettings, WorkspaceBackend
+from atmosphere_harness._filesystem.base import FileSystemError, FileSystemLimits
+from atmosphere_harness._filesystem.composite import CompositeAgentFileSystem
+from atmosphere_harness._filesystem.primitive import FilesystemPrimitive
+from atmosphere_harness._filesystem.provider import AgentFileSystemProvider
+from atmosphere_harness._settings import HarnessSettings, WorkspaceBackend
 from tests.filesystem.test_filesystem_paths import ATTACKS
 
 from .postgres_service import postgres_url

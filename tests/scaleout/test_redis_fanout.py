@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from atmosphere_harness import HarnessSettings
-from atmosphere_harness.backends import StateBackends, resolve_backends
-from atmosphere_harness.backends.redis import (
+from atmosphere_harness._backends import StateBackends, resolve_backends
+from atmosphere_harness._backends.redis import (
     RedisApprovalStore,
     RedisConnection,
     RedisConversationLocks,
@@ -25,13 +25,13 @@ from atmosphere_harness.backends.redis import (
     RedisUnavailable,
     with_redis_events,
 )
-from atmosphere_harness.backends.redis.connection import digest
-from atmosphere_harness.errors import HarnessError
-from atmosphere_harness.governance.approvals import Answer, AnswerStatus
-from atmosphere_harness.kernel.journal import LiveRuns
-from atmosphere_harness.memory.history import ConversationKey, HistoryRead
-from atmosphere_harness.planning.bus import PlanBusFull, PlanEvent
-from atmosphere_harness.runtimes.base import Message
+from atmosphere_harness._backends.redis.connection import digest
+from atmosphere_harness._errors import HarnessError
+from atmosphere_harness._governance.approvals import Answer, AnswerStatus
+from atmosphere_harness._kernel.journal import LiveRuns
+from atmosphere_harness._memory.history import ConversationKey, HistoryRead
+from atmosphere_harness._planning.bus import PlanBusFull, PlanEvent
+from atmosphere_harness._runtimes.base import Message
 from tests.scaleout.redis_service import PrivateRedis, keys_under, url_for
 
 pytestmark = pytest.mark.services
@@ -361,7 +361,7 @@ async def test_a_dead_holders_lock_lapses_and_a_lapsed_lock_is_never_freed_by_it
         await holder
     key = connection.key("lock", "x")
     await connection.client.set(key, "dead-replica", px=300)
-    from atmosphere_harness.backends.redis.locks import lock_key
+    from atmosphere_harness._backends.redis.locks import lock_key
 
     await connection.client.set(lock_key(connection, "/p", "c"), "dead-replica", px=300)
     async with asyncio.timeout(WAIT), b.hold("/p", "c"):
@@ -385,7 +385,7 @@ async def test_the_next_prompt_on_a_replica_waits_for_its_own_release_not_a_poll
 async def test_a_release_in_flight_is_finished_before_the_pool_closes(
     connection: RedisConnection, redis_prefix: str
 ) -> None:
-    from atmosphere_harness.backends.redis.locks import lock_key
+    from atmosphere_harness._backends.redis.locks import lock_key
 
     own = RedisConnection(url_for(redis_prefix))
     await own.open()
@@ -437,7 +437,7 @@ async def test_a_read_offered_to_the_lock_is_made_once_it_is_taken_and_sees_the_
     try that found the lock taken (a dead replica's, until it lapses), and made once it is
     taken, so it sees the turn the previous holder stored; the lock is renewed and released
     with the token that script set."""
-    from atmosphere_harness.backends.redis.locks import lock_key
+    from atmosphere_harness._backends.redis.locks import lock_key
 
     key = ConversationKey("/p", "ann", "c")
     history_a, history_b = RedisHistory(connection), CountingHistory(other_connection)
@@ -512,8 +512,8 @@ async def test_an_unreachable_url_fails_naming_the_variable_never_the_password()
 
 
 async def test_a_host_with_an_unreachable_redis_does_not_start(tmp_path: Path) -> None:
-    from atmosphere_harness.assembly import build_host
-    from atmosphere_harness.runtimes.scripted import ScriptedRuntime
+    from atmosphere_harness._assembly import build_host
+    from atmosphere_harness._runtimes.scripted import ScriptedRuntime
 
     settings = HarnessSettings(
         workspace_root=tmp_path, redis_url="redis://user:s3cret-pw@127.0.0.1:1/0"
@@ -567,7 +567,7 @@ def test_a_postgres_url_without_its_backend_says_what_to_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # As if the extra were missing: `None` in sys.modules makes the import raise ImportError.
-    monkeypatch.setitem(sys.modules, "atmosphere_harness.backends.postgres", None)
+    monkeypatch.setitem(sys.modules, "atmosphere_harness._backends.postgres", None)
     settings = HarnessSettings(workspace_root=tmp_path, postgres_url="postgresql://x@h/db")
     with pytest.raises(HarnessError, match=r"\[postgres\]"):
         resolve_backends(settings)
@@ -607,7 +607,7 @@ async def test_with_redis_events_streams_plans_between_hosts_on_another_state_ba
     import httpx2
 
     from atmosphere_harness import ScriptedRuntime
-    from atmosphere_harness.assembly import default_primitives
+    from atmosphere_harness._assembly import default_primitives
     from tests.scaleout.redis_app import PATH, Scribe, turn
     from tests.support import make_app, serve
 

@@ -153,7 +153,7 @@ async def test_both_replicas_report_redis(pair: Pair) -> None:
         for client in (a, b):
             info = (await client.get("/api/console/info")).json()
             assert info["backends"] == {"state": "redis", "events": "redis", "workspace": "files"}
-            assert "ACTIVE(atmosphere_harness.backends.redis.long_term.RedisLongTermMemory)" in (
+            assert "ACTIVE(atmosphere_harness._backends.redis.long_term.RedisLongTermMemory)" in (
                 json.dumps(info)
             )
 

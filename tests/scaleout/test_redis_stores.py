@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import Message
-from atmosphere_harness.backends.redis import (
+from atmosphere_harness._backends.redis import (
     RedisConnection,
     RedisConversationLocks,
     RedisHistory,
     RedisLongTermMemory,
     RedisPlanStore,
 )
-from atmosphere_harness.memory.history import ConversationKey, HistoryBackend
-from atmosphere_harness.memory.long_term import LongTermMemory
-from atmosphere_harness.planning.model import AgentPlan, PlanStep
-from atmosphere_harness.planning.store import PlanStoreError
+from atmosphere_harness._memory.history import ConversationKey, HistoryBackend
+from atmosphere_harness._memory.long_term import LongTermMemory
+from atmosphere_harness._planning.model import AgentPlan, PlanStep
+from atmosphere_harness._planning.store import PlanStoreError
 
 # The contract every history backend and every long-term memory store keeps, run on Redis.
 from tests.memory.test_memory_conversation import (  # noqa: F401
@@ -180,7 +180,7 @@ async def test_the_index_forgets_evicted_facts(
 
 
 def test_the_truth_names_the_redis_store(connection: RedisConnection) -> None:
-    from atmosphere_harness.memory.primitive import qualified_name
+    from atmosphere_harness._memory.primitive import qualified_name
 
     assert qualified_name(RedisLongTermMemory(connection)).endswith(".RedisLongTermMemory")
 

@@ -75,7 +75,7 @@ def purpose(burst: Burst, names: Mapping[str, str]) -> str:
 def redis_scripts() -> dict[str, str]:
     from redis.asyncio.lock import Lock
 
-    from atmosphere_harness.backends.redis import history, long_term, runs
+    from atmosphere_harness._backends.redis import history, long_term, runs
 
     found = {**script_names(history), **script_names(long_term), **script_names(runs)}
     for name in ("LUA_RELEASE_SCRIPT", "LUA_REACQUIRE_SCRIPT", "LUA_EXTEND_SCRIPT"):
@@ -224,11 +224,11 @@ async def test_a_new_postgres_connection_never_asks_the_server_about_types() -> 
     `integer[]` or `bytea[]`) once per connection, in three extra round trips: each new pool
     connection paid them on its first history append or frame-feed write, inside a turn. The
     hot statements send `text[]` instead; here every one of them runs on fresh connections."""
-    from atmosphere_harness.backends.postgres import PostgresDatabase, PostgresRunStore
-    from atmosphere_harness.backends.postgres.history import PostgresHistory
-    from atmosphere_harness.contracts import FEED_OWNER, StoredRun
-    from atmosphere_harness.memory.history import ConversationKey
-    from atmosphere_harness.runtimes.base import Message
+    from atmosphere_harness._backends.postgres import PostgresDatabase, PostgresRunStore
+    from atmosphere_harness._backends.postgres.history import PostgresHistory
+    from atmosphere_harness._contracts import FEED_OWNER, StoredRun
+    from atmosphere_harness._memory.history import ConversationKey
+    from atmosphere_harness._runtimes.base import Message
 
     url = await asyncio.to_thread(create_database)
     key = ConversationKey("/p", "ann", "c1")
@@ -264,10 +264,10 @@ async def test_history_payloads_keep_any_character_in_a_database_of_any_encoding
     """History payloads travel as text (see the test above) and PostgreSQL stores them as
     UTF-8 bytes with `convert_to`: they are ASCII JSON, so a LATIN1 database (which has no
     emoji, no CJK) stores and returns them exactly, as the `bytea[]` payloads did."""
-    from atmosphere_harness.backends.postgres import PostgresDatabase
-    from atmosphere_harness.backends.postgres.history import PostgresHistory
-    from atmosphere_harness.memory.history import ConversationKey
-    from atmosphere_harness.runtimes.base import Message
+    from atmosphere_harness._backends.postgres import PostgresDatabase
+    from atmosphere_harness._backends.postgres.history import PostgresHistory
+    from atmosphere_harness._memory.history import ConversationKey
+    from atmosphere_harness._runtimes.base import Message
 
     url = await asyncio.to_thread(
         create_database, "ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0"

@@ -16,17 +16,18 @@ from typing import Any
 
 import pytest
 
-from atmosphere_harness import HarnessSettings, events
-from atmosphere_harness.backends import resolve_backends
-from atmosphere_harness.backends.postgres import PostgresDatabase, PostgresRunStore
-from atmosphere_harness.backends.postgres import runs as postgres_runs
-from atmosphere_harness.backends.redis import RedisConnection, RedisRunStore
-from atmosphere_harness.backends.redis import runs as redis_runs
-from atmosphere_harness.contracts import FEED_OWNER, LeaseLost, LiveRunHandle, StoredRun
-from atmosphere_harness.events import Frame
-from atmosphere_harness.kernel import journal
-from atmosphere_harness.kernel.journal import ABANDONED, STOPPED, LiveRuns, encode
-from atmosphere_harness.kernel.remote import RemoteRun
+from atmosphere_harness import HarnessSettings
+from atmosphere_harness import _events as events
+from atmosphere_harness._backends import resolve_backends
+from atmosphere_harness._backends.postgres import PostgresDatabase, PostgresRunStore
+from atmosphere_harness._backends.postgres import runs as postgres_runs
+from atmosphere_harness._backends.redis import RedisConnection, RedisRunStore
+from atmosphere_harness._backends.redis import runs as redis_runs
+from atmosphere_harness._contracts import FEED_OWNER, LeaseLost, LiveRunHandle, StoredRun
+from atmosphere_harness._events import Frame
+from atmosphere_harness._kernel import journal
+from atmosphere_harness._kernel.journal import ABANDONED, STOPPED, LiveRuns, encode
+from atmosphere_harness._kernel.remote import RemoteRun
 
 from .postgres_service import create_database, drop_database
 from .redis_service import url_for

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from atmosphere_harness.skills.catalog import (
+from atmosphere_harness._skills.catalog import (
     MAX_SKILL_FILE_BYTES,
     SkillSourceError,
     discover,

@@ -11,7 +11,7 @@ import httpx2
 import pytest
 
 from atmosphere_harness import ModelRequest, ScriptedRuntime, ToolCall, agent
-from atmosphere_harness.delegation import SYSTEM_PROMPT
+from atmosphere_harness._delegation import SYSTEM_PROMPT
 from tests.agents import echo
 from tests.skills.support import agent_module, write_skill
 from tests.support import doc_example, make_app, of_type, serve

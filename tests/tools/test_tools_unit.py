@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from atmosphere_harness import ModelRequest, ScriptedRuntime, ToolCall, ToolContext, ToolKind, tool
-from atmosphere_harness.runtimes.base import Message, ToolSpec
-from atmosphere_harness.runtimes.scripted import ScriptExhausted, demo_turn
-from atmosphere_harness.tools.base import build_tool, render_result
-from atmosphere_harness.tools.validation import validate_arguments
+from atmosphere_harness._runtimes.base import Message, ToolSpec
+from atmosphere_harness._runtimes.scripted import ScriptExhausted, demo_turn
+from atmosphere_harness._tools.base import build_tool, render_result
+from atmosphere_harness._tools.validation import validate_arguments
 
 
 @tool(name="search_notes", kind=ToolKind.READ, requires_approval=True)

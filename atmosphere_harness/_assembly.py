@@ -1,0 +1,91 @@
+"""Assembly: the default primitives and backends wired into one `HarnessHost`.
+
+The kernel never imports a primitive; this module (used by the router's lifespan, and by anyone
+building a host by hand) is where the built-in set is chosen and given its backends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._backends import StateBackends, resolve_backends
+from ._contracts import Primitive
+from ._delegation.primitive import DelegationPrimitive
+from ._filesystem.primitive import FilesystemPrimitive
+from ._governance.approval import ToolApprovalPolicy
+from ._governance.primitive import GovernancePrimitive
+from ._kernel.host import HarnessHost
+from ._mcp.primitive import MCPPrimitive
+from ._memory.long_term import LongTermMemory
+from ._memory.primitive import MemoryPrimitive
+from ._planning import PlanningPrimitive
+from ._registry import AgentSpec
+from ._runtimes.base import AgentRuntime
+from ._settings import HarnessSettings
+from ._skills.primitive import SkillsPrimitive
+
+
+def default_primitives(
+    backends: StateBackends | None = None,
+    *,
+    long_term_memory: LongTermMemory | None = None,
+    policies: Sequence[Any] = (),
+    approval_policy: ToolApprovalPolicy | None = None,
+) -> list[Primitive]:
+    """The built-in primitives, in attach order, on `backends` (embedded when `None`)."""
+    backends = backends or StateBackends(state="sqlite", events="local")
+    return [
+        MemoryPrimitive(
+            history=backends.history,
+            long_term_memory=long_term_memory,
+            fallback_long_term_memory=backends.long_term_memory,
+        ),
+        PlanningPrimitive(backends.plan_bus, stores=backends.plan_stores),
+        FilesystemPrimitive(
+            usage=backends.workspace_usage,
+            workspaces=backends.workspaces,
+            route_stores=backends.route_stores,
+        ),
+        SkillsPrimitive(),
+        GovernancePrimitive(
+            policies=policies, approval_policy=approval_policy, approvals=backends.approvals
+        ),
+        DelegationPrimitive(),
+        MCPPrimitive(),  # last: a tool-name collision is checked against every built-in
+    ]
+
+
+def build_host(
+    settings: HarnessSettings,
+    *,
+    runtime: AgentRuntime,
+    specs: Sequence[AgentSpec],
+    primitives: Sequence[Primitive] | None = None,
+    long_term_memory: LongTermMemory | None = None,
+    policies: Sequence[Any] = (),
+    approval_policy: ToolApprovalPolicy | None = None,
+) -> HarnessHost:
+    """A host on the backends `settings` choose, with the default primitives unless given."""
+    backends = resolve_backends(settings)
+    chosen = (
+        list(primitives)
+        if primitives is not None
+        else default_primitives(
+            backends,
+            long_term_memory=long_term_memory,
+            policies=policies,
+            approval_policy=approval_policy,
+        )
+    )
+    host = HarnessHost(
+        settings,
+        runtime=runtime,
+        specs=specs,
+        primitives=chosen,
+        locks=backends.locks,
+        runs=backends.runs,
+        resources=backends.resources,
+    )
+    host.backends = backends.describe()
+    return host

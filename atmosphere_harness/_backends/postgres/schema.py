@@ -1,0 +1,219 @@
+"""The PostgreSQL schema, as numbered migrations the library applies itself at start-up.
+
+`migrate(connection)` runs inside one transaction that first takes a transaction-level advisory
+lock, so two replicas starting at once apply each migration exactly once: the second waits for
+the first to commit, then finds the version already recorded and does nothing. A database whose
+recorded version is newer than this library's is refused (an older replica must not run against
+tables it does not know).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..._errors import HarnessError
+
+MIGRATION_LOCK = 0x61746D6F73  # "atmos": the advisory lock every replica takes to migrate
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: every table of the state backend.
+    """
+    CREATE TABLE atmosphere_meta (
+        key text PRIMARY KEY,
+        value text NOT NULL
+    );
+    INSERT INTO atmosphere_meta (key, value)
+        VALUES ('epoch', substr(md5(random()::text || clock_timestamp()::text), 1, 8));
+
+    CREATE TABLE atmosphere_conversations (
+        id bigserial PRIMARY KEY,
+        endpoint text NOT NULL,
+        user_key text NOT NULL,
+        conversation_id text NOT NULL,
+        updated_at double precision NOT NULL,
+        closed_at double precision,
+        last_seq integer NOT NULL DEFAULT 0,
+        extracted_seq integer NOT NULL DEFAULT 0,
+        summary text,
+        summary_covered integer NOT NULL DEFAULT 0,
+        summary_seq integer NOT NULL DEFAULT 0,
+        UNIQUE (endpoint, user_key, conversation_id)
+    );
+    CREATE INDEX atmosphere_conversations_open
+        ON atmosphere_conversations (updated_at) WHERE closed_at IS NULL;
+    CREATE TABLE atmosphere_messages (
+        conversation bigint NOT NULL REFERENCES atmosphere_conversations (id) ON DELETE CASCADE,
+        seq integer NOT NULL,
+        payload bytea NOT NULL,
+        PRIMARY KEY (conversation, seq)
+    );
+
+    CREATE TABLE atmosphere_facts (
+        id bigserial PRIMARY KEY,
+        user_id text NOT NULL,
+        fact text NOT NULL,
+        norm text NOT NULL,
+        created_at double precision NOT NULL,
+        search tsvector GENERATED ALWAYS AS (to_tsvector('simple', fact)) STORED,
+        UNIQUE (user_id, norm)
+    );
+    CREATE INDEX atmosphere_facts_user ON atmosphere_facts (user_id, id);
+    CREATE INDEX atmosphere_facts_search ON atmosphere_facts USING gin (search);
+
+    CREATE TABLE atmosphere_plans (
+        owner text NOT NULL,
+        agent_id text NOT NULL,
+        conversation_id text NOT NULL,
+        plan text NOT NULL,
+        updated_at double precision NOT NULL,
+        PRIMARY KEY (owner, agent_id, conversation_id)
+    );
+    CREATE INDEX atmosphere_plans_age ON atmosphere_plans (owner, updated_at);
+
+    CREATE TABLE atmosphere_plan_events (
+        id bigserial PRIMARY KEY,
+        owner text NOT NULL,
+        conversation_id text NOT NULL,
+        data text NOT NULL,
+        created_at double precision NOT NULL
+    );
+    CREATE INDEX atmosphere_plan_events_topic
+        ON atmosphere_plan_events (owner, conversation_id, id);
+    CREATE INDEX atmosphere_plan_events_age ON atmosphere_plan_events (created_at);
+    CREATE TABLE atmosphere_plan_topics (
+        owner text NOT NULL,
+        conversation_id text NOT NULL,
+        pruned_upto bigint NOT NULL,
+        PRIMARY KEY (owner, conversation_id)
+    );
+
+    CREATE TABLE atmosphere_approvals (
+        id text PRIMARY KEY,
+        path text NOT NULL,
+        conversation_id text NOT NULL,
+        user_id text,
+        tool text NOT NULL,
+        tool_call_id text NOT NULL,
+        arguments text NOT NULL,
+        expires_at double precision NOT NULL,
+        answer text,
+        closed boolean NOT NULL DEFAULT false
+    );
+    CREATE INDEX atmosphere_approvals_open
+        ON atmosphere_approvals (path, conversation_id) WHERE NOT closed;
+    CREATE INDEX atmosphere_approvals_age ON atmosphere_approvals (expires_at);
+    """,
+    # 2: conversation workspaces as rows (`PostgresAgentFileSystem`).
+    """
+    CREATE TABLE atmosphere_files (
+        store text NOT NULL,
+        path text NOT NULL,
+        content bytea NOT NULL,
+        size integer NOT NULL,
+        updated_at double precision NOT NULL,
+        PRIMARY KEY (store, path)
+    );
+    """,
+    # 3: durable runs (`PostgresRunStore`): one row per run, its frames and its checkpoints.
+    """
+    CREATE TABLE atmosphere_runs (
+        id bigserial PRIMARY KEY,
+        run_id text NOT NULL UNIQUE,
+        path text NOT NULL,
+        conversation_id text NOT NULL,
+        user_key text NOT NULL,
+        session_id text NOT NULL,
+        message text NOT NULL,
+        started_at double precision NOT NULL,
+        owner text,
+        lease_until double precision NOT NULL DEFAULT 0,
+        finished_at double precision
+    );
+    CREATE INDEX atmosphere_runs_unfinished
+        ON atmosphere_runs (lease_until) WHERE finished_at IS NULL;
+    CREATE INDEX atmosphere_runs_conversation
+        ON atmosphere_runs (path, conversation_id, started_at);
+    CREATE INDEX atmosphere_runs_finished
+        ON atmosphere_runs (finished_at) WHERE finished_at IS NOT NULL;
+    CREATE TABLE atmosphere_run_frames (
+        run bigint NOT NULL REFERENCES atmosphere_runs (id) ON DELETE CASCADE,
+        seq integer NOT NULL,
+        event text NOT NULL,
+        data text NOT NULL,
+        PRIMARY KEY (run, seq)
+    );
+    CREATE TABLE atmosphere_run_checkpoints (
+        run bigint NOT NULL REFERENCES atmosphere_runs (id) ON DELETE CASCADE,
+        key text NOT NULL,
+        value text NOT NULL,
+        PRIMARY KEY (run, key)
+    );
+    """,
+    # 4: one replica extracts a conversation closed on several at once (a claim with a deadline).
+    """
+    ALTER TABLE atmosphere_conversations ADD COLUMN extracting_until double precision;
+    """,
+    # 5: take a conversation's lock and read its newest history in one round trip
+    # (`locks.PostgresConversationLocks`). PL/pgSQL, VOLATILE: in READ COMMITTED, its
+    # `RETURN QUERY` takes a fresh snapshot after `pg_try_advisory_lock` returned, so the read
+    # sees every turn committed before the lock was taken (a plain `SELECT` of both would read
+    # with a snapshot taken before the lock). One row `locked = false` when another session
+    # holds the lock; else at least one row (`seq` NULL: no message), as `history.NEWEST`.
+    """
+    CREATE FUNCTION atmosphere_lock_newest(
+        lock_key bigint, p_endpoint text, p_user_key text, p_conversation text,
+        after_seq integer, max_rows integer
+    ) RETURNS TABLE (locked boolean, summary text, summary_covered integer, seq integer,
+                     payload bytea)
+    LANGUAGE plpgsql VOLATILE AS $$
+    #variable_conflict use_column
+    BEGIN
+        IF NOT pg_try_advisory_lock(lock_key) THEN
+            RETURN QUERY SELECT false, NULL::text, NULL::integer, NULL::integer, NULL::bytea;
+            RETURN;
+        END IF;
+        RETURN QUERY
+        SELECT true, c.summary, c.summary_covered, m.seq, m.payload
+        FROM (SELECT 1) AS one
+        LEFT JOIN atmosphere_conversations AS c
+            ON c.endpoint = p_endpoint AND c.user_key = p_user_key
+            AND c.conversation_id = p_conversation
+        LEFT JOIN LATERAL (
+            SELECT seq, payload FROM atmosphere_messages
+            WHERE conversation = c.id AND seq > coalesce(after_seq, c.summary_seq)
+            ORDER BY seq DESC LIMIT max_rows
+        ) AS m ON true
+        ORDER BY m.seq DESC;
+    END
+    $$;
+    """,
+)
+"""Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNew(HarnessError, RuntimeError):
+    """The database was migrated by a newer version of the library."""
+
+
+async def migrate(connection: Any) -> int:
+    """Bring the schema to `SCHEMA_VERSION` (idempotent, safe concurrently); returns it."""
+    async with connection.transaction():
+        await connection.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+        await connection.execute(
+            "CREATE TABLE IF NOT EXISTS atmosphere_schema ("
+            "version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        current = int(
+            await connection.fetchval("SELECT coalesce(max(version), 0) FROM atmosphere_schema")
+        )
+        if current > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"the PostgreSQL schema is at version {current}, newer than this library's "
+                f"{SCHEMA_VERSION}: upgrade atmosphere-harness on this replica"
+            )
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            await connection.execute(MIGRATIONS[version - 1])
+            await connection.execute("INSERT INTO atmosphere_schema (version) VALUES ($1)", version)
+    return SCHEMA_VERSION

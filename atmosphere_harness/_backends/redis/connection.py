@@ -1,0 +1,171 @@
+"""`RedisConnection`: the one connection pool every Redis store of an app shares (a `Resource`).
+
+The host opens it before the primitives start: `open()` pings the server, so a URL that is set
+but unreachable fails start-up with a message naming `ATMOSPHERE_REDIS_URL` and the server's
+address, never its password. Every store turns the driver's connection errors into
+`BackendUnavailable` (`unavailable()`), so a run that meets an outage ends with a clear `error`
+frame and a route answers 503; the pool reconnects by itself once Redis is back.
+
+The URL is redis-py's (`redis://[:password@]host:port/db`, `rediss://`, `unix://`) plus one
+parameter of ours: `key_prefix=` (default `atmosphere:`) puts every key of the app under that
+prefix, so two apps (or two test runs) can share one database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..._errors import HarnessError
+from ..._log import get_logger
+from ..unavailable import BackendUnavailable
+
+log = get_logger(__name__)
+
+VARIABLE = "ATMOSPHERE_REDIS_URL"
+DEFAULT_PREFIX = "atmosphere:"
+MAX_CONNECTIONS = 64
+"""Commands in flight at once per process; one more waits up to `POOL_TIMEOUT` for a slot."""
+POOL_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 5.0
+SOCKET_TIMEOUT = 15.0
+"""A command that gets no answer for this long fails (longer than every blocking read we do)."""
+
+
+class RedisUnavailable(BackendUnavailable):
+    """Redis did not answer (down, restarting, or the connection was dropped)."""
+
+
+def describe_url(url: str) -> str:
+    """`url` without user, password or query: what may appear in a message or a log."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """`(redis-py's URL, key prefix)`: our `key_prefix=` parameter taken out of the query."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    prefix = DEFAULT_PREFIX
+    kept: list[tuple[str, str]] = []
+    for name, value in query:
+        if name == "key_prefix":
+            prefix = value
+        else:
+            kept.append((name, value))
+    return urlunsplit(parts._replace(query=urlencode(kept))), prefix
+
+
+def digest(*parts: str) -> str:
+    """A short, key-safe name for a tuple of arbitrary strings (ids may hold `:` or spaces)."""
+    hasher = hashlib.blake2b(digest_size=12)
+    for part in parts:
+        data = part.encode("utf-8", "surrogatepass")
+        hasher.update(len(data).to_bytes(4, "big"))
+        hasher.update(data)
+    return hasher.hexdigest()
+
+
+def lock_key(connection: RedisConnection, path: str, conversation_id: str) -> str:
+    """The key of a conversation's lock (`locks.RedisConversationLocks`; the history's cap
+    reads it too)."""
+    return connection.key("lock", digest(path, conversation_id))
+
+
+class RedisConnection:
+    """The app's Redis pool and key namespace; opened and closed by the host (`Resource`)."""
+
+    def __init__(self, url: str, *, max_connections: int = MAX_CONNECTIONS) -> None:
+        self.url, self.prefix = split_url(url)
+        self.address = describe_url(url)
+        self._password = urlsplit(url).password
+        pool: BlockingConnectionPool = BlockingConnectionPool.from_url(
+            self.url,
+            max_connections=max_connections,
+            timeout=POOL_TIMEOUT,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            socket_timeout=SOCKET_TIMEOUT,
+            decode_responses=True,
+        )
+        self.client: Redis = Redis.from_pool(pool)
+        self._closed = False
+        self._on_close: list[Callable[[], Awaitable[None]]] = []
+
+    def __repr__(self) -> str:
+        return f"RedisConnection({self.address!r}, prefix={self.prefix!r})"
+
+    def key(self, *parts: str) -> str:
+        """A key of this app: the prefix, then `parts` joined by `:`."""
+        return self.prefix + ":".join(parts)
+
+    def on_close(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Run `callback` when the pool closes (first), e.g. to stop a listener task."""
+        self._on_close.append(callback)
+
+    def dedicated(self) -> Redis:
+        """A client with a connection of its own (blocking reads, pub/sub), same settings."""
+        return Redis.from_url(
+            self.url,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            socket_timeout=SOCKET_TIMEOUT,
+            decode_responses=True,
+        )
+
+    def scrub(self, text: object) -> str:
+        """`text` with the password cut out, in case a driver message ever quotes it."""
+        value = str(text)
+        if self._password:
+            value = value.replace(self._password, "***")
+        return value
+
+    async def open(self) -> None:
+        """Connect and ping: a bad URL fails start-up here, naming the variable."""
+        try:
+            await self.client.ping()
+        except RedisError as exc:
+            await self.aclose()
+            raise HarnessError(
+                f"{VARIABLE} is set but Redis at {self.address} cannot be used: {self.scrub(exc)}"
+            ) from None
+        log.info("redis backend connected", address=self.address, prefix=self.prefix)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for callback in reversed(self._on_close):
+            try:
+                await callback()
+            except Exception as exc:
+                log.warning("redis backend part failed to close", error=self.scrub(exc))
+        await self.client.aclose(close_connection_pool=True)
+
+    @contextlib.contextmanager
+    def unavailable(self, doing: str) -> Iterator[None]:
+        """Turn a connection failure inside the block into `RedisUnavailable`."""
+        try:
+            yield
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise RedisUnavailable(
+                f"Redis ({VARIABLE} at {self.address}) is unavailable while {doing}: "
+                f"{self.scrub(exc)}; try again once it is back"
+            ) from None
+
+
+def as_str(value: Any) -> str | None:
+    """A reply field as text (`None` stays `None`)."""
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,709 @@
+"""What the primitives see of the kernel: small protocols, typed keys and the hook shapes.
+
+The kernel (`atmosphere_harness._kernel`) implements these; the primitives (`planning`,
+`filesystem`, `memory`, `governance`, `delegation`) and `tools` depend only on them, never on the
+kernel's classes. That keeps the import graph a stack (web -> assembly -> backends -> kernel and
+primitives -> contracts -> foundations) that `lint-imports` checks on every `make test`; see
+`docs/architecture.md`.
+
+State that crosses a process boundary in a scale-out deployment (conversation locks, the live-run
+journal) is described here too, so a backend can replace the embedded implementation without a
+primitive or the kernel noticing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload, runtime_checkable
+
+from ._cache import PromptCache
+from ._errors import HarnessError
+from ._events import Frame
+from ._harness import Harness
+
+if TYPE_CHECKING:
+    from ._registry import AgentSpec, EndpointKind
+    from ._runtimes.base import AgentRuntime, Message, ModelRequest, ToolCall, Usage
+    from ._settings import HarnessSettings
+    from ._tools.base import Tool
+
+T = TypeVar("T")
+
+FrameSink = Callable[[Frame], Awaitable[None]]
+"""Where a run's frames go: a connection, a live-run journal, or a parent run's stream."""
+
+
+# --- typed keys -------------------------------------------------------------------------------
+
+
+class Key(Generic[T]):
+    """A typed key: `services.get(PLAN_BUS)` is a `PlanEventBus | None` to mypy.
+
+    Each primitive declares the keys of what it shares next to the type itself, so the kernel
+    carries the values without knowing their types.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Key({self.name!r})"
+
+
+class TypedMap:
+    """A small map from `Key[T]` to `T`: the host's and an endpoint's services, a run's state."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        self._values: dict[Key[Any], Any] = {}
+
+    @overload
+    def get(self, key: Key[T]) -> T | None: ...
+
+    @overload
+    def get(self, key: Key[T], default: T) -> T: ...
+
+    def get(self, key: Key[T], default: T | None = None) -> T | None:
+        value: T | None = self._values.get(key, default)
+        return value
+
+    def require(self, key: Key[T]) -> T:
+        """The value under `key`; a `LookupError` naming the key when absent."""
+        if key not in self._values:
+            raise LookupError(f"{key.name} is not available here (its primitive is not attached)")
+        value: T = self._values[key]
+        return value
+
+    def set(self, key: Key[T], value: T) -> None:
+        self._values[key] = value
+
+    def setdefault(self, key: Key[T], factory: Callable[[], T]) -> T:
+        if key not in self._values:
+            self._values[key] = factory()
+        value: T = self._values[key]
+        return value
+
+    def pop(self, key: Key[T]) -> T | None:
+        value: T | None = self._values.pop(key, None)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+
+# --- the stream, the run, the endpoint, the host ------------------------------------------
+
+
+class Stream(Protocol):
+    """One prompt's frames, as a tool or primitive speaks on them (`StreamingSession`)."""
+
+    @property
+    def conversation_id(self) -> str: ...
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def stream(self, message: str) -> str: ...
+
+    async def send(self, text: str) -> None: ...
+
+    async def emit(self, event: Any, data: Mapping[str, Any] | None = None) -> None: ...
+
+
+class Run(Protocol):
+    """One prompt run (or a sub-agent's / fleet member's run inside one)."""
+
+    @property
+    def conversation_id(self) -> str: ...
+
+    @property
+    def user_id(self) -> str | None: ...
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def endpoint(self) -> Endpoint: ...
+
+    @property
+    def session(self) -> Stream: ...
+
+    @property
+    def parent(self) -> Run | None: ...
+
+    @property
+    def root(self) -> Run:
+        """The top-level run (the request) this run belongs to."""
+        ...
+
+    @property
+    def state(self) -> TypedMap:
+        """Per-run scratch space for primitives, keyed by their own `Key`s."""
+        ...
+
+    @property
+    def usage(self) -> Usage: ...
+
+    def resolve(self, kind: type[T]) -> T | None:
+        """The injectable of type `kind` for this run (built once per run); `None` if absent."""
+        ...
+
+    def add_usage(self, usage: Usage) -> None: ...
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        """Keep the request alive while the block runs, even if its client leaves (approvals)."""
+        ...
+
+    def child(self, endpoint: Endpoint, *, conversation_id: str, sink: FrameSink) -> Run:
+        """A run of `endpoint` inside this one (a sub-agent): its frames go to `sink`."""
+        ...
+
+    def recall(self, call: ToolCall, kind: str) -> Any | None:
+        """Durable runs: what this run's first life journalled as `kind` for `call`.
+
+        Set only in a run resumed after a restart, for what was journalled before it; `None`
+        otherwise (always `None` when durable runs are off, and in sub-agents' runs).
+        """
+        ...
+
+    async def checkpoint(
+        self, call: ToolCall, kind: str, value: Any, *, wait: bool = False
+    ) -> None:
+        """Durable runs: journal `value` as `kind` for `call` (JSON-serializable), in order with
+        the run's frames; `wait` returns only once it is stored. A no-op when durable runs are
+        off and in sub-agents' runs (they run again as a whole)."""
+        ...
+
+
+Provider = Callable[[Run], Any]
+"""Builds an injectable for one run."""
+
+
+class RunInterceptor(Protocol):
+    """Shapes every model request of a run and sees each finished turn."""
+
+    async def before_request(self, run: Run, request: ModelRequest) -> ModelRequest: ...
+
+    async def after_turn(self, run: Run, messages: Sequence[Message]) -> None: ...
+
+
+class HistoryStore(Protocol):
+    """Where a conversation's messages live between prompts (the memory primitive provides it)."""
+
+    async def load(self, run: Run) -> list[Message]: ...
+
+    async def append(self, run: Run, messages: Sequence[Message]) -> None: ...
+
+
+@runtime_checkable
+class HistoryMark(Protocol):
+    """A `HistoryStore` that can say where a conversation's history stands (the memory
+    primitive's `ConversationMemory` can): a durable run journals this mark as it loads the
+    history, and its resumed life compares it with the mark then, to tell whether the
+    conversation went on without it (`kernel.loop.RunSuperseded`)."""
+
+    async def newest_seq(self, run: Run) -> int:
+        """The seq of the run's conversation's newest stored message (0 when it has none)."""
+        ...
+
+
+@runtime_checkable
+class PendingCloser(Protocol):
+    """An approval hook that can close what a run's earlier life left waiting for a person:
+    the kernel calls it when it ends a resumed run instead of resuming it (a superseded run,
+    `kernel.loop.RunSuperseded`), so those approvals are neither listed nor answerable."""
+
+    async def close_pending(self, run: Run, journal: Mapping[str, Any]) -> None:
+        """Close the approvals `journal` (the run's first life's checkpoints) left unanswered."""
+        ...
+
+
+class CloseHook(Protocol):
+    """Told when a conversation closes; returns whether it knew the conversation."""
+
+    async def __call__(self, conversation_id: str, user_id: str | None) -> bool: ...
+
+
+class AdmissionHook(Protocol):
+    """Runs before a call runs: a string answers the call instead of the tool, a mapping
+    replaces its arguments, `None` admits it as it is."""
+
+    async def __call__(
+        self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: Run
+    ) -> str | Mapping[str, Any] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """An approval hook's verdict: run (maybe with edited arguments) or answer with `result`."""
+
+    approved: bool
+    arguments: Mapping[str, Any] | None = None
+    result: str | None = None
+
+
+class ApprovalHook(Protocol):
+    async def __call__(
+        self, call: ToolCall, tool: Tool, arguments: dict[str, Any], run: Run
+    ) -> Approval | None: ...
+
+
+class ResultHook(Protocol):
+    """Reshapes a result before the model sees it (e.g. offloads a huge one to a file)."""
+
+    async def __call__(self, call: ToolCall, tool: Tool, result: str, run: Run) -> str: ...
+
+
+class Endpoint(Protocol):
+    """One prompt loop as the attach engines complete it (`kernel.endpoint.HostedEndpoint`)."""
+
+    path: str
+    kind: EndpointKind
+    owner: str
+    features: frozenset[Harness]
+    runtime: AgentRuntime
+    system_prompt: str
+    root: Path
+    tool_timeout: float
+    max_rounds: int
+    max_tool_calls: int
+    max_tool_argument_chars: int
+    cache_policy: PromptCache
+    spec: AgentSpec | None
+    tools: dict[str, Tool]
+    services: TypedMap
+    interceptors: list[RunInterceptor]
+    history: HistoryStore | None
+    close_hooks: list[CloseHook]
+    admission_hooks: list[AdmissionHook]
+    approval_hook: ApprovalHook | None
+    result_hooks: list[ResultHook]
+
+    def has(self, feature: Harness) -> bool: ...
+
+    def add_builtin_tool(self, tool: Tool) -> bool:
+        """Register a built-in tool unless a user tool already claims the name (the user wins)."""
+        ...
+
+    def provide(self, kind: type, provider: Provider) -> None:
+        """Make `kind` injectable into this endpoint's `@prompt` method and tools."""
+        ...
+
+    def report(self, key: str, state: str) -> None:
+        """Record what really attached (runtime truth, per endpoint and app-wide)."""
+        ...
+
+    def report_detail(self, key: str, states: Mapping[str, str]) -> None:
+        """Record a map of states under `key` (e.g. `mcp`: one per server), per endpoint only."""
+        ...
+
+    def derive(
+        self,
+        *,
+        agent_id: str,
+        system_prompt: str,
+        root: Path,
+        features: frozenset[Harness],
+        tools: Sequence[Tool],
+    ) -> Endpoint:
+        """A sub-agent's endpoint: this one's runtime and bounds, its own tools and root."""
+        ...
+
+
+class Host(Protocol):
+    """The running harness as a primitive sees it while it starts, attaches and stops."""
+
+    settings: HarnessSettings
+    services: TypedMap
+    """App-wide objects primitives share, by typed key."""
+    specs: list[AgentSpec]
+    agents: dict[str, AgentSpec]
+    """Every declared agent/coordinator by name, headless ones included (fleet members)."""
+
+    def endpoint(self, path: str) -> Endpoint | None: ...
+
+    def register_surface(self, kind: Key[T], owner: str, surface: T) -> bool:
+        """Record the exact instance an attach engine bound for `owner` (the admin API reads it)."""
+        ...
+
+    def spawn(
+        self, work: Coroutine[Any, Any, Any], *, name: str | None = None
+    ) -> asyncio.Task[Any]:
+        """Run background work the host waits for at shutdown (never on the request path)."""
+        ...
+
+    async def drain(self, timeout: float = 30.0) -> None: ...
+
+    async def prompt(
+        self,
+        path: str,
+        *,
+        message: str,
+        conversation_id: str,
+        user_id: str | None,
+        sink: FrameSink,
+        parent: Run | None = None,
+    ) -> Run:
+        """Run the `@prompt` method of the endpoint at `path` for one message (a fleet member)."""
+        ...
+
+
+class Primitive:
+    """Base class of an attach engine; override what the primitive needs.
+
+    A primitive opens what it needs when the host starts (stores, buses), completes every
+    endpoint whose resolved features include it (tools, injectables, hooks, runtime truth), and
+    closes on shutdown. The host runs them in the order it was given them.
+    """
+
+    name = "primitive"
+
+    async def start(self, host: Host) -> None:
+        """Open shared resources (called once, before any endpoint is attached)."""
+
+    def attach(self, endpoint: Endpoint, host: Host) -> None:
+        """Complete one endpoint (called for every hosted endpoint, features already resolved)."""
+
+    async def stop(self, host: Host) -> None:
+        """Release what `start` opened (called in reverse order at shutdown)."""
+
+
+# --- shared state the kernel owns -------------------------------------------------------------
+
+
+class Resource(Protocol):
+    """Something the host opens before its primitives start and closes after they stop.
+
+    A scale-out backend's connection pool is one: opening it connects (and migrates a schema)
+    so that a bad URL fails start-up, not the first request.
+    """
+
+    async def open(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class LockedRead:
+    """A read a run makes first under its conversation's lock, offered to the lock so that it
+    can make it in the round trip that takes the lock (`ConversationLocks.hold(..., read)`).
+
+    The reader subclasses it (the memory primitive's `memory.history.HistoryRead`). A lock
+    whose store holds what the read asks for makes it *after* the lock is taken, in the same
+    round trip, and calls `deliver` before its block starts; any other lock ignores it, and
+    the reader, finding nothing delivered, reads as it would have.
+    """
+
+    __slots__ = ("__weakref__", "delivered", "result")
+
+    def __init__(self) -> None:
+        self.delivered = False
+        self.result: Any = None
+
+    def deliver(self, result: Any) -> None:
+        self.delivered = True
+        self.result = result
+
+    def take(self) -> tuple[bool, Any]:
+        """`(delivered, result)`, once: the result is dropped (a later read must read again)."""
+        delivered, result = self.delivered, self.result
+        self.delivered, self.result = False, None
+        return delivered, result
+
+
+class ConversationLocks(Protocol):
+    """Prompts of one conversation run one at a time, so their history never interleaves.
+
+    The embedded implementation is an `asyncio.Lock` per conversation (one process); a
+    scale-out backend holds the lock across replicas.
+    """
+
+    def hold(
+        self, path: str, conversation_id: str, read: LockedRead | None = None
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold the conversation's lock for the block.
+
+        `read` (only passed when the history store offers one, see `LockedReader`) may be made
+        in the round trip that takes the lock, never before it is taken; a lock may ignore it.
+        """
+        ...
+
+
+@runtime_checkable
+class LockedReader(Protocol):
+    """A `HistoryStore` whose first read of a run can ride on the round trip that takes the
+    run's conversation lock (the memory primitive's `ConversationMemory` on a PostgreSQL or
+    Redis history): the kernel asks it for that read before it takes the lock."""
+
+    def locked_read(self, run: Run) -> LockedRead | None:
+        """The read to offer the lock, or `None` (nothing to gain)."""
+        ...
+
+
+class LiveRunHandle(Protocol):
+    """One run as the journal keeps it: the run publishes into it, readers follow it."""
+
+    path: str
+    conversation_id: str
+    user_id: str | None
+    session_id: str | None
+    task: asyncio.Task[Any] | None
+    """The run's task, once started."""
+
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def held(self) -> bool:
+        """Whether something (an approval wait) keeps the run alive past its readers."""
+        ...
+
+    @property
+    def durable(self) -> bool:
+        """Whether frames and checkpoints are journalled in a `RunStore` before readers see them."""
+        ...
+
+    @property
+    def suspended(self) -> bool:
+        """Stopped by a shutdown and to be resumed: the run must leave no trace of its end
+        (no history write, no `complete`/`error` frame) so that its next life finishes it."""
+        ...
+
+    @property
+    def start_seq(self) -> int:
+        """The seq of the last frame a resumed run's first life journalled (0 for a new run)."""
+        ...
+
+    @property
+    def checkpoints(self) -> Mapping[str, Any]:
+        """What a resumed run's first life journalled (model turns, tool results), by key."""
+        ...
+
+    async def publish(self, frame: Frame) -> None:
+        """The run's frame sink (may wait: a slow reader slows the run, bounded memory)."""
+        ...
+
+    async def checkpoint(self, key: str, value: Any, *, wait: bool = False) -> None:
+        """Journal `value` under `key`, in order with the frames (no-op unless `durable`)."""
+        ...
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        """Keep the run alive while the block runs, even if every reader leaves."""
+        ...
+
+    def follow(self, after: int = 0) -> AsyncGenerator[Frame, None]:
+        """Every frame with a seq above `after`, then each new one, until the run ends."""
+        ...
+
+    def interrupt(self, message: str) -> None:
+        """Server shutdown: end every reader with an `error` frame carrying `message` (not
+        journalled), and, when durable, mark the run suspended so it resumes on restart."""
+        ...
+
+
+class RunJournal(Protocol):
+    """Live (and recently finished) runs and their frames: a run outlives its connection.
+
+    With a `RunStore` (durable runs), runs also outlive the process: `open` resumes the runs a
+    killed process left unfinished, by calling `resume(handle, stored)` for each.
+    """
+
+    @property
+    def durable(self) -> bool: ...
+
+    def start(
+        self,
+        work: Callable[[LiveRunHandle], Coroutine[Any, Any, Any]],
+        *,
+        path: str,
+        conversation_id: str,
+        user_id: str | None,
+        session_id: str | None = None,
+        message: str = "",
+    ) -> LiveRunHandle:
+        """Run `work(handle)` in its own task; it publishes its frames into `handle`.
+
+        `message` is what a durable journal stores to run the prompt again after a restart.
+        """
+        ...
+
+    async def find(
+        self, path: str, conversation_id: str, *, session_id: str | None = None
+    ) -> LiveRunHandle | None:
+        """The run `session_id` names, else the oldest unfinished run, else the newest one."""
+        ...
+
+    async def open(
+        self, resume: Callable[[LiveRunHandle, StoredRun], Coroutine[Any, Any, Any]]
+    ) -> None:
+        """Start (host start-up): with a store, claim and resume unfinished runs, now and
+        whenever another process's lease on one expires."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop every unfinished run (shutdown) and wait for them to unwind; a durable journal
+        leaves them unfinished in its store, to resume on the next start."""
+        ...
+
+
+# --- the durable run store ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRun:
+    """What a `RunStore` keeps of one run to start it again: who, where, and the message."""
+
+    run_id: str
+    path: str
+    conversation_id: str
+    user_id: str | None
+    session_id: str
+    message: str
+    started_at: float
+    """Epoch seconds."""
+
+
+class RunStore(Protocol):
+    """Where durable runs are journalled: the storage behind a durable `RunJournal`.
+
+    The embedded implementation is `durable.SqliteRunStore` (a table set in the harness's SQLite
+    file); a scale-out backend (PostgreSQL, Redis) implements the same few operations. The
+    contract, which the journal relies on:
+
+    - `append(run, frames, checkpoints, create=...)` stores frames, each `(seq, event, data)`
+      (a run's seqs only grow), and checkpoints, each `(key, value)` (a later value replaces an
+      earlier one of the same key), atomically, in one write. `data` and `value` are JSON text,
+      ASCII-only (the journal encodes them when they are published, so a value changed later
+      cannot change what was journalled). `create` carries the run's record on its first
+      append, which also takes the lease for `owner`. When `append` returns, what it was given
+      survives a SIGKILL.
+    - With an `owner`, a shared store refuses the append of a run another owner has taken over
+      (this one's lease ran out: a stalled process) by raising `LeaseLost`; the journal then
+      stops the run here, since its new owner runs it.
+    - `load(run_id, limit)` gives back every checkpoint and the newest `limit` frames, decoded.
+    - `claim(owner, lease_seconds, limit)` atomically takes over unfinished runs whose lease
+      expired (or whose owner is known dead) and returns them; two owners never get one run.
+    - `heartbeat(owner, lease_seconds)` extends the lease of every unfinished run `owner` holds;
+      `release(owner)` gives them up at once (a graceful stop, so a restart resumes them now).
+    - `finish(run_id)` marks the run finished and compacts it: its frames and checkpoints go
+      (the conversation history now holds the turn), a small record stays until `expire`.
+    - `expire(before)` drops finished records older than `before` (epoch seconds).
+    - `open()` / `aclose()`: the store's resource lifecycle (the journal calls both).
+    - Owner ids are `host/pid/token`: a store may take over at once the runs of an owner it
+      knows is dead (the embedded store does, for processes of its own host).
+    - An owner starting with `FEED_OWNER` (a replica with durable runs off that shares its
+      frames so other replicas can follow them, `RunFeed`) holds runs that are never claimed
+      and never resumed; its appends are not a durability promise (a store may skip waiting
+      for its disk), carry frames only, are refused (`LeaseLost`) once the run is finished, and
+      finish the run when their last frame is terminal (the feed calls `finish` only when that
+      write failed).
+    """
+
+    name: str
+    """The truth's word for it: `sqlite`, `postgres`, `redis`."""
+
+    async def open(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def append(
+        self,
+        run_id: str,
+        frames: Sequence[tuple[int, str, str]],
+        checkpoints: Sequence[tuple[str, str]],
+        *,
+        create: StoredRun | None = None,
+        owner: str | None = None,
+        lease_seconds: float = 0.0,
+    ) -> None: ...
+
+    async def load(self, run_id: str, limit: int) -> tuple[dict[str, Any], list[Frame]]: ...
+
+    async def claim(self, owner: str, lease_seconds: float, limit: int) -> list[StoredRun]: ...
+
+    async def heartbeat(self, owner: str, lease_seconds: float) -> None: ...
+
+    async def release(self, owner: str) -> None: ...
+
+    async def finish(self, run_id: str) -> None: ...
+
+    async def expire(self, before: float) -> int: ...
+
+
+FEED_OWNER = "feed:"
+"""The prefix of a `RunStore` owner whose runs are only followed, never resumed (`RunFeed`)."""
+
+
+@runtime_checkable
+class RunStoreNow(Protocol):
+    """A `RunStore` that can also write an append synchronously, on the event loop.
+
+    Optional: the journal then writes each frame and checkpoint as it is published, without a
+    task or a thread hop. `append_now` takes `append`'s arguments and either stores them (and
+    returns `True`, with `append`'s guarantees) or writes nothing and returns `False` (too large
+    to write on the loop, or the store is busy): the journal then calls `append`. It must never
+    wait (no lock, no network, no `fsync`): the event loop does nothing else meanwhile.
+
+    The journal makes the payloads it hands such a store (`data`, `value`) with its `encode`:
+    the text of a JSON value in any form the store reads back as that value (an embedded store
+    may spare itself escaping a long string into JSON, see `durable.SqliteRunStore.encode`, and
+    even copying it: a `str` subclass carrying part of the payload aside, which only that
+    store's own `append` and `append_now` are given back).
+    """
+
+    def encode(self, value: Any) -> str: ...
+
+    def append_now(
+        self,
+        run_id: str,
+        frames: Sequence[tuple[int, str, str]],
+        checkpoints: Sequence[tuple[str, str]],
+        *,
+        create: StoredRun | None = None,
+        owner: str | None = None,
+        lease_seconds: float = 0.0,
+    ) -> bool: ...
+
+
+class LeaseLost(HarnessError, RuntimeError):
+    """A `RunStore.append` for a run another owner has taken over (this one's lease ran out)."""
+
+
+@runtime_checkable
+class RunFeed(Protocol):
+    """A `RunStore` other processes can follow a run from while it runs elsewhere.
+
+    Optional: with it, `GET P/conversations/{id}/events` on one replica replays and follows a
+    run another replica executes (`kernel.remote.RemoteRun` polls it). A store without it
+    serves re-attaching only on the replica that runs the run. With durable runs off, the
+    journal still writes a run's frames to it (the frame feed, owner `FEED_OWNER`...) so that
+    other replicas can follow the run; see `kernel.journal`.
+    """
+
+    async def latest(
+        self, path: str, conversation_id: str, *, session_id: str | None = None
+    ) -> tuple[StoredRun, bool] | None:
+        """The run `session_id` names, else the oldest unfinished run, else the newest one,
+        with whether it is finished; `None` when the conversation has none."""
+        ...
+
+    async def frames_after(self, run_id: str, after: int, limit: int) -> tuple[list[Frame], bool]:
+        """Up to `limit` stored frames with a seq above `after`, oldest first, and whether the
+        run is finished (read together, so "finished" covers every frame before it)."""
+        ...
+
+    async def abandon(self, message: str, limit: int) -> int:
+        """End up to `limit` followed-only runs (owner `FEED_OWNER`...) whose lease ran out
+        (their replica died): each gets a terminal `error` frame saying `message` after its
+        last stored frame and is marked finished, so its readers end instead of polling on.
+        Returns how many it ended."""
+        ...

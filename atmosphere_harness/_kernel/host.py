@@ -1,0 +1,358 @@
+"""`HarnessHost`: the running harness of one app (everything the router's lifespan owns).
+
+It resolves each declared class into a `HostedEndpoint`, runs the attach engines over it, keeps
+the per-owner surface registries the admin API reads, and tracks background work so shutdown
+can drain it. It never imports FastAPI: the web layer is a thin client of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Iterable, Sequence
+from typing import Any, TypeVar
+
+from .._contracts import (
+    ConversationLocks,
+    FrameSink,
+    Key,
+    LiveRunHandle,
+    Primitive,
+    Resource,
+    Run,
+    RunJournal,
+    StoredRun,
+    TypedMap,
+)
+from .._harness import Harness
+from .._log import get_logger
+from .._preset import HarnessPreset, effective_cache_policy
+from .._registry import AgentSpec, EndpointKind
+from .._runtimes.base import AgentRuntime
+from .._settings import HarnessSettings
+from .endpoint import HostedEndpoint
+from .journal import LiveRuns
+from .locks import InProcessConversationLocks
+from .run import RunContext, execute_prompt
+from .session import StreamingSession
+
+log = get_logger(__name__)
+T = TypeVar("T")
+
+MAX_REGISTERED_OWNERS = 1024
+
+
+class HarnessHost:
+    """The live harness: settings, preset, runtime, endpoints and shared services."""
+
+    def __init__(
+        self,
+        settings: HarnessSettings,
+        *,
+        runtime: AgentRuntime,
+        specs: Sequence[AgentSpec],
+        primitives: Sequence[Primitive] = (),
+        locks: ConversationLocks | None = None,
+        runs: RunJournal | None = None,
+        resources: Sequence[Resource] = (),
+    ) -> None:
+        self.settings = settings
+        self.preset = HarnessPreset(settings)
+        self.truth = self.preset.truth
+        self.runtime = runtime
+        self.specs = list(specs)
+        self.primitives = list(primitives)
+        self.services = TypedMap()
+        """App-wide objects primitives share (buses, stores), by typed key."""
+        self.endpoints: dict[str, HostedEndpoint] = {}
+        self.agents: dict[str, AgentSpec] = {}
+        """Every declared agent/coordinator by name, headless ones included (fleet members)."""
+        self.locks: ConversationLocks = locks if locks is not None else InProcessConversationLocks()
+        """One prompt at a time per conversation (`backends` may share them across replicas)."""
+        self.runs: RunJournal = runs if runs is not None else LiveRuns()
+        """Prompt runs started over HTTP, with their frame journals (see `journal`)."""
+        self.backends: dict[str, str] = {"state": "sqlite", "events": "local"}
+        """What holds shared state and carries fan-out (`backends.StateBackends.describe`)."""
+        self._surfaces: dict[Key[Any], dict[str, Any]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._started: list[Primitive] = []
+        self.resources = list(resources)
+        """Opened before the primitives start, closed after they stop (backend pools)."""
+        self._opened: list[Resource] = []
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._index_specs()
+        try:
+            for resource in self.resources:
+                await resource.open()
+                self._opened.append(resource)
+        except BaseException:
+            await self._close_resources()
+            raise
+        try:
+            for primitive in self.primitives:
+                await primitive.start(self)
+                self._started.append(primitive)
+            for spec in self.specs:
+                if spec.headless:
+                    log.info(
+                        "headless agent: no prompt loop, so the harness does not apply",
+                        agent=spec.name,
+                    )
+                    continue
+                self._host(spec)
+            # Last: a resumed run needs its endpoint attached.
+            await self.runs.open(self._resume)
+            if self.settings.durable_runs_effective:
+                store = getattr(self.runs, "store", None)
+                self.truth.set_durable(
+                    f"ACTIVE({getattr(store, 'name', 'custom')})"
+                    if self.runs.durable
+                    else "INACTIVE(no-store)"
+                )
+        except BaseException:
+            # A start-up error (a bad route, a tool-name collision) must not leave what the
+            # primitives already opened running (MCP server processes, the skills staging
+            # directory); `stop` closes the resources last.
+            await self.stop()
+            raise
+        mode = (
+            "kill switch"
+            if self.preset.kill_switch
+            else ("enabled app-wide" if self.settings.enabled else "per annotation")
+        )
+        log.info(
+            "harness started",
+            mode=mode,
+            endpoints=sorted(self.endpoints),
+            runtime=self.runtime.name,
+            excluded=sorted(self.preset.exclude_paths),
+        )
+
+    async def stop(self) -> None:
+        await self.runs.aclose()
+        await self.drain()
+        for primitive in reversed(self._started):
+            try:
+                await primitive.stop(self)
+            except Exception:
+                log.exception("primitive failed to stop cleanly", primitive=primitive.name)
+        self._started.clear()
+        close = getattr(self.runtime, "aclose", None)
+        if close is not None:
+            await close()
+        await self._close_resources()
+
+    async def _close_resources(self) -> None:
+        while self._opened:
+            resource = self._opened.pop()
+            try:
+                await resource.aclose()
+            except Exception:
+                log.exception("backend resource failed to close cleanly", resource=repr(resource))
+
+    def _index_specs(self) -> None:
+        paths: dict[str, AgentSpec] = {}
+        for spec in self.specs:
+            if spec.kind is not EndpointKind.AI_ENDPOINT:
+                if spec.name in self.agents:
+                    raise ValueError(f"two agents are named {spec.name!r}")
+                self.agents[spec.name] = spec
+            if not spec.headless:
+                if spec.path in paths:
+                    raise ValueError(
+                        f"{spec.cls.__name__} and {paths[spec.path].cls.__name__} both serve "
+                        f"{spec.path}"
+                    )
+                paths[spec.path] = spec
+
+    def _host(self, spec: AgentSpec) -> None:
+        features = self.preset.features_for(spec.path, spec.harness, spec.is_agent_default)
+        cache_policy = effective_cache_policy(
+            spec.prompt_cache, self.settings, cache_feature=Harness.CACHE in features
+        )
+        endpoint = HostedEndpoint.from_spec(
+            spec,
+            features=features,
+            runtime=self.runtime,
+            workspace_root=self.settings.workspace_root,
+            tool_timeout=self.settings.tool_execution_timeout,
+            max_rounds=self.settings.max_tool_rounds,
+            cache_policy=cache_policy,
+            truth=self.truth,
+            max_tool_calls=self.settings.max_tool_calls_per_message,
+            max_tool_argument_chars=self.settings.max_tool_argument_chars,
+        )
+        self.truth.seed_endpoint(
+            spec.path,
+            features,
+            compaction=self.settings.compaction.value,
+            cache_policy=cache_policy,
+            coordinator=spec.kind is EndpointKind.COORDINATOR,
+        )
+        for primitive in self.primitives:
+            primitive.attach(endpoint, self)
+        for name, kind in endpoint.prompt_parameters:
+            if kind not in (None, StreamingSession) and kind not in endpoint.providers:
+                log.warning(
+                    "prompt parameter will be None: its primitive is not attached here",
+                    endpoint=spec.path,
+                    parameter=name,
+                    type=getattr(kind, "__name__", str(kind)),
+                )
+        self.endpoints[spec.path] = endpoint
+
+    # --- surfaces the admin API reads ------------------------------------------------------
+
+    def register_surface(self, kind: Key[T], owner: str, surface: T) -> bool:
+        """Record the exact instance an attach engine bound for `owner` (e.g. its plan store)."""
+        if not owner or not owner.strip():
+            return False
+        registry = self._surfaces.setdefault(kind, {})
+        if owner not in registry and len(registry) >= MAX_REGISTERED_OWNERS:
+            log.warning("owner registry full; not registering", kind=kind, owner=owner)
+            return False
+        registry[owner] = surface
+        return True
+
+    def surface(self, kind: Key[T], owner: str) -> T | None:
+        found: T | None = self._surfaces.get(kind, {}).get(owner)
+        return found
+
+    def owners(self, kind: Key[Any]) -> list[str]:
+        return sorted(self._surfaces.get(kind, {}))
+
+    # --- runs -----------------------------------------------------------------------------
+
+    def start_run(
+        self,
+        endpoint: HostedEndpoint,
+        *,
+        message: str,
+        conversation_id: str,
+        user_id: str | None,
+    ) -> LiveRunHandle:
+        """Start one prompt run in its own task, its frames journalled (the HTTP entry point)."""
+
+        async def work(live: LiveRunHandle) -> RunContext:
+            return await execute_prompt(
+                self,
+                endpoint,
+                message=message,
+                conversation_id=conversation_id,
+                user_id=user_id,
+                sink=live.publish,
+                holder=live.hold,
+                live=live,
+            )
+
+        return self.runs.start(
+            work,
+            path=endpoint.path,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            message=message,
+        )
+
+    async def _resume(self, live: LiveRunHandle, stored: StoredRun) -> RunContext | None:
+        """Run again a durable run a dead process left unfinished (see `kernel.journal`)."""
+        endpoint = self.endpoints.get(stored.path)
+        if endpoint is None:
+            log.warning(
+                "a durable run's endpoint is no longer hosted; the run ends",
+                endpoint=stored.path,
+                conversation=stored.conversation_id,
+            )
+            return None
+        return await execute_prompt(
+            self,
+            endpoint,
+            message=stored.message,
+            conversation_id=stored.conversation_id,
+            user_id=stored.user_id,
+            sink=live.publish,
+            holder=live.hold,
+            live=live,
+        )
+
+    async def prompt(
+        self,
+        path: str,
+        *,
+        message: str,
+        conversation_id: str,
+        user_id: str | None,
+        sink: FrameSink,
+        parent: Run | None = None,
+    ) -> RunContext:
+        """Run the endpoint at `path` for one message inside `parent` (a fleet member's answer)."""
+        endpoint = self.endpoints.get(path)
+        if endpoint is None:
+            raise LookupError(f"no endpoint is hosted at {path}")
+        if parent is not None and not isinstance(parent, RunContext):
+            raise TypeError(f"a parent run must be a kernel run, got {parent!r}")
+        return await execute_prompt(
+            self,
+            endpoint,
+            message=message,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            sink=sink,
+            parent=parent,
+        )
+
+    # --- concurrency ----------------------------------------------------------------------
+
+    def spawn(
+        self, work: Coroutine[Any, Any, Any], *, name: str | None = None
+    ) -> asyncio.Task[Any]:
+        """Run background work the host waits for at shutdown (never on the request path)."""
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed", task=task.get_name(), exc_info=task.exception())
+
+    async def drain(self, timeout: float = 30.0) -> None:
+        """Wait for background work (e.g. memory extraction) to finish, bounded by `timeout`."""
+        pending = set(self._tasks)
+        if not pending:
+            return
+        _done, still = await asyncio.wait(pending, timeout=timeout)
+        for task in still:
+            task.cancel()
+        if still:
+            log.warning("background tasks cancelled at shutdown", count=len(still))
+
+    async def close_conversation(
+        self, path: str, conversation_id: str, user_id: str | None = None
+    ) -> bool:
+        """Close a conversation of the endpoint at `path` (close route, WebSocket disconnect).
+
+        Every close hook of the endpoint is told (memory schedules its fact extraction in the
+        background); returns whether any of them knew the conversation. Hooks never raise here.
+        """
+        endpoint = self.endpoints.get(path)
+        if endpoint is None:
+            return False
+        known = False
+        for hook in endpoint.close_hooks:
+            try:
+                known = await hook(conversation_id, user_id) or known
+            except Exception:
+                log.exception("close hook failed", endpoint=path, conversation=conversation_id)
+        return known
+
+    # --- lookups --------------------------------------------------------------------------
+
+    def endpoint(self, path: str) -> HostedEndpoint | None:
+        return self.endpoints.get(path)
+
+    def endpoints_of(self, kinds: Iterable[EndpointKind]) -> list[HostedEndpoint]:
+        wanted = set(kinds)
+        return [endpoint for endpoint in self.endpoints.values() if endpoint.kind in wanted]

@@ -1,0 +1,150 @@
+"""`RemoteRun`: a run another replica executes, followed from the shared `RunStore`.
+
+With a shared store that is a `contracts.RunFeed` (PostgreSQL, Redis), as the durable journal
+or as the frame feed (durable runs off, `kernel.journal`), a client that
+re-attaches with `GET P/conversations/{id}/events` on a replica that does not run the
+conversation's run gets a `RemoteRun` from `LiveRuns.find`: it replays the stored frames after
+the client's `Last-Event-ID` and then polls the store every `POLL_SECONDS` for new ones until
+the run ends. Frames reach the store in the writer's groups, so a remote reader lags the
+replica that runs the run by up to one write plus one poll; a durable run taken over by a third
+replica (its owner died) goes on in the same rows, so the reader never notices the move. A
+frame-feed run whose replica died is never taken over: once its lease ran out, a replica's
+upkeep ends it with a terminal `error` frame (`RunFeed.abandon`), which ends the reader.
+
+A `RemoteRun` only reads: it cannot publish, hold or cancel the run (a reader leaving never
+stops a run on another replica, unlike a local reader of an unheld run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
+from typing import Any
+
+from .. import _events as events
+from .._contracts import RunFeed, RunStore, StoredRun
+from .._events import Frame
+
+REFERENCE = "$model"
+"""How a stored `tool-start` refers to the model turn holding its arguments: the very
+`kernel.journal.REFERENCE` (kept equal by a test; the journal imports this module)."""
+POLL_SECONDS = 0.25
+"""How often a remote reader asks the store for new frames while the run has none."""
+BATCH = 256
+"""Frames read per query."""
+
+
+class RemoteRun:
+    """A `contracts.LiveRunHandle` for reading a run another replica executes."""
+
+    def __init__(
+        self,
+        feed: RunFeed,
+        stored: StoredRun,
+        resolve: Callable[[list[Frame], Mapping[str, Any]], list[Frame]],
+        store: RunStore,
+        *,
+        durable: bool = True,
+    ) -> None:
+        self.feed = feed
+        self.store = store
+        self._resolve = resolve
+        """Frames as stored -> as sent (a `tool-start` refers to its model turn's checkpoint)."""
+        self._checkpoints: Mapping[str, Any] = {}
+        self.run_id = stored.run_id
+        self.path = stored.path
+        self.conversation_id = stored.conversation_id
+        self.user_id = stored.user_id
+        self.session_id: str | None = stored.session_id
+        self.task: asyncio.Task[Any] | None = None
+        self._finished = False
+        self._interrupt: str | None = None
+        self._wake = asyncio.Event()
+        self._durable = durable
+        """Followed from a durable journal, or from the frame feed (durable runs off)."""
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    @property
+    def held(self) -> bool:
+        return False
+
+    @property
+    def durable(self) -> bool:
+        return self._durable
+
+    @property
+    def suspended(self) -> bool:
+        return False
+
+    @property
+    def start_seq(self) -> int:
+        return 0
+
+    @property
+    def checkpoints(self) -> Mapping[str, Any]:
+        return {}
+
+    async def publish(self, frame: Frame) -> None:
+        raise RuntimeError("a remote run is read-only: its replica publishes its frames")
+
+    async def checkpoint(self, key: str, value: Any, *, wait: bool = False) -> None:
+        raise RuntimeError("a remote run is read-only: its replica journals it")
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        yield
+
+    async def follow(self, after: int = 0) -> AsyncGenerator[Frame, None]:
+        """The stored frames after `after`, then each new one, until the run ends."""
+        while True:
+            frames, finished = await self.feed.frames_after(self.run_id, after, BATCH)
+            frames = await self._as_sent(frames)
+            for frame in frames:
+                after = frame.seq
+                yield frame
+                if frame.terminal:
+                    self._finished = True
+                    return
+            if frames:
+                continue
+            if finished:
+                # Ended (its last frames were read above, or compacted away already).
+                self._finished = True
+                return
+            if self._interrupt is not None:
+                yield Frame(
+                    events.ERROR,
+                    {"message": self._interrupt, "type": "ServerShutdown"},
+                    self.session_id or "",
+                    self.conversation_id,
+                    after,
+                )
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
+
+    async def _as_sent(self, frames: list[Frame]) -> list[Frame]:
+        resolved = self._resolve(frames, self._checkpoints)
+        if any(_refers(frame) for frame in resolved):
+            # A model turn this reader has not read yet: (re)read the run's checkpoints.
+            self._checkpoints, _ = await self.store.load(self.run_id, 0)
+            resolved = self._resolve(frames, self._checkpoints)
+        return resolved
+
+    def interrupt(self, message: str) -> None:
+        """This server stops: end the reader (the run goes on on its own replica)."""
+        self._interrupt = message
+        self._wake.set()
+
+
+def _refers(frame: Frame) -> bool:
+    arguments = frame.data.get("arguments")
+    return (
+        frame.event == events.TOOL_START
+        and isinstance(arguments, Mapping)
+        and REFERENCE in arguments
+    )

@@ -1,0 +1,224 @@
+"""One prompt run: its ids, its stream, its injectables, and how a `@prompt` method is called."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .._contracts import Endpoint, FrameSink, LiveRunHandle, LockedReader, TypedMap
+from .._log import get_logger
+from .._runtimes.base import ToolCall, Usage
+from .endpoint import HostedEndpoint
+from .session import StreamingSession
+
+if TYPE_CHECKING:
+    from .host import HarnessHost
+
+Holder = Callable[[], contextlib.AbstractContextManager[None]]
+"""What keeps a request alive past its connection (its live run's `hold`)."""
+
+log = get_logger(__name__)
+T = TypeVar("T")
+
+
+class RunContext:
+    """Everything one prompt run shares between the loop, the tools and the primitives."""
+
+    def __init__(
+        self,
+        *,
+        host: HarnessHost | None,
+        endpoint: HostedEndpoint,
+        conversation_id: str,
+        user_id: str | None,
+        sink: FrameSink,
+        parent: RunContext | None = None,
+        holder: Holder | None = None,
+        live: LiveRunHandle | None = None,
+    ) -> None:
+        self.host = host
+        self.endpoint = endpoint
+        self.conversation_id = conversation_id
+        self.user_id = user_id
+        self.parent = parent
+        self.live = live if live is not None and live.durable and parent is None else None
+        """The durable journal of this (top-level) run; `None` when durable runs are off."""
+        self.session_id = (
+            live.session_id if live is not None and live.session_id else uuid.uuid4().hex
+        )
+        self.replaying = self.live is not None and bool(self.live.checkpoints)
+        """A resumed run replays its first life (its frames are not sent again) until it does
+        the first thing that life had not finished (`go_live`)."""
+        self.superseded = False
+        """A resumed run whose conversation went on without it: ended, nothing more is written
+        (`kernel.loop.RunSuperseded`)."""
+        self.model_turns = 0
+        """Model turns this run took (replayed ones included): the key of each turn's checkpoint."""
+        self.current_turn = 0
+        """The model turn whose tool calls run now (scopes their checkpoints)."""
+        self.loops = 0
+        """`session.stream` calls so far (scopes the history checkpoint of each)."""
+        self.session = StreamingSession(
+            self, sink, start_seq=self.live.start_seq if self.live else 0
+        )
+        self.usage = Usage()
+        self.state = TypedMap()
+        """Per-run scratch space for primitives (keyed by the primitive's own `Key`s)."""
+        self._holder = holder
+        self._resolved: dict[type, Any] = {StreamingSession: self.session}
+
+    @property
+    def root(self) -> RunContext:
+        """The top-level run (the request) this run belongs to."""
+        run = self
+        while run.parent is not None:
+            run = run.parent
+        return run
+
+    def resolve(self, kind: type[T]) -> T | None:
+        """The injectable of type `kind` for this run, built once per run; `None` if absent."""
+        if kind in self._resolved:
+            value: T | None = self._resolved[kind]
+            return value
+        provider = self.endpoint.providers.get(kind)
+        value = provider(self) if provider is not None else None
+        self._resolved[kind] = value
+        return value
+
+    def add_usage(self, usage: Usage) -> None:
+        self.usage = self.usage + usage
+        if self.parent is not None:
+            self.parent.add_usage(usage)
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        """Keep the request alive past its connection while the block runs (an approval wait).
+
+        A request started as a live run is held by its journal; any other run has nothing
+        to hold, so this is a no-op there.
+        """
+        root = self.root
+        return root._holder() if root._holder is not None else contextlib.nullcontext()
+
+    # --- durable runs -----------------------------------------------------------------------
+
+    @property
+    def suspended(self) -> bool:
+        """Stopped by a shutdown, to resume on restart: leave no trace of an end."""
+        live = self.root.live
+        return live is not None and live.suspended
+
+    def go_live(self) -> None:
+        """The replay of a resumed run is over: from here on its frames are new and sent."""
+        root = self.root
+        if root.replaying:
+            root.replaying = False
+            log.info(
+                "resumed run caught up with its journal",
+                endpoint=root.endpoint.path,
+                conversation=root.conversation_id,
+            )
+
+    def recalled(self, key: str) -> Any | None:
+        """What the first life journalled under `key` (only in a resumed top-level run)."""
+        live = self.live
+        return live.checkpoints.get(key) if live is not None else None
+
+    async def record(self, key: str, value: Any, *, wait: bool = False) -> None:
+        if self.live is not None:
+            await self.live.checkpoint(key, value, wait=wait)
+
+    def call_key(self, call: ToolCall, kind: str) -> str:
+        return f"{kind}:{self.current_turn}:{call.id}"
+
+    def recall(self, call: ToolCall, kind: str) -> Any | None:
+        if self.live is None or not self.live.checkpoints:  # (a first life: nothing to recall)
+            return None
+        return self.recalled(self.call_key(call, kind))
+
+    async def checkpoint(
+        self, call: ToolCall, kind: str, value: Any, *, wait: bool = False
+    ) -> None:
+        if self.live is not None:
+            await self.live.checkpoint(self.call_key(call, kind), value, wait=wait)
+
+    def child(self, endpoint: Endpoint, *, conversation_id: str, sink: FrameSink) -> RunContext:
+        """A sub-agent's run inside this one, on an endpoint `derive` built."""
+        if not isinstance(endpoint, HostedEndpoint):
+            raise TypeError(f"a child run needs a kernel endpoint, got {endpoint!r}")
+        return RunContext(
+            host=self.host,
+            endpoint=endpoint,
+            conversation_id=conversation_id,
+            user_id=self.user_id,
+            sink=sink,
+            parent=self,
+        )
+
+
+async def execute_prompt(
+    host: HarnessHost,
+    endpoint: HostedEndpoint,
+    *,
+    message: str,
+    conversation_id: str,
+    user_id: str | None,
+    sink: FrameSink,
+    parent: RunContext | None = None,
+    holder: Holder | None = None,
+    live: LiveRunHandle | None = None,
+) -> RunContext:
+    """Call the endpoint's `@prompt` method for one message and finish its stream.
+
+    The stream always ends with exactly one `complete` or `error` frame, whatever the method
+    does (unless a shutdown suspends a durable run: its next life ends it); prompts of one
+    conversation run one at a time. `parent` makes the run part of another (a fleet member
+    answering a coordinator); `holder` keeps it alive past its connection; `live` is its
+    journal (a durable one makes the run resumable, and replays a resumed run's first life).
+    """
+    run = RunContext(
+        host=host,
+        endpoint=endpoint,
+        conversation_id=conversation_id,
+        user_id=user_id,
+        sink=sink,
+        parent=parent,
+        holder=holder,
+        live=live,
+    )
+    session = run.session
+    spec = endpoint.spec
+    assert spec is not None
+    assert spec.prompt_method is not None
+    try:
+        # The history's first read may ride on the round trip that takes the lock (a networked
+        # backend's lock and history on one server); `read` is only passed when there is one,
+        # so a `ConversationLocks` of the application's own needs no parameter for it.
+        history = endpoint.history
+        read = history.locked_read(run) if isinstance(history, LockedReader) else None
+        holding = (
+            host.locks.hold(endpoint.path, conversation_id)
+            if read is None
+            else host.locks.hold(endpoint.path, conversation_id, read)
+        )
+        async with holding:
+            kwargs: dict[str, Any] = {}
+            for name, kind in endpoint.prompt_parameters:
+                kwargs[name] = message if kind is None else run.resolve(kind)
+            method = getattr(endpoint.instance, spec.prompt_method)
+            result = await method(**kwargs)
+            if isinstance(result, str) and result and not session.closed:
+                await session.send(result)
+                session.last_text = result
+        await session.complete()
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        if run.suspended:
+            raise
+        if not run.superseded:  # (that one is logged where it is found, and is no failure)
+            log.warning("prompt run failed", endpoint=endpoint.path, error=str(exc), exc_info=True)
+        await session.error(exc)
+    return run

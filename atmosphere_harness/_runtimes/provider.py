@@ -1,0 +1,305 @@
+"""What the provider adapters share: streaming, history repair, per-turn context, SDK errors.
+
+Both official SDKs (`openai`, `anthropic`) are generated from the same template, so their error
+classes have the same names and attributes; `sdk_error` turns either into a `ModelError` whose
+message tells the user what to fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from types import ModuleType
+from typing import Any, Protocol
+
+import httpx2
+
+from .._jsontext import compact_json
+from .base import Message, ModelError, ModelRequest, ModelResponse, TextSink
+from .windows import model_context_window
+
+RETRY_WAIT_SECONDS = 120.0
+"""The longest wait one retry may add (a server's `Retry-After` included)."""
+
+DEFAULT_SDK_TIMEOUT = 600.0
+"""Both SDKs' default, assumed for a client whose timeout says nothing."""
+
+DRAIN_SECONDS = 1.0
+"""How long to read past the end of a finished stream, so its connection can be reused."""
+
+Event = dict[str, Any]
+
+
+class RawResponse(Protocol):
+    """What the SDKs' `with_raw_response` calls return: the unread HTTP response."""
+
+    @property
+    def http_response(self) -> httpx2.Response: ...
+
+
+class Turn(Protocol):
+    """Accumulates the events of one streamed model turn."""
+
+    def add(self, event: Event) -> str:
+        """Take one event; returns its text delta."""
+        ...
+
+    def response(self) -> ModelResponse: ...
+
+
+class SdkRuntime:
+    """What the SDK-backed runtimes share: the client, one streamed call, shutdown.
+
+    A subclass says how to build the request body (`wire_request`), how to send it
+    (`send`, returning the SDK's raw response) and how to read the events (`new_turn`).
+    """
+
+    provider = ""
+    """The provider's name in error messages (`OpenAI`, `Anthropic`)."""
+
+    sdk: ModuleType
+    """The SDK module, whose error classes `sdk_error` translates."""
+
+    def __init__(self, client: Any, model: str, *, owns_client: bool) -> None:
+        self.client = client
+        self.model = model.strip()
+        self.base_url = str(client.base_url)
+        self.max_retries: int = client.max_retries
+        self.context_window: int | None = model_context_window(self.model)
+        """The model's context window (tokens) when it is a well-known model, else `None`."""
+        self._owns_client = owns_client
+
+    def wire_request(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body of one model call."""
+        raise NotImplementedError
+
+    def send(self, body: dict[str, Any]) -> Awaitable[RawResponse]:
+        raise NotImplementedError
+
+    def new_turn(self) -> Turn:
+        raise NotImplementedError
+
+    async def complete(
+        self, request: ModelRequest, *, on_text: TextSink | None = None
+    ) -> ModelResponse:
+        """One streamed model call.
+
+        The SDK sends the request (auth, headers, retries with backoff, status errors); the
+        events are then read as plain JSON rather than through the SDK's models, which cost most
+        of the client's CPU per chunk (about three quarters on Chat Completions, see
+        `benchmarks/bench_runtimes.py`). SDK and transport errors become a `ModelError`; the
+        response is closed on every exit, cancellation included, so a client that disconnects
+        stops the provider's generation too.
+        """
+        turn = self.new_turn()
+        body = self.wire_request(request)
+        deadline = start_deadline(self.client.timeout, self.max_retries)
+        try:
+            async with asyncio.timeout(deadline):
+                raw = await self.send(body)
+        except TimeoutError:
+            raise ModelError(
+                f"{self.provider} did not start answering within {deadline:g}s, retries "
+                "included (see LLM_TIMEOUT and LLM_MAX_RETRIES)"
+            ) from None
+        except self.sdk.APIError as exc:
+            raise sdk_error(self, exc) from exc
+        response = raw.http_response
+        try:
+            async for event in sse_events(response):
+                failure = event.get("error")
+                if failure is not None:
+                    raise ModelError(f"{self.provider} stream failed: {_detail(event) or failure}")
+                text = turn.add(event)
+                if text and on_text is not None:
+                    await on_text(text)
+            await _drain(response)
+        except httpx2.TimeoutException:
+            raise ModelError(
+                f"{self.provider} at {self.base_url} went silent mid-answer "
+                "(raise LLM_TIMEOUT if it is slow)"
+            ) from None
+        except httpx2.TransportError as exc:
+            raise ModelError(
+                f"{self.provider} at {self.base_url} broke off mid-answer: {exc}"
+            ) from exc
+        finally:
+            await response.aclose()
+        return turn.response()
+
+    async def aclose(self) -> None:
+        """Close the SDK client, unless the caller passed it in (then it is theirs)."""
+        if self._owns_client:
+            await self.client.close()
+
+
+def start_deadline(timeout: object, retries: int) -> float:
+    """How long a call may take to *start* streaming, every try and retry wait included.
+
+    The OpenAI SDK caps one `Retry-After` wait at two minutes, the Anthropic SDK obeys any value
+    (a proxy answering `Retry-After: 86400` would hold the run for a day); this bounds both the
+    same way: `(retries + 1)` tries of `timeout` each, plus `RETRY_WAIT_SECONDS` per retry.
+    """
+    if isinstance(timeout, httpx2.Timeout):
+        phases = (timeout.connect, timeout.read, timeout.write, timeout.pool)
+        timeout = max((phase for phase in phases if phase is not None), default=None)
+    seconds = float(timeout) if isinstance(timeout, int | float) else DEFAULT_SDK_TIMEOUT
+    return (retries + 1) * seconds + retries * RETRY_WAIT_SECONDS
+
+
+async def sse_events(response: httpx2.Response) -> AsyncIterator[Event]:
+    """The JSON payload of every server-sent event, until the stream ends or `[DONE]`."""
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if line.startswith("data:"):
+            data.append(line[6:] if line.startswith("data: ") else line[5:])
+            continue
+        if line or not data:
+            continue  # `event:`/`id:` fields and comments: the payload carries its own type
+        payload = "\n".join(data)
+        data.clear()
+        if payload.strip() == "[DONE]":
+            return
+        yield _decode(payload)
+    if data and "\n".join(data).strip() != "[DONE]":
+        yield _decode("\n".join(data))
+
+
+async def _drain(response: httpx2.Response) -> None:
+    """Read what follows `[DONE]` (the end of the chunked body), bounded in time.
+
+    An HTTP/1.1 connection closed with unread body bytes cannot go back to the pool, and a new
+    TLS connection per model call costs a round trip or two.
+    """
+    if response.is_closed:
+        return  # the body was read to its end: nothing left to drain
+    with contextlib.suppress(httpx2.HTTPError, httpx2.StreamError, TimeoutError):
+        async with asyncio.timeout(DRAIN_SECONDS):
+            async for _ in response.stream:  # type: ignore[union-attr]
+                pass
+
+
+def _decode(payload: str) -> Event:
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        raise ModelError(f"the model server sent malformed JSON: {payload[:200]!r}") from None
+    if not isinstance(event, dict):
+        raise ModelError(f"the model server sent an unexpected event: {payload[:200]!r}")
+    return event
+
+
+MISSING_RESULT = json.dumps(
+    {
+        "error": "tool_result_missing",
+        "message": "This call has no recorded result (the run was interrupted before it finished).",
+    },
+    separators=(",", ":"),
+)
+"""The result sent for a recorded tool call whose result never made it into the history."""
+
+
+def paired(messages: Sequence[Message]) -> list[Message]:
+    """The history with every tool call answered exactly once, right after the call.
+
+    Providers answer 400 to an orphaned tool result or an unanswered call, and the bad history
+    would then fail every later prompt of the conversation. So a result that answers no pending
+    call (or answers one twice) is dropped, and a call left without a result gets
+    `MISSING_RESULT`. A well-formed history comes back unchanged.
+    """
+    out: list[Message] = []
+    pending: dict[str, Any] = {}
+
+    def settle() -> None:
+        for call in pending.values():
+            out.append(Message.tool(call, MISSING_RESULT))
+        pending.clear()
+
+    for message in messages:
+        if message.role == "tool":
+            if message.tool_call_id in pending:
+                del pending[message.tool_call_id]
+                out.append(message)
+            continue
+        settle()
+        out.append(message)
+        if message.role == "assistant":
+            pending = {call.id: call for call in message.tool_calls}
+    settle()
+    return out
+
+
+def context_text(request: ModelRequest) -> str:
+    """The per-turn context (recalled facts, plan reminder) as one block; empty when none."""
+    return "\n\n".join(item.strip() for item in request.context if item and item.strip())
+
+
+def arguments_json(arguments: object) -> str:
+    """Tool-call arguments as the JSON text a provider expects back in the history."""
+    if isinstance(arguments, str):
+        return arguments
+    return _TEXT(arguments)
+
+
+_TEXT = compact_json(ascii_only=False)
+
+
+def parse_arguments(text: str) -> Any:
+    """The model's arguments as a dict; malformed JSON stays text, for the executor to reject."""
+    if not text.strip():
+        return {}
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return text
+    return parsed if isinstance(parsed, dict) else text
+
+
+_STATUS_HINTS = {
+    401: "check LLM_API_KEY",
+    403: "check LLM_API_KEY and the key's permissions",
+    404: "check LLM_MODEL and LLM_BASE_URL",
+    413: "the request is too large for the model",
+}
+_RETRIED = frozenset({408, 409, 429})
+
+
+def sdk_error(runtime: SdkRuntime, exc: Exception) -> ModelError:
+    """A clear `ModelError` for an `openai`/`anthropic` SDK `APIError`."""
+    sdk, provider, retries = runtime.sdk, runtime.provider, runtime.max_retries
+    if isinstance(exc, sdk.APIStatusError):
+        status = int(exc.status_code)
+        detail = _detail(exc.body) or exc.message
+        if status in _RETRIED or status >= 500:
+            tries = f" after {retries} {'retry' if retries == 1 else 'retries'}"
+            return ModelError(f"{provider} failed (HTTP {status}){tries}: {detail}")
+        hint = _STATUS_HINTS.get(status)
+        suffix = f" ({hint})" if hint else ""
+        return ModelError(f"{provider} rejected the request (HTTP {status}): {detail}{suffix}")
+    if isinstance(exc, sdk.APITimeoutError):
+        return ModelError(
+            f"{provider} at {runtime.base_url} timed out (raise LLM_TIMEOUT if it is slow)"
+        )
+    if isinstance(exc, sdk.APIConnectionError):
+        cause = exc.__cause__ or exc.__context__
+        reason = f": {cause}" if cause else ""
+        return ModelError(f"cannot reach {provider} at {runtime.base_url}{reason}")
+    return ModelError(f"{provider} error: {getattr(exc, 'message', None) or exc}")
+
+
+def _detail(body: object) -> str:
+    """The provider's own error message out of its JSON error body."""
+    if isinstance(body, Mapping):
+        inner = body.get("error")
+        if isinstance(inner, Mapping) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+        if isinstance(inner, str):
+            return inner
+        if isinstance(body.get("message"), str):
+            return str(body["message"])
+        return ""
+    if isinstance(body, str):
+        return body.strip()[:500]
+    return ""

@@ -1,0 +1,76 @@
+"""Pick the model runtime from the settings (`LLM_RUNTIME`, `LLM_MODEL`, `LLM_BASE_URL`)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from .._log import get_logger
+from .._settings import HarnessSettings, RuntimeChoice
+from .base import AgentRuntime
+from .scripted import ScriptedRuntime
+
+log = get_logger(__name__)
+
+RuntimeFactory = Callable[[HarnessSettings], AgentRuntime]
+
+FACTORIES: dict[RuntimeChoice, RuntimeFactory] = {
+    RuntimeChoice.SCRIPTED: lambda settings: ScriptedRuntime.demo(),
+}
+"""Runtime factories by choice; provider runtimes register themselves here when importable."""
+
+
+def _openai(settings: HarnessSettings) -> AgentRuntime:
+    from .openai import OpenAIRuntime
+
+    return OpenAIRuntime.from_settings(settings)
+
+
+def _anthropic(settings: HarnessSettings) -> AgentRuntime:
+    from .anthropic import AnthropicRuntime
+
+    return AnthropicRuntime.from_settings(settings)
+
+
+# A provider runtime is registered only when its SDK is installed (the `openai` / `anthropic`
+# extras), and imported only when chosen: the SDKs take a while to import.
+if importlib.util.find_spec("openai") is not None:
+    FACTORIES[RuntimeChoice.OPENAI] = _openai
+if importlib.util.find_spec("anthropic") is not None:
+    FACTORIES[RuntimeChoice.ANTHROPIC] = _anthropic
+
+
+def configured_provider(settings: HarnessSettings) -> RuntimeChoice | None:
+    """The provider a configured model points at, if any (`auto` mode).
+
+    A base URL decides when there is one (a `claude-*` model behind an OpenAI-compatible proxy
+    such as LiteLLM is still spoken to as OpenAI); otherwise the model name does.
+    """
+    if not (settings.llm_model or settings.llm_base_url):
+        return None
+    if settings.llm_base_url:
+        host = urlsplit(settings.llm_base_url.strip()).hostname or settings.llm_base_url
+        return RuntimeChoice.ANTHROPIC if "anthropic" in host.lower() else RuntimeChoice.OPENAI
+    model = (settings.llm_model or "").lower()
+    return RuntimeChoice.ANTHROPIC if "claude" in model else RuntimeChoice.OPENAI
+
+
+def resolve_runtime(settings: HarnessSettings) -> AgentRuntime:
+    choice = settings.llm_runtime
+    if choice is RuntimeChoice.AUTO:
+        provider = configured_provider(settings)
+        if provider is None:
+            log.warning(
+                "no model configured (LLM_MODEL / LLM_BASE_URL); using the built-in scripted "
+                "demo runtime"
+            )
+            return ScriptedRuntime.demo()
+        choice = provider
+    factory = FACTORIES.get(choice)
+    if factory is None:
+        raise RuntimeError(
+            f"LLM_RUNTIME={choice.value} needs its provider SDK: "
+            f"pip install 'atmosphere-harness[{choice.value}]'"
+        )
+    return factory(settings)

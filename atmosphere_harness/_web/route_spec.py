@@ -1,0 +1,54 @@
+"""The shapes every route builder shares: `RouteSpec`, the prompt body, the SSE response doc.
+
+Kept apart from `routes` (which lists the builders) so a builder imports them at the top of its
+module instead of late, inside a function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .._ids import check_conversation_id
+from .._registry import AgentSpec
+from .deps import CONVERSATION_ID_SCHEMA
+
+MAX_MESSAGE_CHARS = 1_000_000
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    """One route to declare: an HTTP route (`methods`) or a WebSocket route (`websocket=True`)."""
+
+    path: str
+    endpoint: Callable[..., Any]
+    methods: tuple[str, ...] = ()
+    websocket: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+RouteBuilder = Callable[[AgentSpec], list[RouteSpec]]
+
+
+class PromptRequest(BaseModel):
+    """Body of `POST P`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    conversationId: str | None = Field(  # noqa: N815 - the wire name is fixed
+        None,
+        description="Continue this conversation; a new id is generated when absent.",
+        json_schema_extra=CONVERSATION_ID_SCHEMA,
+    )
+
+    @field_validator("conversationId")
+    @classmethod
+    def _check_id(cls, value: str | None) -> str | None:
+        return None if value is None else check_conversation_id(value)
+
+
+SSE_RESPONSE = {200: {"content": {"text/event-stream": {}}, "description": "A stream of frames"}}

@@ -1,0 +1,256 @@
+"""`create_harness_router`: the one router a host includes.
+
+Every route is declared when the router is built, so `app.include_router(router, prefix="/v1")`
+serves the agents under the prefix and `app.openapi()` lists them before the app starts. The
+per-endpoint routes come from the agents' declarations (`routes.ROUTE_BUILDERS`); their handlers
+find the running host in the lifespan state (`get_harness`) and their endpoint by path.
+
+The router carries its own lifespan, merged into the app's by `include_router`: settings are
+resolved, stores opened and the declared agents hosted when the app starts, and everything is
+closed when it stops. The lifespan state holds the running `HarnessHost` under one namespaced
+key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, FastAPI
+from starlette.routing import BaseRoute
+
+from .._assembly import build_host
+from .._contracts import Primitive
+from .._governance.approval import ToolApprovalPolicy
+from .._kernel.host import HarnessHost
+from .._log import ensure_handler, get_logger
+from .._preset import IDENTITY_NONE, LONG_TERM_MEMORY, is_active
+from .._registry import AgentSpec, EndpointKind, registered_agents, spec_of
+from .._runtimes.base import AgentRuntime
+from .._runtimes.resolve import resolve_runtime
+from .._settings import HarnessSettings
+from .admin import admin_router, warn_admin_posture
+from .console import console_router
+from .console_info import console_info_router
+from .deps import STATE_KEY, identity_source
+from .errors import HarnessRoute
+from .route_spec import RouteSpec
+from .routes import ROUTE_BUILDERS
+
+log = get_logger(__name__)
+
+
+class HarnessRouter(APIRouter):
+    """The router `create_harness_router` returns: the app-wide routes and every agent's routes.
+
+    With `agents=[...]` the agent routes are declared when the router is built. Without
+    (`harness_router`, `create_harness_router()`), the router hosts every decorated class, and
+    those are usually declared after the router object exists (`harness_router` is created when
+    `atmosphere_harness` is imported): the classes are then read from the decorator registry the
+    first time the router's routes are read, which is when the app includes it
+    (`app.include_router` reads `router.routes`). A class decorated after that has no routes,
+    so the app refuses to start and names it (`hosted_specs`).
+
+    Agent routes come first in the router, before the console and admin routes; where they
+    stand among the app's own routes is decided by the order of the app's `include_router`
+    calls, so include the harness router before a catch-all route or mount.
+    """
+
+    def __init__(
+        self,
+        *,
+        agents: Sequence[type] | None,
+        lifespan: Callable[[FastAPI], AbstractAsyncContextManager[Any]],
+    ) -> None:
+        self._specs: list[AgentSpec] | None = None
+        self._from_registry = False
+        super().__init__(lifespan=lifespan)
+        self.include_router(console_info_router())
+        self.include_router(admin_router())
+        self.include_router(console_router())
+        if agents is None:
+            self._from_registry = True  # declared on the first read of `routes`
+        else:
+            self._declare([spec_of(cls) for cls in agents])
+
+    @property
+    def routes(self) -> list[BaseRoute]:
+        if self._specs is None and self._from_registry:
+            self._declare(registered_agents())
+        return self._routes
+
+    @routes.setter
+    def routes(self, routes: list[BaseRoute]) -> None:
+        self._routes = routes
+
+    @property
+    def specs(self) -> list[AgentSpec]:
+        """Every agent this router declared routes for (or hosts, when headless)."""
+        if self._specs is None:  # a registry router whose routes were never read yet
+            self._declare(registered_agents())
+        assert self._specs is not None
+        return list(self._specs)
+
+    def hosted_specs(self) -> list[AgentSpec]:
+        """The specs the lifespan hosts: exactly those the routes were declared for.
+
+        Raises `RuntimeError` naming every class decorated after a registry router declared its
+        routes: it has no route, and hosting it anyway would make the host and its routes
+        disagree, so the app does not start.
+        """
+        specs = self.specs
+        if self._from_registry:
+            declared = {spec.cls for spec in specs}
+            late = [spec for spec in registered_agents() if spec.cls not in declared]
+            if late:
+                names = ", ".join(f"{spec.cls.__name__} ({spec.path})" for spec in late)
+                raise RuntimeError(
+                    f"{names}: decorated after the harness router declared its routes (when "
+                    "the app included it), so it has no routes. Declare the agent classes "
+                    "before app.include_router(...), or pass them to "
+                    "create_harness_router(agents=[...])"
+                )
+        return specs
+
+    def check_served(self, host: HarnessHost) -> None:
+        """Every endpoint the host runs must have the routes this router declared for it."""
+        declared = {spec.path for spec in self.specs if not spec.headless}
+        missing = [path for path in host.endpoints if path not in declared]
+        if missing:
+            raise RuntimeError(
+                f"the harness hosts {', '.join(missing)} but its router declared no routes for it"
+            )
+
+    def _declare(self, specs: Sequence[AgentSpec]) -> None:
+        """Declare every agent's routes, in front of the router's other routes."""
+        self._specs = with_fleets(specs)
+        before = list(self._routes)
+        paths: set[str] = set()
+        for spec in self._specs:
+            if spec.headless or spec.path in paths:
+                continue  # no prompt loop; a duplicate path fails at start-up, with both names
+            paths.add(spec.path)
+            for build in ROUTE_BUILDERS:
+                for route in build(spec):
+                    self._add(route)
+        added = self._routes[len(before) :]
+        self._routes[:] = added + before
+
+    def _add(self, route: RouteSpec) -> None:
+        """The one place a per-endpoint route is created (and its route class chosen)."""
+        if route.websocket:
+            self.add_api_websocket_route(route.path, route.endpoint, **route.options)
+        else:
+            self.add_api_route(
+                route.path,
+                route.endpoint,
+                methods=list(route.methods),
+                route_class_override=HarnessRoute,
+                **route.options,
+            )
+
+
+def with_fleets(specs: Sequence[AgentSpec]) -> list[AgentSpec]:
+    """`specs` and the fleet classes of their coordinators, nested fleets included.
+
+    A class named in a `fleet=[...]` is hosted even when the router was not given it (see
+    `delegation.fleet`), so it is declared here, in the order the host's fleet resolution adds
+    it. An entry the host rejects at start-up (not decorated, an `ai_endpoint`, a name or path
+    already taken) is left out, for the host to report.
+    """
+    out = list(specs)
+    names = {spec.name for spec in out if spec.kind is not EndpointKind.AI_ENDPOINT}
+    pending = [spec for spec in out if spec.kind is EndpointKind.COORDINATOR]
+    while pending:
+        for entry in pending.pop().fleet:
+            if not isinstance(entry, type):
+                continue
+            try:
+                spec = spec_of(entry)
+            except TypeError:
+                continue
+            if spec.kind is EndpointKind.AI_ENDPOINT or spec.name in names:
+                continue
+            if not spec.headless and any(other.path == spec.path for other in out):
+                continue
+            out.append(spec)
+            names.add(spec.name)
+            if spec.kind is EndpointKind.COORDINATOR:
+                pending.append(spec)
+    return out
+
+
+def note_identity(host: HarnessHost, identity: str) -> None:
+    """Record where the user comes from in the truth, and say so when nobody is ever known."""
+    host.truth.set_identity(identity)
+    if identity != IDENTITY_NONE:
+        return
+    remembering = [
+        path
+        for path in host.endpoints
+        if is_active(host.truth.endpoint(path).get(LONG_TERM_MEMORY, ""))
+    ]
+    if remembering:
+        log.info(
+            "long-term memory is attached but every request is anonymous, so it keeps no "
+            "facts: set ATMOSPHERE_USER_ID_HEADER behind an auth proxy, or override get_user_id",
+            endpoints=remembering,
+        )
+
+
+def create_harness_router(
+    settings: HarnessSettings | None = None,
+    *,
+    agents: Sequence[type] | None = None,
+    runtime: AgentRuntime | None = None,
+    long_term_memory: Any | None = None,
+    policies: Sequence[Any] = (),
+    approval_policy: ToolApprovalPolicy | None = None,
+    primitives: Sequence[Primitive] | None = None,
+) -> HarnessRouter:
+    """Build the harness router.
+
+    Args:
+        settings: Configuration; `None` reads `HarnessSettings()` from the environment when the
+            app starts (never at import).
+        agents: The decorated classes to host (and the classes their fleets name); `None` hosts
+            every decorated class, read when the app includes the router.
+        runtime: The model runtime; `None` resolves one from the settings.
+        long_term_memory: A long-term memory store to use instead of the default one.
+        policies: Governance policies evaluated on every tool call, `task` spawn and fleet
+            dispatch (before those of the `atmosphere_harness.policies` entry points).
+        approval_policy: Which tool calls wait for a person (default
+            `ToolApprovalPolicy.annotated()`; an agent class's `approval_policy` wins).
+        primitives: Replace the built-in attach engines (advanced; tests use it).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        ensure_handler()
+        specs = router.hosted_specs()
+        resolved = settings if settings is not None else HarnessSettings()
+        host = build_host(
+            resolved,
+            runtime=runtime if runtime is not None else resolve_runtime(resolved),
+            specs=specs,
+            primitives=primitives,
+            long_term_memory=long_term_memory,
+            policies=policies,
+            approval_policy=approval_policy,
+        )
+        await host.start()
+        try:
+            router.check_served(host)
+            warn_admin_posture(resolved)
+            note_identity(host, identity_source(app.dependency_overrides, resolved))
+            yield {STATE_KEY: host}
+        finally:
+            await host.stop()
+
+    router = HarnessRouter(agents=agents, lifespan=lifespan)
+    return router
+
+
+harness_router = create_harness_router()
+"""The default router: hosts every decorated class with settings from the environment."""

@@ -1,0 +1,177 @@
+"""Server-sent events: a prompt run as a `text/event-stream`, and `run_frames`, the one way
+every transport (SSE, WebSocket, AG-UI) reads a run.
+
+The run executes in its own task and writes its frames into a live-run journal
+(`kernel.journal`) that the response follows. A slow client therefore slows the run
+down (back-pressure) instead of growing memory; a client that stops reading for `SEND_TIMEOUT`
+seconds, or disconnects, cancels the run, unless the run is waiting for an approval: then it
+outlives the connection and a client re-attaches with `GET P/conversations/{id}/events`.
+Every harness SSE response is a `HarnessEventSource`, so a reader cut off that way costs one INFO
+line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextvars import ContextVar
+
+import anyio
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import SendTimeoutError
+from starlette.types import Receive, Scope, Send
+
+from .._contracts import LiveRunHandle
+from .._events import Frame
+from .._kernel.endpoint import HostedEndpoint
+from .._kernel.host import HarnessHost
+from .._kernel.journal import RESTARTING, STOPPING
+from .._log import get_logger
+
+log = get_logger(__name__)
+
+SEND_TIMEOUT = 30.0
+PING_SECONDS = 15
+SHUTDOWN_GRACE = 1.0
+"""Seconds a stream has, once the server is stopping, to send its last `error` frame."""
+QUEUE_FRAMES = 256
+"""Frames a transport may buffer for one slow client (the WebSocket outbox)."""
+
+_CUT_OFF: ContextVar[bool] = ContextVar("atmosphere_sse_cut_off", default=False)
+_UNFINISHED = "ASGI callable returned without completing response."
+
+
+class _CutOffFilter(logging.Filter):
+    """Drops uvicorn's "returned without completing response" ERROR for a stream this module
+    cut off on purpose (it already said so at INFO); uvicorn logs it in the request's own task,
+    so the context variable set there marks exactly that request."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_CUT_OFF.get() and record.getMessage() == _UNFINISHED)
+
+
+_CUT_OFF_FILTER = _CutOffFilter()
+logging.getLogger("uvicorn.error").addFilter(_CUT_OFF_FILTER)
+
+
+class HarnessEventSource(EventSourceResponse):
+    """An `EventSourceResponse` whose reader may be cut off without a traceback.
+
+    A client that takes nothing for `send_timeout` seconds makes sse-starlette raise
+    `SendTimeoutError` out of the response, which the ASGI server logs as an unhandled exception
+    with its traceback. Being cut off is the designed outcome for a client that stopped reading,
+    so it is logged as one INFO line instead; the stream's generator has already been closed
+    (cancelling its run, unless an approval holds it) and the server drops the connection.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            _CUT_OFF.set(True)
+            log.info(
+                "SSE client stopped reading; closed its stream",
+                path=scope.get("path"),
+                client=_client(scope),
+                send_timeout=self.send_timeout,
+            )
+
+
+def _client(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else None
+
+
+def frame_event(frame: Frame) -> ServerSentEvent:
+    """One frame as one SSE event: `event:` its type, `id:` its seq, `data:` the JSON frame."""
+    return ServerSentEvent(data=frame.to_json(), event=frame.event, id=str(frame.seq))
+
+
+async def run_frames(
+    host: HarnessHost,
+    endpoint: HostedEndpoint,
+    *,
+    message: str,
+    conversation_id: str,
+    user_id: str | None,
+) -> AsyncGenerator[Frame, None]:
+    """One prompt run as the frames it streams, read through its live-run journal.
+
+    Closing the iterator early cancels the run (and waits for it to unwind, so its turn is
+    persisted before the caller goes on), unless the run is held by a pending approval: then it
+    outlives the reader, as it does for SSE.
+    """
+    live = host.start_run(
+        endpoint, message=message, conversation_id=conversation_id, user_id=user_id
+    )
+    follower = live.follow(0)
+    try:
+        async with contextlib.aclosing(follower):
+            async for frame in follower:
+                yield frame
+    finally:
+        task = live.task
+        if task is not None and not task.done() and not live.held:
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def stream_prompt(
+    host: HarnessHost,
+    endpoint: HostedEndpoint,
+    *,
+    message: str,
+    conversation_id: str,
+    user_id: str | None,
+) -> EventSourceResponse:
+    """Start one prompt run and stream it from its first frame."""
+
+    def start() -> LiveRunHandle:
+        return host.start_run(
+            endpoint, message=message, conversation_id=conversation_id, user_id=user_id
+        )
+
+    return _follow(start, 0, conversation_id)
+
+
+def follow_run(live: LiveRunHandle, after: int) -> EventSourceResponse:
+    """Re-attach to a live (or recently finished) run: the frames after seq `after`, then live."""
+    return _follow(lambda: live, after, live.conversation_id)
+
+
+def _follow(
+    open_run: Callable[[], LiveRunHandle], after: int, conversation_id: str
+) -> EventSourceResponse:
+    stopping = anyio.Event()
+
+    # The run starts inside the generator: a response that never streams never starts one.
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        live = open_run()
+        # When the server stops, the stream ends with an `error` frame saying so (and a
+        # durable run is suspended, to resume on restart) instead of just being cut.
+        watcher = asyncio.get_running_loop().create_task(_interrupt_on(stopping, live))
+        try:
+            async for frame in live.follow(after):
+                yield frame_event(frame)
+                # A replay (or a burst) is written without the loop ever running in between, so
+                # a client gone after its first frame would not be noticed until all were
+                # written into the dead socket (one asyncio WARNING each). One turn of the loop
+                # per frame lets the server see the disconnect and drop the rest.
+                await asyncio.sleep(0)
+        finally:
+            watcher.cancel()
+
+    return HarnessEventSource(
+        events(),
+        ping=PING_SECONDS,
+        send_timeout=SEND_TIMEOUT,
+        headers={"X-Conversation-Id": conversation_id},
+        shutdown_event=stopping,
+        shutdown_grace_period=SHUTDOWN_GRACE,
+    )
+
+
+async def _interrupt_on(stopping: anyio.Event, live: LiveRunHandle) -> None:
+    await stopping.wait()
+    live.interrupt(RESTARTING if live.durable else STOPPING)
