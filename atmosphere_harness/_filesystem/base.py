@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from .._errors import HarnessError
-from .._injection import register_injectable
 from .._limits import KIB, MIB, FileSystemLimits
 
 __all__ = [
@@ -132,9 +131,6 @@ class AgentFileSystem(Protocol):
         ...
 
 
-register_injectable(AgentFileSystem)
-
-
 @dataclass(frozen=True, slots=True)
 class UserFiles:
     """The current user's durable files, as Claude's native memory tool (`/memories`) sees them.
@@ -147,6 +143,3 @@ class UserFiles:
 
     fs: AgentFileSystem
     user_id: str
-
-
-register_injectable(UserFiles)

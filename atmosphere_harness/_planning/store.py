@@ -44,7 +44,6 @@ from typing import Protocol, runtime_checkable
 
 from .._errors import HarnessError
 from .._filelocks import LockFile
-from .._injection import register_injectable
 from .._log import get_logger
 from .model import AgentPlan
 
@@ -80,9 +79,6 @@ class PlanStore(Protocol):
     async def get(self, agent_id: str, conversation_id: str) -> AgentPlan | None: ...
 
     async def put(self, agent_id: str, conversation_id: str, plan: AgentPlan) -> None: ...
-
-
-register_injectable(PlanStore)
 
 
 def check_key(label: str, value: object) -> str:

@@ -14,7 +14,7 @@ import pydantic
 from pydantic_core import to_jsonable_python
 
 from .._errors import HarnessError
-from .._injection import injectable_type, register_injectable, resolved_hints
+from .._injection import injectable_type, resolved_hints
 from .._runtimes.base import ToolCall, ToolSpec
 
 if TYPE_CHECKING:
@@ -61,8 +61,6 @@ class ToolContext:
         """The run's injectable of type `kind` (e.g. `PlanStore`), or `None` if not attached."""
         return self.run.resolve(kind)
 
-
-register_injectable(ToolContext)
 
 Handler = Callable[[Mapping[str, Any], ToolContext], Awaitable[Any]]
 HistoryArguments = Callable[[Mapping[str, Any], str], Mapping[str, Any]]
