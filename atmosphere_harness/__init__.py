@@ -19,6 +19,7 @@ the first time it is used: the web layer (and FastAPI) with `harness_router`,
 `create_harness_router` or a `Depends()` provider, a provider SDK with its runtime.
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._harness import Harness
@@ -27,14 +28,21 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from ._cache import CacheHint, PromptCache
-    from ._delegation import DelegationError
-    from ._errors import HarnessError
+    from ._errors import (
+        BackendUnavailable,
+        DelegationError,
+        FileNotFoundInWorkspace,
+        FileSystemError,
+        HarnessError,
+        ModelError,
+        PlanStoreError,
+        ToolArgumentError,
+        UsageLimitExceeded,
+    )
     from ._events import Event
     from ._filesystem import (
         AgentFileSystem,
         CompositeAgentFileSystem,
-        FileNotFoundInWorkspace,
-        FileSystemError,
         FileSystemLimits,
         WorkspaceAgentFileSystem,
     )
@@ -57,13 +65,12 @@ if TYPE_CHECKING:
         LongTermMemoryInterceptor,
         SqliteLongTermMemory,
     )
-    from ._planning import AgentPlan, PlanStatus, PlanStep, PlanStore, PlanStoreError
+    from ._planning import AgentPlan, PlanStatus, PlanStep, PlanStore
     from ._runtimes.anthropic import AnthropicRuntime
     from ._runtimes.base import (
         AgentRuntime,
         AiCapability,
         Message,
-        ModelError,
         ModelRequest,
         ModelResponse,
         ToolCall,
@@ -72,7 +79,7 @@ if TYPE_CHECKING:
     from ._runtimes.openai import OpenAIRuntime
     from ._runtimes.scripted import ScriptedRuntime
     from ._settings import HarnessSettings
-    from ._tools.base import Tool, ToolArgumentError, ToolContext, ToolKind, tool
+    from ._tools.base import Tool, ToolContext, ToolKind, tool
     from ._web.admin import get_admin_principal
     from ._web.deps import HarnessDep, get_harness, get_user_id
     from ._web.files import AgentFileSystemDep, get_file_system
@@ -81,72 +88,74 @@ if TYPE_CHECKING:
     from ._web.router import create_harness_router, harness_router
 
 _LAZY: dict[str, str] = {
-    "Admit": "_governance",
-    "AgentFileSystem": "_filesystem",
-    "AgentFileSystemDep": "_web.files",
-    "AgentPlan": "_planning",
-    "AgentRuntime": "_runtimes.base",
-    "AiCapability": "_runtimes.base",
-    "AnthropicRuntime": "_runtimes.anthropic",
-    "CacheHint": "_cache",
-    "CompositeAgentFileSystem": "_filesystem",
-    "ConversationMemory": "_memory",
-    "DelegationError": "_delegation",
-    "Deny": "_governance",
-    "Event": "_events",
-    "FileNotFoundInWorkspace": "_filesystem",
-    "FileSystemError": "_filesystem",
-    "FileSystemLimits": "_filesystem",
-    "GovernancePolicy": "_governance",
-    "HarnessDep": "_web.deps",
-    "HarnessError": "_errors",
-    "HarnessSettings": "_settings",
-    "InMemoryLongTermMemory": "_memory",
-    "LongTermMemory": "_memory",
-    "LongTermMemoryDep": "_web.memory",
-    "LongTermMemoryInterceptor": "_memory",
-    "MCPServerHTTP": "_mcp.servers",
-    "MCPServerStdio": "_mcp.servers",
-    "Message": "_runtimes.base",
-    "ModelError": "_runtimes.base",
-    "ModelRequest": "_runtimes.base",
-    "ModelResponse": "_runtimes.base",
-    "OpenAIRuntime": "_runtimes.openai",
-    "PlanStatus": "_planning",
-    "PlanStep": "_planning",
-    "PlanStore": "_planning",
-    "PlanStoreDep": "_web.planning",
-    "PlanStoreError": "_planning",
-    "PolicyContext": "_governance",
-    "PolicyRequest": "_governance",
-    "Prefer": "_governance",
-    "PromptCache": "_cache",
-    "ScriptedRuntime": "_runtimes.scripted",
-    "SqliteLongTermMemory": "_memory",
-    "StreamingSession": "_kernel.session",
-    "Tool": "_tools.base",
-    "ToolApprovalPolicy": "_governance",
-    "ToolArgumentError": "_tools.base",
-    "ToolCall": "_runtimes.base",
-    "ToolContext": "_tools.base",
-    "ToolKind": "_tools.base",
-    "Transform": "_governance",
-    "Usage": "_runtimes.base",
-    "WorkspaceAgentFileSystem": "_filesystem",
-    "create_harness_router": "_web.router",
-    "get_admin_principal": "_web.admin",
-    "get_file_system": "_web.files",
-    "get_harness": "_web.deps",
-    "get_long_term_memory": "_web.memory",
-    "get_plan_store": "_web.planning",
-    "get_user_id": "_web.deps",
-    "harness_router": "_web.router",
-    "tool": "_tools.base",
+    "Admit": "._governance",
+    "AgentFileSystem": "._filesystem",
+    "AgentFileSystemDep": "._web.files",
+    "AgentPlan": "._planning",
+    "AgentRuntime": "._runtimes.base",
+    "AiCapability": "._runtimes.base",
+    "AnthropicRuntime": "._runtimes.anthropic",
+    "BackendUnavailable": "._errors",
+    "CacheHint": "._cache",
+    "CompositeAgentFileSystem": "._filesystem",
+    "ConversationMemory": "._memory",
+    "DelegationError": "._errors",
+    "Deny": "._governance",
+    "Event": "._events",
+    "FileNotFoundInWorkspace": "._errors",
+    "FileSystemError": "._errors",
+    "FileSystemLimits": "._filesystem",
+    "GovernancePolicy": "._governance",
+    "HarnessDep": "._web.deps",
+    "HarnessError": "._errors",
+    "HarnessSettings": "._settings",
+    "InMemoryLongTermMemory": "._memory",
+    "LongTermMemory": "._memory",
+    "LongTermMemoryDep": "._web.memory",
+    "LongTermMemoryInterceptor": "._memory",
+    "MCPServerHTTP": "._mcp.servers",
+    "MCPServerStdio": "._mcp.servers",
+    "Message": "._runtimes.base",
+    "ModelError": "._errors",
+    "ModelRequest": "._runtimes.base",
+    "ModelResponse": "._runtimes.base",
+    "OpenAIRuntime": "._runtimes.openai",
+    "PlanStatus": "._planning",
+    "PlanStep": "._planning",
+    "PlanStore": "._planning",
+    "PlanStoreDep": "._web.planning",
+    "PlanStoreError": "._errors",
+    "PolicyContext": "._governance",
+    "PolicyRequest": "._governance",
+    "Prefer": "._governance",
+    "PromptCache": "._cache",
+    "ScriptedRuntime": "._runtimes.scripted",
+    "SqliteLongTermMemory": "._memory",
+    "StreamingSession": "._kernel.session",
+    "Tool": "._tools.base",
+    "ToolApprovalPolicy": "._governance",
+    "ToolArgumentError": "._errors",
+    "ToolCall": "._runtimes.base",
+    "ToolContext": "._tools.base",
+    "ToolKind": "._tools.base",
+    "Transform": "._governance",
+    "Usage": "._runtimes.base",
+    "UsageLimitExceeded": "._errors",
+    "WorkspaceAgentFileSystem": "._filesystem",
+    "create_harness_router": "._web.router",
+    "get_admin_principal": "._web.admin",
+    "get_file_system": "._web.files",
+    "get_harness": "._web.deps",
+    "get_long_term_memory": "._web.memory",
+    "get_plan_store": "._web.planning",
+    "get_user_id": "._web.deps",
+    "harness_router": "._web.router",
+    "tool": "._tools.base",
 }
-"""Where each name that loads on first use lives (the `TYPE_CHECKING` imports above, for type
-checkers and editors)."""
+"""Where each name that loads on first use lives, relative to the package (the `TYPE_CHECKING`
+imports above say the same to type checkers and editors)."""
 
-_EXTRAS = {"_runtimes.openai": "openai", "_runtimes.anthropic": "anthropic"}
+_EXTRAS = {"._runtimes.openai": "openai", "._runtimes.anthropic": "anthropic"}
 """The modules that need an optional extra, and the extra (and SDK module) they need."""
 
 
@@ -155,10 +164,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'atmosphere_harness' has no attribute {name!r}")
-    import importlib
-
     try:
-        loaded = importlib.import_module(f"{__name__}.{module}")
+        loaded = importlib.import_module(module, __name__)
     except ModuleNotFoundError as exc:
         extra = _EXTRAS.get(module)
         if extra is None or exc.name != extra:
@@ -183,6 +190,7 @@ __all__ = [
     "AgentRuntime",
     "AiCapability",
     "AnthropicRuntime",
+    "BackendUnavailable",
     "CacheHint",
     "CompositeAgentFileSystem",
     "ConversationMemory",
@@ -228,6 +236,7 @@ __all__ = [
     "ToolKind",
     "Transform",
     "Usage",
+    "UsageLimitExceeded",
     "WorkspaceAgentFileSystem",
     "__version__",
     "agent",

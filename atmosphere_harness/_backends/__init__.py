@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .._contracts import ConversationLocks, Resource, RunJournal, RunStore
 from .._durable import SqliteRunStore
-from .._errors import HarnessError
+from .._errors import BackendMisconfigured, BackendMissing
 from .._filesystem.stores import WorkspaceStores
 from .._filesystem.usage import PROCESS_USAGE, WorkspaceUsage
 from .._governance.approvals import ApprovalRegistry, ApprovalStore
@@ -72,14 +72,6 @@ class StateBackends:
         """The `backends` block of `GET /api/console/info`."""
         workspace = "files" if self.workspaces is None else self.workspaces.name
         return {"state": self.state, "events": self.events, "workspace": workspace}
-
-
-class BackendMissing(HarnessError, RuntimeError):
-    """A backend URL is set but the extra that implements it is not installed."""
-
-
-class BackendMisconfigured(HarnessError, ValueError):
-    """A setting asks for a backend whose URL is not set."""
 
 
 def resolve_backends(settings: HarnessSettings) -> StateBackends:

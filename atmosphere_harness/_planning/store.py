@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from .._errors import HarnessError
+from .._errors import PlanStoreError
 from .._filelocks import LockFile
 from .._log import get_logger
 from .model import AgentPlan
@@ -62,10 +62,6 @@ MAX_KEY_BYTES = 200
 _TEMP_PREFIX = ".plan-"
 _TEMP_SUFFIX = ".tmp"
 _STALE_TEMP_SECONDS = 60.0
-
-
-class PlanStoreError(HarnessError, ValueError):
-    """A rejected plan operation; `str(error)` is the reason, written for the model."""
 
 
 @runtime_checkable

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._contracts import Endpoint, Host, Key, Primitive, Run
-from .._filesystem.base import AgentFileSystem, FileSystemError
+from .._errors import FileSystemError
+from .._filesystem.base import AgentFileSystem
 from .._filesystem.primitive import SURFACE
 from .._filesystem.workspace import WorkspaceAgentFileSystem
 from .._harness import Harness

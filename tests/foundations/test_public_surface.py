@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,7 @@ import atmosphere_harness
 
 PACKAGE = Path(atmosphere_harness.__file__).parent
 ROOT = PACKAGE.parent
+DOCS = ROOT / "docs"
 
 OPTIONAL = (
     "fastapi",
@@ -148,3 +150,22 @@ def test_what_type_checkers_see_is_what_loads_on_first_use() -> None:
     assert _type_checking_names() == set(lazy)
     assert sorted(set(lazy) | eager) == sorted(atmosphere_harness.__all__)
     assert len(atmosphere_harness.__all__) == len(set(atmosphere_harness.__all__))
+
+
+def _code_in(text: str) -> str:
+    """Every fenced block and code span of a Markdown page, one after the other."""
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+    spans = re.findall(r"`([^`\n]+(?:\n[^`\n]+)?)`", prose)  # a span may wrap once
+    return "\n".join(blocks + spans)
+
+
+def test_every_exported_name_is_documented() -> None:
+    """A user finds each name the package exports on a docs page, in code or a code span."""
+    code = "\n".join(_code_in(page.read_text(encoding="utf-8")) for page in DOCS.glob("*.md"))
+    missing = [
+        name
+        for name in atmosphere_harness.__all__
+        if not re.search(rf"(?:(?<![\w.])|(?<=atmosphere_harness\.)){re.escape(name)}(?!\w)", code)
+    ]
+    assert missing == []

@@ -27,10 +27,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..._contracts import LeaseLost
+from ..._errors import BackendUnavailable, LeaseLost
 from ..._settings import HarnessSettings, WorkspaceBackend
 from .. import StateBackends, shared_runs
-from ..unavailable import BackendUnavailable
 from .approvals import PostgresApprovalStore
 from .bus import PostgresPlanBus
 from .database import PostgresDatabase, redact
