@@ -113,7 +113,7 @@ def resolve_backends(settings: HarnessSettings) -> StateBackends:
     backends = StateBackends(state="sqlite", events="local")
     if group.durable_runs:
         backends.runs = LiveRuns(
-            SqliteRunStore.under(settings.workspace_root),
+            SqliteRunStore.under(settings.groups.filesystem.workspace_root),
             lease_seconds=group.durable_runs_lease_seconds,
             keep_seconds=group.durable_runs_keep_seconds,
         )

@@ -101,7 +101,7 @@ class SkillsPrimitive(Primitive):
         spec = endpoint.spec
         if spec is None:
             return
-        app_wide = host.settings.skills_dirs
+        app_wide = host.settings.groups.skills.dirs
         sources = sources_for(spec.cls, spec.skill_sources, app_wide)
         if not sources:
             return

@@ -60,7 +60,7 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
         raise ValueError("postgres_backends needs settings with a postgres_url")
     database = PostgresDatabase(url)
     locks = PostgresConversationLocks(database)
-    workspace_root = settings.workspace_root
+    workspace_root = settings.groups.filesystem.workspace_root
     idle = settings.groups.memory.idle_timeout
     protect = idle if idle > 0 else PROTECT_SECONDS
 
