@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from atmosphere_harness._registry import clear_registry
+from atmosphere_harness._registry import DEFAULT_REGISTRY
 from tests.runtime_support import PROVIDER_CREDENTIAL_ENV
 from tests.support import parse_sse
 
@@ -136,7 +136,8 @@ async def _run_the_script(block: Block, tmp_path: Path, monkeypatch: pytest.Monk
     for name, value in reader.items():
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(tmp_path)
-    clear_registry()
+    # The classes the block declares leave the package's registry with the test.
+    monkeypatch.setattr(DEFAULT_REGISTRY, "_specs", dict(DEFAULT_REGISTRY._specs))
     path = tmp_path / f"{block.module}.py"
     path.write_text(block.code, encoding="utf-8")
     module = types.ModuleType(f"docs_example_{block.line}")
@@ -148,8 +149,6 @@ async def _run_the_script(block: Block, tmp_path: Path, monkeypatch: pytest.Monk
         if _EXTRA.search(str(error)):
             pytest.skip(f"{block.label}: {error}")
         raise
-    finally:
-        clear_registry()
     for name, test in sorted(vars(module).items()):
         if name.startswith("test_") and callable(test):
             result = test()
