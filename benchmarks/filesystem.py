@@ -143,7 +143,7 @@ class Ours:
         check(len(globbed) == expected["glob_py"], "ours: glob")
         # The edit comes before the greps on every side: ours scans the 10 MiB in this process,
         # deepagents' `rg` in a child process, and an edit right after an in-process scan of
-        # that size costs either side 130-200 us more (cold caches; docs/benchmarks.md, Round 5).
+        # that size costs either side 130-200 us more (cold caches).
         i = repeat % len(files)
         path = files[i][0]
         await measure(

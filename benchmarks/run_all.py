@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS: dict[str, tuple[str, list[str], list[str]]] = {
     "turns": ("turns.py", ["--repeats", "9"], ["--repeats", "1", "--turns", "3", "--batch", "4"]),
     # 15 repeats: `edit_once` and the greps are one sample per repeat, and 7 samples of a
-    # 0.35 ms edit spread 0.31-0.53 ms on either side (docs/benchmarks.md, Round 6).
+    # 0.35 ms edit spread 0.31-0.53 ms on either side.
     "filesystem": (
         "filesystem.py",
         ["--repeats", "15"],

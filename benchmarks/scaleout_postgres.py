@@ -26,7 +26,7 @@ Figures (one JSON document on stdout):
 - `round_trips`: the round trips one turn makes to PostgreSQL, counted on the wire by a proxy
   between the server and PostgreSQL (`tests/scaleout/wire.py`), by purpose, with the time
   PostgreSQL took for each as the proxy saw it (`service_median_ms`); the list
-  `docs/scale-out.md` publishes;
+  `docs/scale-out-postgres.md` publishes;
 - `plan_update_ms`: from `write_todos` in the model to the `plan-update` bytes at a viewer,
   p50/p99: embedded (viewer on the same server) and PostgreSQL (writer on A, viewer on B,
   through `LISTEN/NOTIFY`; the issue's goal: p99 < 50 ms).

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import re
+import time
 import types
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -43,6 +44,9 @@ def make_app(
     return app
 
 
+START_GUARD_SECONDS = 120
+
+
 @asynccontextmanager
 async def serve(app: FastAPI) -> AsyncIterator[str]:
     """Run `app` under uvicorn on 127.0.0.1 (a free port) and yield its base URL."""
@@ -52,9 +56,12 @@ async def serve(app: FastAPI) -> AsyncIterator[str]:
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:
-        for _ in range(500):
-            if server.started or task.done():
-                break
+        # A failure guard, not a speed limit: start-up may spawn MCP servers and open backends,
+        # which on a loaded machine takes seconds.
+        deadline = time.monotonic() + START_GUARD_SECONDS
+        while not (server.started or task.done()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"uvicorn did not start within {START_GUARD_SECONDS} s")
             await asyncio.sleep(0.01)
         if task.done():
             task.result()

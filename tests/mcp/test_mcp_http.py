@@ -336,3 +336,14 @@ async def test_one_session_per_server_shared_by_agents_and_requests(
     assert answers == [["4"], ["4"], ["4"]], "a bare agent gets its MCP tools too"
     assert len(marks.read_text().split()) == 1, "one process for two agents and three requests"
     assert [e["harness"]["mcp"] for e in info["endpoints"]] == [{"server": "ACTIVE(8 tools)"}] * 2
+
+
+async def test_the_offline_demo_model_calls_an_mcp_tool_the_message_names(
+    workspace: Path,
+) -> None:
+    runtime = ScriptedRuntime.demo()
+    ([frames], _) = await run(tooled(stdio_server()), runtime, workspace, "please greet Ada")
+    assert [(f["data"]["tool"], f["data"]["arguments"]) for f in of_type(frames, "tool-start")] == [
+        ("greet", {"name": "Ada"})
+    ]
+    assert frames[-1]["data"]["summary"] == "The greet tool says: Hello, Ada!"

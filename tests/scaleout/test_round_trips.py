@@ -3,8 +3,8 @@
 A real uvicorn server (`tests.reliability.server`) talks to PostgreSQL or Redis through a
 `WireCounter` proxy; the client sends turns one after another on one conversation and the proxy
 counts every round trip the server made, with its purpose. The list is the one
-`docs/scale-out.md` and `docs/scale-out-redis.md` publish: a change that adds a round trip to a
-turn fails here. The lock and the history's first read are one round trip
+`docs/scale-out-postgres.md` and `docs/scale-out-redis.md` publish: a change that adds a round
+trip to a turn fails here. The lock and the history's first read are one round trip
 (`lock+history.load`: the read is made once the lock is taken, inside that statement or
 script). The run frame feed's writes (durable runs off) are counted apart: they go in the
 background, never on the turn's path, one per scripted turn (the run's record, its frames and

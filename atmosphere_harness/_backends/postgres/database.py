@@ -7,7 +7,7 @@ shows the URL with its password masked.
 
 Why asyncpg (not psycopg 3): on this project's machines a round trip through asyncpg's pool took
 a median 116-168 us against 189 us for psycopg's `AsyncConnectionPool`, and 7,700 against 4,400
-queries/s over four connections (`docs/scale-out.md`); it also brings its own pool, which
+queries/s over four connections; it also brings its own pool, which
 replaces a connection the server closed, and a callback-based `LISTEN`.
 
 Outages: `run(work)` retries `work` once on a fresh connection when the connection it got was
