@@ -223,6 +223,16 @@ class FakeModel(asyncio.Protocol):
         last_user = next(
             (m.get("content") for m in reversed(messages) if m.get("role") == "user"), ""
         )
+        if str(last_user).startswith("now"):
+            # A short run measured for its latency: the whole answer in one write, at once; a
+            # `now tool` prompt's first answer is the call of `ls`.
+            wants_call = "tool" in str(last_user) and not any(
+                m.get("role") == "tool" for m in messages
+            )
+            answer = Answer(self.transport, 0 if wants_call else 3, wants_call)
+            while answer.emit():
+                pass
+            return
         if not request.get("tools") or str(last_user).startswith("short"):
             # Memory extraction (no tools) or a warm-up prompt: a few tokens, no call.
             self.wheel.add(Answer(self.transport, 3, False))
@@ -292,6 +302,7 @@ class Stream(asyncio.Protocol):
         delays: array.array[int] | None = None,
         steady: tuple[array.array[int], int, int] | None = None,
         from_open: array.array[int] | None = None,
+        peer: bool = False,
     ) -> None:
         self.request = request
         self.delays = delays if delays is not None else array.array("q")
@@ -301,6 +312,9 @@ class Stream(asyncio.Protocol):
         """The delays of frames the model stamped after the response's head arrived (a
         follower's, without the replay of what was sent before it attached)."""
         self.opened = 0
+        self.peer = peer
+        """A LangGraph API stream: tokens in `messages` events, the run's end is the body's."""
+        self.newest = 0
         self.done = done
         self.raw = bytearray()
         self.body = bytearray()
@@ -340,7 +354,7 @@ class Stream(asyncio.Protocol):
                 self.size = int(bytes(raw[:end]).split(b";")[0], 16)
                 del raw[: end + 2]
                 if self.size == 0:
-                    self.finish("ended")
+                    self.finish("complete" if self.peer else "ended")
                     return
                 self.state = "data"
             else:
@@ -363,23 +377,35 @@ class Stream(asyncio.Protocol):
             event = bytes(body[:end])
             del body[: end + len(self.sep)]
             head = event[:40]  # `id: <seq>` then `event: <type>`
-            if b"event: text" in head:
+            if self.peer:
+                if b"event: error" in event[:60]:
+                    self.finish("error: " + event[-200:].decode(errors="replace"))
+                    return
+                # The newest stamp of an event is its token (a peer may repeat the message).
+                stamps = STAMP.findall(event)
+                newest = max((int(stamp) for stamp in stamps), default=0)
+                if newest > self.newest:
+                    self.newest = newest
+                    self.record(arrived, newest)
+            elif b"event: text" in head:
                 match = STAMP.search(event)
                 if match:
-                    stamp = int(match.group(1))
-                    delay = (arrived - stamp) // 1000
-                    self.delays.append(delay)
-                    if self.steady is not None and self.steady[1] <= stamp <= self.steady[2]:
-                        self.steady[0].append(delay)
-                    if self.from_open is not None and stamp >= self.opened:
-                        self.from_open.append(delay)
-                    self.frames += 1
+                    self.record(arrived, int(match.group(1)))
             elif b"event: complete" in head:
                 self.finish("complete")
                 return
             elif b"event: error" in head:
                 self.finish("error: " + event[-200:].decode(errors="replace"))
                 return
+
+    def record(self, arrived: int, stamp: int) -> None:
+        delay = (arrived - stamp) // 1000
+        self.delays.append(delay)
+        if self.steady is not None and self.steady[1] <= stamp <= self.steady[2]:
+            self.steady[0].append(delay)
+        if self.from_open is not None and stamp >= self.opened:
+            self.from_open.append(delay)
+        self.frames += 1
 
     def finish(self, outcome: str) -> None:
         if not self.done.done():
@@ -402,6 +428,15 @@ def request_bytes(port: int, path: str, message: str, conversation: str) -> byte
         f"accept: text/event-stream\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode() + body
+
+
+def request_for(protocol: str, port: int, message: str) -> bytes:
+    """A run on a new conversation: ours (`POST P`) or a peer's (LangGraph API)."""
+    if protocol == "ours":
+        return request_bytes(port, PATH, message, f"run-{uuid.uuid4().hex[:12]}")
+    from peers import agent_protocol_request
+
+    return agent_protocol_request(port, message, str(uuid.uuid4()))
 
 
 def run_client(spec_path: str) -> None:
@@ -428,11 +463,13 @@ def run_client(spec_path: str) -> None:
             start = spec["t0"] + index * spec["spacing_ns"]
             await asyncio.sleep(max(0.0, (start - now_ns()) / 1e9))
             done: asyncio.Future[str] = loop.create_future()
-            conversation = f"{spec['tag']}-{index}"
-            data = request_bytes(spec["port"], spec["path"], spec["message"], conversation)
+            peer = spec["protocol"] != "ours"
+            data = request_for(spec["protocol"], spec["port"], spec["message"])
             try:
                 await loop.create_connection(
-                    lambda: Stream(data, done, delays, window), "127.0.0.1", spec["port"]
+                    lambda: Stream(data, done, delays, window, peer=peer),
+                    "127.0.0.1",
+                    spec["port"],
                 )
                 left = max(1.0, (spec["deadline"] - now_ns()) / 1e9)
                 outcome = await asyncio.wait_for(done, left)
@@ -598,7 +635,7 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 @dataclass
 class Variant:
     name: str
-    backend: str = "embedded"  # embedded | postgres | redis
+    backend: str = "embedded"  # embedded | postgres | redis | aegra | aegra_redis
     durable: bool = False
     workers: int = 1
     fast: bool = False
@@ -618,31 +655,49 @@ VARIANTS = {
         Variant("redis_2_workers", "redis", workers=2),
         Variant("embedded_uvloop_httptools", fast=True),
         Variant("embedded_tool_call", tool_call=True),
+        # The peer on the same workload: Aegra on PostgreSQL, and with its Redis broker.
+        Variant("aegra", "aegra"),
+        Variant("aegra_redis", "aegra_redis"),
     )
 }
 
 
 @dataclass
 class Backend:
-    """A fresh PostgreSQL database or Redis key prefix for one variant (dropped afterwards)."""
+    """A fresh PostgreSQL database and/or Redis key prefix for one variant (dropped afterwards).
+
+    `kind`: `embedded` (nothing), `postgres`, `redis`, or a peer's (`aegra`: a database;
+    `aegra_redis`: a database and a Redis prefix)."""
 
     kind: str
     env: dict[str, str] = field(default_factory=dict)
     name: str = ""
+    database_url: str = ""
+    redis_url: str | None = None
+
+    @property
+    def uses_postgres(self) -> bool:
+        return self.kind in ("postgres", "aegra", "aegra_redis")
+
+    @property
+    def uses_redis(self) -> bool:
+        return self.kind in ("redis", "aegra_redis")
 
     def __enter__(self) -> Backend:
         self.name = f"atmo_inflight_{uuid.uuid4().hex[:10]}"
-        if self.kind == "postgres":
+        if self.uses_postgres:
             admin(f'CREATE DATABASE "{self.name}"')
-            self.env["ATMOSPHERE_POSTGRES_URL"] = f"{PG}/{self.name}"
-        elif self.kind == "redis":
+            self.database_url = f"{PG}/{self.name}"
+            self.env["ATMOSPHERE_POSTGRES_URL"] = self.database_url
+        if self.uses_redis:
+            self.redis_url = REDIS
             self.env["ATMOSPHERE_REDIS_URL"] = f"{REDIS}?key_prefix={self.name}:"
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.kind == "postgres":
+        if self.uses_postgres:
             admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-        elif self.kind == "redis":
+        if self.uses_redis:
             import redis
 
             client = redis.Redis.from_url(REDIS)
@@ -668,6 +723,8 @@ def admin(statement: str) -> None:
 
 class Server:
     """The harness app under uvicorn (one process or a master and its workers)."""
+
+    protocol = "ours"
 
     def __init__(self, variant: Variant, model_port: int, env: dict[str, str], root: Path) -> None:
         self.port = free_port()
@@ -728,15 +785,17 @@ class Server:
         self.log.close()
 
 
-def warm_up(port: int) -> None:
+def warm_up(port: int, protocol: str = "ours") -> None:
     """A few short runs (imports, first connections, prepared statements) before a level."""
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
         for index in range(6):
             done: asyncio.Future[str] = loop.create_future()
-            data = request_bytes(port, PATH, "short warm-up", f"warm-{uuid.uuid4().hex[:8]}")
-            await loop.create_connection(lambda d=data, f=done: Stream(d, f), "127.0.0.1", port)
+            data = request_for(protocol, port, "short warm-up")
+            await loop.create_connection(
+                lambda d=data, f=done: Stream(d, f, peer=protocol != "ours"), "127.0.0.1", port
+            )
             outcome = await asyncio.wait_for(done, 60)
             if outcome != "complete":
                 raise RuntimeError(f"warm-up run {index} did not complete: {outcome}")
@@ -757,7 +816,7 @@ class Settings:
 
 def measure_level(
     n: int,
-    server: Server,
+    server: Any,
     model: subprocess.Popen[bytes],
     settings: Settings,
     profile: Path | None = None,
@@ -778,7 +837,7 @@ def measure_level(
         out = settings.root / f"client-{tag}-{index}.json"
         spec = {
             "port": server.port,
-            "path": PATH,
+            "protocol": server.protocol,
             "message": "stream please",
             "tag": f"{tag}-{index}",
             "t0": t0,
@@ -844,7 +903,7 @@ def measure_level(
         "tokens_per_s_delivered": round(tokens / seconds),
         "rss_kib_per_run": round((rss_mid - rss_before) / 1024 / n, 1),
         "rss_mib_server": round(rss_mid / 2**20, 1),
-        **read_monitor(server.stats, w0, w1),
+        **(read_monitor(server.stats, w0, w1) if hasattr(server, "stats") else {}),
         "load_generators_cpu_cores": round((load1 - load0) / TICKS / seconds, 2),
         "client_loop_lag_max_ms": client_lag,
         "machine_idle_pct": round(idle * 100, 1),
@@ -964,11 +1023,31 @@ def ramp(
     found: dict[str, Any] = {"levels": {}, "held": 0}
     try:
         wait_for_port(model_port, model)
+        venv = None
+        if variant.backend.startswith("aegra"):
+            from peers import install
+
+            venv, why = install("aegra")
+            if venv is None:
+                return {"skipped": why, "held": None}
         with Backend(variant.backend) as backend:
             for n in levels:
-                server = Server(variant, model_port, backend.env, root)
+                server: Any
+                if venv is not None:
+                    from peers import aegra
+
+                    server = aegra(
+                        venv,
+                        root / "aegra",
+                        model_port,
+                        backend.database_url,
+                        backend.redis_url,
+                        backend.name + ":",
+                    )
+                else:
+                    server = Server(variant, model_port, backend.env, root)
                 try:
-                    warm_up(server.port)
+                    warm_up(server.port, server.protocol)
                     profile = profile_out if profile_at == n else None
                     here = Settings(**{**settings.__dict__, "root": root})
                     level = measure_level(n, server, model, here, profile)
@@ -984,8 +1063,8 @@ def ramp(
                     f"{level['frame_delay_ms']['p50']} / p99 {p99} ms, "
                     f"{level['server_cpu_us_per_token']} us CPU/token "
                     f"({level['server_cpu_cores']} cores), {level['rss_kib_per_run']} KiB/run, "
-                    f"loop lag p99 {level['loop_lag_ms']['p99']} ms, "
-                    f"{level['gc_full']['count']} full GCs, errors {level['errors']}, "
+                    f"loop lag p99 {level.get('loop_lag_ms', {}).get('p99')} ms, "
+                    f"{level.get('gc_full', {}).get('count')} full GCs, errors {level['errors']}, "
                     f"machine idle {level['machine_idle_pct']} %",
                     file=sys.stderr,
                 )
