@@ -729,7 +729,7 @@ class Server:
     def __init__(self, variant: Variant, model_port: int, env: dict[str, str], root: Path) -> None:
         self.port = free_port()
         self.stats = root / f"stats-{uuid.uuid4().hex[:6]}"
-        self.stats.mkdir()
+        self.stats.mkdir(parents=True)
         workspace = root / "workspace"
         workspace.mkdir(exist_ok=True)
         self.log = (root / "server.log").open("ab")
