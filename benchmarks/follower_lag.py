@@ -40,6 +40,7 @@ from inflight import (
     Stream,
     Variant,
     environment,
+    exit_on_sigterm,
     follow_bytes,
     free_port,
     raise_file_limit,
@@ -172,4 +173,5 @@ if __name__ == "__main__":
     parser.add_argument("--tokens-per-s", type=float, default=20.0)
     parser.add_argument("--backends", default="postgres,redis")
     raise_file_limit()
+    exit_on_sigterm()
     print(json.dumps(main(parser.parse_args()), indent=1))

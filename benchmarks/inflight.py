@@ -83,6 +83,15 @@ def raise_file_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so the `finally` blocks stop the servers this started."""
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+
+
 def fast_loop() -> None:
     """uvloop for the load generators (the model and the clients) when it is installed."""
     with contextlib.suppress(ImportError):
@@ -1165,4 +1174,5 @@ if __name__ == "__main__":
         parsed.seconds, parsed.ramp_seconds = 2.0, 0.5
     parsed.profile_out.parent.mkdir(parents=True, exist_ok=True)
     raise_file_limit()
+    exit_on_sigterm()
     print(json.dumps(main(parsed), indent=1))

@@ -42,6 +42,7 @@ from inflight import (
     Server,
     Stream,
     Variant,
+    exit_on_sigterm,
     raise_file_limit,
     request_bytes,
     warm_up,
@@ -339,4 +340,5 @@ if __name__ == "__main__":
     if parsed.smoke:
         parsed.levels, parsed.turns = "100,1000", 10
     raise_file_limit()
+    exit_on_sigterm()
     print(json.dumps(main(parsed), indent=1))

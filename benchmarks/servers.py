@@ -57,6 +57,7 @@ from inflight import (
     Variant,
     cpu_ticks,
     environment,
+    exit_on_sigterm,
     fast_loop,
     free_port,
     raise_file_limit,
@@ -440,4 +441,5 @@ if __name__ == "__main__":
         parsed.follow_runs, parsed.follow_seconds = 1, 1.0
     raise_file_limit()
     fast_loop()
+    exit_on_sigterm()
     print(json.dumps(main(parsed), indent=1))
