@@ -957,38 +957,67 @@ def start_profile(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+IDLE_FRAMES = ("EpollSelector.select", "select (selectors.py", "Loop.run_forever (uvloop")
+"""Innermost frames of a loop waiting for I/O: idle time, not CPU (left out of the shares)."""
+
+
 def package_of(frame: str) -> str:
-    """`function (path:line)` -> a short package name (what the CPU is spent in)."""
+    """`function (path:line)` -> a short package name (what the CPU is spent in).
+
+    py-spy shortens a path to its package part (`anyio/_backends/_asyncio.py`,
+    `atmosphere_harness/_kernel/journal.py`, `selectors.py`)."""
     match = re.search(r"\((.*?):\d+\)$", frame)
     path = match.group(1) if match else frame
-    if "atmosphere_harness" in path:
-        part = path.split("atmosphere_harness/", 1)[1].split("/")[0]
-        return "atmosphere_harness." + part.removesuffix(".py")
-    if "site-packages/" in path:
-        return path.split("site-packages/", 1)[1].split("/")[0].removesuffix(".py")
-    if "/asyncio/" in path:
-        return "asyncio"
-    if "/lib/python" in path:
-        return "stdlib." + path.rsplit("/", 1)[1].removesuffix(".py")
-    return path.rsplit("/", 1)[-1]
+    parts = path.split("/")
+    if parts[0] == "atmosphere_harness" and len(parts) > 2:
+        return "atmosphere_harness." + parts[1]
+    if len(parts) > 1:
+        return parts[0]
+    return parts[0].removesuffix(".py")
+
+
+STAGES = (
+    ("reading the model stream (openai SDK, HTTP client)", {"openai", "httpx2", "httpcore2"}),
+    ("serving HTTP and writing SSE", {"sse_starlette", "starlette", "fastapi", "uvicorn", "h11"}),
+    ("harness", {"atmosphere_harness"}),
+)
+
+
+def stage_of(frames: list[str]) -> str:
+    """Which part of the work a sample is in: the frames of the task (or callback) it runs,
+    i.e. those after the event loop's last `Handle._run`, matched in `STAGES` order."""
+    start = 0
+    for index, frame in enumerate(frames):
+        if frame.startswith("Handle._run"):
+            start = index + 1
+    packages = {package_of(frame).split(".")[0] for frame in frames[start:]}
+    for name, wanted in STAGES:
+        if packages & wanted:
+            return name
+    return "event loop and the rest"
 
 
 def summarise_profile(path: Path, top: int = 25) -> dict[str, Any]:
-    """py-spy's raw (collapsed) stacks -> self and inclusive shares by package."""
+    """py-spy's raw (collapsed) stacks -> self and inclusive shares of the busy samples."""
     own: dict[str, int] = {}
     anywhere: dict[str, int] = {}
     functions: dict[str, int] = {}
-    total = 0
+    stages: dict[str, int] = {}
+    total = idle = 0
     for line in path.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
         if not count.isdigit():
             continue
         samples = int(count)
-        frames = [f for f in stack.split(";") if f and not f.startswith("process ")]
-        frames = [f for f in frames if not f.startswith("thread ")]
+        frames = [f for f in stack.split(";") if f and not f.startswith(("process ", "thread "))]
         if not frames:
             continue
+        if frames[-1].startswith(IDLE_FRAMES):
+            idle += samples
+            continue
         total += samples
+        stage = stage_of(frames)
+        stages[stage] = stages.get(stage, 0) + samples
         leaf = package_of(frames[-1])
         own[leaf] = own.get(leaf, 0) + samples
         functions[frames[-1]] = functions.get(frames[-1], 0) + samples
@@ -997,10 +1026,12 @@ def summarise_profile(path: Path, top: int = 25) -> dict[str, Any]:
 
     def shares(counts: dict[str, int]) -> dict[str, float]:
         ranked = sorted(counts.items(), key=lambda item: -item[1])[:top]
-        return {name: round(100 * value / total, 1) for name, value in ranked}
+        return {name: round(100 * value / max(total, 1), 1) for name, value in ranked}
 
     return {
-        "samples": total,
+        "busy_samples": total,
+        "idle_pct": round(100 * idle / max(total + idle, 1), 1),
+        "pct_by_stage": shares(stages),
         "self_pct_by_package": shares(own),
         "inclusive_pct_by_package": shares(anywhere),
         "self_pct_by_function": shares(functions),
