@@ -1171,7 +1171,34 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     document["held"] = {name: found["held"] for name, found in document["variants"].items()}
+    document["vs_aegra"] = against_peer(document["variants"])
     return document
+
+
+def against_peer(variants: dict[str, Any]) -> dict[str, Any]:
+    """Ours over Aegra's: runs held (ours / peer), and at the largest level both measured CPU
+    per token and memory per run (peer / ours): above 1, ours is better."""
+    found: dict[str, Any] = {}
+    for peer in ("aegra", "aegra_redis"):
+        theirs = variants.get(peer)
+        if not theirs or "levels" not in theirs:
+            continue
+        for name, ours in variants.items():
+            if name.startswith("aegra") or "levels" not in ours:
+                continue
+            common = [n for n in ours["levels"] if n in theirs["levels"]]
+            entry: dict[str, Any] = {
+                "held_x": round(ours["held"] / theirs["held"], 2) if theirs["held"] else None
+            }
+            if common:
+                level = max(common, key=int)
+                mine, their = ours["levels"][level], theirs["levels"][level]
+                entry["at_level"] = int(level)
+                for key in ("server_cpu_us_per_token", "rss_kib_per_run"):
+                    if mine[key] and their[key]:
+                        entry[key + "_x"] = round(their[key] / mine[key], 2)
+            found.setdefault(name, {})[peer] = entry
+    return found
 
 
 if __name__ == "__main__":
