@@ -730,7 +730,28 @@ def admin(statement: str) -> None:
     asyncio.run(run())
 
 
-class Server:
+class Served:
+    """A server process and its children: their CPU and memory, and a stop."""
+
+    process: subprocess.Popen[bytes]
+    log: Any
+
+    def pids(self) -> list[int]:
+        return tree(self.process.pid)
+
+    def cpu(self) -> int:
+        """CPU clock ticks of every process of the server so far."""
+        return sum(cpu_ticks(pid) for pid in self.pids())
+
+    def rss(self) -> int:
+        return sum(rss_bytes(pid) for pid in self.pids())
+
+    def close(self) -> None:
+        stop(self.process)
+        self.log.close()
+
+
+class Server(Served):
     """The harness app under uvicorn (one process or a master and its workers)."""
 
     protocol = "ours"
@@ -779,19 +800,6 @@ class Server:
             if time.monotonic() > deadline:
                 raise RuntimeError("the server's workers did not start")
             time.sleep(0.1)
-
-    def pids(self) -> list[int]:
-        return tree(self.process.pid)
-
-    def cpu(self) -> int:
-        return sum(cpu_ticks(pid) for pid in self.pids())
-
-    def rss(self) -> int:
-        return sum(rss_bytes(pid) for pid in self.pids())
-
-    def close(self) -> None:
-        stop(self.process)
-        self.log.close()
 
 
 def warm_up(port: int, protocol: str = "ours") -> None:

@@ -27,7 +27,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from inflight import cpu_ticks, environment, free_port, rss_bytes, stop, tree, wait_for_port
+from inflight import Served, environment, free_port, wait_for_port
 
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / ".work" / "peers"
@@ -106,7 +106,7 @@ def join_request(port: int, thread: str, run: str) -> bytes:
     ).encode()
 
 
-class PeerServer:
+class PeerServer(Served):
     """A peer under its own interpreter: its process tree's CPU and memory, and a stop."""
 
     protocol = "agent-protocol"
@@ -130,19 +130,6 @@ class PeerServer:
 
     def request(self, message: str, conversation: str) -> bytes:
         return agent_protocol_request(self.port, message, conversation)
-
-    def pids(self) -> list[int]:
-        return tree(self.process.pid)
-
-    def cpu(self) -> int:
-        return sum(cpu_ticks(pid) for pid in self.pids())
-
-    def rss(self) -> int:
-        return sum(rss_bytes(pid) for pid in self.pids())
-
-    def close(self) -> None:
-        stop(self.process)
-        self.log.close()
 
 
 def aegra(

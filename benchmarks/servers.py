@@ -373,23 +373,15 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def aegra_lag(venv: Path, model_port: int, root: Path, args: argparse.Namespace) -> Any:
     with Backend("aegra_redis") as backend:
-        a = aegra(
-            venv,
-            root / "lag",
-            model_port,
-            backend.database_url,
-            backend.redis_url,
-            backend.name + ":",
-        )
+
+        def replica() -> Any:
+            prefix = backend.name + ":"
+            url = backend.database_url
+            return aegra(venv, root / "lag", model_port, url, backend.redis_url, prefix)
+
+        a = replica()
         try:
-            b = aegra(
-                venv,
-                root / "lag",
-                model_port,
-                backend.database_url,
-                backend.redis_url,
-                backend.name + ":",
-            )
+            b = replica()
             try:
                 timeout = args.follow_seconds * 4 + 60
                 asyncio.run(aegra_follow(a, b, 2, timeout))

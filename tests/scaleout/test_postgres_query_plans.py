@@ -7,7 +7,7 @@ test fills a fresh database with many kept rows (finished runs within the keep w
 conversations, old plan updates, answered approvals) and a few due ones, runs each periodic
 call of the real stores once while recording the statements they send (asyncpg's query
 logger), then plans each statement again with `EXPLAIN ANALYZE` (inside a transaction that is
-rolled back) twice: as a custom plan and as the generic plan PostgreSQL switches a prepared
+rolled back) twice: as a custom plan and as the generic plan PostgreSQL may switch a prepared
 statement to after five executions (asyncpg prepares every statement). It fails on a
 sequential scan of a filled table, or on any scan that reads far more rows of it than the
 upkeep had to touch.
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.services
 
 T = TypeVar("T")
 
-KEPT = 20_000
+KEPT = 100_000
 """Kept rows per table: enough that a scan of them dwarfs the due work."""
 DUE = 50
 """Rows each periodic call has work to do on (due runs, idle conversations, ...)."""
@@ -115,24 +115,6 @@ async def fill(database: PostgresDatabase, now: float) -> None:
                 lease,
                 DUE // 5,
             )
-        # Frames: of the runs in flight, of runs that finished within the follow grace, and of
-        # runs whose grace just ran out (the frames `expire` drops).
-        for name, finished in (("recent-", now - 2), ("due-", now - FOLLOW_GRACE_SECONDS - 5)):
-            await connection.execute(
-                "INSERT INTO atmosphere_runs (run_id, path, conversation_id, user_key, "
-                "session_id, message, started_at, owner, lease_until, finished_at) "
-                "SELECT $1 || g, '/p', $1 || g, '', 's', '', $2::float8 - 5, 'owner-x', 0, "
-                "$2::float8 FROM generate_series(1, $3) AS g",
-                name,
-                finished,
-                DUE,
-            )
-        await connection.execute(
-            "INSERT INTO atmosphere_run_frames (run, seq, event, data) "
-            "SELECT r.id, s, 'text', '{\"text\":\"x\"}' FROM atmosphere_runs AS r, "
-            "generate_series(1, 200) AS s WHERE r.finished_at IS NULL "
-            "OR r.run_id LIKE 'recent-%' OR r.run_id LIKE 'due-%'"
-        )
         # Conversations: kept closed ones, and `DUE` open ones idle past the timeout.
         await connection.execute(
             "INSERT INTO atmosphere_conversations (endpoint, user_key, conversation_id, "
@@ -180,6 +162,28 @@ async def fill(database: PostgresDatabase, now: float) -> None:
             "FROM generate_series(1, $2) AS g",
             now - REMEMBER_SECONDS - 10,
             DUE,
+        )
+        # Frames: of the runs in flight, of runs that finished within the follow grace, and of
+        # runs whose grace just ran out (the frames `expire` drops).
+        # (`due-` last, stamped now: the fill itself takes seconds.)
+        for name, finished in (
+            ("recent-", now - 2),
+            ("due-", time.time() - FOLLOW_GRACE_SECONDS - 5),
+        ):
+            await connection.execute(
+                "INSERT INTO atmosphere_runs (run_id, path, conversation_id, user_key, "
+                "session_id, message, started_at, owner, lease_until, finished_at) "
+                "SELECT $1 || g, '/p', $1 || g, '', 's', '', $2::float8 - 5, 'owner-x', 0, "
+                "$2::float8 FROM generate_series(1, $3) AS g",
+                name,
+                finished,
+                DUE,
+            )
+        await connection.execute(
+            "INSERT INTO atmosphere_run_frames (run, seq, event, data) "
+            "SELECT r.id, s, 'text', '{\"text\":\"x\"}' FROM atmosphere_runs AS r, "
+            "generate_series(1, 200) AS s WHERE r.finished_at IS NULL "
+            "OR r.run_id LIKE 'recent-%' OR r.run_id LIKE 'due-%'"
         )
         await connection.execute("ANALYZE")
 
