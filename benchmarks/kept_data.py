@@ -5,9 +5,9 @@
 
 For each backend (PostgreSQL on a fresh database, Redis on a fresh key prefix of
 127.0.0.1:6379/15, both dropped at the end), the store is filled, level after level, with that
-many kept finished runs (inside the keep window: their records stay, their frames are gone) and
-as many closed conversations (two messages each on PostgreSQL; on Redis their records), written
-in bulk in the stores' own layout. At each level:
+many kept finished runs (inside the keep window, a day here: their records stay, their frames
+are gone) and as many closed conversations (two messages each on PostgreSQL; on Redis their
+records), written in bulk in the stores' own layout. At each level:
 
 - `turn_ms`: `--turns` short turns over HTTP (the `inflight.py` app on the fake model, a new
   set of 10 conversations in turn), p50/p90 from the request to the `complete` frame;
@@ -17,8 +17,9 @@ in bulk in the stores' own layout. At each level:
   during the level's turns (`pg_stat_user_tables`), which must stay 0.
 
 `flat` gives the largest level's medians over the smallest's (1.0: flat). Redis keeps at most
-`MAX_CONVERSATIONS` (100,000) conversations: above that every new conversation evicts old ones,
-which the 1 M level shows. Prints one JSON document.
+`MAX_CONVERSATIONS` (100,000) conversations by design, so its fill stops short of the cap
+(`REDIS_CONVERSATIONS`): its 1 M level is 1 M runs and 87,000 conversations. Prints one JSON
+document.
 """
 
 from __future__ import annotations
@@ -49,11 +50,22 @@ from inflight import (
 )
 from servers import Model
 
+from atmosphere_harness._backends.redis.history import MAX_CONVERSATIONS
 from atmosphere_harness._contracts import FEED_OWNER
 
-KEEP = 600.0
+KEEP = 86_400.0
+"""The keep window (`ATMOSPHERE_DURABLE_RUNS_KEEP_SECONDS`) of the server and of the upkeep
+measured here: a day, so the kept runs stay kept while the levels fill (a shorter window would
+have `expire` delete the earlier levels' runs during the later ones, which is the rate of runs
+finishing, not what is kept)."""
+SPREAD = 3000
+"""Kept runs finished over the last `SPREAD` seconds (and a minute)."""
 LEASE = 15.0
 BATCH = 50_000
+REDIS_CONVERSATIONS = MAX_CONVERSATIONS - MAX_CONVERSATIONS // 8 - 500
+"""Redis keeps at most `MAX_CONVERSATIONS` conversations: past it, the next new one evicts the
+least recently active down to 7/8 of the cap in one script. The fill stays under that (room
+for the benchmark's own), so the levels above hold that many conversations and all the runs."""
 
 
 # --- filling ------------------------------------------------------------------------------------
@@ -72,30 +84,25 @@ async def fill_postgres(url: str, start: int, end: int) -> None:
                 "INSERT INTO atmosphere_runs (run_id, path, conversation_id, user_key, "
                 "session_id, message, started_at, owner, lease_until, finished_at) "
                 "SELECT 'kept-' || g, $1, 'kept-' || g, '', 's', '', "
-                "$2::float8 - (g % 500), $3, 0, $2::float8 - (g % 500) + 1 "
+                "$2::float8 - (g % $6), $3, 0, $2::float8 - (g % $6) + 1 "
                 "FROM generate_series($4::int, $5::int - 1) AS g",
                 PATH,
                 now - 60,
                 FEED_OWNER + "gone",
                 low,
                 high,
+                SPREAD,
             )
             await connection.execute(
-                "INSERT INTO atmosphere_conversations (endpoint, user_key, conversation_id, "
-                "updated_at, closed_at, last_seq) SELECT $1, '', 'kept-' || g, "
+                "WITH c AS (INSERT INTO atmosphere_conversations (endpoint, user_key, "
+                "conversation_id, updated_at, closed_at, last_seq) SELECT $1, '', 'kept-' || g, "
                 "$2::float8 - g % 86400, $2::float8, 2 FROM generate_series($3::int, $4::int - 1) "
-                "AS g",
-                PATH,
-                now,
-                low,
-                high,
-            )
-            await connection.execute(
+                "AS g RETURNING id) "
                 "INSERT INTO atmosphere_messages (conversation, seq, payload) "
                 'SELECT c.id, s, convert_to(\'{"role":"user","content":"kept"}\', \'UTF8\') '
-                "FROM atmosphere_conversations AS c, generate_series(1, 2) AS s "
-                "WHERE c.conversation_id = ANY(ARRAY(SELECT 'kept-' || g "
-                "FROM generate_series($1::int, $2::int - 1) AS g))",
+                "FROM c, generate_series(1, 2) AS s",
+                PATH,
+                now,
                 low,
                 high,
             )
@@ -120,7 +127,7 @@ def fill_redis(url: str, start: int, end: int) -> None:
             pipe = client.pipeline(transaction=False)
             for n in range(low, min(end, low + 5000)):
                 run = f"kept-{n}"
-                finished = now - 60 - n % 500
+                finished = now - 60 - n % SPREAD
                 pipe.hset(
                     f"{prefix}run:{run}",
                     mapping={
@@ -136,6 +143,8 @@ def fill_redis(url: str, start: int, end: int) -> None:
                     },
                 )
                 pipe.zadd(f"{prefix}runs:finished", {run: finished})
+                if n >= REDIS_CONVERSATIONS:
+                    continue
                 name = digest(PATH, "", run)
                 updated = now - n % 86400
                 pipe.hset(
@@ -273,7 +282,8 @@ def run_backend(kind: str, levels: list[int], args: argparse.Namespace, root: Pa
         except Exception as exc:
             return {"skipped": f"{kind} unavailable: {exc.__class__.__name__}: {exc}"}
         try:
-            server = Server(Variant(kind, kind), model.port, backend.env, root / kind)
+            env = {**backend.env, "ATMOSPHERE_DURABLE_RUNS_KEEP_SECONDS": str(int(KEEP))}
+            server = Server(Variant(kind, kind), model.port, env, root / kind)
             try:
                 warm_up(server.port)
                 asyncio.run(turns(server.port, 20))
