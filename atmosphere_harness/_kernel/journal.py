@@ -53,15 +53,8 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mappi
 from typing import Any
 
 from .. import _events as events
-from .._contracts import (
-    FEED_OWNER,
-    LeaseLost,
-    LiveRunHandle,
-    RunFeed,
-    RunStore,
-    RunStoreNow,
-    StoredRun,
-)
+from .._contracts import FEED_OWNER, LiveRunHandle, RunFeed, RunStore, RunStoreNow, StoredRun
+from .._errors import LeaseLost
 from .._events import Frame
 from .._jsontext import compact_json
 from .._log import get_logger
