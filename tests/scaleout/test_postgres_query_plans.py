@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ from atmosphere_harness._backends.postgres import (
     PostgresPlanBus,
     PostgresRunStore,
 )
+from atmosphere_harness._backends.postgres import runs as postgres_runs
 from atmosphere_harness._backends.postgres.approvals import REMEMBER_SECONDS
 from atmosphere_harness._backends.postgres.bus import TTL_SECONDS as PLAN_TTL
 from atmosphere_harness._backends.postgres.runs import FOLLOW_GRACE_SECONDS
@@ -165,11 +167,7 @@ async def fill(database: PostgresDatabase, now: float) -> None:
         )
         # Frames: of the runs in flight, of runs that finished within the follow grace, and of
         # runs whose grace just ran out (the frames `expire` drops).
-        # (`due-` last, stamped now: the fill itself takes seconds.)
-        for name, finished in (
-            ("recent-", now - 2),
-            ("due-", time.time() - FOLLOW_GRACE_SECONDS - 5),
-        ):
+        for name, finished in (("recent-", now - 2), ("due-", now - FOLLOW_GRACE_SECONDS - 5)):
             await connection.execute(
                 "INSERT INTO atmosphere_runs (run_id, path, conversation_id, user_key, "
                 "session_id, message, started_at, owner, lease_until, finished_at) "
@@ -202,13 +200,12 @@ async def database() -> AsyncIterator[Recording]:
         await asyncio.to_thread(drop_database, url)
 
 
-async def upkeep(database: Recording) -> dict[str, list[tuple[str, tuple[Any, ...]]]]:
+async def upkeep(database: Recording, now: float) -> dict[str, list[tuple[str, tuple[Any, ...]]]]:
     """Run every periodic call once; the statements each sent."""
     runs = PostgresRunStore(database)
     history = PostgresHistory(database)
     bus = PostgresPlanBus(database)
     approvals = PostgresApprovalStore(database)
-    now = time.time()
     calls: dict[str, Callable[[], Awaitable[Any]]] = {
         "runs.heartbeat": lambda: runs.heartbeat("owner-a", LEASE),
         "runs.heartbeat(feed)": lambda: runs.heartbeat(FEED_OWNER + "a", LEASE),
@@ -324,9 +321,14 @@ BIG_TABLES = {
 }
 
 
-async def test_no_periodic_query_reads_the_kept_rows(database: Recording) -> None:
-    await fill(database, time.time())
-    sent = await upkeep(database)
+async def test_no_periodic_query_reads_the_kept_rows(
+    database: Recording, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = time.time()
+    await fill(database, now)
+    # The run store reads the clock the fill was stamped with, however long the fill took.
+    monkeypatch.setattr(postgres_runs, "time", types.SimpleNamespace(time=lambda: now))
+    sent = await upkeep(database, now)
     assert all(sent.values()), {name: len(s) for name, s in sent.items()}
     assert await database.run(left) == {"due": 0, "recent": DUE * 200, "old": 0}, (
         "expire drops the frames whose grace ran out and the runs past keeping, nothing else"
