@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test lint typecheck pytest docs bench bench-charts bench-reference clean
+.PHONY: demo test lint typecheck pytest docs bench bench-servers bench-charts bench-reference clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,25 @@ $(BENCH_VENV)/.installed: pyproject.toml
 
 bench: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/run_all.py
+
+# The agent-server anchor and long runs in flight, not part of `make bench` (about an hour; the
+# first run also installs Aegra and langgraph dev, which need Python >= 3.12, into
+# benchmarks/.work/peers/): servers.py (ours against Aegra and langgraph dev: latency, runs/s,
+# CPU per run, follower lag), inflight.py (slow-streaming runs in flight, ramped until p99 frame
+# delay > 100 ms, with a py-spy profile of the server at INFLIGHT_PROFILE_AT runs) and
+# kept_data.py (per-turn and upkeep cost with 1 k to 1 M kept runs). Each writes
+# benchmarks/results/<name>.json (git-ignored); docs/benchmarks.md explains the figures.
+INFLIGHT_PROFILE_AT ?= 400
+
+bench-servers: $(BENCH_VENV)/.installed
+	mkdir -p benchmarks/results
+	$(BENCH_VENV)/bin/python benchmarks/servers.py > benchmarks/results/servers.json.tmp
+	mv benchmarks/results/servers.json.tmp benchmarks/results/servers.json
+	$(BENCH_VENV)/bin/python benchmarks/inflight.py --profile-at $(INFLIGHT_PROFILE_AT) \
+		> benchmarks/results/inflight.json.tmp
+	mv benchmarks/results/inflight.json.tmp benchmarks/results/inflight.json
+	$(BENCH_VENV)/bin/python benchmarks/kept_data.py > benchmarks/results/kept_data.json.tmp
+	mv benchmarks/results/kept_data.json.tmp benchmarks/results/kept_data.json
 
 bench-charts: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/charts.py --from benchmarks/reference --out docs/images

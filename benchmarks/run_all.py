@@ -71,6 +71,12 @@ SCRIPTS: dict[str, tuple[str, list[str], list[str]]] = {
         ["--turns", "200", "--rounds", "3", "--updates", "200"],
         ["--turns", "4", "--rounds", "1", "--updates", "3"],
     ),
+    # Two replicas on PostgreSQL and on Redis, a run on A followed from B, frame by frame.
+    "follower_lag": (
+        "follower_lag.py",
+        ["--runs", "8", "--seconds", "10"],
+        ["--runs", "1", "--seconds", "1"],
+    ),
     "memory": (
         "memory_bench.py",
         ["--peer-python", sys.executable],
@@ -92,6 +98,13 @@ HEADLINES = (
     "grep_rare",
     "plan_fanout_p99",
     "turn_overhead_10k_conversations",
+    "durable_added_50k",
+    "backend_added_per_turn_postgres",
+    "backend_added_per_turn_redis",
+    "follower_lag_p50_postgres",
+    "follower_lag_p99_postgres",
+    "follower_lag_p50_redis",
+    "follower_lag_p99_redis",
 )
 
 
@@ -121,11 +134,27 @@ def headlines(documents: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]
         found["turn_overhead_10k_conversations"] = figure(
             scale["levels"][largest]["ms_per_turn"], None
         )
+    postgres = documents.get("scaleout_postgres")
+    if postgres is not None and "turn_ms" in postgres:
+        added = postgres["turn_ms"]["added_median_ms_postgres"]
+        found["backend_added_per_turn_postgres"] = figure(added, None)
+    redis = documents.get("redis_backend")
+    if redis is not None:
+        found["backend_added_per_turn_redis"] = figure(
+            redis["per_turn_http"]["added_median_ms"], None
+        )
+    lag = documents.get("follower_lag")
+    if lag is not None:
+        for kind, measured in lag["backends"].items():
+            if "follower_ms" in measured:
+                for q in ("p50", "p99"):
+                    found[f"follower_lag_{q}_{kind}"] = figure(measured["follower_ms"][q], None)
     unit = {
         "storage_amplification": "x",
         "storage_amplification_durable": "x",
         "durable_overhead_1k": "%",
         "durable_overhead_50k": "%",
+        "durable_added_50k": "us",
     }
     return {name: found.get(name) or figure(None, None, unit.get(name, "ms")) for name in HEADLINES}
 

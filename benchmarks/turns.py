@@ -671,6 +671,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "peer": median(entry, "deepagents", "per_turn_ms"),
             "unit": "ms",
         }
+    entry = durable.get("50k", {})
+    on, off = (
+        median(entry, "durable_on", "per_turn_ms"),
+        median(entry, "durable_off", "per_turn_ms"),
+    )
+    figures["durable_added_50k"] = {
+        # What durable runs add to a 50 KiB turn, in microseconds (the 1 KiB turn's is a share).
+        "ours": round((on - off) * 1000, 1) if on is not None and off is not None else None,
+        "peer": None,
+        "unit": "us",
+    }
     for figure in figures.values():
         figure["ratio"] = ratio(figure["peer"], figure["ours"])
     return {

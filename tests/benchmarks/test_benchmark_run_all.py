@@ -28,6 +28,13 @@ NAMES = [
     "grep_rare",
     "plan_fanout_p99",
     "turn_overhead_10k_conversations",
+    "durable_added_50k",
+    "backend_added_per_turn_postgres",
+    "backend_added_per_turn_redis",
+    "follower_lag_p50_postgres",
+    "follower_lag_p99_postgres",
+    "follower_lag_p50_redis",
+    "follower_lag_p99_redis",
 ]
 
 UNITS = {
@@ -35,6 +42,7 @@ UNITS = {
     "storage_amplification_durable": "x",
     "durable_overhead_1k": "%",
     "durable_overhead_50k": "%",
+    "durable_added_50k": "us",
 }
 
 

@@ -29,6 +29,8 @@ log = get_logger(__name__)
 
 CHANNEL = "atmosphere_approvals"
 POLL_SECONDS = 2.0
+FORGET_BATCH = 1000
+"""Approvals past `REMEMBER_SECONDS` deleted per `open` (each open deletes its share)."""
 REMEMBER_SECONDS = 3600.0
 
 
@@ -92,9 +94,12 @@ class PostgresApprovalStore:
 
         async def work(connection: Any) -> bool:
             async with connection.transaction():
+                # Oldest first, a bounded batch: the index on `expires_at` whatever the plan.
                 await connection.execute(
-                    "DELETE FROM atmosphere_approvals WHERE expires_at < $1",
+                    "DELETE FROM atmosphere_approvals WHERE id = ANY(ARRAY(SELECT id FROM "
+                    "atmosphere_approvals WHERE expires_at < $1 ORDER BY expires_at LIMIT $2))",
                     now - REMEMBER_SECONDS,
+                    FORGET_BATCH,
                 )
                 # Serializes the count-then-insert of concurrent opens across replicas.
                 await connection.execute(

@@ -20,7 +20,7 @@ compresses values past ~2 kB itself, TOAST). What makes it a multi-replica store
   `frames_after`, and `load` for the model turns a `tool-start` frame refers to). So that
   such a reader sees a run's last frames, `finish` marks the run finished at once but deletes
   its frames and checkpoints `FOLLOW_GRACE_SECONDS` later (in `expire`, which the journal
-  calls every third of a lease).
+  calls every third of a lease, and which reads only the runs finished since its last call).
 - It is also the frame feed (durable runs off): runs owned as `FEED_OWNER`... are never
   claimed; their appends are one statement each, commit with `synchronous_commit = off` (no
   wait for the WAL flush: the feed is not durability), finish the run when their last frame is
@@ -45,6 +45,12 @@ NOW = "extract(epoch FROM clock_timestamp())"
 
 FOLLOW_GRACE_SECONDS = 30.0
 """How long a finished run's frames stay for readers on other replicas to catch up."""
+
+DROP_SLACK_SECONDS = 10.0
+"""How far back each `expire` looks again, past where the previous one stopped dropping frames:
+room for replicas' clocks to disagree and for a run's `finish` to commit late. Frames a replica
+never got to in time (all replicas stopped for longer) go with their run's row, `keep_seconds`
+after it finished (`ON DELETE CASCADE`)."""
 
 RUN_COLUMNS = "id, run_id, path, conversation_id, user_key, session_id, message, started_at"
 
@@ -91,6 +97,8 @@ class PostgresRunStore:
 
     def __init__(self, database: PostgresDatabase) -> None:
         self.database = database
+        self._dropped_upto: float | None = None
+        """Where the last `expire` stopped dropping frames (a finish time)."""
 
     def __repr__(self) -> str:
         return f"PostgresRunStore({self.database!r})"
@@ -336,14 +344,24 @@ class PostgresRunStore:
         await self.database.run(work)
 
     async def expire(self, before: float) -> int:
+        """Drop the frames and checkpoints of the runs that finished since the last call (and
+        `FOLLOW_GRACE_SECONDS` ago), and the rows of those that finished before `before`.
+
+        Each call reads only the runs that finished since the previous one (give or take
+        `DROP_SLACK_SECONDS`), never every kept run: its cost follows the rate of runs, not
+        how many are kept. The `= ANY(ARRAY(...))` form keeps the frames' primary key in use
+        whatever PostgreSQL estimates (a generic plan would otherwise scan every frame)."""
         grace = time.time() - FOLLOW_GRACE_SECONDS
+        since = self._dropped_upto if self._dropped_upto is not None else grace
+        since = min(since, grace) - DROP_SLACK_SECONDS
 
         async def work(connection: Any) -> int:
             for table in ("atmosphere_run_frames", "atmosphere_run_checkpoints"):
                 await connection.execute(
-                    f"DELETE FROM {table} WHERE run IN (SELECT id FROM atmosphere_runs "
-                    "WHERE finished_at IS NOT NULL AND finished_at < $1)",
+                    f"DELETE FROM {table} WHERE run = ANY(ARRAY(SELECT id FROM atmosphere_runs "
+                    "WHERE finished_at >= $2 AND finished_at < $1))",
                     grace,
+                    since,
                 )
             status = await connection.execute(
                 "DELETE FROM atmosphere_runs WHERE finished_at IS NOT NULL AND finished_at < $1",
@@ -351,7 +369,9 @@ class PostgresRunStore:
             )
             return int(str(status).rsplit(" ", 1)[-1])
 
-        return await self.database.run(work)
+        dropped = await self.database.run(work)
+        self._dropped_upto = grace
+        return dropped
 
     # --- contracts.RunFeed: following a run another replica executes ----------------------
 

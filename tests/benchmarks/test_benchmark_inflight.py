@@ -1,0 +1,23 @@
+"""The long-runs-in-flight benchmark runs end to end on a tiny workload (no figures asserted)."""
+
+from __future__ import annotations
+
+from tests.benchmarks.support import run_benchmark
+
+
+def test_every_stamped_token_reaches_its_client_through_a_tool_call() -> None:
+    result = run_benchmark(
+        "inflight.py", "--smoke", "--levels", "3", "--variants", "embedded_tool_call"
+    )
+    tokens = result["workload"]["tokens_per_run"]
+    assert result["held"] == {"embedded_tool_call": 3}
+    level = result["variants"]["embedded_tool_call"]["levels"]["3"]
+    assert level["outcomes"] == {"complete": 3}
+    assert level["errors"] == 0
+    # Half the answer, the `ls` call, its result, the other half: every token once.
+    assert level["frame_delay_ms_whole_run"]["n"] == 3 * tokens
+    assert 0 < level["frame_delay_ms"]["n"] <= 3 * tokens
+    assert level["frame_delay_ms"]["p50"] >= 0
+    assert level["server_cpu_us_per_token"] > 0
+    assert level["rss_mib_server"] > 0
+    assert level["loop_lag_ms"]["n"] > 0
