@@ -6,7 +6,7 @@ of shared state; the kernel and the primitives only see the protocols:
 | state | protocol | embedded implementation (one process) |
 |---|---|---|
 | conversation locks | `contracts.ConversationLocks` | `kernel.locks.InProcessConversationLocks` |
-| live runs, frames | `contracts.RunJournal` | `kernel.journal.LiveRuns` (+ `SqliteRunStore`) |
+| live runs, frames | `contracts.RunJournal` | `kernel.live.LiveRuns` (durable: `DurableRuns`) |
 | plans | `planning.PlanStore` | `planning.FilePlanStore` (JSON files under the owner root) |
 | plan updates fan-out | `planning.PlanEventBus` | `planning.InProcessPlanBus` |
 | approvals | `governance.approvals.ApprovalStore` | `ApprovalRegistry` (memory) |
@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._contracts import ConversationLocks, Resource, RunJournal, RunStore
-from .._durable import SqliteRunStore
+from .._durable import DurableRuns, SqliteRunStore
 from .._errors import HarnessError
 from .._filesystem.stores import WorkspaceStores
 from .._filesystem.usage import PROCESS_USAGE, WorkspaceUsage
 from .._governance.approvals import ApprovalRegistry, ApprovalStore
-from .._kernel.journal import LiveRuns
+from .._kernel.live import LiveRuns
 from .._kernel.locks import InProcessConversationLocks
 from .._memory.history import HistoryBackend
 from .._memory.long_term import LongTermMemory
@@ -120,7 +120,7 @@ def resolve_backends(settings: HarnessSettings) -> StateBackends:
         return redis_backends(settings)
     backends = StateBackends(state="sqlite", events="local")
     if group.durable_runs:
-        backends.runs = LiveRuns(
+        backends.runs = DurableRuns(
             SqliteRunStore.under(settings.workspace_root),
             lease_seconds=group.durable_runs_lease_seconds,
             keep_seconds=group.durable_runs_keep_seconds,
@@ -136,9 +136,14 @@ def shared_runs(store: RunStore, settings: HarnessSettings) -> LiveRuns:
     resumed.
     """
     group = settings.groups.backends
+    if group.durable_runs:
+        return DurableRuns(
+            store,
+            lease_seconds=group.durable_runs_lease_seconds,
+            keep_seconds=group.durable_runs_keep_seconds,
+        )
     return LiveRuns(
-        store if group.durable_runs else None,
-        feed=None if group.durable_runs else store,
+        feed=store,
         lease_seconds=group.durable_runs_lease_seconds,
         keep_seconds=group.durable_runs_keep_seconds,
     )

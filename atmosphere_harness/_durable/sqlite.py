@@ -84,7 +84,7 @@ INSERT_FRAME = "INSERT OR REPLACE INTO durable_frames (run, seq, event, data) VA
 INSERT_CHECKPOINT = "INSERT OR REPLACE INTO durable_checkpoints (run, key, value) VALUES (?, ?, ?)"
 
 _ENCODE = compact_json(default=str, check_circular=False)
-"""The journal's own JSON (`kernel.journal.encode`): compact, ASCII."""
+"""The journal's own JSON (`kernel.writer.encode`): compact, ASCII."""
 LOGS_SUFFIX = "-runs"
 """The run logs' directory is the database file's name with this after it (`atmosphere.db-runs`)."""
 INLINE_BYTES = 256 * 1024
@@ -94,7 +94,7 @@ LOG_INLINE_BYTES = 1024 * 1024
 about 0.5 ms on the reference VM (encoding it to UTF-8, half of it, and copying it into the page
 cache); the database thread would hold the GIL for the encoding all the same, and the hop, and
 readers waiting for it, cost more. A run of 50 KiB tool calls on a fast model groups 300 to
-600 KiB in a write (`kernel.journal.GROUP_SECONDS`): with the lower bound, 4 to 5 of its 14 to
+600 KiB in a write (`durable.writer.GROUP_SECONDS`): with the lower bound, 4 to 5 of its 14 to
 19 writes a prompt went to the database thread (the benchmark's 60-turn prompts), and its
 readers waited for the thread."""
 WAL_TRIM = 256 * 1024
