@@ -33,11 +33,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from atmosphere_harness._kernel.writer import encode
 from common import machine, make_workload
 
 from atmosphere_harness._contracts import StoredRun
 from atmosphere_harness._durable import SqliteRunStore
+from atmosphere_harness._kernel.writer import encode
 
 
 def percentiles(seconds: list[float]) -> dict[str, float]:

@@ -41,10 +41,9 @@ from common import machine
 from turns import Ours
 
 from atmosphere_harness._contracts import StoredRun
-from atmosphere_harness._durable import SqliteRunStore
-from atmosphere_harness._events import Frame
-from atmosphere_harness._durable import journal
+from atmosphere_harness._durable import SqliteRunStore, journal
 from atmosphere_harness._durable.writer import STARTED, DurableWriter
+from atmosphere_harness._events import Frame
 from atmosphere_harness._kernel.live import LiveRun
 
 Call = tuple[str, Any, Any, bool]

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from atmosphere_harness._kernel.writer import encode
 
 from atmosphere_harness._contracts import StoredRun
 from atmosphere_harness._durable import SqliteRunStore
@@ -30,6 +29,7 @@ from atmosphere_harness._durable.log import (
     pack_parts,
 )
 from atmosphere_harness._jsontext import compact_json
+from atmosphere_harness._kernel.writer import encode
 
 
 def stored(run_id: str = "run-1") -> StoredRun:

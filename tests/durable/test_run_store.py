@@ -17,16 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from atmosphere_harness._durable.journal import DurableRuns
-from atmosphere_harness._durable.replay import ENDED
-from atmosphere_harness._kernel.remote import REFERENCE
-from atmosphere_harness._kernel.remote import resolved as _resolved
-from atmosphere_harness._kernel.writer import encode
 
 from atmosphere_harness._contracts import LiveRunHandle, StoredRun
 from atmosphere_harness._durable import SqliteRunStore
+from atmosphere_harness._durable.journal import DurableRuns
+from atmosphere_harness._durable.replay import ENDED
 from atmosphere_harness._durable.sqlite import INLINE_BYTES, LOG_INLINE_BYTES
 from atmosphere_harness._events import Frame
+from atmosphere_harness._kernel.remote import REFERENCE
+from atmosphere_harness._kernel.remote import resolved as _resolved
+from atmosphere_harness._kernel.writer import encode
 from atmosphere_harness._memory.sqlite import SqliteDatabase
 
 HOST = socket.gethostname()
@@ -376,7 +376,7 @@ async def test_a_stopped_run_is_journalled_ended_before_it_unwinds(tmp_path: Pat
 
 
 async def run_to_end(
-    store: SqliteRunStore, runs: LiveRuns, work: Callable[[LiveRunHandle], Awaitable[None]]
+    store: SqliteRunStore, runs: DurableRuns, work: Callable[[LiveRunHandle], Awaitable[None]]
 ) -> list[int]:
     """Open `store`, run `work` as a live run read to its end, close both: the seqs read."""
     await store.open()
@@ -388,7 +388,7 @@ async def run_to_end(
         await store.aclose()
 
 
-def live_run_id(runs: LiveRuns) -> str:
+def live_run_id(runs: DurableRuns) -> str:
     [[live]] = runs._runs.values()
     assert live._writer is not None
     return live._writer.run_id

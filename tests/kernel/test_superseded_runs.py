@@ -13,9 +13,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from atmosphere_harness._durable.replay import ENDED, SUPERSEDED, DurableReplay
-
 from atmosphere_harness import HarnessSettings, ScriptedRuntime, agent
+from atmosphere_harness._durable.replay import ENDED, SUPERSEDED, DurableReplay
 from atmosphere_harness._events import Frame
 from atmosphere_harness._kernel.endpoint import HostedEndpoint
 from atmosphere_harness._kernel.host import HarnessHost

@@ -14,17 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from atmosphere_harness._durable.journal import DurableRuns
-from atmosphere_harness._kernel.live import LiveRuns
-from atmosphere_harness._kernel.writer import encode
 
 from atmosphere_harness import HarnessSettings
 from atmosphere_harness._backends import resolve_backends
 from atmosphere_harness._backends.postgres import LeaseLost, PostgresDatabase, PostgresRunStore
 from atmosphere_harness._contracts import LiveRunHandle, StoredRun
-from atmosphere_harness._events import Frame
 from atmosphere_harness._durable import writer as durable_writer
-from atmosphere_harness._kernel import live, remote
+from atmosphere_harness._durable.journal import DurableRuns
+from atmosphere_harness._events import Frame
+from atmosphere_harness._kernel import remote
+from atmosphere_harness._kernel.live import LiveRuns
+from atmosphere_harness._kernel.writer import encode
 
 from .postgres_service import create_database, drop_database
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from atmosphere_harness._kernel.live import LiveRuns
 
 from atmosphere_harness import HarnessSettings
 from atmosphere_harness._backends import StateBackends, resolve_backends
@@ -29,6 +28,7 @@ from atmosphere_harness._backends.redis import (
 from atmosphere_harness._backends.redis.connection import digest
 from atmosphere_harness._errors import HarnessError
 from atmosphere_harness._governance.approvals import Answer, AnswerStatus
+from atmosphere_harness._kernel.live import LiveRuns
 from atmosphere_harness._memory.history import ConversationKey, HistoryRead
 from atmosphere_harness._planning.bus import PlanBusFull, PlanEvent
 from atmosphere_harness._runtimes.base import Message

@@ -15,9 +15,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from atmosphere_harness._kernel.feed import ABANDONED, STOPPED
-from atmosphere_harness._kernel.live import LiveRuns
-from atmosphere_harness._kernel.writer import encode
 
 from atmosphere_harness import HarnessSettings
 from atmosphere_harness import _events as events
@@ -29,7 +26,10 @@ from atmosphere_harness._backends.redis import runs as redis_runs
 from atmosphere_harness._contracts import FEED_OWNER, LeaseLost, LiveRunHandle, StoredRun
 from atmosphere_harness._events import Frame
 from atmosphere_harness._kernel import feed as journal
+from atmosphere_harness._kernel.feed import ABANDONED, STOPPED
+from atmosphere_harness._kernel.live import LiveRuns
 from atmosphere_harness._kernel.remote import RemoteRun
+from atmosphere_harness._kernel.writer import encode
 
 from .postgres_service import create_database, drop_database
 from .redis_service import url_for

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..._contracts import LeaseLost
 from ..._settings import HarnessSettings, WorkspaceBackend
-from .. import StateBackends, shared_runs
+from ..state import StateBackends, shared_runs
 from ..unavailable import BackendUnavailable
 from .approvals import PostgresApprovalStore
 from .bus import PostgresPlanBus

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..._settings import HarnessSettings
-from .. import StateBackends, shared_runs
+from ..state import StateBackends, shared_runs
 from .approvals import RedisApprovalStore
 from .bus import RedisPlanBus
 from .connection import RedisConnection, RedisUnavailable
