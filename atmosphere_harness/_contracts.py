@@ -740,6 +740,8 @@ class StoredRun:
     user_id: str | None
     session_id: str
     message: str
+    """The prompt, as the durable journal stores it: JSON text (ASCII), so that every store
+    keeps any prompt the run accepts (PostgreSQL's text refuses a raw NUL)."""
     started_at: float
     """Epoch seconds."""
 

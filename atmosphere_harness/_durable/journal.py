@@ -12,9 +12,11 @@ store, released for the next start. What a resumed run replays is `durable.repla
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import replace
 from typing import Any
 
 from .._contracts import FrameSink, LiveRunHandle, Run, RunStore, StoredRun
@@ -22,6 +24,7 @@ from .._events import Frame
 from .._kernel.feed import CLAIM_BATCH, abandon
 from .._kernel.live import JOURNAL_FRAMES, KEEP_FINISHED_SECONDS, LEASE_SECONDS, LiveRun, LiveRuns
 from .._kernel.remote import resolved
+from .._kernel.writer import encode
 from .._log import get_logger
 from .replay import ENDED, DurableReplay
 from .writer import DurableWriter
@@ -111,7 +114,9 @@ class DurableRuns(LiveRuns):
         message: str,
     ) -> LiveRun:
         session_id = session_id or uuid.uuid4().hex
-        record = self._record(path, conversation_id, user_id, session_id, message)
+        # Stored as JSON text (ASCII): any prompt the run accepts is one every store keeps (a
+        # NUL, which PostgreSQL's text refuses raw, or a lone surrogate).
+        record = self._record(path, conversation_id, user_id, session_id, encode(message))
         writer = DurableWriter(
             self.store,
             record.run_id,
@@ -190,8 +195,10 @@ class DurableRuns(LiveRuns):
             last_seq=live.start_seq,
         )
 
+        asked = replace(stored, message=_message(stored.message))
+
         def work(handle: LiveRunHandle) -> Coroutine[Any, Any, Any]:
-            return resume(handle, stored)
+            return resume(handle, asked)
 
         self._launch(live, work)
 
@@ -225,3 +232,12 @@ class DurableRuns(LiveRuns):
             await self.store.finish(writer.run_id)
         except Exception:
             log.error("could not mark a durable run finished", run=writer.run_id, exc_info=True)
+
+
+def _message(stored: str) -> str:
+    """The prompt of a stored run (`encode`d; one journalled before it was kept as it is)."""
+    try:
+        message = json.loads(stored)
+    except ValueError:
+        return stored
+    return message if isinstance(message, str) else stored

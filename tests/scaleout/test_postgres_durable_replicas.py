@@ -154,6 +154,41 @@ def test_replica_b_takes_over_a_run_of_killed_replica_a(replicas: Replicas) -> N
     ]
 
 
+def test_a_prompt_holding_a_nul_is_journalled_and_resumed_whole(replicas: Replicas) -> None:
+    # A NUL in the prompt (PostgreSQL's text refuses it as a raw character): the run is
+    # journalled all the same, so replica B resumes it after A is SIGKILLed, and the model
+    # gets the prompt back, NUL included.
+    message = "sleep now\u0000and then"
+    replicas.hold("nul-tool")
+    before: list[Frame] = []
+    body = {"message": message, "conversationId": "nul"}
+    with httpx2.stream("POST", replicas.a.url + PATH, json=body, timeout=WAIT) as response:
+
+        def sleeping(frame: Frame) -> bool:
+            if frame["event"] != "tool-start":
+                return False
+            wait_for(lambda: replicas.tool_runs("nul") == ["sleepy"], "the tool to start")
+            return True
+
+        stream = sse_frames(response)
+        read(stream, sleeping, before)
+        replicas.a.kill()
+        stream.close()
+    replicas.release("nul-tool")
+
+    wait_for(lambda: replicas.calls("nul").get(1) == 1, "replica B to resume the run")
+    after = follow(replicas.b, "nul", before[-1]["seq"])
+    assert after[-1]["event"] == "complete", after[-3:]
+    assert [f["data"]["result"] for f in after if f["event"] == "tool-result"] == [INTERRUPTED]
+    resumed = [
+        entry["messages"]
+        for entry in replicas.log("calls.jsonl")
+        if entry["conversation"] == "nul" and entry["round"] == 1
+    ]
+    assert [m[1] for m in resumed[0] if m[0] == "user"] == [message]
+    assert replicas.calls("nul") == {0: 1, 1: 1}
+
+
 def test_an_approval_answered_on_b_while_a_is_dead_is_taken_over_with_the_run(
     replicas: Replicas,
 ) -> None:
