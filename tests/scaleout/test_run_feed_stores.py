@@ -198,7 +198,7 @@ async def test_feed_mode_shares_frames_without_checkpoints_and_never_resumes(
         go_on = asyncio.Event()
 
         async def work(handle: LiveRunHandle) -> None:
-            await handle.checkpoint("model:0", {"calls": []})  # no-op: the feed is frames only
+            # (A feed's run has no checkpoints to give: only a durable run journals them.)
             await handle.publish(Frame("text", {"text": "one"}, "s", "live", 1))
             await go_on.wait()
             await handle.publish(Frame(events.COMPLETE, {"summary": "ok"}, "s", "live", 2))
