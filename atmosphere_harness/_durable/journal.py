@@ -117,13 +117,7 @@ class DurableRuns(LiveRuns):
         # Stored as JSON text (ASCII): any prompt the run accepts is one every store keeps (a
         # NUL, which PostgreSQL's text refuses raw, or a lone surrogate).
         record = self._record(path, conversation_id, user_id, session_id, encode(message))
-        writer = DurableWriter(
-            self.store,
-            record.run_id,
-            owner=self.owner,
-            lease_seconds=self.lease_seconds,
-            create=record,
-        )
+        writer = self._writer(record.run_id, record)
         return DurableRun(
             path,
             conversation_id,
@@ -131,6 +125,12 @@ class DurableRuns(LiveRuns):
             session_id=session_id,
             writer=writer,
             replay=self.replay,
+        )
+
+    def _writer(self, run_id: str, create: StoredRun | None) -> DurableWriter:
+        """The writer of run `run_id` (`create`: its record, for a new run's first write)."""
+        return DurableWriter(
+            self.store, run_id, owner=self.owner, lease_seconds=self.lease_seconds, create=create
         )
 
     async def open(self, resume: Resume) -> None:
@@ -168,13 +168,7 @@ class DurableRuns(LiveRuns):
             )
             await self.store.finish(stored.run_id)
             return
-        writer = DurableWriter(
-            self.store,
-            stored.run_id,
-            owner=self.owner,
-            lease_seconds=self.lease_seconds,
-            create=None,
-        )
+        writer = self._writer(stored.run_id, None)
         live = DurableRun(
             stored.path,
             stored.conversation_id,

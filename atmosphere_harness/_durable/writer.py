@@ -17,11 +17,11 @@ flight goes in the next one), and adds what a durable journal needs:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from .. import _events as events
-from .._contracts import RunStore, RunStoreNow, StoredRun
+from .._contracts import RunStoreNow
 from .._events import Frame
 from .._jsontext import compact_json
 from .._kernel.remote import REFERENCE
@@ -51,24 +51,9 @@ class DurableWriter(StoreWriter):
     """One durable run's writes to its store, grouped: what comes while a write is in flight
     goes in the next one. Readers are told each stored seq (`on_stored`)."""
 
-    def __init__(
-        self,
-        store: RunStore,
-        run_id: str,
-        *,
-        owner: str,
-        lease_seconds: float,
-        create: StoredRun | None,
-        on_stored: Callable[[int], None] | None = None,
-    ) -> None:
-        super().__init__(
-            store,
-            run_id,
-            owner=owner,
-            lease_seconds=lease_seconds,
-            create=create,
-            on_stored=on_stored,
-        )
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        store = self.store
         self._now = store if isinstance(store, RunStoreNow) else None
         """The store, if it can write on the event loop (see `_kick`)."""
         self._encode = self._now.encode if self._now is not None else encode
