@@ -75,13 +75,14 @@ async def execute_calls(
     results: list[str] = [""] * len(calls)
     index = 0
     while index < len(steps):
-        tool = steps[index].tool
+        first = steps[index]
+        tool = first.tool if first.refusal is None else None
         end = index + 1
         while end < len(steps) and tool is not None and _groups(tool, steps[end]):
             end += 1
         group = steps[index:end]
-        if tool is None or steps[index].refusal is not None or len(group) == 1:
-            results[index] = await _execute(group[0])
+        if tool is None or len(group) == 1:
+            results[index] = await _execute(first)
         elif tool.concurrent:
             results[index:end] = await asyncio.gather(*(_execute(step) for step in group))
         elif tool.batch is not None:

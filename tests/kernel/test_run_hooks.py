@@ -241,7 +241,12 @@ async def test_tool_batches_and_concurrent_calls_keep_their_order(
     writes = [
         ToolCall("write_file", {"path": f"f{n}.md", "content": str(n)}, f"w{n}") for n in range(3)
     ]
-    runtime = ScriptedRuntime([[*writes[:2], ToolCall("write_file", {}, "bad"), writes[2]], "ok"])
+    deep: dict[str, Any] = {}
+    for _ in range(100):
+        deep = {"d": deep}
+    refused = ToolCall("write_file", {"path": "d.md", "content": deep}, "deep")
+    bad = ToolCall("write_file", {}, "bad")
+    runtime = ScriptedRuntime([[refused, *writes[:2], bad, writes[2]], "ok"])
     chain: list[RunHooks] = [Recorder(str(n), log) for n in range(hooks)]
     async with hosted(workspace, runtime, chain) as host:
         frames = await run(host)
@@ -249,6 +254,8 @@ async def test_tool_batches_and_concurrent_calls_keep_their_order(
     # Each passes its gates in order (the invalid one is answered there), then the batch runs,
     # then the results come in the model's order.
     assert tool_frames == [
+        ("tool-start", "deep"),  # refused by the loop's bounds: alone, first
+        ("tool-result", "deep"),
         ("tool-start", "w0"),
         ("tool-start", "w1"),
         ("tool-start", "bad"),
