@@ -76,6 +76,8 @@ class DurableRun(LiveRun):
 class DurableRuns(LiveRuns):
     """The durable `contracts.RunJournal`: `LiveRuns` journalled in `store`."""
 
+    store: RunStore
+
     def __init__(
         self,
         store: RunStore,

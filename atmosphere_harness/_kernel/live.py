@@ -326,6 +326,9 @@ class LiveRuns:
         self._closers: set[asyncio.Task[None]] = set()
         self._opened = False
 
+    store: RunStore | None = None
+    """The store durable runs are journalled in (`durable.DurableRuns`); `None` here."""
+
     @property
     def durable(self) -> bool:
         return False

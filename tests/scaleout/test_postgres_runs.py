@@ -22,6 +22,7 @@ from atmosphere_harness._contracts import LiveRunHandle, StoredRun
 from atmosphere_harness._durable import writer as durable_writer
 from atmosphere_harness._durable.journal import DurableRuns
 from atmosphere_harness._events import Frame
+from atmosphere_harness._kernel import live as live_runs
 from atmosphere_harness._kernel import remote
 from atmosphere_harness._kernel.live import LiveRuns
 from atmosphere_harness._kernel.writer import encode
@@ -254,7 +255,7 @@ async def test_a_replica_that_lost_its_run_stops_it_without_a_trace(
     [taken] = await b.claim("b", 60, 10)
     go_on.set()
     moved = await asyncio.wait_for(anext(reader), 30)
-    assert (moved.event, moved.data["message"]) == ("error", live.MOVED)
+    assert (moved.event, moved.data["message"]) == ("error", live_runs.MOVED)
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(asyncio.shield(live.task), 30)  # type: ignore[arg-type]
     assert live.suspended  # no history write, no `complete`
