@@ -22,7 +22,7 @@ from atmosphere_harness._contracts import LiveRunHandle, StoredRun
 from atmosphere_harness._durable import SqliteRunStore
 from atmosphere_harness._durable.journal import DurableRuns
 from atmosphere_harness._durable.replay import ENDED
-from atmosphere_harness._durable.sqlite import INLINE_BYTES, LOG_INLINE_BYTES
+from atmosphere_harness._durable.sqlite import INLINE_BYTES
 from atmosphere_harness._events import Frame
 from atmosphere_harness._kernel.remote import REFERENCE
 from atmosphere_harness._kernel.remote import resolved as _resolved
@@ -85,18 +85,16 @@ async def test_what_is_appended_is_loaded_back(store: SqliteRunStore) -> None:
 async def test_a_small_append_is_written_now_a_large_one_by_the_thread(
     store: SqliteRunStore,
 ) -> None:
-    # A first write (the run's row) up to `INLINE_BYTES`, a write of the log alone up to
-    # `LOG_INLINE_BYTES`: what a fast run of 50 KiB calls groups in one write stays on the loop.
-    grouped = "model text\n" * (INLINE_BYTES // 10)
-    assert not store.append_now("run-1", [frame(1, grouped)], [], create=stored(), owner="me")
+    # Up to `INLINE_BYTES` of payload on the loop, a first write (the run's row) or not.
+    large = "model text\n" * (INLINE_BYTES // 10)
+    assert not store.append_now("run-1", [frame(1, large)], [], create=stored(), owner="me")
     assert store.append_now("run-1", [frame(1)], [], create=stored(), owner="me")
-    assert store.append_now("run-1", [frame(2, grouped)], [])
-    large = "model text\n" * (LOG_INLINE_BYTES // 10)
+    assert store.append_now("run-1", [frame(2, "y" * 1000)], [])
     assert not store.append_now("run-1", [frame(3, large)], [])  # nothing written
     assert [f.seq for f in (await store.load("run-1", 10))[1]] == [1, 2]
     await store.append("run-1", [frame(3, large)], [checkpoint("model:1", {"text": "x"})])
     checkpoints, frames = await store.load("run-1", 10)
-    assert [(f.seq, f.data["text"]) for f in frames] == [(1, "x"), (2, grouped), (3, large)]
+    assert [(f.seq, f.data["text"]) for f in frames] == [(1, "x"), (2, "y" * 1000), (3, large)]
     assert checkpoints == {"model:1": {"text": "x"}}
 
 
