@@ -30,7 +30,6 @@ from typing import (
 )
 
 from ._cache import PromptCache
-from ._errors import HarnessError
 from ._events import Frame
 from ._harness import Harness
 
@@ -846,10 +845,6 @@ class RunStoreNow(Protocol):
         owner: str | None = None,
         lease_seconds: float = 0.0,
     ) -> bool: ...
-
-
-class LeaseLost(HarnessError, RuntimeError):
-    """A `RunStore.append` for a run another owner has taken over (this one's lease ran out)."""
 
 
 @runtime_checkable

@@ -27,7 +27,7 @@ composite routes (`route_stores`) whenever the backend is configured.
 from __future__ import annotations
 
 from .._durable import DurableRuns, SqliteRunStore
-from .._errors import HarnessError
+from .._errors import BackendMisconfigured, BackendMissing
 from .._settings import HarnessSettings, WorkspaceBackend
 from .state import StateBackends, shared_runs
 
@@ -38,14 +38,6 @@ __all__ = [
     "resolve_backends",
     "shared_runs",
 ]
-
-
-class BackendMissing(HarnessError, RuntimeError):
-    """A backend URL is set but the extra that implements it is not installed."""
-
-
-class BackendMisconfigured(HarnessError, ValueError):
-    """A setting asks for a backend whose URL is not set."""
 
 
 def resolve_backends(settings: HarnessSettings) -> StateBackends:
@@ -87,7 +79,7 @@ def resolve_backends(settings: HarnessSettings) -> StateBackends:
     backends = StateBackends(state="sqlite", events="local")
     if group.durable_runs:
         backends.runs = DurableRuns(
-            SqliteRunStore.under(settings.workspace_root),
+            SqliteRunStore.under(settings.groups.filesystem.workspace_root),
             lease_seconds=group.durable_runs_lease_seconds,
             keep_seconds=group.durable_runs_keep_seconds,
         )

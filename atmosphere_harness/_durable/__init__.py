@@ -13,7 +13,6 @@ its hooks; see `docs/durable-runs.md` for what is guaranteed.
 from __future__ import annotations
 
 from .journal import DurableRuns
-from .replay import RunSuperseded
 from .sqlite import SqliteRunStore
 
-__all__ = ["DurableRuns", "RunSuperseded", "SqliteRunStore"]
+__all__ = ["DurableRuns", "SqliteRunStore"]

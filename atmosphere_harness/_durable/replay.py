@@ -48,7 +48,7 @@ from .._contracts import (
     ToolOutcome,
     ToolStep,
 )
-from .._errors import HarnessError
+from .._errors import RunSuperseded
 from .._events import Frame
 from .._log import get_logger
 from .._runtimes.base import Message, ModelResponse, ToolCall, Usage
@@ -72,10 +72,6 @@ INTERRUPTED = json_result(
 """What a user tool's call gets when a restart cut it off (it is never run twice)."""
 
 SUPERSEDED = "superseded: the conversation went on without this run; it was not resumed"
-
-
-class RunSuperseded(HarnessError):
-    """A resumed durable run whose conversation went on without it: it is ended, not resumed."""
 
 
 class Journalled(Protocol):

@@ -70,7 +70,7 @@ class GovernancePrimitive(Primitive):
             )
         endpoint.admission_hooks.append(ToolCallAdmission(self.chain))
         endpoint.result_hooks.append(PostResponse(self.chain))
-        gate = ApprovalGate(policy, self.approvals, host.settings.approval_timeout)
+        gate = ApprovalGate(policy, self.approvals, host.settings.groups.runtime.approval_timeout)
         endpoint.approval_hook = gate
         endpoint.services.set(PENDING_APPROVALS, gate)
 

@@ -17,7 +17,8 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from .._contracts import LeaseLost, RunFeed, RunStore, StoredRun
+from .._contracts import RunFeed, RunStore, StoredRun
+from .._errors import LeaseLost
 from .._events import Frame
 from .._log import get_logger
 from .writer import StoreWriter

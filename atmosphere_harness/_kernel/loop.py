@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING
 
 from .._cache import CacheHint, PromptCache
 from .._contracts import Key, ModelStep, ProceedModel, Run, RunHooks
+from .._errors import LoopLimitExceeded
 from .._log import get_logger
-from .._runtimes.base import Message, ModelError, ModelRequest, ModelResponse, ToolCall
+from .._runtimes.base import Message, ModelRequest, ModelResponse, ToolCall
 from .._tools.bounds import screen_calls
 from .executor import execute_calls
 
@@ -35,10 +36,6 @@ log = get_logger(__name__)
 
 _TURNS: Key[list[int]] = Key("kernel.model-turns")
 """Run state: the run's model turns so far (the number its hooks see), in a one-item list."""
-
-
-class LoopLimitExceeded(ModelError):
-    """The model kept calling tools past `max_tool_rounds`."""
 
 
 async def run_loop(run: Run, message: str, *, cache_hint: CacheHint | None = None) -> str:

@@ -12,7 +12,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from .._contracts import LeaseLost, RunStore, StoredRun
+from .._contracts import RunStore, StoredRun
+from .._errors import LeaseLost
 from .._events import Frame
 from .._jsontext import compact_json
 from .._log import get_logger

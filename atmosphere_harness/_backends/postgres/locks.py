@@ -44,9 +44,9 @@ from typing import Any
 import asyncpg
 
 from ..._contracts import LockedRead
+from ..._errors import BackendUnavailable
 from ..._log import get_logger
 from ..._memory.history import HistoryRead
-from ..unavailable import BackendUnavailable
 from .database import (
     CLIENT_ERRORS,
     CONNECT_TIMEOUT,
