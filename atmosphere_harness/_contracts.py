@@ -605,6 +605,7 @@ class ConversationLocks(Protocol):
         ...
 
 
+@runtime_checkable
 class LockedReader(Protocol):
     """A history whose first read of a run can ride on the round trip that takes the run's
     conversation lock (the memory primitive's `ConversationMemory` on a PostgreSQL or Redis
