@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._backends import StateBackends, resolve_backends
-from ._contracts import Primitive
+from ._contracts import Primitive, RunHooks
 from ._delegation.primitive import DelegationPrimitive
 from ._filesystem.primitive import FilesystemPrimitive
 from ._governance.approval import ToolApprovalPolicy
@@ -56,6 +56,18 @@ def default_primitives(
     ]
 
 
+def run_hooks(backends: StateBackends) -> list[RunHooks]:
+    """The `RunHooks` around every model and tool call, outermost first, each only when on.
+
+    The order is fixed: tracing (spans see everything, retries and replays included),
+    cancellation, usage limits (a replayed turn still counts), durable replay (a replayed call
+    never reaches the model or the tool), model fallback (innermost: the journal records the
+    one answer the chain gave).
+    """
+    durable = backends.runs.hooks
+    return [hook for hook in (durable,) if hook is not None]
+
+
 def build_host(
     settings: HarnessSettings,
     *,
@@ -86,6 +98,7 @@ def build_host(
         locks=backends.locks,
         runs=backends.runs,
         resources=backends.resources,
+        hooks=run_hooks(backends),
     )
     host.backends = backends.describe()
     return host

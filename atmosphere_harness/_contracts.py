@@ -18,7 +18,16 @@ import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    Protocol,
+    TypeVar,
+    overload,
+    runtime_checkable,
+)
 
 from ._cache import PromptCache
 from ._events import Frame
@@ -26,7 +35,14 @@ from ._harness import Harness
 
 if TYPE_CHECKING:
     from ._registry import AgentSpec, EndpointKind
-    from ._runtimes.base import AgentRuntime, Message, ModelRequest, ToolCall, Usage
+    from ._runtimes.base import (
+        AgentRuntime,
+        Message,
+        ModelRequest,
+        ModelResponse,
+        ToolCall,
+        Usage,
+    )
     from ._settings import HarnessSettings
     from ._tools.base import Tool
 
@@ -118,6 +134,10 @@ class Stream(Protocol):
 
     async def emit(self, event: Any, data: Mapping[str, Any] | None = None) -> None: ...
 
+    async def error(self, exc: BaseException | str) -> None:
+        """End the stream with an `error` frame (later frames are dropped)."""
+        ...
+
 
 class Run(Protocol):
     """One prompt run (or a sub-agent's / fleet member's run inside one)."""
@@ -167,20 +187,21 @@ class Run(Protocol):
         """A run of `endpoint` inside this one (a sub-agent): its frames go to `sink`."""
         ...
 
-    def recall(self, call: ToolCall, kind: str) -> Any | None:
-        """Durable runs: what this run's first life journalled as `kind` for `call`.
-
-        Set only in a run resumed after a restart, for what was journalled before it; `None`
-        otherwise (always `None` when durable runs are off, and in sub-agents' runs).
-        """
+    @property
+    def suspended(self) -> bool:
+        """Stopped by a shutdown, to resume on restart: the run leaves no trace of an end (no
+        history write, no `complete` frame); its next life finishes it."""
         ...
 
-    async def checkpoint(
-        self, call: ToolCall, kind: str, value: Any, *, wait: bool = False
-    ) -> None:
-        """Durable runs: journal `value` as `kind` for `call` (JSON-serializable), in order with
-        the run's frames; `wait` returns only once it is stored. A no-op when durable runs are
-        off and in sub-agents' runs (they run again as a whole)."""
+    @property
+    def discarded(self) -> bool:
+        """Ended without its turn: nothing of it is written to the history (`discard`)."""
+        ...
+
+    def discard(self) -> None:
+        """End the whole run (the request) without its turn: the loop writes nothing to the
+        history and runs no `after_turn`; the error that ends it is not logged as a failure.
+        A durable run that must not resume (its conversation went on without it) is one."""
         ...
 
 
@@ -204,27 +225,31 @@ class HistoryStore(Protocol):
     async def append(self, run: Run, messages: Sequence[Message]) -> None: ...
 
 
-@runtime_checkable
 class HistoryMark(Protocol):
-    """A `HistoryStore` that can say where a conversation's history stands (the memory
-    primitive's `ConversationMemory` can): a durable run journals this mark as it loads the
-    history, and its resumed life compares it with the mark then, to tell whether the
-    conversation went on without it (`kernel.loop.RunSuperseded`)."""
+    """What can say where a conversation's history stands (the memory primitive's
+    `ConversationMemory` can; it sets itself as its endpoint's `history_mark`): a durable run
+    journals this mark as it loads the history, and its resumed life compares it with the mark
+    then, to tell whether the conversation went on without it (`durable.RunSuperseded`)."""
 
     async def newest_seq(self, run: Run) -> int:
         """The seq of the run's conversation's newest stored message (0 when it has none)."""
         ...
 
 
-@runtime_checkable
 class PendingCloser(Protocol):
-    """An approval hook that can close what a run's earlier life left waiting for a person:
-    the kernel calls it when it ends a resumed run instead of resuming it (a superseded run,
-    `kernel.loop.RunSuperseded`), so those approvals are neither listed nor answerable."""
+    """What closes the approvals a run's earlier life left waiting for a person (the governance
+    primitive's `ApprovalGate`, offered as the endpoint service `PENDING_APPROVALS`): durable
+    runs call it when they end a resumed run instead of resuming it (a superseded run,
+    `durable.RunSuperseded`), so those approvals are neither listed nor answerable."""
 
     async def close_pending(self, run: Run, journal: Mapping[str, Any]) -> None:
         """Close the approvals `journal` (the run's first life's checkpoints) left unanswered."""
         ...
+
+
+PENDING_APPROVALS: Key[PendingCloser] = Key("approvals.pending")
+"""Endpoint service: what closes a superseded run's unanswered approvals (absent: nothing to
+close, no approval gate on the endpoint)."""
 
 
 class CloseHook(Protocol):
@@ -263,6 +288,139 @@ class ResultHook(Protocol):
     async def __call__(self, call: ToolCall, tool: Tool, result: str, run: Run) -> str: ...
 
 
+# --- around the loop's model and tool calls -----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStep:
+    """One model call as an `around_model` hook sees it."""
+
+    run: Run
+    """The run making the call: its ids, `session`, `usage`, `state`, `parent` and `root`."""
+    request: ModelRequest
+    """What the loop asks (system prompt, messages, tools); the endpoint's interceptors shape
+    it further, innermost, right before the runtime is called."""
+    runtime: AgentRuntime
+    """The runtime the innermost `proceed` calls (the endpoint's; a fallback swaps it)."""
+    turn: int
+    """The run's model turn this call makes, from 1, counted over all of the run's
+    `session.stream` loops (a retried or fallen-back call keeps its turn)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStep:
+    """One tool call as an `around_tool` hook sees it, and what `proceed` is asked to do."""
+
+    run: Run
+    call: ToolCall
+    """As the model sent it (after the loop's bounds, `tools.bounds`)."""
+    tool: Tool | None
+    """`None` for a name the endpoint has no tool for (the call is answered `unknown_tool`)."""
+    turn: int
+    """The model turn that asked for the call (`ModelStep.turn`)."""
+    refusal: str | None = None
+    """The loop's bounds refused the call: `proceed` answers it with this, nothing runs."""
+    admitted: Mapping[str, Any] | None = None
+    """Arguments already admitted and approved: `proceed` skips every gate and runs the
+    handler with them (a durable run re-running a call its first life had started)."""
+    answer: str | None = None
+    """`proceed` answers the call with this instead of running anything; the result hooks
+    still see it (a durable run's `interrupted` answer)."""
+    before_handler: Callable[[Mapping[str, Any]], Awaitable[None]] | None = None
+    """Awaited with the final arguments once every gate passed, right before the handler runs
+    (a durable run journals that the call started). A hook that sets it calls the one it
+    replaces."""
+
+
+ToolStatus = Literal[
+    "ok", "error", "timeout", "invalid", "unknown", "denied", "refused", "interrupted", "replayed"
+]
+"""How a tool call ended: `ok` (the handler returned), `error` (it raised), `timeout`,
+`invalid` (arguments failed validation), `unknown` (no such tool), `denied` (a policy or a
+person said no, or an approval timed out), `refused` (the loop's bounds), `interrupted` (a
+restart cut it off and it must not run twice), `replayed` (a resumed durable run took the
+result its first life journalled)."""
+
+ToolFrames = Literal["start", "result", "none"]
+"""Which of a call's frames the executor still sends once the hooks return: `start` (its
+`tool-start`, then its `tool-result`: a call that never reached its gates' `tool-start`),
+`result` (its `tool-result` only), `none` (a durable run's replayed call: its first life sent
+them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What one tool call gave the model, and how it ended."""
+
+    result: str
+    """The text the model gets (after the result hooks)."""
+    status: ToolStatus = "ok"
+    frames: ToolFrames = "result"
+    arguments: Any = None
+    """With `frames="start"`: the arguments its `tool-start` frame shows (default: the
+    model's own)."""
+
+
+ProceedModel = Callable[[ModelStep], Awaitable["ModelResponse"]]
+"""The rest of the chain: the next hook's `around_model`, or the runtime itself."""
+ProceedTool = Callable[[ToolStep], Awaitable[ToolOutcome]]
+"""The rest of the chain: the next hook's `around_tool`, or the executor's gates and handler."""
+
+
+class RunHooks:
+    """Middleware around every model call and every tool call of the runs of an endpoint.
+
+    The host installs its hooks on every endpoint it hosts (and on the sub-agent endpoints
+    derived from them) in one fixed order, outermost first; `assembly.build_host` installs
+    tracing, cancellation, usage limits, durable replay, then model fallback, each only when it
+    is on. Override either method; the defaults pass the call through.
+
+    A hook sees the run (`step.run`: session, usage, state, ids, parent, root) and the call. It
+    may change the request or the step (`dataclasses.replace`) before `proceed`, change the
+    response or outcome after it, call `proceed` zero times (a replayed answer, a refusal),
+    once, or several times (a retry, a fallback on another runtime), emit frames through
+    `step.run.session`, and raise to end the run (a usage limit: the error ends the stream
+    with an `error` frame). Per-run state goes in `step.run.state` (or `step.run.root.state`
+    for state shared with sub-agents and fleet members) under the hook's own `Key`s.
+    """
+
+    async def around_model(self, step: ModelStep, proceed: ProceedModel) -> ModelResponse:
+        """One model call: return its response (from `proceed(step)`, or not)."""
+        return await proceed(step)
+
+    async def around_tool(self, step: ToolStep, proceed: ProceedTool) -> ToolOutcome:
+        """One tool call: return its outcome (from `proceed(step)`, or not)."""
+        return await proceed(step)
+
+    def wrap_history(self, history: HistoryStore) -> HistoryStore:
+        """The history store an endpoint's loop uses, given the one its primitives set (called
+        once per hosted endpoint that has one; the default keeps it)."""
+        return history
+
+
+class CallJournal(Protocol):
+    """A durable run's journal of what happened to its tool calls, as a hook sees it.
+
+    Present in a run's `state` (under `CALL_JOURNAL`) only in a top-level run with durable
+    runs on; the governance primitive's approval gate journals an approval and its answer
+    there, so a resumed run raises it again (same id and deadline) or goes on with its answer.
+    """
+
+    def recall(self, call: ToolCall, kind: str) -> Any | None:
+        """What this run's first life journalled as `kind` for `call` in the current model
+        turn; `None` in a first life, or when it journalled nothing of that kind."""
+        ...
+
+    async def record(self, call: ToolCall, kind: str, value: Any, *, wait: bool = False) -> None:
+        """Journal `value` (JSON-serializable) as `kind` for `call`, in order with the run's
+        frames; `wait` returns only once it is stored."""
+        ...
+
+
+CALL_JOURNAL: Key[CallJournal] = Key("durable.calls")
+"""Run state: the run's `CallJournal` (only in a durable top-level run)."""
+
+
 class Endpoint(Protocol):
     """One prompt loop as the attach engines complete it (`kernel.endpoint.HostedEndpoint`)."""
 
@@ -283,12 +441,22 @@ class Endpoint(Protocol):
     services: TypedMap
     interceptors: list[RunInterceptor]
     history: HistoryStore | None
+    history_mark: HistoryMark | None
+    """Where the history stands, if its store can say (durable runs check it; `None`: no check)."""
+    locked_reader: LockedReader | None
+    """The history's first read offered to the conversation lock, if its store can make one."""
+    hooks: list[RunHooks]
+    """Around every model and tool call, outermost first (the host installs them)."""
     close_hooks: list[CloseHook]
     admission_hooks: list[AdmissionHook]
     approval_hook: ApprovalHook | None
     result_hooks: list[ResultHook]
 
     def has(self, feature: Harness) -> bool: ...
+
+    def tool_specs(self) -> tuple[Any, ...]:
+        """The tools as the runtime is told about them (`Tool.spec()` each)."""
+        ...
 
     def add_builtin_tool(self, tool: Tool) -> bool:
         """Register a built-in tool unless a user tool already claims the name (the user wins)."""
@@ -439,9 +607,10 @@ class ConversationLocks(Protocol):
 
 @runtime_checkable
 class LockedReader(Protocol):
-    """A `HistoryStore` whose first read of a run can ride on the round trip that takes the
-    run's conversation lock (the memory primitive's `ConversationMemory` on a PostgreSQL or
-    Redis history): the kernel asks it for that read before it takes the lock."""
+    """A history whose first read of a run can ride on the round trip that takes the run's
+    conversation lock (the memory primitive's `ConversationMemory` on a PostgreSQL or Redis
+    history, set as its endpoint's `locked_reader`): the kernel asks it for that read before
+    it takes the lock."""
 
     def locked_read(self, run: Run) -> LockedRead | None:
         """The read to offer the lock, or `None` (nothing to gain)."""
@@ -477,22 +646,15 @@ class LiveRunHandle(Protocol):
         (no history write, no `complete`/`error` frame) so that its next life finishes it."""
         ...
 
-    @property
-    def start_seq(self) -> int:
-        """The seq of the last frame a resumed run's first life journalled (0 for a new run)."""
-        ...
-
-    @property
-    def checkpoints(self) -> Mapping[str, Any]:
-        """What a resumed run's first life journalled (model turns, tool results), by key."""
-        ...
-
     async def publish(self, frame: Frame) -> None:
         """The run's frame sink (may wait: a slow reader slows the run, bounded memory)."""
         ...
 
-    async def checkpoint(self, key: str, value: Any, *, wait: bool = False) -> None:
-        """Journal `value` under `key`, in order with the frames (no-op unless `durable`)."""
+    def bind(self, run: Run) -> FrameSink:
+        """Called once, as the top-level run that publishes here starts: the sink its session
+        writes to. The embedded journal gives `publish`; a durable one puts the run's
+        `CALL_JOURNAL` in `run.state` and, in a resumed run, gives a sink that leaves out the
+        frames its first life already sent (numbering the new ones after them)."""
         ...
 
     def hold(self) -> contextlib.AbstractContextManager[None]:
@@ -518,6 +680,17 @@ class RunJournal(Protocol):
 
     @property
     def durable(self) -> bool: ...
+
+    @property
+    def store_name(self) -> str | None:
+        """The `RunStore.name` durable runs are journalled in; `None` when they are not."""
+        ...
+
+    @property
+    def hooks(self) -> RunHooks | None:
+        """The hooks durable replay needs on every endpoint (`None` unless durable); the
+        assembly installs them in their place in the order (`RunHooks`)."""
+        ...
 
     def start(
         self,
@@ -567,6 +740,8 @@ class StoredRun:
     user_id: str | None
     session_id: str
     message: str
+    """The prompt, as the durable journal stores it: JSON text (ASCII), so that every store
+    keeps any prompt the run accepts (PostgreSQL's text refuses a raw NUL)."""
     started_at: float
     """Epoch seconds."""
 
@@ -681,7 +856,7 @@ class RunFeed(Protocol):
     run another replica executes (`kernel.remote.RemoteRun` polls it). A store without it
     serves re-attaching only on the replica that runs the run. With durable runs off, the
     journal still writes a run's frames to it (the frame feed, owner `FEED_OWNER`...) so that
-    other replicas can follow the run; see `kernel.journal`.
+    other replicas can follow the run; see `kernel.feed`.
     """
 
     async def latest(

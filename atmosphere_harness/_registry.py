@@ -26,6 +26,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 SPEC_ATTRIBUTE = "__atmosphere_agent__"
 PROMPT_MARKER = "__atmosphere_prompt__"
 SKILL_MARKER = "__atmosphere_skill__"
+TOOL_MARKER = "__atmosphere_tool__"
+"""Set on a function by `@tool` (its `tools.base.ToolOptions`)."""
 AGENT_PATH_PREFIX = "/atmosphere/agent/"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -120,8 +122,6 @@ def skill(name: str) -> Callable[[F], F]:
 
 
 def _scan(cls: type) -> tuple[str | None, dict[str, str], tuple[str, ...]]:
-    from ._tools.base import TOOL_MARKER
-
     prompts: list[str] = []
     skills: dict[str, str] = {}
     tools: list[str] = []

@@ -37,7 +37,7 @@ from common import machine, make_workload
 
 from atmosphere_harness._contracts import StoredRun
 from atmosphere_harness._durable import SqliteRunStore
-from atmosphere_harness._kernel.journal import encode
+from atmosphere_harness._kernel.writer import encode
 
 
 def percentiles(seconds: list[float]) -> dict[str, float]:

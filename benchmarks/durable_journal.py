@@ -41,9 +41,10 @@ from common import machine
 from turns import Ours
 
 from atmosphere_harness._contracts import StoredRun
-from atmosphere_harness._durable import SqliteRunStore
+from atmosphere_harness._durable import SqliteRunStore, journal
+from atmosphere_harness._durable.writer import STARTED, DurableWriter
 from atmosphere_harness._events import Frame
-from atmosphere_harness._kernel import journal
+from atmosphere_harness._kernel.live import LiveRun
 
 Call = tuple[str, Any, Any, bool]
 """A recorded journal call: `("frame", frame, None, False)` or
@@ -53,26 +54,26 @@ Call = tuple[str, Any, Any, bool]
 async def record(root: Path, turns: int, size: int) -> list[Call]:
     """The journal calls of one durable `seq <turns> <size>` prompt, as the kernel made them."""
     calls: list[Call] = []
-    publish, checkpoint = journal.LiveRun.publish, journal.LiveRun.checkpoint
+    publish, checkpoint = LiveRun.publish, journal.DurableRun.checkpoint
 
-    async def recorded_publish(self: journal.LiveRun, frame: Frame) -> None:
+    async def recorded_publish(self: LiveRun, frame: Frame) -> None:
         calls.append(("frame", frame, None, False))
         await publish(self, frame)
 
     async def recorded_checkpoint(
-        self: journal.LiveRun, key: str, value: Any, *, wait: bool = False
+        self: journal.DurableRun, key: str, value: Any, *, wait: bool = False
     ) -> None:
         calls.append(("checkpoint", key, value, wait))
         await checkpoint(self, key, value, wait=wait)
 
-    journal.LiveRun.publish = recorded_publish  # type: ignore[method-assign]
-    journal.LiveRun.checkpoint = recorded_checkpoint  # type: ignore[method-assign]
+    LiveRun.publish = recorded_publish  # type: ignore[method-assign]
+    journal.DurableRun.checkpoint = recorded_checkpoint  # type: ignore[method-assign]
     try:
         async with Ours(root, turns, durable=True) as ours:
             await ours.prompt_journalled(f"seq {turns} {size}")
     finally:
-        journal.LiveRun.publish = publish  # type: ignore[method-assign]
-        journal.LiveRun.checkpoint = checkpoint  # type: ignore[method-assign]
+        LiveRun.publish = publish  # type: ignore[method-assign]
+        journal.DurableRun.checkpoint = checkpoint  # type: ignore[method-assign]
     return calls
 
 
@@ -101,10 +102,8 @@ async def replay(
     writer = None
     if store is not None:
         run = StoredRun(uuid.uuid4().hex, "/bench", "conversation", None, "s", "go", time.time())
-        writer = journal._StoreWriter(
-            store, run.run_id, owner="bench/1/x", lease_seconds=60, create=run
-        )
-    live = journal.LiveRun("/bench", "conversation", None, session_id="s", writer=writer)
+        writer = DurableWriter(store, run.run_id, owner="bench/1/x", lease_seconds=60, create=run)
+    live = LiveRun("/bench", "conversation", None, session_id="s", writer=writer)
     if writer is not None:
         writer.on_stored = live._stored
 
@@ -119,8 +118,11 @@ async def replay(
         if kind == "frame":
             await live.publish(first)
             continue
-        await live.checkpoint(first, value, wait=wait)
-        if first.startswith(journal.STARTED):
+        if writer is not None:
+            writer.checkpoint(first, value)
+            if wait:
+                await writer.flushed()
+        if first.startswith(STARTED):
             await asyncio.sleep(tool_seconds)  # the tool
     if writer is not None:
         await writer.flushed()

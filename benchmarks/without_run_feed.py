@@ -1,7 +1,7 @@
 """A replica without the run frame feed: the "before" side of the feed's per-turn cost.
 
 With a PostgreSQL or Redis backend and durable runs off, every run shares its frames in the
-backend (the frame feed, `atmosphere_harness._kernel.journal`) so any replica can follow it.
+backend (the frame feed, `atmosphere_harness._kernel.feed`) so any replica can follow it.
 The benchmarks measure what that costs a turn by running, beside the normal server, one whose
 run journal is built without the feed, as it was before the feed existed (in-memory only):
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from atmosphere_harness._kernel import journal
+from atmosphere_harness._kernel import live as journal
 
 
 def disable() -> None:

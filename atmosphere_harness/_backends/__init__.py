@@ -6,7 +6,7 @@ of shared state; the kernel and the primitives only see the protocols:
 | state | protocol | embedded implementation (one process) |
 |---|---|---|
 | conversation locks | `contracts.ConversationLocks` | `kernel.locks.InProcessConversationLocks` |
-| live runs, frames | `contracts.RunJournal` | `kernel.journal.LiveRuns` (+ `SqliteRunStore`) |
+| live runs, frames | `contracts.RunJournal` | `kernel.live.LiveRuns` (durable: `DurableRuns`) |
 | plans | `planning.PlanStore` | `planning.FilePlanStore` (JSON files under the owner root) |
 | plan updates fan-out | `planning.PlanEventBus` | `planning.InProcessPlanBus` |
 | approvals | `governance.approvals.ApprovalStore` | `ApprovalRegistry` (memory) |
@@ -26,52 +26,18 @@ composite routes (`route_stores`) whenever the backend is configured.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-
-from .._contracts import ConversationLocks, Resource, RunJournal, RunStore
-from .._durable import SqliteRunStore
+from .._durable import DurableRuns, SqliteRunStore
 from .._errors import BackendMisconfigured, BackendMissing
-from .._filesystem.stores import WorkspaceStores
-from .._filesystem.usage import PROCESS_USAGE, WorkspaceUsage
-from .._governance.approvals import ApprovalRegistry, ApprovalStore
-from .._kernel.journal import LiveRuns
-from .._kernel.locks import InProcessConversationLocks
-from .._memory.history import HistoryBackend
-from .._memory.long_term import LongTermMemory
-from .._planning.bus import InProcessPlanBus, PlanEventBus
-from .._planning.store import FilePlanStore, PlanStore
 from .._settings import HarnessSettings, WorkspaceBackend
+from .state import StateBackends, shared_runs
 
-
-@dataclass
-class StateBackends:
-    """The implementations one app uses for its shared state (see the module docstring)."""
-
-    state: str
-    """What holds durable state: `sqlite` (embedded), later `postgres` or `redis`."""
-    events: str
-    """What carries live fan-out: `local` (this process), later `postgres` or `redis`."""
-    locks: ConversationLocks = field(default_factory=InProcessConversationLocks)
-    runs: RunJournal = field(default_factory=LiveRuns)
-    plan_stores: Callable[[Path], PlanStore] = FilePlanStore
-    plan_bus: PlanEventBus = field(default_factory=InProcessPlanBus)
-    approvals: ApprovalStore = field(default_factory=ApprovalRegistry)
-    workspace_usage: WorkspaceUsage = PROCESS_USAGE
-    workspaces: WorkspaceStores | None = None
-    """Where conversation workspaces and memory stores live; `None`: directories (`files`)."""
-    route_stores: Mapping[str, WorkspaceStores] = field(default_factory=dict)
-    """Stores a composite route may name as `prefix=<name>:` (`postgres`)."""
-    history: HistoryBackend | None = None
-    long_term_memory: LongTermMemory | None = None
-    resources: list[Resource] = field(default_factory=list)
-    """Pools and listeners the host opens at start-up (a bad URL fails there) and closes last."""
-
-    def describe(self) -> dict[str, str]:
-        """The `backends` block of `GET /api/console/info`."""
-        workspace = "files" if self.workspaces is None else self.workspaces.name
-        return {"state": self.state, "events": self.events, "workspace": workspace}
+__all__ = [
+    "BackendMisconfigured",
+    "BackendMissing",
+    "StateBackends",
+    "resolve_backends",
+    "shared_runs",
+]
 
 
 def resolve_backends(settings: HarnessSettings) -> StateBackends:
@@ -112,28 +78,12 @@ def resolve_backends(settings: HarnessSettings) -> StateBackends:
         return redis_backends(settings)
     backends = StateBackends(state="sqlite", events="local")
     if group.durable_runs:
-        backends.runs = LiveRuns(
+        backends.runs = DurableRuns(
             SqliteRunStore.under(settings.groups.filesystem.workspace_root),
             lease_seconds=group.durable_runs_lease_seconds,
             keep_seconds=group.durable_runs_keep_seconds,
         )
     return backends
-
-
-def shared_runs(store: RunStore, settings: HarnessSettings) -> LiveRuns:
-    """The run journal of a scale-out backend whose run store is `store`.
-
-    Durable runs journal every run there (resumed by any replica); without them the same store
-    is the frame feed: other replicas follow a run from it (re-attaching anywhere), nothing is
-    resumed.
-    """
-    group = settings.groups.backends
-    return LiveRuns(
-        store if group.durable_runs else None,
-        feed=None if group.durable_runs else store,
-        lease_seconds=group.durable_runs_lease_seconds,
-        keep_seconds=group.durable_runs_keep_seconds,
-    )
 
 
 def _missing(extra: str, variable: str, error: ImportError) -> BackendMissing:

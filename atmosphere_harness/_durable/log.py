@@ -27,10 +27,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import struct
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,9 +40,9 @@ TAIL = struct.Struct("<I")
 ENTRY = struct.Struct("<cqII")
 OPEN_FILES = 64
 """Run logs kept open for appending at most (the least recently written is closed first)."""
-SPARE_LOGS = 2
-"""Empty log files made ahead (`RunLogs.make_spares`) for the next runs to start in."""
 SPARE_SUFFIX = ".spare"
+"""Empty logs an earlier version made ahead, `<pid>-<token>.spare`: removed once their
+process is gone (`RunLogs.sweep_spares`)."""
 
 RAW_FROM = 1024
 """Strings at least this long (characters) follow a payload's JSON as they are."""
@@ -306,10 +305,6 @@ class RunLogs:
         self.lock = threading.Lock()
         """Held around every use of the logs: the event loop never waits for it (it tries, and
         leaves the work to the database thread if another thread holds it)."""
-        self._spares: deque[tuple[str, int]] = deque()
-        """Empty logs made ahead (`make_spares`), (name, descriptor open for appending): a
-        new run's log is one of them renamed (`_open`)."""
-        self._closed = False
 
     def path(self, row: int) -> Path:
         return self.directory / f"{row}.log"
@@ -335,11 +330,6 @@ class RunLogs:
             raise OSError(f"run log {self.path(row)}: short write ({written} of {size})")
 
     def _open(self, row: int, new: bool) -> int:
-        fd = self._spare(row) if new else None
-        if fd is not None:
-            self._files[row] = fd
-            self._close_oldest()
-            return fd
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
         try:
             fd = os.open(self.path(row), flags | (os.O_TRUNC if new else 0), 0o600)
@@ -358,57 +348,6 @@ class RunLogs:
         while len(self._files) > OPEN_FILES:
             _, oldest = self._files.popitem(last=False)
             os.close(oldest)
-
-    def _spare(self, row: int) -> int | None:
-        """A spare log renamed to run `row`'s (its descriptor), or `None` if none is ready.
-        The rename replaces whatever had that name (a new run's log starts empty). A spare
-        that is gone (a sweep of another process took it for a dead one's) is dropped: the
-        caller creates the log instead."""
-        while self._spares:
-            name, fd = self._spares.popleft()
-            try:
-                os.rename(self.directory / name, self.path(row))
-            except OSError:
-                os.close(fd)
-                with contextlib.suppress(OSError):
-                    (self.directory / name).unlink()
-                continue
-            return fd
-        return None
-
-    def make_spares(self) -> None:
-        """Make spare logs up to `SPARE_LOGS`, on the thread that does the store's other file
-        work (creating a file is the slow part; asking a thread to do it just for this would
-        cost the loop the thread's wake-up, which is no cheaper on a VM). Named
-        `<pid>-<token>.spare`, so a sweep knows whose they are (`sweep_spares`). A spare is
-        only a head start: one the system refuses (a full disk, a read-only directory) is not
-        made, and the next run creates its log itself (where the error is the run's to see),
-        so opening the store or finishing a run never fails for want of one."""
-        if len(self._spares) >= SPARE_LOGS or self._closed:
-            return
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            return
-        while len(self._spares) < SPARE_LOGS:
-            name = f"{os.getpid()}-{secrets.token_hex(6)}{SPARE_SUFFIX}"
-            try:
-                fd = os.open(self.directory / name, flags, 0o600)
-            except OSError:
-                return
-            if not self._keep_spare(name, fd):
-                os.close(fd)
-                (self.directory / name).unlink()
-                return
-
-    def _keep_spare(self, name: str, fd: int) -> bool:
-        """Add a spare unless the logs were closed meanwhile (`close` must not miss one)."""
-        with self.lock:
-            if self._closed:
-                return False
-            self._spares.append((name, fd))
-            return True
 
     def read(self, row: int) -> Entries:
         """Every entry of run `row`'s whole records (none if it has no log)."""
@@ -438,28 +377,21 @@ class RunLogs:
         return [int(name[:-4]) for name in names if name.endswith(".log") and name[:-4].isdigit()]
 
     def sweep_spares(self, dead: Callable[[int], bool]) -> None:
-        """Remove the spare logs of processes that are gone (`dead(pid)`), and those of an
-        earlier life of this pid: a process's own are in `_spares`."""
+        """Remove the spare logs an earlier version left, once their process is gone
+        (`dead(pid)`, or an earlier life of this pid)."""
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
             return
-        own = {name for name, _ in self._spares}
         for name in names:
             pid, _, rest = name.partition("-")
-            if not rest.endswith(SPARE_SUFFIX) or not pid.isdigit() or name in own:
+            if not rest.endswith(SPARE_SUFFIX) or not pid.isdigit():
                 continue
             if int(pid) == os.getpid() or dead(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
                     (self.directory / name).unlink()
 
     def close(self) -> None:
-        """Close every descriptor and remove the spare logs (call with `lock` held)."""
-        self._closed = True
+        """Close every descriptor (call with `lock` held)."""
         while self._files:
             os.close(self._files.popitem()[1])
-        while self._spares:
-            name, fd = self._spares.popleft()
-            os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                (self.directory / name).unlink()

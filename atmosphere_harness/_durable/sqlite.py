@@ -10,9 +10,8 @@ the process. The exception is the kernel's history mark (`TABLE_KEYS`), a row in
 Rows an earlier version wrote for every frame and checkpoint are still read.
 
 The store is also a `contracts.RunStoreNow`: `append_now` writes an append of at most
-`INLINE_BYTES` (`LOG_INLINE_BYTES` for one that only writes the log) of payload right on the
-event loop: a log record needs no lock but the logs' own (which the loop only tries), and the
-run's first write and a history mark take the SQLite
+`INLINE_BYTES` of payload right on the event loop: a log record needs no lock but the logs' own
+(which the loop only tries), and the run's first write and a history mark take the SQLite
 connection only if it is idle (`SqliteDatabase.try_now`); a larger append, or one that finds
 them in use, goes to the database thread (`append`). Payloads are what `encode` makes: JSON with
 its long strings kept out of it as they are (`log.encode_payload`), not compressed (they live
@@ -84,19 +83,11 @@ INSERT_FRAME = "INSERT OR REPLACE INTO durable_frames (run, seq, event, data) VA
 INSERT_CHECKPOINT = "INSERT OR REPLACE INTO durable_checkpoints (run, key, value) VALUES (?, ?, ?)"
 
 _ENCODE = compact_json(default=str, check_circular=False)
-"""The journal's own JSON (`kernel.journal.encode`): compact, ASCII."""
+"""The journal's own JSON (`kernel.writer.encode`): compact, ASCII."""
 LOGS_SUFFIX = "-runs"
 """The run logs' directory is the database file's name with this after it (`atmosphere.db-runs`)."""
 INLINE_BYTES = 256 * 1024
 """Appends with at most this much payload are written on the event loop (see the docstring)."""
-LOG_INLINE_BYTES = 1024 * 1024
-"""The same for an append that only writes the run's log (most of them). 1 MiB takes the loop
-about 0.5 ms on the reference VM (encoding it to UTF-8, half of it, and copying it into the page
-cache); the database thread would hold the GIL for the encoding all the same, and the hop, and
-readers waiting for it, cost more. A run of 50 KiB tool calls on a fast model groups 300 to
-600 KiB in a write (`kernel.journal.GROUP_SECONDS`): with the lower bound, 4 to 5 of its 14 to
-19 writes a prompt went to the database thread (the benchmark's 60-turn prompts), and its
-readers waited for the thread."""
 WAL_TRIM = 256 * 1024
 """A WAL larger than this after a run is compacted is checkpointed and truncated."""
 TABLE_KEYS = ("history:",)
@@ -205,8 +196,8 @@ class SqliteRunStore:
 
     def _sweep(self, connection: sqlite3.Connection) -> None:
         """Remove the logs of runs that finished or are gone (a crash between `finish`'s
-        commit and its removal of the log leaves one), and the spare logs of processes that
-        are gone; then make this process's spares."""
+        commit and its removal of the log leaves one), and the spare logs an earlier version
+        left."""
         with self._logs.lock:
             self._logs.sweep_spares(_process_gone)
             rows = self._logs.rows()
@@ -223,7 +214,6 @@ class SqliteRunStore:
             for row in rows:
                 if row not in alive:
                     self._logs.remove(row)
-        self._logs.make_spares()
 
     async def aclose(self) -> None:
         if self._database is not None:
@@ -265,7 +255,7 @@ class SqliteRunStore:
         `append`). Most appends only write the run's log: no SQLite statement at all."""
         size = sum(payload_size(data) for _, _, data in frames)
         size += sum(payload_size(value) for _, value in checkpoints)
-        if size > LOG_INLINE_BYTES:
+        if size > INLINE_BYTES:
             return False
         logs = self._logs
         if not logs.lock.acquire(blocking=False):
@@ -277,8 +267,6 @@ class SqliteRunStore:
                     return False
                 logs.write(row, pack_parts(frames, checkpoints))
                 return True
-            if size > INLINE_BYTES:
-                return False
             work = self._append(run_id, frames, checkpoints, create, owner, lease_seconds)
             return self.database.try_now(work)
         finally:
@@ -447,7 +435,6 @@ class SqliteRunStore:
             if row is not None:
                 with self._logs.lock:
                     self._logs.remove(int(row[0]))
-            self._logs.make_spares()  # (for the next runs: here, off the loop, at no wake-up)
             if not legacy:
                 return  # (its frames were in the log: nothing much was freed)
             # Rows of an earlier version, which kept everything in SQLite: give their pages back

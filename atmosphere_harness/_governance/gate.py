@@ -13,9 +13,10 @@
   emits `approval-required` and waits for `POST P/approvals/{id}`; deny and timeout answer with
   the reference's JSON, approve runs the tool (with the person's edited arguments, if any, once
   the executor has validated them and the admission hooks admitted them again).
-  In a durable run the approval is journalled (`approval`), and so is its answer (`answer`): a
-  run resumed after a restart raises it again under the same id with the same deadline (the
-  timeout counts from when it was first raised), or goes on with the answer it already had.
+  In a durable run (the run's `contracts.CALL_JOURNAL`) the approval is journalled
+  (`approval`), and so is its answer (`answer`): a run resumed after a restart raises it again
+  under the same id with the same deadline (the timeout counts from when it was first raised),
+  or goes on with the answer it already had.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import _events as events
-from .._contracts import Approval, Key, Run
+from .._contracts import CALL_JOURNAL, Approval, Key, Run
 from .._tools.results import json_result
 from .approval import ToolApprovalPolicy
 from .approvals import ApprovalStore
@@ -151,10 +152,11 @@ class ApprovalGate:
         # The person answers on the request's own route: the top-level run's endpoint and
         # conversation, also for a sub-agent's or a fleet member's call.
         root = run.root
-        answered = run.recall(call, "answer")
+        journal = run.state.get(CALL_JOURNAL)
+        answered = journal.recall(call, "answer") if journal is not None else None
         if isinstance(answered, Mapping):
             return _verdict(bool(answered.get("approve")), answered.get("arguments"))
-        raised = run.recall(call, "approval")
+        raised = journal.recall(call, "approval") if journal is not None else None
         earlier = raised if isinstance(raised, Mapping) else None
         # Only a resumed run re-opens an approval under its id and deadline (a store that
         # journals no runs need not know these arguments).
@@ -175,8 +177,8 @@ class ApprovalGate:
         )
         if pending is None:
             return Approval(False, result=TOO_MANY_APPROVALS)
-        if earlier is None:
-            await run.checkpoint(
+        if earlier is None and journal is not None:
+            await journal.record(
                 call, "approval", {"id": pending.id, "expiresAt": pending.expires_at}
             )
         with run.hold():
@@ -189,14 +191,16 @@ class ApprovalGate:
         if answer is None:
             return Approval(False, result=APPROVAL_TIMED_OUT)
         arguments_given = dict(answer.arguments) if answer.arguments is not None else None
-        await run.checkpoint(
-            call, "answer", {"approve": answer.approve, "arguments": arguments_given}
-        )
+        if journal is not None:
+            await journal.record(
+                call, "answer", {"approve": answer.approve, "arguments": arguments_given}
+            )
         return _verdict(answer.approve, arguments_given)
 
     async def close_pending(self, run: Run, journal: Mapping[str, Any]) -> None:
-        """`contracts.PendingCloser`: close the approvals a superseded run's first life raised
-        and nobody answered (journalled `approval:<turn>:<call>` without `answer:...`).
+        """`contracts.PendingCloser` (the endpoint's `PENDING_APPROVALS`): close the approvals
+        a superseded run's first life raised and nobody answered (journalled
+        `approval:<turn>:<call>` without `answer:...`).
 
         Only those ids: the conversation may have newer approvals (its newer turns') pending.
         With the in-process registry a restart already forgot them (only a resumed run raises

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._contracts import Endpoint, Host, Key, Primitive
+from .._contracts import PENDING_APPROVALS, Endpoint, Host, Key, Primitive
 from .._log import get_logger
 from .approval import ToolApprovalPolicy
 from .approvals import ApprovalRegistry, ApprovalStore
@@ -70,9 +70,9 @@ class GovernancePrimitive(Primitive):
             )
         endpoint.admission_hooks.append(ToolCallAdmission(self.chain))
         endpoint.result_hooks.append(PostResponse(self.chain))
-        endpoint.approval_hook = ApprovalGate(
-            policy, self.approvals, host.settings.groups.runtime.approval_timeout
-        )
+        gate = ApprovalGate(policy, self.approvals, host.settings.groups.runtime.approval_timeout)
+        endpoint.approval_hook = gate
+        endpoint.services.set(PENDING_APPROVALS, gate)
 
     async def stop(self, host: Host) -> None:
         host.services.pop(CHAIN_SERVICE)

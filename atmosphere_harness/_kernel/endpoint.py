@@ -17,9 +17,12 @@ from .._contracts import (
     AdmissionHook,
     ApprovalHook,
     CloseHook,
+    HistoryMark,
     HistoryStore,
+    LockedReader,
     Provider,
     ResultHook,
+    RunHooks,
     RunInterceptor,
     TypedMap,
 )
@@ -64,6 +67,7 @@ class HostedEndpoint:
         truth: RuntimeTruth | None = None,
         max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
         max_tool_argument_chars: int = DEFAULT_MAX_ARGUMENT_CHARS,
+        hooks: Sequence[RunHooks] = (),
     ) -> None:
         self.path = path
         self.kind = kind
@@ -90,6 +94,10 @@ class HostedEndpoint:
         self.providers: dict[type, Provider] = {}
         self.interceptors: list[RunInterceptor] = []
         self.history: HistoryStore | None = None
+        self.history_mark: HistoryMark | None = None
+        self.locked_reader: LockedReader | None = None
+        self.hooks: list[RunHooks] = list(hooks)
+        """Around every model and tool call (`contracts.RunHooks`), outermost first."""
         self.close_hooks: list[CloseHook] = []
         self.admission_hooks: list[AdmissionHook] = []
         self.approval_hook: ApprovalHook | None = None
@@ -163,6 +171,7 @@ class HostedEndpoint:
             tools=tools,
             max_tool_calls=self.max_tool_calls,
             max_tool_argument_chars=self.max_tool_argument_chars,
+            hooks=self.hooks,
         )
 
     # --- construction from a declared class --------------------------------------------------

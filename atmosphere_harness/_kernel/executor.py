@@ -1,38 +1,38 @@
 """The one tool executor every model turn goes through.
 
-Order of work for one call, the same for every tool and every runtime:
+Each call first passes the endpoint's `RunHooks` (`around_tool`, outermost first), then, unless
+a hook answered it, the gates in this order, the same for every tool and every runtime:
 
-1. unknown tool -> `unknown_tool` result;
-2. argument validation against the schema -> `invalid_arguments` result;
-3. admission hooks (governance) -> may answer instead of the tool (a denial), or replace the
+1. a call the loop's bounds refused (`tools.bounds`) -> answered with its refusal;
+2. unknown tool -> `unknown_tool` result;
+3. argument validation against the schema -> `invalid_arguments` result;
+4. admission hooks (governance) -> may answer instead of the tool (a denial), or replace the
    arguments (a policy's `Transform`; the new ones are validated again);
-4. `tool-start` frame (unknown tools, invalid arguments and denied calls get their start and
-   result frames too, so a client sees every call the model made and what it was told);
-5. approval hook -> may answer instead of the tool, or replace the arguments: replaced ones are
-   validated and pass the admission hooks again (step 2, then 3), so an approver's edit cannot
+5. `tool-start` frame (refused and unknown calls, invalid arguments and denied calls get their
+   start and result frames too, so a client sees every call the model made and what it was
+   told);
+6. approval hook -> may answer instead of the tool, or replace the arguments: replaced ones are
+   validated and pass the admission hooks again (step 3, then 4), so an approver's edit cannot
    slip past a policy; a denial then answers the call;
-6. the handler, bounded by the tool's timeout; an exception becomes an error result;
-7. result hooks (tool-output offload) reshape the text the model gets;
-8. `tool-result` frame carrying exactly that text.
+7. the step's `before_handler` (a durable run journals that the call started), then the
+   handler, bounded by the tool's timeout; an exception becomes an error result;
+8. result hooks (tool-output offload) reshape the text the model gets;
+9. once the `around_tool` hooks returned: the `tool-result` frame carrying exactly that text.
 
-Nothing a tool does can crash the run: only cancellation of the run itself propagates.
-
-Durable runs (a top-level run with a durable journal): every call's result is journalled before
-its `tool-result` frame (`result`), and a call about to reach its handler first journals its
-final arguments (`started`: `true` when they are the model's own, the common case, so a large
-argument is not stored twice; for a user tool that is not `idempotent`, the executor waits
-until that is stored, so the tool never runs twice). A resumed run replays journalled results
-without running anything; a call that had `started` skips the gates (it was admitted and
-approved) and runs again if it is a built-in or idempotent tool, or else gets `INTERRUPTED`.
+A hook may skip the gates (`ToolStep.admitted`) or the handler (`ToolStep.answer`). Nothing a
+tool does can crash the run: only cancellation of the run (or a hook that raises to end it)
+propagates.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .. import _events as events
+from .._contracts import ProceedTool, Run, RunHooks, ToolOutcome, ToolStatus, ToolStep
 from .._errors import ToolArgumentError
 from .._log import get_logger
 from .._runtimes.base import ToolCall
@@ -41,19 +41,20 @@ from .._tools.results import invalid_arguments, json_result
 from .._tools.validation import validate_arguments
 
 if TYPE_CHECKING:
-    from .run import RunContext
+    from collections.abc import Awaitable
 
 log = get_logger(__name__)
 
-INTERRUPTED = json_result(
-    status="interrupted",
-    message="the server restarted while this tool ran; call it again if it is still needed",
-)
-"""What a user tool's call gets when a restart cut it off (it is never run twice)."""
+Ran = tuple[str, ToolStatus]
+"""A handler's text for the model, and how it ended."""
+Handler = Callable[[Tool, ToolStep, dict[str, Any]], "Awaitable[Ran]"]
 
 
 async def execute_calls(
-    calls: Sequence[ToolCall], run: RunContext, answers: Mapping[str, str] | None = None
+    calls: Sequence[ToolCall],
+    run: Run,
+    refusals: Mapping[str, str] | None = None,
+    turn: int = 0,
 ) -> list[str]:
     """Run one model message's tool calls; results come back in the order of `calls`.
 
@@ -64,236 +65,283 @@ async def execute_calls(
     Consecutive calls to a tool with a `batch` (`write_file`) each pass every gate in order
     (their `tool-start` frames come first), then run together in the model's order, and then
     get their results (and `tool-result` frames) in that order.
-    A call whose id is in `answers` (the loop's bounds, `tools.bounds`) never runs: it gets its
-    start and result frames with that answer, like any rejected call.
+    A call whose id is in `refusals` (the loop's bounds, `tools.bounds`) never runs: it gets
+    its start and result frames with that answer, like any rejected call.
     """
     tools = run.endpoint.tools
-    answers = answers or {}
+    refusals = refusals or {}
+    steps = [
+        ToolStep(run, call, tools.get(call.name), turn, refusals.get(call.id)) for call in calls
+    ]
     results: list[str] = [""] * len(calls)
     index = 0
-    while index < len(calls):
-        replayed = run.recall(calls[index], "result")
-        if replayed is not None:
-            results[index] = str(replayed)  # a resumed run: its first life had this result
-            index += 1
-            continue
-        run.go_live()
-        answer = answers.get(calls[index].id)
-        if answer is not None:
-            results[index] = await _rejected(run, calls[index], answer)
-            index += 1
-            continue
-        tool = tools.get(calls[index].name)
-        if tool is not None and tool.concurrent:
-            end = index
-            while end < len(calls):
-                candidate = tools.get(calls[end].name)
-                if candidate is None or not candidate.concurrent or calls[end].id in answers:
-                    break
-                if end > index and run.recall(calls[end], "result") is not None:
-                    break
-                end += 1
-            batch = await asyncio.gather(*(execute_call(call, run) for call in calls[index:end]))
-            results[index:end] = batch
-            index = end
-        elif tool is not None and (tool.prefetch is not None or tool.batch is not None):
-            end = index + 1
-            while end < len(calls) and calls[end].name == tool.name:
-                if calls[end].id in answers or run.recall(calls[end], "result") is not None:
-                    break
-                end += 1
-            if tool.batch is not None and end - index > 1:
-                results[index:end] = await _execute_batch(tool, calls[index:end], run)
-                index = end
-                continue
-            release = await _prefetch(tool, calls[index:end], run) if end - index > 1 else None
+    while index < len(steps):
+        first = steps[index]
+        tool = first.tool if first.refusal is None else None
+        end = index + 1
+        while end < len(steps) and tool is not None and _groups(tool, steps[end]):
+            end += 1
+        group = steps[index:end]
+        if tool is None or len(group) == 1:
+            results[index] = await _execute(first)
+        elif tool.concurrent:
+            results[index:end] = await asyncio.gather(*(_execute(step) for step in group))
+        elif tool.batch is not None:
+            results[index:end] = await _execute_batch(tool, group)
+        else:
+            release = await _prefetch(tool, group)
             try:
-                for position in range(index, end):
-                    results[position] = await execute_call(calls[position], run)
+                for position, step in enumerate(group, start=index):
+                    results[position] = await _execute(step)
             finally:
                 if release is not None:
                     release()
-            index = end
-        else:
-            results[index] = await execute_call(calls[index], run)
-            index += 1
+        index = end
     return results
 
 
-async def _prefetch(
-    tool: Tool, calls: Sequence[ToolCall], run: RunContext
-) -> Callable[[], None] | None:
-    """The tool's prefetch for `calls`, or `None` when it failed (the calls then run without)."""
-    assert tool.prefetch is not None
+def _groups(tool: Tool, step: ToolStep) -> bool:
+    """Whether `step` joins the group of calls to `tool` that precedes it."""
+    if step.refusal is not None or step.tool is None:
+        return False
+    if tool.concurrent:
+        return step.tool.concurrent
+    return (tool.prefetch is not None or tool.batch is not None) and step.tool is tool
+
+
+async def _prefetch(tool: Tool, steps: Sequence[ToolStep]) -> Callable[[], None] | None:
+    """The tool's prefetch for `steps`, or `None` when it failed (the calls then run without)."""
+    if tool.prefetch is None:
+        return None
     try:
-        return await tool.prefetch([call.arguments for call in calls], run)
+        return await tool.prefetch([step.call.arguments for step in steps], steps[0].run)
     except Exception:
         log.warning("tool prefetch failed; the calls run without it", tool=tool.name, exc_info=True)
         return None
 
 
-async def execute_call(call: ToolCall, run: RunContext) -> str:
-    """Run one tool call through every gate; always returns the model-facing text."""
-    gated = await _gate(call, run)
-    if isinstance(gated, str):
-        return gated
-    tool, arguments = gated
-    return await _finish(tool, call, await _invoke(tool, call, arguments, run), run)
+async def execute_call(call: ToolCall, run: Run, turn: int = 0) -> str:
+    """Run one tool call through the hooks and every gate; returns the model-facing text."""
+    return await _execute(ToolStep(run, call, run.endpoint.tools.get(call.name), turn))
 
 
-async def _execute_batch(tool: Tool, calls: Sequence[ToolCall], run: RunContext) -> list[str]:
-    """Calls to a tool with a `batch`: every gate in order, one batch, then results in order."""
-    results: list[str] = [""] * len(calls)
-    ready: list[tuple[int, dict[str, Any]]] = []
-    for position, call in enumerate(calls):
-        gated = await _gate(call, run)
-        if isinstance(gated, str):
-            results[position] = gated
-        else:
-            ready.append((position, gated[1]))
-    if ready:
-        outcomes = await _invoke_batch(tool, [arguments for _, arguments in ready], run)
-        for (position, _), outcome in zip(ready, outcomes, strict=True):
-            results[position] = await _finish(tool, calls[position], outcome, run)
-    return results
+async def _execute(step: ToolStep) -> str:
+    outcome = await call_tool(step, _invoke)
+    await _announce(step, outcome)
+    return outcome.result
 
 
-async def _gate(call: ToolCall, run: RunContext) -> str | tuple[Tool, dict[str, Any]]:
-    """Every gate up to the handler: the tool and the arguments to run it with (the call's
-    start is emitted and journalled), or the call's final text when it never reaches it."""
-    endpoint = run.endpoint
-    session = run.session
-    tool = endpoint.tools.get(call.name)
+async def call_tool(step: ToolStep, handler: Handler) -> ToolOutcome:
+    """`step` through every hook's `around_tool`, outermost first, then the gates and `handler`."""
+    return await _next_tool(step.run.endpoint.hooks, 0, handler, step)
+
+
+async def _next_tool(
+    hooks: Sequence[RunHooks], index: int, handler: Handler, step: ToolStep
+) -> ToolOutcome:
+    if index == len(hooks):
+        return await _gated(step, handler)
+    proceed: ProceedTool = partial(_next_tool, hooks, index + 1, handler)
+    return await hooks[index].around_tool(step, proceed)
+
+
+async def _gated(step: ToolStep, handler: Handler) -> ToolOutcome:
+    """The innermost tool step: every gate (module docstring), the handler, the result hooks."""
+    tool = step.tool
+    if step.refusal is not None:
+        return ToolOutcome(step.refusal, "refused", frames="start")
     if tool is None:
-        available = ", ".join(sorted(endpoint.tools)) or "none"
-        rejected = json_result(
-            error="unknown_tool",
-            tool=call.name,
-            message=f"Unknown tool '{call.name}'. Available tools: {available}",
-        )
-        return await _rejected(run, call, rejected)
-    started = run.recall(call, "started")
-    if started is not None:
-        if isinstance(started, Mapping):
-            return await _restarted(tool, call, dict(started), run)
-        arguments, problems = validate_arguments(tool.parameters, call.arguments)
-        if not problems:
-            return await _restarted(tool, call, arguments, run)
-    arguments, problems = validate_arguments(tool.parameters, call.arguments)
+        return _unknown(step)
+    if step.answer is not None:
+        return await _finish(step, tool, step.answer, "interrupted")
+    if step.admitted is not None:
+        text, status = await handler(tool, step, dict(step.admitted))
+        return await _finish(step, tool, text, status)
+    arguments, problems = validate_arguments(tool.parameters, step.call.arguments)
     if problems:
-        return await _rejected(run, call, invalid_arguments(tool.name, problems))
-    arguments, answer = await _admit(call, tool, arguments, run)
+        return ToolOutcome(invalid_arguments(tool.name, problems), "invalid", frames="start")
+    arguments, answer, status = await _admit(step, tool, arguments)
     if answer is not None:
-        return await _rejected(run, call, answer, arguments)
-    await session.emit(
-        events.TOOL_START, {"toolCallId": call.id, "tool": tool.name, "arguments": arguments}
+        return ToolOutcome(answer, status, frames="start", arguments=arguments)
+    await step.run.session.emit(
+        events.TOOL_START, {"toolCallId": step.call.id, "tool": tool.name, "arguments": arguments}
     )
-    result: str | None = None
-    if endpoint.approval_hook is not None:
-        verdict = await endpoint.approval_hook(call, tool, arguments, run)
+    approval = step.run.endpoint.approval_hook
+    if approval is not None:
+        verdict = await approval(step.call, tool, arguments, step.run)
         if verdict is not None:
             if verdict.result is not None:
-                result = verdict.result
-            elif verdict.arguments is not None:
+                return await _finish(step, tool, verdict.result, "denied")
+            if verdict.arguments is not None:
                 arguments, problems = validate_arguments(tool.parameters, verdict.arguments)
                 if problems:
-                    result = invalid_arguments(tool.name, problems)
-                else:
-                    arguments, result = await _admit(call, tool, arguments, run)
-    if result is not None:
-        return await _finish(tool, call, result, run)
-    # Journalled before the handler runs; for a tool that must not run twice, stored first.
-    own = isinstance(call.arguments, Mapping) and arguments == call.arguments
-    await run.checkpoint(call, "started", True if own else arguments, wait=_at_most_once(tool))
-    return tool, arguments
+                    return await _finish(
+                        step, tool, invalid_arguments(tool.name, problems), "invalid"
+                    )
+                arguments, answer, status = await _admit(step, tool, arguments)
+                if answer is not None:
+                    return await _finish(step, tool, answer, status)
+    if step.before_handler is not None:
+        await step.before_handler(arguments)
+    text, status = await handler(tool, step, arguments)
+    return await _finish(step, tool, text, status)
 
 
-def _at_most_once(tool: Tool) -> bool:
-    # Built-ins (origin = their primitive) re-run; user and MCP tools (`mcp:<server>`) act
-    # outside the harness, so a restart answers them `interrupted` unless they are idempotent.
-    return (tool.origin == "user" or tool.origin.startswith("mcp:")) and not tool.idempotent
-
-
-async def _restarted(
-    tool: Tool, call: ToolCall, arguments: dict[str, Any], run: RunContext
-) -> str | tuple[Tool, dict[str, Any]]:
-    """A call a restart cut off while it ran: run it again, or answer `INTERRUPTED`."""
-    if _at_most_once(tool):
-        log.info("a user tool was cut off by a restart; answering interrupted", tool=tool.name)
-        return await _finish(tool, call, INTERRUPTED, run)
-    return tool, arguments
-
-
-async def _finish(tool: Tool, call: ToolCall, result: str, run: RunContext) -> str:
-    """Result hooks, then the journal, then the `tool-result` frame."""
-    for reshape in run.endpoint.result_hooks:
-        try:
-            result = await reshape(call, tool, result, run)
-        except Exception:
-            log.exception("result hook failed; returning the result unchanged", tool=tool.name)
-    await run.checkpoint(call, "result", result)
-    await run.session.emit(
-        events.TOOL_RESULT, {"toolCallId": call.id, "tool": tool.name, "result": result}
+def _unknown(step: ToolStep) -> ToolOutcome:
+    tools = step.run.endpoint.tools
+    available = ", ".join(sorted(tools)) or "none"
+    text = json_result(
+        error="unknown_tool",
+        tool=step.call.name,
+        message=f"Unknown tool '{step.call.name}'. Available tools: {available}",
     )
-    return result
+    return ToolOutcome(text, "unknown", frames="start")
 
 
 async def _admit(
-    call: ToolCall, tool: Tool, arguments: dict[str, Any], run: RunContext
-) -> tuple[dict[str, Any], str | None]:
-    """Every admission hook in turn: `(arguments to run with, None)`, or `(arguments, answer)`
-    when a hook answers instead of the tool or rewrites the arguments into invalid ones."""
-    for admit in run.endpoint.admission_hooks:
-        answer = await admit(call, tool, arguments, run)
+    step: ToolStep, tool: Tool, arguments: dict[str, Any]
+) -> tuple[dict[str, Any], str | None, ToolStatus]:
+    """Every admission hook in turn: `(arguments to run with, None, "ok")`, or `(arguments,
+    answer, status)` when a hook answers instead of the tool or rewrites the arguments into
+    invalid ones."""
+    for admit in step.run.endpoint.admission_hooks:
+        answer = await admit(step.call, tool, arguments, step.run)
         if isinstance(answer, str):
-            return arguments, answer
+            return arguments, answer, "denied"
         if answer is not None:
             rewritten, problems = validate_arguments(tool.parameters, answer)
             if problems:
-                return arguments, invalid_arguments(tool.name, problems)
+                return arguments, invalid_arguments(tool.name, problems), "invalid"
             arguments = rewritten
-    return arguments, None
+    return arguments, None, "ok"
 
 
-async def _rejected(run: RunContext, call: ToolCall, result: str, arguments: Any = None) -> str:
-    """Frames for a call that never reached its tool: the client sees what the model got.
+async def _finish(step: ToolStep, tool: Tool, result: str, status: ToolStatus) -> ToolOutcome:
+    """The result hooks reshape what the model gets."""
+    for reshape in step.run.endpoint.result_hooks:
+        try:
+            result = await reshape(step.call, tool, result, step.run)
+        except Exception:
+            log.exception("result hook failed; returning the result unchanged", tool=tool.name)
+    return ToolOutcome(result, status)
 
-    `arguments` are the ones the call was judged on (default: the model's, as it sent them)."""
-    session = run.session
-    if arguments is None:
-        raw = call.arguments
-        arguments = dict(raw) if isinstance(raw, Mapping) else raw
-    await run.checkpoint(call, "result", result)
+
+async def _announce(step: ToolStep, outcome: ToolOutcome) -> None:
+    """The frames the call still owes its client (`ToolOutcome.frames`)."""
+    if outcome.frames == "none":
+        return
+    call = step.call
+    session = step.run.session
+    name = step.tool.name if step.tool is not None else call.name
+    if outcome.frames == "start":
+        arguments = outcome.arguments
+        if arguments is None:
+            raw = call.arguments
+            arguments = dict(raw) if isinstance(raw, Mapping) else raw
+        await session.emit(
+            events.TOOL_START, {"toolCallId": call.id, "tool": call.name, "arguments": arguments}
+        )
+        name = call.name
     await session.emit(
-        events.TOOL_START, {"toolCallId": call.id, "tool": call.name, "arguments": arguments}
+        events.TOOL_RESULT, {"toolCallId": call.id, "tool": name, "result": outcome.result}
     )
-    await session.emit(
-        events.TOOL_RESULT, {"toolCallId": call.id, "tool": call.name, "result": result}
-    )
-    return result
 
 
-async def _invoke(tool: Tool, call: ToolCall, arguments: dict[str, Any], run: RunContext) -> str:
-    timeout = tool.timeout if tool.timeout is not None else run.endpoint.tool_timeout
-    context = ToolContext(ToolCall(call.name, arguments, call.id), run)
+async def _invoke(tool: Tool, step: ToolStep, arguments: dict[str, Any]) -> Ran:
+    """The handler, bounded by the tool's timeout."""
+    call = step.call
+    timeout = tool.timeout if tool.timeout is not None else step.run.endpoint.tool_timeout
+    context = ToolContext(ToolCall(call.name, arguments, call.id), step.run)
     deadline = asyncio.timeout(timeout)
     try:
         async with deadline:
             value = await tool.handler(arguments, context)
-        return render_result(value)
+        return render_result(value), "ok"
     except TimeoutError as exc:
         if not deadline.expired():
-            return _error_result(tool, exc)
-        return _timed_out(tool, timeout)
+            return _error_result(tool, exc), "error"
+        return _timed_out(tool, timeout), "timeout"
     except asyncio.CancelledError:
         raise
     except Exception as exc:
         return _outcome(tool, exc)
 
 
-async def _invoke_batch(
-    tool: Tool, arguments: Sequence[dict[str, Any]], run: RunContext
-) -> list[str]:
+async def _execute_batch(tool: Tool, steps: Sequence[ToolStep]) -> list[str]:
+    """Calls to a tool with a `batch`: each passes its hooks and gates in order (its
+    `tool-start` first; a call that ends there gets its result at once, as any call), then the
+    handlers of those that reached them run as one batch, then each of those finishes (result
+    hooks, the rest of its hooks, its `tool-result`) in order."""
+    batch = _Batch()
+    results: list[str] = [""] * len(steps)
+    parked: list[tuple[int, asyncio.Task[ToolOutcome]]] = []
+    try:
+        for position, step in enumerate(steps):
+            task = asyncio.ensure_future(call_tool(step, batch.handler))
+            if await batch.parked_at_handler(task):
+                parked.append((position, task))
+            else:
+                results[position] = await _announced(step, task.result())
+        await batch.run(tool, steps[0].run)
+        for position, task in parked:
+            batch.release_next()
+            results[position] = await _announced(steps[position], await task)
+        return results
+    finally:
+        for _, task in parked:
+            task.cancel()
+
+
+async def _announced(step: ToolStep, outcome: ToolOutcome) -> str:
+    await _announce(step, outcome)
+    return outcome.result
+
+
+class _Batch:
+    """Where the calls of one batch wait for each other: each call's `handler` parks its
+    arguments (calls park one at a time, in order), the batch runs once every call parked or
+    ended, and each parked call gets its own text when it is released (in the same order)."""
+
+    def __init__(self) -> None:
+        self.arguments: list[dict[str, Any]] = []
+        self.texts: list[asyncio.Future[Ran]] = []
+        self.gates: list[asyncio.Event] = []
+        self._released = 0
+        self._arrived = asyncio.Event()
+
+    async def handler(self, tool: Tool, step: ToolStep, arguments: dict[str, Any]) -> Ran:
+        text: asyncio.Future[Ran] = asyncio.get_running_loop().create_future()
+        gate = asyncio.Event()
+        self.arguments.append(arguments)
+        self.texts.append(text)
+        self.gates.append(gate)
+        self._arrived.set()
+        await gate.wait()
+        return await text
+
+    async def parked_at_handler(self, task: asyncio.Task[ToolOutcome]) -> bool:
+        """Wait until the call parks at its handler (`True`) or ends without reaching it."""
+        self._arrived.clear()
+        arrived = asyncio.ensure_future(self._arrived.wait())
+        try:
+            await asyncio.wait({task, arrived}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            arrived.cancel()
+        return not task.done()
+
+    async def run(self, tool: Tool, run: Run) -> None:
+        if not self.arguments:
+            return
+        texts = await _invoke_batch(tool, self.arguments, run)
+        for future, text in zip(self.texts, texts, strict=True):
+            future.set_result(text)
+
+    def release_next(self) -> None:
+        self.gates[self._released].set()
+        self._released += 1
+
+
+async def _invoke_batch(tool: Tool, arguments: Sequence[dict[str, Any]], run: Run) -> list[Ran]:
     """The tool's `batch` for calls that passed their gates: one text per call, in order."""
     assert tool.batch is not None
     timeout = tool.timeout if tool.timeout is not None else run.endpoint.tool_timeout
@@ -304,22 +352,26 @@ async def _invoke_batch(
         if len(values) != len(arguments):
             raise RuntimeError(f"batch returned {len(values)} results for {len(arguments)} calls")
     except TimeoutError as exc:
-        failed = _timed_out(tool, timeout) if deadline.expired() else _error_result(tool, exc)
-        return [failed] * len(arguments)
+        failed = (
+            (_timed_out(tool, timeout), "timeout")
+            if deadline.expired()
+            else (_error_result(tool, exc), "error")
+        )
+        return [failed] * len(arguments)  # type: ignore[list-item]
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        return [_error_result(tool, exc)] * len(arguments)
+        return [(_error_result(tool, exc), "error")] * len(arguments)
     return [_outcome(tool, value) for value in values]
 
 
-def _outcome(tool: Tool, value: Any) -> str:
+def _outcome(tool: Tool, value: Any) -> Ran:
     """The text of what a handler returned, or of the exception it raised."""
     if isinstance(value, ToolArgumentError):
-        return invalid_arguments(tool.name, value.details)
+        return invalid_arguments(tool.name, value.details), "invalid"
     if isinstance(value, Exception):
-        return _error_result(tool, value)
-    return render_result(value)
+        return _error_result(tool, value), "error"
+    return render_result(value), "ok"
 
 
 def _timed_out(tool: Tool, timeout: float) -> str:

@@ -19,6 +19,7 @@ from .._contracts import (
     Primitive,
     Resource,
     Run,
+    RunHooks,
     RunJournal,
     StoredRun,
     TypedMap,
@@ -30,7 +31,7 @@ from .._registry import AgentSpec, EndpointKind
 from .._runtimes.base import AgentRuntime
 from .._settings import HarnessSettings
 from .endpoint import HostedEndpoint
-from .journal import LiveRuns
+from .live import LiveRuns
 from .locks import InProcessConversationLocks
 from .run import RunContext, execute_prompt
 from .session import StreamingSession
@@ -54,6 +55,7 @@ class HarnessHost:
         locks: ConversationLocks | None = None,
         runs: RunJournal | None = None,
         resources: Sequence[Resource] = (),
+        hooks: Sequence[RunHooks] | None = None,
     ) -> None:
         self.settings = settings
         self.preset = HarnessPreset(settings)
@@ -69,7 +71,12 @@ class HarnessHost:
         self.locks: ConversationLocks = locks if locks is not None else InProcessConversationLocks()
         """One prompt at a time per conversation (`backends` may share them across replicas)."""
         self.runs: RunJournal = runs if runs is not None else LiveRuns()
-        """Prompt runs started over HTTP, with their frame journals (see `journal`)."""
+        """Prompt runs started over HTTP, with their frame journals (see `kernel.live`)."""
+        self.hooks: list[RunHooks] = (
+            list(hooks) if hooks is not None else [h for h in (self.runs.hooks,) if h is not None]
+        )
+        """Around every model and tool call of every endpoint, outermost first (`RunHooks`);
+        by default the journal's own (durable replay, when runs are durable)."""
         self.backends: dict[str, str] = {"state": "sqlite", "events": "local"}
         """What holds shared state and carries fan-out (`backends.StateBackends.describe`)."""
         self._surfaces: dict[Key[Any], dict[str, Any]] = {}
@@ -105,11 +112,9 @@ class HarnessHost:
             # Last: a resumed run needs its endpoint attached.
             await self.runs.open(self._resume)
             if self.settings.groups.backends.durable_runs:
-                store = getattr(self.runs, "store", None)
+                name = self.runs.store_name
                 self.truth.set_durable(
-                    f"ACTIVE({getattr(store, 'name', 'custom')})"
-                    if self.runs.durable
-                    else "INACTIVE(no-store)"
+                    f"ACTIVE({name})" if self.runs.durable and name else "INACTIVE(no-store)"
                 )
         except BaseException:
             # A start-up error (a bad route, a tool-name collision) must not leave what the
@@ -191,8 +196,12 @@ class HarnessHost:
             cache_policy=cache_policy,
             coordinator=spec.kind is EndpointKind.COORDINATOR,
         )
+        endpoint.hooks = list(self.hooks)
         for primitive in self.primitives:
             primitive.attach(endpoint, self)
+        for hook in reversed(self.hooks):
+            if endpoint.history is not None:
+                endpoint.history = hook.wrap_history(endpoint.history)
         for name, kind in endpoint.prompt_parameters:
             if kind not in (None, StreamingSession) and kind not in endpoint.providers:
                 log.warning(
@@ -256,7 +265,7 @@ class HarnessHost:
         )
 
     async def _resume(self, live: LiveRunHandle, stored: StoredRun) -> RunContext | None:
-        """Run again a durable run a dead process left unfinished (see `kernel.journal`)."""
+        """Run again a durable run a dead process left unfinished (see `durable.journal`)."""
         endpoint = self.endpoints.get(stored.path)
         if endpoint is None:
             log.warning(

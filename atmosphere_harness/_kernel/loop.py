@@ -1,22 +1,16 @@
 """The model/tool loop behind `session.stream(message)`.
 
-Build the request (stable system prompt, history, tools), ask the runtime, run the tool calls it
+Build the request (stable system prompt, history, tools), ask the model, run the tool calls it
 asked for through the executor, feed the results back, and repeat until the model answers without
-tools or the round limit stops it.
+tools or the round limit stops it. The turn is written to the history at the end, whatever ended
+it (an error, a cancellation), with no half tool pair; a run suspended by a shutdown or
+discarded writes nothing (its next life, if any, writes the whole turn).
 
-Durable runs: each model answer is journalled (`model:<n>`, in order with the frames, so before
-any frame that follows it is sent); a resumed run takes its journalled answers instead of asking
-the model again, and asks the model only for the turns its first life had not finished. The
-turn is written to history once (`history:<n>` marks it written), and not at all when a shutdown
-suspends the run (its next life writes the whole turn).
-
-A resumed run whose conversation went on without it is not resumed (`RunSuperseded`): as it
-loads the history, a durable run journals the history's newest seq (`since:<n>`, in order before
-its first model turn); its next life, if that turn's history is not written yet, reads the mark
-again, and if the history changed meanwhile (a client that gave up on the cut-off stream re-sent
-the prompt elsewhere and went on), it ends the run with an `error` frame instead: no model call,
-nothing appended after the newer turns, and its journal is marked ended. A run whose first life
-stored nothing (killed before its first write) has no mark and resumes as before.
+Each model call goes through the endpoint's `RunHooks` (`around_model`, outermost first) to the
+innermost step: the endpoint's interceptors shape the request, the runtime answers, and the
+answer is bounded (`tools.bounds`) before any hook sees it, so a flood of calls or a huge or
+deeply nested argument reaches neither a journal, the history, the stream nor a tool. The loop
+knows nothing of durability, limits, fallback or tracing: they are hooks.
 """
 
 from __future__ import annotations
@@ -24,87 +18,63 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from .._cache import CacheHint, PromptCache
-from .._contracts import HistoryMark, PendingCloser
-from .._errors import LoopLimitExceeded, RunSuperseded
+from .._contracts import Key, ModelStep, ProceedModel, Run, RunHooks
+from .._errors import LoopLimitExceeded
 from .._log import get_logger
-from .._runtimes.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
+from .._runtimes.base import Message, ModelRequest, ModelResponse, ToolCall
 from .._tools.bounds import screen_calls
 from .executor import execute_calls
-from .journal import ENDED
 
 if TYPE_CHECKING:
     from .._tools.base import Tool
-    from .run import RunContext
 
 log = get_logger(__name__)
 
+_TURNS: Key[list[int]] = Key("kernel.model-turns")
+"""Run state: the run's model turns so far (the number its hooks see), in a one-item list."""
 
-SUPERSEDED = "superseded: the conversation went on without this run; it was not resumed"
 
-
-async def run_loop(run: RunContext, message: str, *, cache_hint: CacheHint | None = None) -> str:
+async def run_loop(run: Run, message: str, *, cache_hint: CacheHint | None = None) -> str:
     """Run the loop for one user message; returns the model's final answer.
 
     `cache_hint` is the caller's: it wins over the endpoint's effective policy (a
     `CacheHint.none()` switches caching off for this prompt).
     """
     endpoint = run.endpoint
-    run.loops += 1
-    loop_index = run.loops
-    if run.root.superseded:
-        raise RunSuperseded(SUPERSEDED)  # (a prompt method that caught it and went on)
-    marked: object = endpoint.history
-    if run.live is not None and isinstance(marked, HistoryMark):
-        await _check_superseded(run, marked, loop_index)
     history = await endpoint.history.load(run) if endpoint.history is not None else []
     user = Message.user(message)
     working: list[Message] = [*history, user]
     turn: list[Message] = [user]
     if cache_hint is None and endpoint.cache_policy is not PromptCache.NONE:
         cache_hint = CacheHint(endpoint.cache_policy)
+    turns = run.state.setdefault(_TURNS, lambda: [0])
     try:
         for _ in range(endpoint.max_rounds):
-            run.model_turns += 1
-            turn_key = f"model:{run.model_turns}"
-            recalled = run.recalled(turn_key)
-            if recalled is not None:
-                response = load_response(recalled)
-            else:
-                run.go_live()
-                request = ModelRequest(
-                    system_prompt=endpoint.system_prompt,
-                    messages=tuple(working),
-                    tools=endpoint.tool_specs(),
-                    conversation_id=run.conversation_id,
-                    cache_hint=cache_hint,
-                )
-                for interceptor in endpoint.interceptors:
-                    request = await interceptor.before_request(run, request)
-                response = await endpoint.runtime.complete(request, on_text=run.session.send)
-                if run.live is not None:
-                    await run.record(turn_key, dump_response(response))
-            run.current_turn = run.model_turns
+            turns[0] += 1
+            request = ModelRequest(
+                system_prompt=endpoint.system_prompt,
+                messages=tuple(working),
+                tools=endpoint.tool_specs(),
+                conversation_id=run.conversation_id,
+                cache_hint=cache_hint,
+            )
+            step = ModelStep(run, request, endpoint.runtime, turns[0])
+            response = await call_model(endpoint.hooks, step)
             run.add_usage(response.usage)
             if not response.tool_calls:
                 answer = Message.assistant(response.text)
                 working.append(answer)
                 turn.append(answer)
                 return response.text
-            # Bounded before anything is stored or run: a flood of calls or a huge argument must
-            # not reach the history, the stream or the tools (see tools.bounds).
-            screened = screen_calls(
-                response.tool_calls,
-                max_calls=endpoint.max_tool_calls,
-                max_argument_chars=endpoint.max_tool_argument_chars,
-            )
-            asked = Message.assistant(response.text, screened.calls)
+            asked = Message.assistant(response.text, response.tool_calls)
             working.append(asked)
             turn.append(asked)
-            results = await execute_calls(screened.calls, run, screened.answers)
-            for call, result in zip(screened.calls, results, strict=True):
+            results = await execute_calls(response.tool_calls, run, response.refusals, turns[0])
+            for call, result in zip(response.tool_calls, results, strict=True):
                 answered = Message.tool(call, result)
                 working.append(answered)
                 turn.append(answered)
@@ -113,100 +83,53 @@ async def run_loop(run: RunContext, message: str, *, cache_hint: CacheHint | Non
             "(raise ATMOSPHERE_AI_MAX_TOOL_ROUNDS if this task needs more)"
         )
     finally:
-        if not run.suspended and not run.root.superseded:
-            await asyncio.shield(_finish_turn(run, complete_pairs(turn), loop_index))
+        if not run.suspended and not run.discarded:
+            await asyncio.shield(_finish_turn(run, complete_pairs(turn)))
 
 
-async def _check_superseded(run: RunContext, history: HistoryMark, loop_index: int) -> None:
-    """Journal where the history stands as this loop starts, or, in a resumed life, end the
-    run (`RunSuperseded`) if it moved since its first life journalled that.
+async def call_model(hooks: Sequence[RunHooks], step: ModelStep) -> ModelResponse:
+    """`step` through every hook's `around_model`, outermost first, then `_complete`."""
+    return await _next_model(hooks, 0, step)
 
-    Read before the history is loaded: a turn another replica stores in between makes the
-    mark differ later (the run is ended, conservatively) rather than slip past it. A loop whose
-    turn is already written (`history:<n>`) only replays: the history grew by its own turn.
-    """
-    if run.recalled(f"history:{loop_index}") is not None:
-        return
-    key = f"since:{loop_index}"
-    newest = await history.newest_seq(run)
-    was = run.recalled(key)
-    if was is None:
-        await run.record(key, newest)
-        return
-    if was == newest:
-        return
-    root = run.root
-    root.superseded = True
-    log.warning(
-        "a resumed run's conversation went on without it; it is ended, not resumed",
-        endpoint=root.endpoint.path,
-        conversation=root.conversation_id,
-        history_then=was,
-        history_now=newest,
+
+async def _next_model(hooks: Sequence[RunHooks], index: int, step: ModelStep) -> ModelResponse:
+    if index == len(hooks):
+        return await _complete(step)
+    proceed: ProceedModel = partial(_next_model, hooks, index + 1)
+    return await hooks[index].around_model(step, proceed)
+
+
+async def _complete(step: ModelStep) -> ModelResponse:
+    """The innermost model step: interceptors, the runtime, then the loop's bounds."""
+    run = step.run
+    endpoint = run.endpoint
+    request = step.request
+    for interceptor in endpoint.interceptors:
+        request = await interceptor.before_request(run, request)
+    response = await step.runtime.complete(request, on_text=run.session.send)
+    if not response.tool_calls:
+        return response
+    # Bounded before anything is stored or run: a flood of calls or a huge argument must
+    # not reach the history, the stream or the tools (see tools.bounds).
+    screened = screen_calls(
+        response.tool_calls,
+        max_calls=endpoint.max_tool_calls,
+        max_argument_chars=endpoint.max_tool_argument_chars,
     )
-    # Journalled at once: whatever happens next, no later life runs it again.
-    await run.record(ENDED, "superseded", wait=True)
-    await _close_pending(root)
-    error = RunSuperseded(SUPERSEDED)
-    # Closes the stream: a prompt method that catches the exception sends nothing more.
-    await root.session.error(error)
-    raise error
+    if screened.calls is response.tool_calls or (
+        screened.calls == response.tool_calls and not screened.answers
+    ):
+        return response
+    return replace(response, tool_calls=screened.calls, refusals=screened.answers)
 
 
-async def _close_pending(root: RunContext) -> None:
-    """Close the approvals the superseded run's first life left waiting (a shared approval
-    store still lists them); a failure only leaves them to expire."""
-    closer: object = root.endpoint.approval_hook
-    if root.live is None or not isinstance(closer, PendingCloser):
-        return
-    try:
-        await closer.close_pending(root, root.live.checkpoints)
-    except Exception:
-        log.warning("could not close a superseded run's approvals", exc_info=True)
-
-
-async def _finish_turn(run: RunContext, turn: Sequence[Message], loop_index: int) -> None:
+async def _finish_turn(run: Run, turn: Sequence[Message]) -> None:
     """Persist and announce the turn, even when it ended in an error or a cancellation."""
     endpoint = run.endpoint
-    written = f"history:{loop_index}"
-    if endpoint.history is not None and run.recalled(written) is None:
+    if endpoint.history is not None:
         await endpoint.history.append(run, recorded(turn, endpoint.tools))
-        # Stored before anything else happens: a restart must not write the turn twice.
-        await run.record(written, 1, wait=True)
     for interceptor in endpoint.interceptors:
         await interceptor.after_turn(run, turn)
-
-
-def dump_response(response: ModelResponse) -> dict[str, object]:
-    """A model answer as a durable run journals it (JSON)."""
-    data: dict[str, object] = {"text": response.text}
-    if response.tool_calls:
-        data["calls"] = [[call.id, call.name, call.arguments] for call in response.tool_calls]
-    usage = response.usage.to_wire()
-    if any(usage.values()):
-        data["usage"] = usage
-    if response.stop_reason is not None:
-        data["stop"] = response.stop_reason
-    return data
-
-
-def load_response(data: Mapping[str, object]) -> ModelResponse:
-    """`dump_response` read back."""
-    calls = data.get("calls") or []
-    usage = data.get("usage") or {}
-    assert isinstance(calls, list)
-    assert isinstance(usage, dict)
-    return ModelResponse(
-        text=str(data.get("text", "")),
-        tool_calls=tuple(ToolCall(name, arguments, call_id) for call_id, name, arguments in calls),
-        usage=Usage(
-            input_tokens=int(usage.get("inputTokens", 0)),
-            output_tokens=int(usage.get("outputTokens", 0)),
-            cache_read_tokens=int(usage.get("cacheReadTokens", 0)),
-            cache_write_tokens=int(usage.get("cacheWriteTokens", 0)),
-        ),
-        stop_reason=data.get("stop") if isinstance(data.get("stop"), str) else None,  # type: ignore[arg-type]
-    )
 
 
 def recorded(turn: Sequence[Message], tools: Mapping[str, Tool]) -> list[Message]:

@@ -1,7 +1,7 @@
 """`RemoteRun`: a run another replica executes, followed from the shared `RunStore`.
 
 With a shared store that is a `contracts.RunFeed` (PostgreSQL, Redis), as the durable journal
-or as the frame feed (durable runs off, `kernel.journal`), a client that
+or as the frame feed (durable runs off, `kernel.feed`), a client that
 re-attaches with `GET P/conversations/{id}/events` on a replica that does not run the
 conversation's run gets a `RemoteRun` from `LiveRuns.find`: it replays the stored frames after
 the client's `Last-Event-ID` and then polls the store every `POLL_SECONDS` for new ones until
@@ -23,12 +23,13 @@ from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from typing import Any
 
 from .. import _events as events
-from .._contracts import RunFeed, RunStore, StoredRun
+from .._contracts import FrameSink, Run, RunFeed, RunStore, StoredRun
 from .._events import Frame
 
 REFERENCE = "$model"
-"""How a stored `tool-start` refers to the model turn holding its arguments: the very
-`kernel.journal.REFERENCE` (kept equal by a test; the journal imports this module)."""
+"""A stored `tool-start` frame's `arguments` as `{"$model": "<checkpoint key>"}`: the very
+arguments of that call in that model turn's checkpoint (a durable journal stores a large
+argument once, `durable.writer`)."""
 POLL_SECONDS = 0.25
 """How often a remote reader asks the store for new frames while the run has none."""
 BATCH = 256
@@ -80,19 +81,11 @@ class RemoteRun:
     def suspended(self) -> bool:
         return False
 
-    @property
-    def start_seq(self) -> int:
-        return 0
-
-    @property
-    def checkpoints(self) -> Mapping[str, Any]:
-        return {}
-
     async def publish(self, frame: Frame) -> None:
         raise RuntimeError("a remote run is read-only: its replica publishes its frames")
 
-    async def checkpoint(self, key: str, value: Any, *, wait: bool = False) -> None:
-        raise RuntimeError("a remote run is read-only: its replica journals it")
+    def bind(self, run: Run) -> FrameSink:
+        raise RuntimeError("a remote run is read-only: its replica runs it")
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
@@ -148,3 +141,27 @@ def _refers(frame: Frame) -> bool:
         and isinstance(arguments, Mapping)
         and REFERENCE in arguments
     )
+
+
+def resolved(frames: list[Frame], checkpoints: Mapping[str, Any]) -> list[Frame]:
+    """Stored frames as they were sent: references (`REFERENCE`) replaced by arguments."""
+    out = []
+    for frame in frames:
+        arguments = frame.data.get("arguments")
+        if frame.event == events.TOOL_START and isinstance(arguments, Mapping):
+            key = arguments.get(REFERENCE)
+            turn = checkpoints.get(key) if isinstance(key, str) else None
+            if isinstance(turn, Mapping):
+                call_id = frame.data.get("toolCallId")
+                for call in turn.get("calls") or ():
+                    if call[0] == call_id:
+                        frame = Frame(
+                            frame.event,
+                            {**frame.data, "arguments": call[2]},
+                            frame.session_id,
+                            frame.conversation_id,
+                            frame.seq,
+                        )
+                        break
+        out.append(frame)
+    return out

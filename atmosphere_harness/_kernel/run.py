@@ -8,9 +8,9 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._contracts import Endpoint, FrameSink, LiveRunHandle, LockedReader, TypedMap
+from .._contracts import Endpoint, FrameSink, LiveRunHandle, TypedMap
 from .._log import get_logger
-from .._runtimes.base import ToolCall, Usage
+from .._runtimes.base import Usage
 from .endpoint import HostedEndpoint
 from .session import StreamingSession
 
@@ -44,29 +44,18 @@ class RunContext:
         self.conversation_id = conversation_id
         self.user_id = user_id
         self.parent = parent
-        self.live = live if live is not None and live.durable and parent is None else None
-        """The durable journal of this (top-level) run; `None` when durable runs are off."""
+        self.live = live if parent is None else None
+        """The journal this (top-level) run publishes into, when it was started as a live run."""
         self.session_id = (
             live.session_id if live is not None and live.session_id else uuid.uuid4().hex
         )
-        self.replaying = self.live is not None and bool(self.live.checkpoints)
-        """A resumed run replays its first life (its frames are not sent again) until it does
-        the first thing that life had not finished (`go_live`)."""
-        self.superseded = False
-        """A resumed run whose conversation went on without it: ended, nothing more is written
-        (`kernel.loop.RunSuperseded`)."""
-        self.model_turns = 0
-        """Model turns this run took (replayed ones included): the key of each turn's checkpoint."""
-        self.current_turn = 0
-        """The model turn whose tool calls run now (scopes their checkpoints)."""
-        self.loops = 0
-        """`session.stream` calls so far (scopes the history checkpoint of each)."""
-        self.session = StreamingSession(
-            self, sink, start_seq=self.live.start_seq if self.live else 0
-        )
         self.usage = Usage()
         self.state = TypedMap()
-        """Per-run scratch space for primitives (keyed by the primitive's own `Key`s)."""
+        """Per-run scratch space for primitives and hooks (keyed by their own `Key`s)."""
+        self._discarded = False
+        if self.live is not None:
+            sink = self.live.bind(self)
+        self.session = StreamingSession(self, sink)
         self._holder = holder
         self._resolved: dict[type, Any] = {StreamingSession: self.session}
 
@@ -102,47 +91,18 @@ class RunContext:
         root = self.root
         return root._holder() if root._holder is not None else contextlib.nullcontext()
 
-    # --- durable runs -----------------------------------------------------------------------
-
     @property
     def suspended(self) -> bool:
         """Stopped by a shutdown, to resume on restart: leave no trace of an end."""
         live = self.root.live
         return live is not None and live.suspended
 
-    def go_live(self) -> None:
-        """The replay of a resumed run is over: from here on its frames are new and sent."""
-        root = self.root
-        if root.replaying:
-            root.replaying = False
-            log.info(
-                "resumed run caught up with its journal",
-                endpoint=root.endpoint.path,
-                conversation=root.conversation_id,
-            )
+    @property
+    def discarded(self) -> bool:
+        return self.root._discarded
 
-    def recalled(self, key: str) -> Any | None:
-        """What the first life journalled under `key` (only in a resumed top-level run)."""
-        live = self.live
-        return live.checkpoints.get(key) if live is not None else None
-
-    async def record(self, key: str, value: Any, *, wait: bool = False) -> None:
-        if self.live is not None:
-            await self.live.checkpoint(key, value, wait=wait)
-
-    def call_key(self, call: ToolCall, kind: str) -> str:
-        return f"{kind}:{self.current_turn}:{call.id}"
-
-    def recall(self, call: ToolCall, kind: str) -> Any | None:
-        if self.live is None or not self.live.checkpoints:  # (a first life: nothing to recall)
-            return None
-        return self.recalled(self.call_key(call, kind))
-
-    async def checkpoint(
-        self, call: ToolCall, kind: str, value: Any, *, wait: bool = False
-    ) -> None:
-        if self.live is not None:
-            await self.live.checkpoint(self.call_key(call, kind), value, wait=wait)
+    def discard(self) -> None:
+        self.root._discarded = True
 
     def child(self, endpoint: Endpoint, *, conversation_id: str, sink: FrameSink) -> RunContext:
         """A sub-agent's run inside this one, on an endpoint `derive` built."""
@@ -196,8 +156,8 @@ async def execute_prompt(
         # The history's first read may ride on the round trip that takes the lock (a networked
         # backend's lock and history on one server); `read` is only passed when there is one,
         # so a `ConversationLocks` of the application's own needs no parameter for it.
-        history = endpoint.history
-        read = history.locked_read(run) if isinstance(history, LockedReader) else None
+        reader = endpoint.locked_reader
+        read = reader.locked_read(run) if reader is not None else None
         holding = (
             host.locks.hold(endpoint.path, conversation_id)
             if read is None
@@ -218,7 +178,7 @@ async def execute_prompt(
     except Exception as exc:
         if run.suspended:
             raise
-        if not run.superseded:  # (that one is logged where it is found, and is no failure)
+        if not run.discarded:  # (that one is logged where it was decided, and is no failure)
             log.warning("prompt run failed", endpoint=endpoint.path, error=str(exc), exc_info=True)
         await session.error(exc)
     return run

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _events as events
 from .._cache import CacheHint
-from .._contracts import FrameSink
+from .._contracts import FrameSink, Run
 from .._events import Event, Frame
 from .loop import run_loop
-
-if TYPE_CHECKING:
-    from .run import RunContext
 
 
 class StreamingSession:
@@ -23,11 +20,11 @@ class StreamingSession:
     itself. Once `complete` or `error` has been sent, later frames are dropped.
     """
 
-    def __init__(self, run: RunContext, sink: FrameSink, *, start_seq: int = 0) -> None:
+    def __init__(self, run: Run, sink: FrameSink) -> None:
         self._run = run
         self._sink = sink
-        self._seq = start_seq
-        """The last seq sent (a resumed durable run goes on from its first life's last one)."""
+        self._seq = 0
+        """The last seq sent."""
         self._closed = False
         self.last_text: str | None = None
 
@@ -94,11 +91,6 @@ class StreamingSession:
     async def _frame(self, kind: str, data: Mapping[str, Any]) -> None:
         if self._closed:
             return
-        run = self._run.root
-        if run.replaying:
-            if kind not in events.TERMINAL:
-                return  # the first life sent it: it is in the journal already
-            run.go_live()
         self._seq += 1
         await self._sink(
             Frame(kind, data, self._run.session_id, self._run.conversation_id, self._seq)

@@ -73,9 +73,10 @@ class ConversationMemory:
     # --- HistoryStore (what the loop calls) ---------------------------------------------------
 
     def locked_read(self, run: Run) -> HistoryRead | None:
-        """`contracts.LockedReader`: the read `load` makes first, for the kernel to offer the
-        conversation's lock, which makes it in the round trip that takes the lock when the
-        history is on the lock's server (PostgreSQL, Redis); `None` for a local history.
+        """`contracts.LockedReader` (the endpoint's `locked_reader`): the read `load` makes
+        first, for the kernel to offer the conversation's lock, which makes it in the round
+        trip that takes the lock when the history is on the lock's server (PostgreSQL, Redis);
+        `None` for a local history.
 
         What the lock delivers serves this run's first `load` only, and only if nothing was
         written to the conversation through this memory in between: nothing outlives the run.
@@ -119,7 +120,8 @@ class ConversationMemory:
                 read.take()
 
     async def newest_seq(self, run: Run) -> int:
-        """`contracts.HistoryMark`: the seq of the conversation's newest stored message.
+        """`contracts.HistoryMark` (the endpoint's `history_mark`): the seq of the
+        conversation's newest stored message.
 
         Read through `since_summary` (every backend has it, and a limit of one makes it one
         small read): the summary checkpoint never covers the newest messages (compaction keeps

@@ -134,6 +134,8 @@ class MemoryPrimitive(Primitive):
             strategy=strategy,
         )
         endpoint.history = memory
+        endpoint.history_mark = memory
+        endpoint.locked_reader = memory
         endpoint.services.set(CONVERSATION_MEMORY_SERVICE, memory)
         endpoint.provide(ConversationMemory, lambda run: memory)
         endpoint.close_hooks.append(

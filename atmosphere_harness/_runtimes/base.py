@@ -143,6 +143,11 @@ class ModelResponse:
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = field(default_factory=Usage)
     stop_reason: str | None = None
+    model: str | None = None
+    """The model that answered, when the runtime knows it (a fallback chain's actual one)."""
+    refusals: Mapping[str, str] = field(default_factory=dict)
+    """Calls the harness refuses to run (call id -> the answer the model gets instead): set by
+    the loop's bounds (`tools.bounds`) right after the runtime answers, never by a runtime."""
 
 
 @runtime_checkable

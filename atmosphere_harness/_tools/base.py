@@ -15,6 +15,7 @@ from pydantic_core import to_jsonable_python
 
 from .._errors import ToolArgumentError
 from .._injection import injectable_type, resolved_hints
+from .._registry import TOOL_MARKER
 from .._runtimes.base import ToolCall, ToolSpec
 
 if TYPE_CHECKING:
@@ -113,7 +114,6 @@ class Tool:
 
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
-TOOL_MARKER = "__atmosphere_tool__"
 
 
 @dataclass(frozen=True, slots=True)

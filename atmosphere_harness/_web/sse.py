@@ -2,7 +2,7 @@
 every transport (SSE, WebSocket, AG-UI) reads a run.
 
 The run executes in its own task and writes its frames into a live-run journal
-(`kernel.journal`) that the response follows. A slow client therefore slows the run
+(`kernel.live`) that the response follows. A slow client therefore slows the run
 down (back-pressure) instead of growing memory; a client that stops reading for `SEND_TIMEOUT`
 seconds, or disconnects, cancels the run, unless the run is waiting for an approval: then it
 outlives the connection and a client re-attaches with `GET P/conversations/{id}/events`.
@@ -27,7 +27,7 @@ from .._contracts import LiveRunHandle
 from .._events import Frame
 from .._kernel.endpoint import HostedEndpoint
 from .._kernel.host import HarnessHost
-from .._kernel.journal import RESTARTING, STOPPING
+from .._kernel.live import RESTARTING, STOPPING
 from .._log import get_logger
 
 log = get_logger(__name__)

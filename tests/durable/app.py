@@ -44,6 +44,18 @@ from atmosphere_harness._runtimes.base import (
 from atmosphere_harness._web.deps import user_id_from_header
 
 PATH = "/atmosphere/agent/durable"
+DEPTH = 1200
+"""How deep the `deep` scenario's tool call nests its arguments (past any JSON encoder's
+recursion, and past `tools.bounds.MAX_ARGUMENT_DEPTH`)."""
+
+
+def nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth):
+        value = {"n": value}
+    return value
+
+
 STREAMED = ["alpha ", "beta ", "gamma ", "delta ", "epsilon ", "zeta"]
 
 SCRIPTS: dict[str, list[Any]] = {
@@ -56,6 +68,7 @@ SCRIPTS: dict[str, list[Any]] = {
         "between done.",
     ],
     "stream": ["".join(STREAMED)],
+    "deep": [[ToolCall("quick", nested(DEPTH), "call-deep")], "deep done."],
     "followup": ["ok."],
 }
 

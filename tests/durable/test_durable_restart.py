@@ -23,6 +23,8 @@ from typing import Any
 import httpx2
 import pytest
 
+from atmosphere_harness._tools.bounds import MAX_ARGUMENT_DEPTH
+from atmosphere_harness._tools.results import invalid_arguments
 from tests.durable.app import PATH, STREAMED
 from tests.durable.support import (
     INTERRUPTED,
@@ -400,3 +402,20 @@ def test_a_run_whose_conversation_went_on_is_not_resumed(harness: Harness) -> No
         "followup",
     ]
     assert [m[1] for m in history if m[0] == "tool"] == ["rested"]
+
+
+def test_a_call_nested_too_deep_is_refused_as_without_durable_runs(harness: Harness) -> None:
+    # The model's call nests its arguments 1,200 levels deep: the run refuses it (invalid
+    # arguments) and goes on, whether its journal must hold the answer or not.
+    refused = invalid_arguments(
+        "quick", [f"arguments are nested more than {MAX_ARGUMENT_DEPTH} levels deep"]
+    )
+    results: dict[str, list[Any]] = {}
+    for durable in ("false", "true"):
+        harness.start(ATMOSPHERE_DURABLE_RUNS_ENABLED=durable)
+        frames = prompt(harness, f"deep-{durable}", "deep please")
+        results[durable] = [f["data"]["result"] for f in frames if f["event"] == "tool-result"]
+        assert frames[-1]["data"]["summary"] == "deep done."
+        harness.close()
+    assert results["true"] == results["false"] == [refused]
+    assert harness.tool_runs("deep-true") == harness.tool_runs("deep-false") == []

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sqlite3
 import threading
 from collections.abc import AsyncIterator
@@ -20,7 +19,6 @@ from atmosphere_harness._durable.log import (
     MAX_PARTS,
     RAW_FROM,
     SEPARATE_FROM,
-    SPARE_LOGS,
     Lifted,
     RunLogs,
     decode_payload,
@@ -29,7 +27,7 @@ from atmosphere_harness._durable.log import (
     pack_parts,
 )
 from atmosphere_harness._jsontext import compact_json
-from atmosphere_harness._kernel.journal import encode
+from atmosphere_harness._kernel.writer import encode
 
 
 def stored(run_id: str = "run-1") -> StoredRun:
@@ -151,41 +149,7 @@ def spares_of(tmp_path: Path) -> list[Path]:
     return sorted((tmp_path / "atmosphere.db-runs").glob("*.spare"))
 
 
-async def test_a_new_run_starts_in_a_spare_log_made_off_the_loop(tmp_path: Path) -> None:
-    store = SqliteRunStore.under(tmp_path)
-    await store.open()
-    try:
-        spares = spares_of(tmp_path)
-        assert len(spares) == SPARE_LOGS  # made by `open`, on the database thread
-        inodes = {spare.stat().st_ino for spare in spares}
-        assert store.append_now("run-1", [frame(1)], [], create=stored(), owner="me")
-        [log] = logs_of(tmp_path)
-        assert log.stat().st_ino in inodes  # a spare renamed into place, not a new file
-        assert len(spares_of(tmp_path)) == SPARE_LOGS - 1
-        await store.finish("run-1")  # the database thread makes the next ones
-        assert len(spares_of(tmp_path)) == SPARE_LOGS
-        assert logs_of(tmp_path) == []
-    finally:
-        await store.aclose()
-    assert spares_of(tmp_path) == []  # a closed store leaves none behind
-
-
-async def test_a_spare_removed_by_someone_else_is_skipped_and_the_log_created(
-    tmp_path: Path,
-) -> None:
-    store = SqliteRunStore.under(tmp_path)
-    await store.open()
-    try:
-        for spare in spares_of(tmp_path):
-            spare.unlink()  # (another process's sweep took them for a dead one's)
-        assert store.append_now("run-1", [frame(1)], [], create=stored(), owner="me")
-        assert store.append_now("run-1", [frame(2)], [], owner="me")
-        assert [f.seq for f in (await store.load("run-1", 10))[1]] == [1, 2]
-    finally:
-        await store.aclose()
-
-
-async def test_open_sweeps_the_spares_of_processes_that_are_gone(tmp_path: Path) -> None:
+async def test_open_sweeps_the_spares_an_earlier_version_left(tmp_path: Path) -> None:
     directory = tmp_path / "atmosphere.db-runs"
     directory.mkdir()
     gone = directory / "999999999-0a1b2c.spare"  # (no such pid)
@@ -196,35 +160,10 @@ async def test_open_sweeps_the_spares_of_processes_that_are_gone(tmp_path: Path)
     await store.open()
     try:
         assert not gone.exists()
-        assert alive.exists()
-        assert len(spares_of(tmp_path)) == SPARE_LOGS + 1
+        assert spares_of(tmp_path) == [alive]  # none made any more
     finally:
         await store.aclose()
     assert spares_of(tmp_path) == [alive]
-
-
-async def test_a_refused_spare_fails_neither_open_nor_finish_and_the_run_makes_its_log(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    real_open = os.open
-
-    def full_for_spares(path: Any, *args: Any, **options: Any) -> int:
-        if str(path).endswith(".spare"):
-            raise OSError(28, "No space left on device")
-        return real_open(path, *args, **options)
-
-    monkeypatch.setattr(os, "open", full_for_spares)
-    store = SqliteRunStore.under(tmp_path)
-    await store.open()  # its spares refused: no error
-    try:
-        assert spares_of(tmp_path) == []
-        assert store.append_now("run-1", [frame(1)], [], create=stored(), owner="me")
-        assert len(logs_of(tmp_path)) == 1, "created as before"
-        await store.finish("run-1")  # the next spares refused too: no error
-        assert logs_of(tmp_path) == []
-        assert spares_of(tmp_path) == []
-    finally:
-        await store.aclose()
 
 
 @pytest.mark.parametrize(

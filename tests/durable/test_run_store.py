@@ -20,9 +20,13 @@ import pytest
 
 from atmosphere_harness._contracts import LiveRunHandle, StoredRun
 from atmosphere_harness._durable import SqliteRunStore
-from atmosphere_harness._durable.sqlite import INLINE_BYTES, LOG_INLINE_BYTES
+from atmosphere_harness._durable.journal import DurableRuns
+from atmosphere_harness._durable.replay import ENDED
+from atmosphere_harness._durable.sqlite import INLINE_BYTES
 from atmosphere_harness._events import Frame
-from atmosphere_harness._kernel.journal import ENDED, REFERENCE, LiveRuns, _resolved, encode
+from atmosphere_harness._kernel.remote import REFERENCE
+from atmosphere_harness._kernel.remote import resolved as _resolved
+from atmosphere_harness._kernel.writer import encode
 from atmosphere_harness._memory.sqlite import SqliteDatabase
 
 HOST = socket.gethostname()
@@ -81,18 +85,16 @@ async def test_what_is_appended_is_loaded_back(store: SqliteRunStore) -> None:
 async def test_a_small_append_is_written_now_a_large_one_by_the_thread(
     store: SqliteRunStore,
 ) -> None:
-    # A first write (the run's row) up to `INLINE_BYTES`, a write of the log alone up to
-    # `LOG_INLINE_BYTES`: what a fast run of 50 KiB calls groups in one write stays on the loop.
-    grouped = "model text\n" * (INLINE_BYTES // 10)
-    assert not store.append_now("run-1", [frame(1, grouped)], [], create=stored(), owner="me")
+    # Up to `INLINE_BYTES` of payload on the loop, a first write (the run's row) or not.
+    large = "model text\n" * (INLINE_BYTES // 10)
+    assert not store.append_now("run-1", [frame(1, large)], [], create=stored(), owner="me")
     assert store.append_now("run-1", [frame(1)], [], create=stored(), owner="me")
-    assert store.append_now("run-1", [frame(2, grouped)], [])
-    large = "model text\n" * (LOG_INLINE_BYTES // 10)
+    assert store.append_now("run-1", [frame(2, "y" * 1000)], [])
     assert not store.append_now("run-1", [frame(3, large)], [])  # nothing written
     assert [f.seq for f in (await store.load("run-1", 10))[1]] == [1, 2]
     await store.append("run-1", [frame(3, large)], [checkpoint("model:1", {"text": "x"})])
     checkpoints, frames = await store.load("run-1", 10)
-    assert [(f.seq, f.data["text"]) for f in frames] == [(1, "x"), (2, grouped), (3, large)]
+    assert [(f.seq, f.data["text"]) for f in frames] == [(1, "x"), (2, "y" * 1000), (3, large)]
     assert checkpoints == {"model:1": {"text": "x"}}
 
 
@@ -186,7 +188,7 @@ class GatedStore(SqliteRunStore):
 
 async def test_a_reader_never_gets_a_frame_the_store_does_not_hold(tmp_path: Path) -> None:
     store = GatedStore(tmp_path / "atmosphere.db")
-    runs = LiveRuns(store)
+    runs = DurableRuns(store)
     published = asyncio.Event()
 
     value = {"text": "first"}
@@ -222,7 +224,7 @@ async def test_what_a_run_waits_for_is_stored_with_everything_published_before_i
     tmp_path: Path,
 ) -> None:
     store = SqliteRunStore.under(tmp_path)
-    runs = LiveRuns(store)
+    runs = DurableRuns(store)
     seen: list[tuple[list[int], list[str]]] = []
 
     async def journal() -> tuple[list[int], list[str]]:
@@ -256,7 +258,7 @@ async def test_a_started_mark_still_unwritten_when_its_result_comes_is_left_out(
     # two would go in one record: the mark is one payload a model turn need not write. A mark
     # already written stays; one of another call stays.
     store = SqliteRunStore.under(tmp_path)
-    runs = LiveRuns(store)
+    runs = DurableRuns(store)
 
     async def work(live: LiveRunHandle) -> None:
         await live.checkpoint("model:1", {"text": "", "calls": [["a", "t", {}], ["b", "t", {}]]})
@@ -290,7 +292,7 @@ async def test_a_tool_start_with_the_models_arguments_refers_to_them(
     # Stored once (in the model turn), and sent as they were; arguments the tool got changed
     # (an approval's edit) are stored as they are.
     store = SqliteRunStore.under(tmp_path)
-    runs = LiveRuns(store)
+    runs = DurableRuns(store)
     arguments = {"path": "a.txt", "content": "x" * 5000}
     start = {"toolCallId": call_id, "tool": "write_file", "arguments": dict(arguments)}
     edited = {"toolCallId": "other", "tool": "write_file", "arguments": {"path": "b.txt"}}
@@ -317,7 +319,7 @@ async def test_a_tool_start_with_the_models_arguments_refers_to_them(
 async def test_a_tool_result_frame_is_stored_as_it_was_sent(tmp_path: Path, result: str) -> None:
     # Its payload reuses its result checkpoint's JSON when it can (`_tool_result`).
     store = SqliteRunStore.under(tmp_path)
-    runs = LiveRuns(store)
+    runs = DurableRuns(store)
     sent = [
         {"toolCallId": 'c "1" é', "tool": "write_file", "result": result},
         {"toolCallId": "c2", "tool": "write_file", "result": result + "?"},  # not the result
@@ -340,7 +342,7 @@ async def test_a_tool_result_frame_is_stored_as_it_was_sent(tmp_path: Path, resu
 
 async def test_a_stopped_run_is_journalled_ended_before_it_unwinds(tmp_path: Path) -> None:
     store = SqliteRunStore.under(tmp_path)
-    runs = LiveRuns(store)
+    runs = DurableRuns(store)
     in_tool = asyncio.Event()
     seen_while_unwinding: list[str] = []
 
@@ -372,7 +374,7 @@ async def test_a_stopped_run_is_journalled_ended_before_it_unwinds(tmp_path: Pat
 
 
 async def run_to_end(
-    store: SqliteRunStore, runs: LiveRuns, work: Callable[[LiveRunHandle], Awaitable[None]]
+    store: SqliteRunStore, runs: DurableRuns, work: Callable[[LiveRunHandle], Awaitable[None]]
 ) -> list[int]:
     """Open `store`, run `work` as a live run read to its end, close both: the seqs read."""
     await store.open()
@@ -384,7 +386,7 @@ async def run_to_end(
         await store.aclose()
 
 
-def live_run_id(runs: LiveRuns) -> str:
+def live_run_id(runs: DurableRuns) -> str:
     [[live]] = runs._runs.values()
     assert live._writer is not None
     return live._writer.run_id
@@ -400,7 +402,7 @@ async def test_a_run_that_ended_or_was_stopped_is_not_run_again(tmp_path: Path) 
     await store.append("stopped", [frame(1)], stopped, create=stored("stopped"), owner="gone")
     await store.aclose()
     resumed: list[str] = []
-    runs = LiveRuns(SqliteRunStore.under(tmp_path))
+    runs = DurableRuns(SqliteRunStore.under(tmp_path))
 
     async def resume(live: LiveRunHandle, run: StoredRun) -> None:
         resumed.append(run.run_id)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from atmosphere_harness._events import Frame
-from atmosphere_harness._kernel import journal
-from atmosphere_harness._kernel.journal import LiveRun
+from atmosphere_harness._kernel import live as journal
+from atmosphere_harness._kernel.live import LiveRun
 
 
 def frame(seq: int, event: str = "text") -> Frame:

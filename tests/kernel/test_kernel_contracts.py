@@ -15,7 +15,7 @@ from atmosphere_harness._assembly import build_host, default_primitives
 from atmosphere_harness._backends import StateBackends, resolve_backends
 from atmosphere_harness._contracts import Key, TypedMap
 from atmosphere_harness._kernel.host import HarnessHost
-from atmosphere_harness._kernel.journal import LiveRuns
+from atmosphere_harness._kernel.live import LiveRuns
 from atmosphere_harness._kernel.locks import InProcessConversationLocks
 from atmosphere_harness._registry import spec_of
 from tests.agents import echo

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from atmosphere_harness import HarnessSettings, ScriptedRuntime, agent
+from atmosphere_harness._durable.replay import ENDED, SUPERSEDED, DurableReplay
 from atmosphere_harness._events import Frame
 from atmosphere_harness._kernel.endpoint import HostedEndpoint
 from atmosphere_harness._kernel.host import HarnessHost
-from atmosphere_harness._kernel.journal import ENDED
-from atmosphere_harness._kernel.loop import SUPERSEDED
 from atmosphere_harness._kernel.run import execute_prompt
 from atmosphere_harness._memory.history import ConversationKey, InMemoryHistory
 from atmosphere_harness._memory.primitive import MemoryPrimitive
@@ -45,9 +44,19 @@ class Journal:
         self.checkpoints = dict(checkpoints)
         self.start_seq = start_seq
         self.written: dict[str, Any] = {}
+        self.sink: Any = None
 
     async def checkpoint(self, key: str, value: Any, *, wait: bool = False) -> None:
         self.written[key] = value
+
+    async def publish(self, frame: Frame) -> None:
+        await self.sink(frame)
+
+    def bind(self, run: Any) -> Any:
+        return REPLAY.bind(run, self)
+
+
+REPLAY = DurableReplay()
 
 
 @asynccontextmanager
@@ -59,6 +68,7 @@ async def hosted(
         runtime=runtime,
         specs=[spec_of(Chat)],
         primitives=[MemoryPrimitive(history=history)],
+        hooks=[REPLAY],
     )
     await host.start()
     try:
@@ -75,6 +85,9 @@ async def run(
 
     async def sink(frame: Frame) -> None:
         frames.append(frame)
+
+    if journal is not None:
+        journal.sink = sink
 
     await execute_prompt(
         host,

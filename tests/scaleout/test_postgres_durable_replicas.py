@@ -96,6 +96,31 @@ def follow(
     return seen
 
 
+def killed_in_the_tool(replicas: Replicas, conversation: str, message: str) -> list[Frame]:
+    """Replica A runs `message` (a `sleep` scenario) and is SIGKILLed while its tool sleeps:
+    the frames its client got."""
+    replicas.hold(f"{conversation}-tool")
+    before: list[Frame] = []
+    body = {"message": message, "conversationId": conversation}
+    with httpx2.stream("POST", replicas.a.url + PATH, json=body, timeout=WAIT) as response:
+
+        def sleeping(frame: Frame) -> bool:
+            if frame["event"] != "tool-start":
+                return False
+            wait_for(lambda: replicas.tool_runs(conversation) == ["sleepy"], "the tool to start")
+            return True
+
+        # Held until the kill: a generator dropped here would close the connection first, and
+        # A, if it ran before the SIGKILL landed, would stop the run as one its client left
+        # (journalled as ended, which B rightly does not resume).
+        stream = sse_frames(response)
+        read(stream, sleeping, before)
+        replicas.a.kill()
+        stream.close()
+    replicas.release(f"{conversation}-tool")
+    return before
+
+
 def test_replica_b_takes_over_a_run_of_killed_replica_a(replicas: Replicas) -> None:
     for server in (replicas.a, replicas.b):
         info = httpx2.get(server.url + "/api/console/info", timeout=WAIT).json()
@@ -110,25 +135,7 @@ def test_replica_b_takes_over_a_run_of_killed_replica_a(replicas: Replicas) -> N
     prompt(replicas.b, "ref", "followup")
 
     # Replica A runs the prompt; it is SIGKILLed while its (non-idempotent) tool sleeps.
-    replicas.hold("cut-tool")
-    before: list[Frame] = []
-    body = {"message": "sleep now", "conversationId": "cut"}
-    with httpx2.stream("POST", replicas.a.url + PATH, json=body, timeout=WAIT) as response:
-
-        def sleeping(frame: Frame) -> bool:
-            if frame["event"] != "tool-start":
-                return False
-            wait_for(lambda: replicas.tool_runs("cut") == ["sleepy"], "the tool to start")
-            return True
-
-        # Held until the kill: a generator dropped here would close the connection first, and
-        # A, if it ran before the SIGKILL landed, would stop the run as one its client left
-        # (journalled as ended, which B rightly does not resume).
-        stream = sse_frames(response)
-        read(stream, sleeping, before)
-        replicas.a.kill()
-        stream.close()
-    replicas.release("cut-tool")
+    before = killed_in_the_tool(replicas, "cut", "sleep now")
 
     # Replica B, never restarted, claims the run once A's lease ran out, and asks the model for
     # the one turn left.
@@ -152,6 +159,26 @@ def test_replica_b_takes_over_a_run_of_killed_replica_a(replicas: Replicas) -> N
     assert [m for m in cut_history if m[1] != INTERRUPTED] == [
         m for m in ref_history if m[1] != "rested"
     ]
+
+
+def test_a_prompt_holding_a_nul_is_journalled_and_resumed_whole(replicas: Replicas) -> None:
+    # A NUL in the prompt (PostgreSQL's text refuses it as a raw character): the run is
+    # journalled all the same, so replica B resumes it after A is SIGKILLed, and the model
+    # gets the prompt back, NUL included.
+    message = "sleep now\u0000and then"
+    before = killed_in_the_tool(replicas, "nul", message)
+
+    wait_for(lambda: replicas.calls("nul").get(1) == 1, "replica B to resume the run")
+    after = follow(replicas.b, "nul", before[-1]["seq"])
+    assert after[-1]["event"] == "complete", after[-3:]
+    assert [f["data"]["result"] for f in after if f["event"] == "tool-result"] == [INTERRUPTED]
+    resumed = [
+        entry["messages"]
+        for entry in replicas.log("calls.jsonl")
+        if entry["conversation"] == "nul" and entry["round"] == 1
+    ]
+    assert [m[1] for m in resumed[0] if m[0] == "user"] == [message]
+    assert replicas.calls("nul") == {0: 1, 1: 1}
 
 
 def test_an_approval_answered_on_b_while_a_is_dead_is_taken_over_with_the_run(

@@ -19,10 +19,14 @@ from atmosphere_harness import HarnessSettings
 from atmosphere_harness._backends import resolve_backends
 from atmosphere_harness._backends.postgres import PostgresDatabase, PostgresRunStore
 from atmosphere_harness._contracts import LiveRunHandle, StoredRun
+from atmosphere_harness._durable import writer as durable_writer
+from atmosphere_harness._durable.journal import DurableRuns
 from atmosphere_harness._errors import LeaseLost
 from atmosphere_harness._events import Frame
-from atmosphere_harness._kernel import journal, remote
-from atmosphere_harness._kernel.journal import LiveRuns, encode
+from atmosphere_harness._kernel import live as live_runs
+from atmosphere_harness._kernel import remote
+from atmosphere_harness._kernel.live import LiveRuns
+from atmosphere_harness._kernel.writer import encode
 
 from .postgres_service import create_database, drop_database
 
@@ -226,14 +230,14 @@ async def test_another_replica_finds_and_reads_a_run(stores: list[PostgresRunSto
 
 
 def test_the_remote_reader_resolves_references_as_the_journal_writes_them() -> None:
-    assert remote.REFERENCE == journal.REFERENCE
+    assert remote.REFERENCE == durable_writer.REFERENCE
 
 
 async def test_a_replica_that_lost_its_run_stops_it_without_a_trace(
     stores: list[PostgresRunStore],
 ) -> None:
     a, b = stores
-    runs = LiveRuns(a, lease_seconds=60)
+    runs = DurableRuns(a, lease_seconds=60)
     go_on = asyncio.Event()
 
     async def work(handle: LiveRunHandle) -> None:
@@ -252,7 +256,7 @@ async def test_a_replica_that_lost_its_run_stops_it_without_a_trace(
     [taken] = await b.claim("b", 60, 10)
     go_on.set()
     moved = await asyncio.wait_for(anext(reader), 30)
-    assert (moved.event, moved.data["message"]) == ("error", journal.MOVED)
+    assert (moved.event, moved.data["message"]) == ("error", live_runs.MOVED)
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(asyncio.shield(live.task), 30)  # type: ignore[arg-type]
     assert live.suspended  # no history write, no `complete`

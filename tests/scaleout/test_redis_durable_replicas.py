@@ -16,6 +16,7 @@ import pytest
 
 from tests.scaleout.test_postgres_durable_replicas import (  # noqa: F401
     Replicas,
+    test_a_prompt_holding_a_nul_is_journalled_and_resumed_whole,
     test_a_superseded_run_closes_its_shared_approval,
     test_an_approval_answered_on_b_while_a_is_dead_is_taken_over_with_the_run,
     test_events_on_b_replay_and_follow_a_run_executing_on_a,

@@ -27,7 +27,7 @@ from atmosphere_harness._backends.redis import (
 from atmosphere_harness._backends.redis.connection import digest
 from atmosphere_harness._errors import HarnessError, PlanBusFull, RedisUnavailable
 from atmosphere_harness._governance.approvals import Answer, AnswerStatus
-from atmosphere_harness._kernel.journal import LiveRuns
+from atmosphere_harness._kernel.live import LiveRuns
 from atmosphere_harness._memory.history import ConversationKey, HistoryRead
 from atmosphere_harness._planning.bus import PlanEvent
 from atmosphere_harness._runtimes.base import Message

@@ -19,7 +19,7 @@ from atmosphere_harness._backends.redis import (
 )
 from atmosphere_harness._backends.redis import runs as redis_runs
 from atmosphere_harness._governance.approvals import Answer, AnswerStatus, PendingApproval
-from atmosphere_harness._kernel.journal import LiveRuns
+from atmosphere_harness._kernel.live import LiveRuns
 
 # The contract tests of the PostgreSQL store, run on Redis through the `stores` fixture below.
 from tests.scaleout.test_postgres_runs import (  # noqa: F401

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from atmosphere_harness._kernel.journal import ABANDONED
+from atmosphere_harness._kernel.feed import ABANDONED
 from tests.durable.app import PATH
 from tests.durable.support import (
     WAIT,

@@ -26,9 +26,11 @@ from atmosphere_harness._backends.redis import runs as redis_runs
 from atmosphere_harness._contracts import FEED_OWNER, LiveRunHandle, StoredRun
 from atmosphere_harness._errors import LeaseLost
 from atmosphere_harness._events import Frame
-from atmosphere_harness._kernel import journal
-from atmosphere_harness._kernel.journal import ABANDONED, STOPPED, LiveRuns, encode
+from atmosphere_harness._kernel import feed as journal
+from atmosphere_harness._kernel.feed import ABANDONED, STOPPED
+from atmosphere_harness._kernel.live import LiveRuns
 from atmosphere_harness._kernel.remote import RemoteRun
+from atmosphere_harness._kernel.writer import encode
 
 from .postgres_service import create_database, drop_database
 from .redis_service import url_for
@@ -197,7 +199,7 @@ async def test_feed_mode_shares_frames_without_checkpoints_and_never_resumes(
         go_on = asyncio.Event()
 
         async def work(handle: LiveRunHandle) -> None:
-            await handle.checkpoint("model:0", {"calls": []})  # no-op: the feed is frames only
+            # (A feed's run has no checkpoints to give: only a durable run journals them.)
             await handle.publish(Frame("text", {"text": "one"}, "s", "live", 1))
             await go_on.wait()
             await handle.publish(Frame(events.COMPLETE, {"summary": "ok"}, "s", "live", 2))

@@ -14,12 +14,12 @@ connection) serves every store; the host opens it before the primitives start.
 | conversation history | `PostgresHistory` |
 | long-term memory | `PostgresLongTermMemory` (`tsvector` search, unique facts) |
 | workspace files | `PostgresWorkspaceStores` (rows, `PostgresAgentFileSystem`) |
-| durable runs, or the frame feed | `PostgresRunStore` behind `kernel.journal.LiveRuns` |
+| durable runs, or the frame feed | `PostgresRunStore` behind `durable.DurableRuns` |
 
 The workspace stores hold conversation workspaces and `/memories` when
 `ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres`, and `prefix=postgres:` composite routes always.
 
-Without durable runs the same `PostgresRunStore` is the frame feed (`kernel.journal`): a run's
+Without durable runs the same `PostgresRunStore` is the frame feed (`kernel.feed`): a run's
 frames are shared, not journalled, so any replica can follow a run another one executes.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..._errors import BackendUnavailable, LeaseLost
 from ..._settings import HarnessSettings, WorkspaceBackend
-from .. import StateBackends, shared_runs
+from ..state import StateBackends, shared_runs
 from .approvals import PostgresApprovalStore
 from .bus import PostgresPlanBus
 from .database import PostgresDatabase, redact

@@ -9,7 +9,7 @@ updates and, with durable runs off, the run frame feed.
 One `RedisConnection` (pool + key prefix) is shared by every part and listed in
 `StateBackends.resources`: the host pings it at start-up, so an unreachable URL fails there, and
 closes it last. With durable runs on, the run journal is `RedisRunStore` behind
-`kernel.journal.LiveRuns` (a resumed run's approvals are reopened under their id); with them
+`durable.DurableRuns` (a resumed run's approvals are reopened under their id); with them
 off, the same store is the frame feed (any replica follows a run another one executes).
 
 Needs a standalone Redis 7 or later (Sentinel works; Cluster does not: the scripts touch keys
@@ -22,7 +22,7 @@ import dataclasses
 
 from ..._errors import RedisUnavailable
 from ..._settings import HarnessSettings
-from .. import StateBackends, shared_runs
+from ..state import StateBackends, shared_runs
 from .approvals import RedisApprovalStore
 from .bus import RedisPlanBus
 from .connection import RedisConnection

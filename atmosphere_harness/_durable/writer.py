@@ -1,0 +1,207 @@
+"""`DurableWriter`: a durable run's frames and checkpoints written to its `RunStore`.
+
+It groups writes as every `kernel.writer.StoreWriter` does (what comes while a write is in
+flight goes in the next one), and adds what a durable journal needs:
+
+- checkpoints, in order with the frames: a model turn or a call's result is written with the
+  frame the kernel publishes right after it (`FOLLOWED`); the others (an approval, its answer,
+  the history mark, `ENDED`) at once; a call's `started` mark with the next write, and not at
+  all if the call's result comes first (`_moot`);
+- a `tool-start` frame whose arguments are the model's own refers to the model turn's
+  checkpoint instead of repeating them (`kernel.remote.REFERENCE`): a large argument is
+  stored once;
+- with a store that can write on the event loop (`contracts.RunStore.now`), writes are made
+  right there, synchronously, at most once per `GROUP_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from .. import _events as events
+from .._contracts import RunStoreNow
+from .._events import Frame
+from .._jsontext import compact_json
+from .._kernel.remote import REFERENCE
+from .._kernel.writer import StoreWriter, encode
+
+FOLLOWED = ("model:", "result:")
+"""Checkpoints the kernel publishes right before a frame: a model turn (then its calls'
+`tool-start` or the run's end), a call's result (then its `tool-result`)."""
+GROUP_SECONDS = 0.002
+"""With a `RunStoreNow`, the least time between two writes of one run's frames: a burst of them
+(an instant model, a batch of fast tools) shares writes; a frame waits at most this long."""
+STARTED = "started:"
+"""A call's mark that its handler is about to run: it matters on a restart only for a tool that
+must not run twice, whose executor waits until it is stored (`flushed`); the others run again
+either way, so theirs goes with the run's next write, and not at all if the call's result comes
+before that write (`_StoreWriter.checkpoint`)."""
+RESULT = "result:"
+"""A call's result (`result:<turn>:<call>`, its `started:<turn>:<call>` mark before it)."""
+
+
+_STRING = compact_json(check_circular=False)
+"""`encode` of a string (it has no cycle to check for)."""
+_REFERENCE_KEY = _STRING(REFERENCE)
+
+
+class DurableWriter(StoreWriter):
+    """One durable run's writes to its store, grouped: what comes while a write is in flight
+    goes in the next one. Readers are told each stored seq (`on_stored`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        store = self.store
+        self._now = store if isinstance(store, RunStoreNow) else None
+        """The store, if it can write on the event loop (see `_kick`)."""
+        self._encode = self._now.encode if self._now is not None else encode
+        """How payloads are encoded for the store (JSON text, or the store's own form of it)."""
+        self._true = self._encode(True)
+        """`True` encoded once: a call's `started` mark when it runs with the model's own
+        arguments (most calls)."""
+        self._soon: asyncio.Handle | None = None
+        """The write of what waits for a later one, while one is due (see `_kick`)."""
+        self._next_write = 0.0
+        """Loop time before which a publish waits for a later write (see `_kick`)."""
+        self._calls: dict[str, tuple[str, Any]] = {}
+        """The last model turn's calls: id -> (its checkpoint key, its arguments)."""
+        self._result: tuple[Any, str] | None = None
+        """The last call result journalled, and its payload (see `_tool_result`)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The run's loop, once known (`asyncio.get_running_loop` costs a `getpid()` call)."""
+
+    # Encoded now, when published: what is journalled is what was sent, whatever changes later.
+
+    def frame_payload(self, frame: Frame) -> str:
+        if frame.event == events.TOOL_START:
+            return self._tool_start(frame.data)
+        if frame.event == events.TOOL_RESULT:
+            return self._tool_result(frame.data)
+        return self._encode(frame.data)
+
+    def checkpoint(self, key: str, value: Any) -> None:
+        if key.startswith("model:") and isinstance(value, Mapping):
+            self._calls = {
+                str(call[0]): (key, call[2]) for call in value.get("calls") or () if len(call) == 3
+            }
+        payload = self._true if value is True else self._encode(value)
+        if key.startswith(RESULT):
+            if self._checkpoints:
+                self._moot(STARTED + key[len(RESULT) :])
+            self._result = (value, payload)
+        self._checkpoints.append((key, payload))
+        if key.startswith(STARTED):
+            return  # with the next write (`flushed` writes it now for a caller that waits)
+        # The others (an approval, its answer, the history mark, `ENDED`) are written at once:
+        # `ENDED`, for one, must be stored before the stopped run unwinds and writes anything.
+        held = key.startswith(FOLLOWED)
+        self._kick(hold=held, now=not held)
+
+    def _tool_start(self, data: Mapping[str, Any]) -> str:
+        """A `tool-start` frame's payload. When its arguments are the model's own, they refer
+        to the model turn's checkpoint (`REFERENCE`) instead of repeating them. The kernel's
+        shape of such a frame (call id, tool, arguments) is spelled out around its strings,
+        each encoded alone: plain JSON, which every store takes, for under half the cost of
+        building the referring dict and encoding it (once per call of every durable run)."""
+        call_id, tool = data.get("toolCallId"), data.get("tool")
+        known = self._calls.get(str(call_id))
+        if known is None or data.get("arguments") != known[1]:
+            return self._encode(data)
+        if len(data) == 3 and type(call_id) is str and type(tool) is str:
+            return (
+                f'{{"toolCallId":{_STRING(call_id)},"tool":{_STRING(tool)},'
+                f'"arguments":{{{_REFERENCE_KEY}:{_STRING(known[0])}}}}}'
+            )
+        return self._encode({**data, "arguments": {REFERENCE: known[0]}})
+
+    def _tool_result(self, data: Mapping[str, Any]) -> str:
+        """A `tool-result` frame's payload: the kernel's shape of it (call id, tool, result)
+        spelled out around the JSON its result checkpoint got just before, when that is plain
+        JSON text (a long result is in the store's own form, `RunStoreNow.encode`: encoded
+        again here)."""
+        call_id, tool = data.get("toolCallId"), data.get("tool")
+        last = self._result
+        if (
+            last is not None
+            and len(data) == 3
+            and data.get("result") is last[0]
+            and type(call_id) is str
+            and type(tool) is str
+            and last[1][:1] == '"'
+        ):
+            return f'{{"toolCallId":{_STRING(call_id)},"tool":{_STRING(tool)},"result":{last[1]}}}'
+        return self._encode(data)
+
+    def _moot(self, started: str) -> None:
+        """Leave out the `started` mark still waiting for a write when its call's result is
+        journalled: the result goes in the same write (one record, whole or not at all), and a
+        restart that finds a result replays it without ever reading the mark. A mark someone
+        waited for (a tool that must not run twice) was written before its tool ran. One
+        payload fewer per model turn: a built-in's calls (most of them) finish within the
+        group's time (`GROUP_SECONDS`)."""
+        pending = self._checkpoints
+        for index in range(len(pending) - 1, -1, -1):
+            if pending[index][0] == started:
+                del pending[index]
+                return
+
+    def _kick(self, *, hold: bool = False, now: bool = False) -> None:
+        """Start writing what is pending, unless a write is in flight (it takes it next).
+
+        With a `RunStoreNow`, the write is made right here on the loop, synchronously (one
+        left for later runs while the run waits for something, often a tool in a worker
+        thread, and the two fight over the GIL). Frames are written at most once per
+        `GROUP_SECONDS`: one that comes sooner waits for the next publish past it (or a timer,
+        if the run goes quiet). A `hold` (a checkpoint the kernel publishes right before a
+        frame) waits for that frame, at the latest until the end of this step of the event
+        loop (or the group's time); `now` writes at once."""
+        if self.lost:
+            self._frames.clear()
+            self._checkpoints.clear()
+            return
+        if self._task is None or self._task.done():
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            if self._now is not None:
+                due = self._next_write
+                if not now and (hold or loop.time() < due):
+                    if self._soon is None:
+                        self._soon = loop.call_at(due, self._drain_soon)
+                    return
+                if self._write_now():
+                    self._next_write = loop.time() + GROUP_SECONDS
+                    return
+            self._task = loop.create_task(self._drain(), name=f"journal:{self.run_id}")
+
+    def _drain_soon(self) -> None:
+        self._soon = None
+        if self._frames or self._checkpoints or self._create is not None:
+            self._kick(now=True)
+
+    def _write_now(self) -> bool:
+        """Write what is pending right here through `RunStoreNow`; `False` if the store
+        could not (nothing written)."""
+        if self._now is None:
+            return False
+        frames, checkpoints, create = self._frames, self._checkpoints, self._create
+        try:
+            if not self._now.append_now(
+                self.run_id,
+                frames,
+                checkpoints,
+                create=create,
+                owner=self.owner,
+                lease_seconds=self.lease_seconds,
+            ):
+                return False
+        except Exception:
+            return False  # `append` says it (and logs it) the usual way
+        self._frames, self._checkpoints, self._create = [], [], None
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
+        self.stored(frames)
+        return True

@@ -1,0 +1,618 @@
+"""Live runs: a prompt run decoupled from the connection that started it.
+
+A run started through `LiveRuns.start` writes its frames into a bounded journal instead of
+straight into one connection. Readers follow the journal (`LiveRun.follow(after=seq)`): the
+`POST P` stream is the first reader, and a client that lost its stream re-attaches with
+`GET P/conversations/{id}/events` and `Last-Event-ID`, getting every frame after that seq.
+
+Rules, in order:
+
+- back-pressure: while a reader is attached, the run waits when the slowest reader is a whole
+  journal (`JOURNAL_FRAMES`) behind, so a slow client slows the run instead of growing memory;
+- a run whose last reader leaves is cancelled, as a plain stream's run always was, unless
+  something holds it (`LiveRun.hold()`): a call waiting for a person's approval does, so the run
+  outlives its connection until the approval is answered or expires;
+- once held past its connection, a run goes on to its end (a person acted on it); its frames wait
+  in the journal for a reader;
+- a journal keeps its last `JOURNAL_FRAMES` frames, and drops its oldest frames (once every
+  attached reader has them) beyond `JOURNAL_BYTES`; finished runs are kept (the newest
+  `KEPT_FINISHED_RUNS`, for `KEEP_FINISHED_SECONDS`) so a client that reconnects after the end
+  still gets it.
+
+Journals are in this process's memory: a restart forgets them. With a shared store that is a
+`contracts.RunFeed` (`feed`, durable runs off), frames are also shared there so that other
+replicas can follow a run (`kernel.feed`). Durable runs (`durable.DurableRuns`) extend this
+journal: every frame is written to a `RunStore` before any reader gets it, and runs outlive the
+process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import socket
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mapping
+from typing import Any
+
+from .. import _events as events
+from .._contracts import (
+    FEED_OWNER,
+    FrameSink,
+    LiveRunHandle,
+    Run,
+    RunFeed,
+    RunHooks,
+    RunStore,
+    StoredRun,
+)
+from .._events import Frame
+from .._log import get_logger
+from .feed import STOPPED, FeedStore, FeedWriter, abandon
+from .remote import RemoteRun, resolved
+from .writer import StoreWriter
+
+log = get_logger(__name__)
+
+JOURNAL_FRAMES = 2048
+JOURNAL_BYTES = 2 * 1024 * 1024
+"""Roughly (the frames' text, not their JSON) what one journal keeps of frames already read."""
+KEPT_FINISHED_RUNS = 32
+KEEP_FINISHED_SECONDS = 600.0
+RUNS_PER_CONVERSATION = 4
+LEASE_SECONDS = 15.0
+"""How long a run's owner may go silent before its lease runs out (another process then takes a
+durable run over, or ends a followed one)."""
+RESTARTING = "server is restarting; the run resumes"
+STOPPING = "server is shutting down; the run was stopped"
+MOVED = "another server took this run over; re-attach to follow it"
+
+Work = Callable[[LiveRunHandle], Coroutine[Any, Any, Any]]
+
+
+class LiveRun:
+    """One prompt run, its journal of frames, its readers and what holds it alive."""
+
+    def __init__(
+        self,
+        path: str,
+        conversation_id: str,
+        user_id: str | None,
+        capacity: int = JOURNAL_FRAMES,
+        *,
+        session_id: str | None = None,
+        writer: StoreWriter | None = None,
+        frames: list[Frame] | None = None,
+        feed: StoreWriter | None = None,
+    ) -> None:
+        self.path = path
+        self.conversation_id = conversation_id
+        self.user_id = user_id
+        self.capacity = capacity
+        self.session_id: str | None = session_id
+        self.task: asyncio.Task[object] | None = None
+        self.finished_at: float | None = None
+        self.detached = False
+        """A resumed run: nobody started it in this process, so no reader leaving stops it."""
+        self._writer = writer
+        """A durable journal's writer: readers only get the frames it stored."""
+        self._feed = feed
+        """The frame feed: frames shared for other replicas' readers, never waited for."""
+        self._suspended = False
+        self._interrupt: str | None = None
+        self._frames: deque[Frame] = deque(maxlen=capacity)
+        self._sizes: deque[int] = deque(maxlen=capacity)
+        self._bytes = 0
+        self._readers: dict[int, int] = {}
+        """Reader token -> the last seq it took."""
+        self._tokens = itertools.count()
+        self._holds = 0
+        self._wake = asyncio.Event()
+        self._writer_waiting = False
+        self._stored_seq = 0
+        """Durable: the last seq the store holds; readers never get past it."""
+        self._start_seq = 0
+        for frame in frames or ():
+            self._frames.append(frame)
+            self._sizes.append(_size(frame))
+            self._bytes += self._sizes[-1]
+        if self._frames:
+            self._start_seq = self._stored_seq = self._frames[-1].seq
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+    @property
+    def durable(self) -> bool:
+        return self._writer is not None
+
+    @property
+    def suspended(self) -> bool:
+        return self._suspended
+
+    @property
+    def start_seq(self) -> int:
+        """The seq of the last frame a resumed run's first life journalled (0 for a new run)."""
+        return self._start_seq
+
+    @property
+    def readers(self) -> int:
+        return len(self._readers)
+
+    @property
+    def held(self) -> bool:
+        return self._holds > 0
+
+    # --- the writer side ---------------------------------------------------------------------
+
+    async def publish(self, frame: Frame) -> None:
+        """The run's frame sink: waits while the slowest attached reader is a journal behind."""
+        while self._readers and min(self._readers.values()) <= frame.seq - self.capacity:
+            self._writer_waiting = True
+            try:
+                await self._changed()
+            finally:
+                self._writer_waiting = False
+        if self.session_id is None:
+            self.session_id = frame.session_id
+        if len(self._frames) == self.capacity:
+            self._bytes -= self._sizes[0]
+        size = _size(frame)
+        self._frames.append(frame)
+        self._sizes.append(size)
+        self._bytes += size
+        self._trim()
+        if self._writer is not None:
+            # Readers get it once the store holds it (`_stored`), not before.
+            self._writer.frame(frame)
+            return
+        if self._feed is not None:
+            self._feed.frame(frame)
+        self._signal()
+
+    def bind(self, run: Run) -> FrameSink:
+        """`contracts.LiveRunHandle.bind`: the run's frames come straight here."""
+        return self.publish
+
+    def _stored(self, seq: int) -> None:
+        """The store holds every frame up to `seq`: readers may have them."""
+        if seq > self._stored_seq:
+            self._stored_seq = seq
+            self._signal()
+
+    def interrupt(self, message: str) -> None:
+        """End every reader with an `error` frame (shutdown); a durable run is suspended."""
+        if self.finished or self._interrupt is not None:
+            return
+        self._interrupt = message
+        self._suspended = self.durable
+        self._signal()
+
+    def _trim(self) -> None:
+        """Drop the oldest frames past the byte budget, never one an attached reader lacks."""
+        read = min(self._readers.values()) if self._readers else None
+        while len(self._frames) > 1 and self._bytes > JOURNAL_BYTES:
+            if read is not None and self._frames[0].seq > read:
+                return
+            self._frames.popleft()
+            self._bytes -= self._sizes.popleft()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Keep the run alive while the block runs, even if every reader leaves."""
+        self._holds += 1
+        try:
+            yield
+        finally:
+            self._holds -= 1
+
+    def finish(self) -> None:
+        self.finished_at = time.monotonic()
+        self._trim()
+        self._signal()
+
+    # --- the reader side ---------------------------------------------------------------------
+
+    async def follow(self, after: int = 0) -> AsyncGenerator[Frame, None]:
+        """Every frame with a seq above `after`, then each new one, until the run ends.
+
+        Frames that fell out of the journal are skipped. When the reader leaves (it is closed
+        or cancelled) and it was the last one, the run is cancelled unless it is held.
+        """
+        token = next(self._tokens)
+        self._readers[token] = after
+        try:
+            while True:
+                batch = self._after(self._readers[token])
+                if batch:
+                    for frame in batch:
+                        # Advance per frame, not per batch: a reader stalled inside a batch
+                        # must keep holding the writer back (bounded memory per slow client).
+                        self._readers[token] = frame.seq
+                        if self._writer_waiting:
+                            self._signal()
+                        yield frame
+                    continue
+                if self._interrupt is not None and not self.finished:
+                    # Not journalled: the run goes on (in its next life, when durable).
+                    yield Frame(
+                        events.ERROR,
+                        {"message": self._interrupt, "type": "ServerShutdown"},
+                        self.session_id or "",
+                        self.conversation_id,
+                        self._readers[token],
+                    )
+                    return
+                if self.finished:
+                    return
+                await self._changed()
+        finally:
+            del self._readers[token]
+            self._trim()
+            self._signal()
+            self._reader_left()
+
+    def _after(self, seq: int) -> list[Frame]:
+        # Seqs are contiguous within the journal, so the first one after `seq` is found by index.
+        if not self._frames:
+            return []
+        start = max(0, seq - self._frames[0].seq + 1)
+        if self._writer is None:
+            return list(itertools.islice(self._frames, start, None))
+        stop = self._stored_seq - self._frames[0].seq + 1
+        return list(itertools.islice(self._frames, start, max(start, stop)))
+
+    def _reader_left(self) -> None:
+        if self._readers or self.finished or self.task is None or self.task.done():
+            return
+        if self.detached and not self._suspended:
+            return
+        if self.held:
+            log.info(
+                "client left while the run waits for an approval; the run continues",
+                endpoint=self.path,
+                conversation=self.conversation_id,
+            )
+            return
+        if not self._suspended:
+            self.stopped_by_client()
+        self.task.cancel()
+
+    def stopped_by_client(self) -> None:
+        """Its last reader left and nothing holds it: it is cancelled right after this (a
+        durable run journals first that it ended, so that a restart does not run it again)."""
+
+    # --- wake-ups ----------------------------------------------------------------------------
+
+    def _signal(self) -> None:
+        wake, self._wake = self._wake, asyncio.Event()
+        wake.set()
+
+    async def _changed(self) -> None:
+        await self._wake.wait()
+
+
+class LiveRuns:
+    """The app's live (and recently finished) runs, by endpoint path and conversation.
+
+    The embedded `contracts.RunJournal`: journals live in this process's memory; with a `feed`
+    (durable runs off, a shared store), frames are also shared there for other replicas to
+    follow (see the module docstring). `durable.DurableRuns` is the durable one.
+    """
+
+    def __init__(
+        self,
+        *,
+        feed: RunStore | None = None,
+        lease_seconds: float = LEASE_SECONDS,
+        keep_seconds: float = KEEP_FINISHED_SECONDS,
+    ) -> None:
+        self.feed = feed
+        """The frame feed's store (durable runs off): frames only, for other replicas."""
+        self.lease_seconds = lease_seconds
+        self.keep_seconds = keep_seconds
+        self.owner = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex}"
+        """This process as a lease owner (`host/pid/token`, see `RunStore`)."""
+        if feed is not None:
+            self.owner = FEED_OWNER + self.owner
+        self._runs: dict[tuple[str, str], list[LiveRun]] = {}
+        self._finished: OrderedDict[int, LiveRun] = OrderedDict()
+        self._keeper: asyncio.Task[None] | None = None
+        self._closers: set[asyncio.Task[None]] = set()
+        self._opened = False
+
+    store: RunStore | None = None
+    """The store durable runs are journalled in (`durable.DurableRuns`); `None` here."""
+
+    @property
+    def durable(self) -> bool:
+        return False
+
+    @property
+    def store_name(self) -> str | None:
+        return None
+
+    @property
+    def hooks(self) -> RunHooks | None:
+        return None
+
+    @property
+    def shared(self) -> RunStore | None:
+        """The store other replicas read this journal's runs from, if any."""
+        return self.feed
+
+    def start(
+        self,
+        work: Work,
+        *,
+        path: str,
+        conversation_id: str,
+        user_id: str | None,
+        session_id: str | None = None,
+        message: str = "",
+    ) -> LiveRun:
+        """Run `work(live)` in its own task, writing its frames into a new journal."""
+        live = self._new_run(path, conversation_id, user_id, session_id or None, message)
+        return self._launch(live, work)
+
+    def _new_run(
+        self, path: str, conversation_id: str, user_id: str | None, session_id: str | None, _: str
+    ) -> LiveRun:
+        feed = None
+        if self.feed is not None:
+            session_id = session_id or uuid.uuid4().hex
+            record = self._record(path, conversation_id, user_id, session_id, "")
+            feed = FeedWriter(
+                FeedStore(self.feed),
+                record.run_id,
+                owner=self.owner,
+                lease_seconds=self.lease_seconds,
+                create=record,
+            )
+        return LiveRun(path, conversation_id, user_id, session_id=session_id, feed=feed)
+
+    @staticmethod
+    def _record(
+        path: str, conversation_id: str, user_id: str | None, session_id: str, message: str
+    ) -> StoredRun:
+        return StoredRun(
+            run_id=uuid.uuid4().hex,
+            path=path,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            session_id=session_id,
+            message=message,
+            started_at=time.time(),
+        )
+
+    def _launch(self, live: LiveRun, work: Work) -> LiveRun:
+        if live._writer is not None:
+            live._writer.on_stored = live._stored
+            live._writer.on_lost = lambda: self._lost(live)
+        live.task = asyncio.get_running_loop().create_task(
+            work(live), name=f"prompt:{live.path}:{live.conversation_id}"
+        )
+        live.task.add_done_callback(lambda _: self._finish(live))
+        runs = self._runs.setdefault((live.path, live.conversation_id), [])
+        runs.append(live)
+        self._trim(runs)
+        return live
+
+    async def find(
+        self, path: str, conversation_id: str, *, session_id: str | None = None
+    ) -> LiveRunHandle | None:
+        """The run `session_id` names, else the oldest unfinished run, else the newest one.
+
+        Runs of this process first; with a store (or frame feed) that is a `RunFeed`, a run that
+        another replica executes is found there and followed from it (`kernel.remote.RemoteRun`)."""
+        local = self._find_local(path, conversation_id, session_id)
+        shared = self.shared
+        feed: object = shared
+        if shared is None or not isinstance(feed, RunFeed):
+            return local
+        if (
+            local is not None
+            and not local.finished
+            and (session_id is None or local.session_id == session_id)
+        ):
+            return local
+        try:
+            found = await feed.latest(path, conversation_id, session_id=session_id)
+        except Exception:
+            log.warning("could not look for the run in the shared journal", exc_info=True)
+            return local
+        if found is None:
+            return local
+        stored, finished = found
+        if local is not None and (finished or local.session_id == stored.session_id):
+            return local
+        if finished:
+            # Ended on another replica: followable while its frames are kept (a client that
+            # re-attaches just after the end gets the tail), else the history has it.
+            try:
+                kept, _ = await feed.frames_after(stored.run_id, 0, 1)
+            except Exception:
+                log.warning("could not read the run from the shared journal", exc_info=True)
+                return None
+            if not kept:
+                return None
+        return RemoteRun(feed, stored, resolved, shared, durable=self.durable)
+
+    def _find_local(
+        self, path: str, conversation_id: str, session_id: str | None
+    ) -> LiveRun | None:
+        self._expire()
+        runs = self._runs.get((path, conversation_id), [])
+        if session_id is not None:
+            for live in runs:
+                if live.session_id == session_id:
+                    return live
+        for live in runs:
+            if not live.finished:
+                return live
+        return runs[-1] if runs else None
+
+    # --- upkeep -------------------------------------------------------------------------------
+
+    async def open(
+        self, resume: Callable[[LiveRunHandle, StoredRun], Coroutine[Any, Any, Any]]
+    ) -> None:
+        """Start the frame feed's upkeep (nothing to resume: these runs end with their process)."""
+        if self.feed is None or self._opened:
+            return
+        self._opened = True
+        await self.feed.open()
+        self._keeper = asyncio.get_running_loop().create_task(self._keep_feed(), name="run-feed")
+
+    async def _keep_feed(self) -> None:
+        """The frame feed's upkeep, every third of a lease: extend this replica's leases (so
+        its runs read as alive), end the runs of replicas that died, drop finished ones."""
+        assert self.feed is not None
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            try:
+                await self.feed.heartbeat(self.owner, self.lease_seconds)
+                await abandon(self.feed)
+                await self.feed.expire(time.time() - self.keep_seconds)
+            except Exception:
+                log.warning("run feed upkeep failed; retrying", exc_info=True)
+
+    # --- shutdown -------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Shutdown: end every reader with an `error` frame, stop every unfinished run and wait
+        for it to unwind; durable runs stay unfinished in the store, released for a restart."""
+        message = RESTARTING if self.durable else STOPPING
+        live_runs = [
+            live
+            for runs in self._runs.values()
+            for live in runs
+            if live.task is not None and not live.task.done()
+        ]
+        for live in live_runs:
+            live.interrupt(message)
+        tasks = [live.task for live in live_runs if live.task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=10)
+        if self._closers:
+            await asyncio.wait(set(self._closers), timeout=10)
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+            self._keeper = None
+        shared = self.shared
+        if shared is not None and self._opened:
+            try:
+                await shared.release(self.owner)
+            finally:
+                await shared.aclose()
+                self._opened = False
+        self._runs.clear()
+        self._finished.clear()
+
+    # --- bookkeeping ----------------------------------------------------------------------
+
+    def _lost(self, live: LiveRun) -> None:
+        """Another process owns the run now (this one stalled past its lease): stop it here
+        without a trace of its end (suspended: no history write, no `complete`), so that only
+        the new owner finishes it; readers get an `error` frame telling them to re-attach."""
+        live.interrupt(MOVED)
+        if live.task is not None and not live.task.done():
+            live.task.cancel()
+
+    def _finish(self, live: LiveRun) -> None:
+        self._finished_now(live)
+        if live._feed is not None:
+            self._close_later(self._finish_feed(live))
+
+    def _close_later(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a finished run's last writes in the background (`aclose` waits for them)."""
+        closer = asyncio.get_running_loop().create_task(work)
+        self._closers.add(closer)
+        closer.add_done_callback(self._closers.discard)
+
+    async def _finish_feed(self, live: LiveRun) -> None:
+        """Share the run's last frames (and a last `error` frame if it ended without one, so
+        remote readers end), then mark it finished (its frames go after a grace period)."""
+        writer = live._feed
+        assert writer is not None
+        assert self.feed is not None
+        last = live._frames[-1] if live._frames else None
+        if last is None or not last.terminal:
+            shutdown = live._interrupt is not None
+            writer.frame(
+                Frame(
+                    events.ERROR,
+                    {
+                        "message": live._interrupt if shutdown else STOPPED,
+                        "type": "ServerShutdown" if shutdown else "RunStopped",
+                    },
+                    live.session_id or "",
+                    live.conversation_id,
+                    (last.seq if last is not None else 0) + 1,
+                )
+            )
+        await writer.flushed()
+        shared = writer.store
+        if writer.lost or (isinstance(shared, FeedStore) and not shared.failed):
+            return  # (its terminal frame's write finished it in the store)
+        try:
+            await self.feed.finish(writer.run_id)
+        except Exception:
+            log.warning("could not mark a shared run finished", run=writer.run_id, exc_info=True)
+
+    def _finished_now(self, live: LiveRun) -> None:
+        live.finish()
+        self._finished[id(live)] = live
+        while len(self._finished) > KEPT_FINISHED_RUNS:
+            _, oldest = self._finished.popitem(last=False)
+            self._forget(oldest)
+
+    def _trim(self, runs: list[LiveRun]) -> None:
+        while len(runs) > RUNS_PER_CONVERSATION and runs[0].finished:
+            self._finished.pop(id(runs.pop(0)), None)
+
+    def _expire(self) -> None:
+        deadline = time.monotonic() - KEEP_FINISHED_SECONDS
+        while self._finished:
+            oldest = next(iter(self._finished.values()))
+            if oldest.finished_at is None or oldest.finished_at > deadline:
+                break
+            self._finished.popitem(last=False)
+            self._forget(oldest)
+
+    def _forget(self, live: LiveRun) -> None:
+        key = (live.path, live.conversation_id)
+        runs = self._runs.get(key)
+        if runs is None:
+            return
+        if live in runs:
+            runs.remove(live)
+        if not runs:
+            del self._runs[key]
+
+
+def _size(frame: Frame) -> int:
+    return 64 + sum(_text_size(value) for value in frame.data.values())
+
+
+def _text_size(value: Any, depth: int = 0) -> int:
+    """Roughly the text `value` holds: its strings' lengths, walked (a tool call's 50 KiB
+    arguments are not copied into a `str()` just to be measured); 8 for any other scalar."""
+    if isinstance(value, str):
+        return len(value)
+    if depth < 8 and isinstance(value, Mapping):
+        return sum(len(str(key)) + _text_size(item, depth + 1) for key, item in value.items())
+    if depth < 8 and isinstance(value, list | tuple):
+        return sum(_text_size(item, depth + 1) for item in value)
+    if depth >= 8:
+        return len(str(value))
+    return 8
