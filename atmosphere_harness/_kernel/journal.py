@@ -53,6 +53,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mappi
 from typing import Any
 
 from .. import _events as events
+from .._cancel import reraise_cancellation
 from .._contracts import (
     FEED_OWNER,
     LeaseLost,
@@ -817,6 +818,7 @@ class LiveRuns:
                 await _abandon(self.store)
             except Exception:
                 log.warning("run journal upkeep failed; retrying", exc_info=True)
+            reraise_cancellation()  # (one the store's driver swallowed: `_cancel`)
 
     async def _keep_feed(self) -> None:
         """The frame feed's upkeep, every third of a lease: extend this replica's leases (so
@@ -830,6 +832,7 @@ class LiveRuns:
                 await self.feed.expire(time.time() - self.keep_seconds)
             except Exception:
                 log.warning("run feed upkeep failed; retrying", exc_info=True)
+            reraise_cancellation()
 
     # --- shutdown -------------------------------------------------------------------------
 
