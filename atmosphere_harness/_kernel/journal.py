@@ -65,7 +65,7 @@ from .._contracts import (
 )
 from .._events import Frame
 from .._jsontext import compact_json
-from .._log import get_logger
+from .._log import fault, get_logger
 from .remote import RemoteRun
 
 log = get_logger(__name__)
@@ -558,13 +558,16 @@ class _StoreWriter:
                 if self.on_lost is not None:
                     self.on_lost()
                 return
-            except Exception:
+            except Exception as exc:
                 # The run goes on (its client still gets its frames); only a restart would
                 # lose what this write held. Said loudly: durability is degraded.
-                log.error(
+                fault(
+                    log,
                     "durable run journal write failed; frames sent unjournalled",
+                    exc,
+                    level="error",
+                    every=False,
                     run=self.run_id,
-                    exc_info=True,
                 )
             if frames and self.on_stored is not None:
                 self.on_stored(frames[-1][0])
@@ -695,8 +698,8 @@ class LiveRuns:
             return local
         try:
             found = await feed.latest(path, conversation_id, session_id=session_id)
-        except Exception:
-            log.warning("could not look for the run in the shared journal", exc_info=True)
+        except Exception as exc:
+            fault(log, "could not look for the run in the shared journal", exc, every=False)
             return local
         if found is None:
             return local
@@ -708,8 +711,8 @@ class LiveRuns:
             # re-attaches just after the end gets the tail), else the history has it.
             try:
                 kept, _ = await feed.frames_after(stored.run_id, 0, 1)
-            except Exception:
-                log.warning("could not read the run from the shared journal", exc_info=True)
+            except Exception as exc:
+                fault(log, "could not read the run from the shared journal", exc, every=False)
                 return None
             if not kept:
                 return None
@@ -816,8 +819,8 @@ class LiveRuns:
                 await self._claim()
                 await self.store.expire(time.time() - self.keep_seconds)
                 await _abandon(self.store)
-            except Exception:
-                log.warning("run journal upkeep failed; retrying", exc_info=True)
+            except Exception as exc:
+                fault(log, "run journal upkeep failed; retrying", exc, every=False)
             reraise_cancellation()  # (one the store's driver swallowed: `_cancel`)
 
     async def _keep_feed(self) -> None:
@@ -830,8 +833,8 @@ class LiveRuns:
                 await self.feed.heartbeat(self.owner, self.lease_seconds)
                 await _abandon(self.feed)
                 await self.feed.expire(time.time() - self.keep_seconds)
-            except Exception:
-                log.warning("run feed upkeep failed; retrying", exc_info=True)
+            except Exception as exc:
+                fault(log, "run feed upkeep failed; retrying", exc, every=False)
             reraise_cancellation()
 
     # --- shutdown -------------------------------------------------------------------------
@@ -919,8 +922,8 @@ class LiveRuns:
             return  # (its terminal frame's write finished it in the store)
         try:
             await self.feed.finish(writer.run_id)
-        except Exception:
-            log.warning("could not mark a shared run finished", run=writer.run_id, exc_info=True)
+        except Exception as exc:
+            fault(log, "could not mark a shared run finished", exc, every=False, run=writer.run_id)
 
     async def _finish_durable(self, live: LiveRun) -> None:
         """Store the run's last frames before readers see its end, then compact it (unless a
@@ -936,8 +939,15 @@ class LiveRuns:
             return
         try:
             await self.store.finish(writer.run_id)
-        except Exception:
-            log.error("could not mark a durable run finished", run=writer.run_id, exc_info=True)
+        except Exception as exc:
+            fault(
+                log,
+                "could not mark a durable run finished",
+                exc,
+                level="error",
+                every=False,
+                run=writer.run_id,
+            )
 
     def _finished_now(self, live: LiveRun) -> None:
         live.finish()
@@ -1023,10 +1033,14 @@ class _FeedStore:
             )
         except LeaseLost:
             raise  # ended as abandoned (this replica stalled past its lease): stop sharing
-        except Exception:
+        except Exception as exc:
             self.failed = True
-            log.warning(
-                "could not share a run's frames with other replicas", run=run_id, exc_info=True
+            fault(
+                log,
+                "could not share a run's frames with other replicas",
+                exc,
+                every=False,
+                run=run_id,
             )
 
     # The rest of `RunStore` is never called on a writer's store.

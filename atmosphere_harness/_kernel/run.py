@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._contracts import Endpoint, FrameSink, LiveRunHandle, LockedReader, TypedMap
-from .._log import get_logger
+from .._log import fault, get_logger
 from .._runtimes.base import ToolCall, Usage
 from .endpoint import HostedEndpoint
 from .session import StreamingSession
@@ -219,6 +219,6 @@ async def execute_prompt(
         if run.suspended:
             raise
         if not run.superseded:  # (that one is logged where it is found, and is no failure)
-            log.warning("prompt run failed", endpoint=endpoint.path, error=str(exc), exc_info=True)
+            fault(log, "prompt run failed", exc, endpoint=endpoint.path)
         await session.error(exc)
     return run

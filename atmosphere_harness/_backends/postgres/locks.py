@@ -53,7 +53,7 @@ import asyncpg
 
 from ..._cancel import reraise_cancellation
 from ..._contracts import LockedRead
-from ..._log import get_logger
+from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead
 from ..unavailable import BackendUnavailable
 from .database import (
@@ -261,7 +261,7 @@ class PostgresConversationLocks:
         try:
             await self._statement(RELEASE, key, CHANNEL, *mark_key(key), retry=False)
         except Exception as exc:
-            log.warning("conversation lock release failed", error=str(exc))
+            fault(log, "conversation lock release failed", exc, every=False)
 
     async def _statement(
         self, query: str, *args: Any, retry: bool, rows: bool = False

@@ -57,7 +57,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._cancel import reraise_cancellation
 from ..._contracts import LockedRead
-from ..._log import get_logger
+from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead
 from .connection import RedisConnection, lock_key
 from .history import RedisHistory
@@ -204,13 +204,16 @@ class RedisConversationLocks:
                 if loop.time() + delay < lapses:
                     await asyncio.sleep(delay)
                     continue
-                error: object = exc
+                error: BaseException = exc
             except (LockError, RedisError) as exc:
                 error = exc
-            log.warning(
+            fault(
+                log,
                 "conversation lock not released; it lapses by itself",
+                error,
+                every=False,
+                scrub=self.connection.scrub,
                 conversation=conversation_id,
-                error=self.connection.scrub(error),
             )
             return
 
@@ -238,13 +241,16 @@ class RedisConversationLocks:
                 reraise_cancellation()
             except (LockError, RedisError, OSError) as exc:
                 if not failing:
-                    log.warning(
+                    fault(
+                        log,
                         "could not renew a conversation lock; retrying (another replica may "
                         "take it once it lapses)",
+                        exc,
+                        every=False,
+                        scrub=self.connection.scrub,
                         endpoint=path,
                         conversation=conversation_id,
                         ttl=self.ttl,
-                        error=self.connection.scrub(exc),
                     )
                 failing = True
                 continue
