@@ -31,12 +31,13 @@ from .._contracts import HistoryMark, PendingCloser
 from .._errors import HarnessError
 from .._log import get_logger
 from .._runtimes.base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, Usage
-from .._tools.bounds import screen_calls
+from .._tools.bounds import Screened, screen_calls
 from .executor import execute_calls
 from .journal import ENDED
 
 if TYPE_CHECKING:
     from .._tools.base import Tool
+    from .endpoint import HostedEndpoint
     from .run import RunContext
 
 log = get_logger(__name__)
@@ -78,8 +79,9 @@ async def run_loop(run: RunContext, message: str, *, cache_hint: CacheHint | Non
             run.model_turns += 1
             turn_key = f"model:{run.model_turns}"
             recalled = run.recalled(turn_key)
+            refused: Mapping[str, str] = {}
             if recalled is not None:
-                response = load_response(recalled)
+                response, refused = load_response(recalled), refused_calls(recalled)
             else:
                 run.go_live()
                 request = ModelRequest(
@@ -93,7 +95,11 @@ async def run_loop(run: RunContext, message: str, *, cache_hint: CacheHint | Non
                     request = await interceptor.before_request(run, request)
                 response = await endpoint.runtime.complete(request, on_text=run.session.send)
                 if run.live is not None:
-                    await run.record(turn_key, dump_response(response))
+                    # Journalled as screened (what runs and what is kept): a refused call's
+                    # huge arguments are never encoded and stored, only why it was refused.
+                    screened = _screen(response, endpoint)
+                    screened_response = replace(response, tool_calls=screened.calls)
+                    await run.record(turn_key, dump_response(screened_response, screened.answers))
             run.current_turn = run.model_turns
             run.add_usage(response.usage)
             if not response.tool_calls:
@@ -103,15 +109,12 @@ async def run_loop(run: RunContext, message: str, *, cache_hint: CacheHint | Non
                 return response.text
             # Bounded before anything is stored or run: a flood of calls or a huge argument must
             # not reach the history, the stream or the tools (see tools.bounds).
-            screened = screen_calls(
-                response.tool_calls,
-                max_calls=endpoint.max_tool_calls,
-                max_argument_chars=endpoint.max_tool_argument_chars,
-            )
+            screened = _screen(response, endpoint)
+            answers = {**screened.answers, **refused}
             asked = Message.assistant(response.text, screened.calls)
             working.append(asked)
             turn.append(asked)
-            results = await execute_calls(screened.calls, run, screened.answers)
+            results = await execute_calls(screened.calls, run, answers)
             for call, result in zip(screened.calls, results, strict=True):
                 answered = Message.tool(call, result)
                 working.append(answered)
@@ -185,17 +188,36 @@ async def _finish_turn(run: RunContext, turn: Sequence[Message], loop_index: int
         await interceptor.after_turn(run, turn)
 
 
-def dump_response(response: ModelResponse) -> dict[str, object]:
-    """A model answer as a durable run journals it (JSON)."""
+def _screen(response: ModelResponse, endpoint: HostedEndpoint) -> Screened:
+    return screen_calls(
+        response.tool_calls,
+        max_calls=endpoint.max_tool_calls,
+        max_argument_chars=endpoint.max_tool_argument_chars,
+    )
+
+
+def dump_response(
+    response: ModelResponse, refused: Mapping[str, str] | None = None
+) -> dict[str, object]:
+    """A model answer as a durable run journals it (JSON), with the answers of the calls its
+    screen refused (`tools.bounds`: their arguments were already replaced by a note)."""
     data: dict[str, object] = {"text": response.text}
     if response.tool_calls:
         data["calls"] = [[call.id, call.name, call.arguments] for call in response.tool_calls]
+    if refused:
+        data["refused"] = dict(refused)
     usage = response.usage.to_wire()
     if any(usage.values()):
         data["usage"] = usage
     if response.stop_reason is not None:
         data["stop"] = response.stop_reason
     return data
+
+
+def refused_calls(data: Mapping[str, object]) -> Mapping[str, str]:
+    """The answers `dump_response` journalled for the calls the screen refused."""
+    refused = data.get("refused")
+    return refused if isinstance(refused, dict) else {}
 
 
 def load_response(data: Mapping[str, object]) -> ModelResponse:
