@@ -39,12 +39,11 @@ import yaml
 from pydantic import AliasChoices
 from pydantic_settings import (
     InitSettingsSource,
-    SettingsError,
     TomlConfigSettingsSource,
     YamlConfigSettingsSource,
 )
 
-from ._errors import HarnessError
+from ._errors import ConfigFileError
 from ._log import get_logger
 
 if TYPE_CHECKING:
@@ -54,10 +53,6 @@ log = get_logger(__name__)
 
 CONFIG_FILE_ENV = "ATMOSPHERE_CONFIG_FILE"
 SUFFIXES = {".yml": "YAML", ".yaml": "YAML", ".properties": "properties", ".toml": "TOML"}
-
-
-class ConfigFileError(HarnessError, SettingsError):
-    """`ATMOSPHERE_CONFIG_FILE` names a file that cannot be read: start-up stops here."""
 
 
 @dataclass(frozen=True)

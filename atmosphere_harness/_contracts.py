@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload, runtime_checkable
 
 from ._cache import PromptCache
-from ._errors import HarnessError
 from ._events import Frame
 from ._harness import Harness
 
@@ -672,10 +671,6 @@ class RunStoreNow(Protocol):
         owner: str | None = None,
         lease_seconds: float = 0.0,
     ) -> bool: ...
-
-
-class LeaseLost(HarnessError, RuntimeError):
-    """A `RunStore.append` for a run another owner has taken over (this one's lease ran out)."""
 
 
 @runtime_checkable

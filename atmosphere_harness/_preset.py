@@ -71,8 +71,8 @@ class HarnessPreset:
 
     def __init__(self, settings: HarnessSettings) -> None:
         self.settings = settings
-        self.enabled = settings.enabled
-        self.exclude_paths = frozenset(settings.exclude_paths)
+        self.enabled = settings.groups.harness.enabled
+        self.exclude_paths = frozenset(settings.groups.harness.exclude_paths)
         self.truth = RuntimeTruth(settings)
 
     @property
@@ -102,20 +102,20 @@ class RuntimeTruth:
     """The live app-wide and per-endpoint primitive states."""
 
     def __init__(self, settings: HarnessSettings) -> None:
-        app_wide_on = settings.enabled is True
+        app_wide_on = settings.groups.harness.enabled is True
         feature_seed = NO_ENDPOINT if app_wide_on else DISABLED
         cache_seed = effective_cache_policy(None, settings, cache_feature=app_wide_on)
         self._app: dict[str, str] = {
             CONVERSATION_MEMORY: feature_seed,
             LONG_TERM_MEMORY: feature_seed,
             PROMPT_CACHE_DEFAULT: cache_seed.value,
-            COMPACTION: settings.compaction.value,
+            COMPACTION: settings.groups.memory.compaction.value,
             DELEGATION: NO_COORDINATOR if app_wide_on else DISABLED,
             PLANNING: feature_seed,
             FILESYSTEM: feature_seed,
             SKILLS: "CONVENTION",
             # The embedded journal; a scale-out backend reports its own store (`set_durable`).
-            DURABLE_RUNS: "ACTIVE(sqlite)" if settings.durable_runs_effective else DISABLED,
+            DURABLE_RUNS: "ACTIVE(sqlite)" if settings.groups.backends.durable_runs else DISABLED,
         }
         self._endpoints: dict[str, dict[str, str]] = {}
         self._details: dict[str, dict[str, dict[str, str]]] = {}
@@ -212,8 +212,8 @@ def effective_cache_policy(
     """
     if annotation is not None and annotation is not PromptCache.NONE:
         return annotation
-    if settings.prompt_cache_default is not None:
-        return settings.prompt_cache_default
+    if settings.groups.harness.prompt_cache_default is not None:
+        return settings.groups.harness.prompt_cache_default
     if cache_feature:
         return PromptCache.CONSERVATIVE
     return PromptCache.NONE

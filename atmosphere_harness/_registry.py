@@ -1,9 +1,10 @@
 """The decorators users write (`agent`, `coordinator`, `ai_endpoint`, `prompt`, `skill`) and the
 registry of the classes they declare.
 
-Decorating a class records an `AgentSpec` on it and in the process-wide registry; nothing is
-hosted until a harness router's lifespan runs. `create_harness_router(agents=[...])` hosts an
-explicit list instead of the registry.
+Decorating a class records an `AgentSpec` on it and in a registry (`AgentRegistry`): the default
+one for the package's decorators, or one of your own through its methods. Nothing is hosted until
+a harness router's lifespan runs. `create_harness_router(agents=[...])` hosts an explicit list and
+reads no registry.
 """
 
 from __future__ import annotations
@@ -76,19 +77,6 @@ class AgentSpec:
         if self.kind is EndpointKind.AI_ENDPOINT:
             return sanitize(self.path)
         return self.name
-
-
-_registry: dict[type, AgentSpec] = {}
-
-
-def registered_agents() -> list[AgentSpec]:
-    """Every decorated class, in declaration order."""
-    return list(_registry.values())
-
-
-def clear_registry() -> None:
-    """Forget every decorated class (tests use it to stay independent)."""
-    _registry.clear()
 
 
 def spec_of(cls: object) -> AgentSpec:
@@ -169,168 +157,193 @@ def _skill_sources(skills: Sequence[str | PathLike[str]]) -> tuple[str, ...]:
     return tuple(fspath(entry) for entry in skills)
 
 
-def _register(spec: AgentSpec) -> None:
-    setattr(spec.cls, SPEC_ATTRIBUTE, spec)
-    _registry[spec.cls] = spec
+class AgentRegistry:
+    """The classes declared with `agent`, `coordinator` and `ai_endpoint`, in declaration order.
 
-
-def agent(
-    name: str,
-    *,
-    harness: Iterable[Harness] = (Harness.ALL,),
-    skill_file: str | None = None,
-    headless: bool = False,
-    system_prompt: str | None = None,
-    description: str | None = None,
-    skills: Sequence[str | PathLike[str]] = (),
-    mcp_servers: Sequence[Any] = (),
-) -> Callable[[C], C]:
-    """Declare an agent hosted at `/atmosphere/agent/{name}` with the full harness by default.
-
-    `harness=()` is a deliberate opt-down to a bare loop; an agent without a `@prompt` method (or
-    with `headless=True`) is never harnessed and only serves its `@skill` handlers.
-    `skills=` names folders of `SKILL.md` skills (see `docs/skills.md`); `mcp_servers=` lists
-    MCP tool servers whose tools the agent is offered (see `docs/mcp.md`).
+    The package's decorators write to one default registry, which `harness_router` (and
+    `create_harness_router()` without `agents=`) reads when the app includes it. A registry of
+    your own keeps its classes apart: decorate with its methods (`@registry.agent(name=...)`)
+    and host them with `create_harness_router(agents=registry)`. A decorated class is also
+    hostable by itself, whichever registry saw it: `create_harness_router(agents=[Cls])`.
     """
-    return _agent_decorator(
-        EndpointKind.AGENT,
-        name,
-        harness=harness,
-        skill_file=skill_file,
-        headless=headless,
-        system_prompt=system_prompt,
-        description=description,
-        skill_sources=_skill_sources(skills),
-        mcp_servers=tuple(mcp_servers),
-    )
 
+    def __init__(self) -> None:
+        self._specs: dict[type, AgentSpec] = {}
 
-def coordinator(
-    name: str,
-    *,
-    fleet: Sequence[type | str] = (),
-    harness: Iterable[Harness] = (Harness.ALL,),
-    skill_file: str | None = None,
-    system_prompt: str | None = None,
-    description: str | None = None,
-    skills: Sequence[str | PathLike[str]] = (),
-    mcp_servers: Sequence[Any] = (),
-) -> Callable[[C], C]:
-    """Declare a coordinator: an agent with a fleet it can delegate to (`delegate_task`, `task`).
+    def specs(self) -> list[AgentSpec]:
+        """Every class decorated through this registry, in declaration order."""
+        return list(self._specs.values())
 
-    `skills=` and `mcp_servers=` as on `agent`; `task` sub-agents see the coordinator's skills.
-    """
-    return _agent_decorator(
-        EndpointKind.COORDINATOR,
-        name,
-        harness=harness,
-        skill_file=skill_file,
-        headless=False,
-        system_prompt=system_prompt,
-        description=description,
-        fleet=tuple(fleet),
-        skill_sources=_skill_sources(skills),
-        mcp_servers=tuple(mcp_servers),
-    )
+    def _register(self, spec: AgentSpec) -> None:
+        setattr(spec.cls, SPEC_ATTRIBUTE, spec)
+        self._specs[spec.cls] = spec
 
+    def agent(
+        self,
+        name: str,
+        *,
+        harness: Iterable[Harness] = (Harness.ALL,),
+        skill_file: str | None = None,
+        headless: bool = False,
+        system_prompt: str | None = None,
+        description: str | None = None,
+        skills: Sequence[str | PathLike[str]] = (),
+        mcp_servers: Sequence[Any] = (),
+    ) -> Callable[[C], C]:
+        """Declare an agent hosted at `/atmosphere/agent/{name}` with the full harness by default.
 
-def _agent_decorator(
-    kind: EndpointKind,
-    name: str,
-    *,
-    harness: Iterable[Harness],
-    skill_file: str | None,
-    headless: bool,
-    system_prompt: str | None,
-    description: str | None,
-    fleet: tuple[type | str, ...] = (),
-    skill_sources: tuple[str, ...] = (),
-    mcp_servers: tuple[Any, ...] = (),
-) -> Callable[[C], C]:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(
-            f"invalid agent name {name!r}: 1-64 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
+        `harness=()` is a deliberate opt-down to a bare loop; an agent without a `@prompt` method
+        (or with `headless=True`) is never harnessed and only serves its `@skill` handlers.
+        `skills=` names folders of `SKILL.md` skills (see `docs/skills.md`); `mcp_servers=`
+        lists MCP tool servers whose tools the agent is offered (see `docs/mcp.md`).
+        """
+        return self._decorator(
+            EndpointKind.AGENT,
+            name,
+            harness=harness,
+            skill_file=skill_file,
+            headless=headless,
+            system_prompt=system_prompt,
+            description=description,
+            skill_sources=_skill_sources(skills),
+            mcp_servers=tuple(mcp_servers),
         )
-    declared = _harness_tuple(harness)
 
-    def decorate(cls: C) -> C:
-        prompt_method, skills, tool_methods = _scan(cls)
-        _register(
-            AgentSpec(
-                cls=cls,
-                kind=kind,
-                name=name,
-                path=AGENT_PATH_PREFIX + name,
-                harness=declared,
-                is_agent_default=True,
-                headless=headless or prompt_method is None,
-                prompt_method=None if headless else prompt_method,
-                skills=skills,
-                tool_methods=tool_methods,
-                skill_file=skill_file,
-                system_prompt=system_prompt,
-                description=description or inspect.getdoc(cls),
-                fleet=fleet,
-                skill_sources=skill_sources,
-                mcp_servers=mcp_servers,
+    def coordinator(
+        self,
+        name: str,
+        *,
+        fleet: Sequence[type | str] = (),
+        harness: Iterable[Harness] = (Harness.ALL,),
+        skill_file: str | None = None,
+        system_prompt: str | None = None,
+        description: str | None = None,
+        skills: Sequence[str | PathLike[str]] = (),
+        mcp_servers: Sequence[Any] = (),
+    ) -> Callable[[C], C]:
+        """Declare a coordinator: an agent with a fleet to delegate to (`delegate_task`, `task`).
+
+        `skills=` and `mcp_servers=` as on `agent`; `task` sub-agents see the coordinator's skills.
+        """
+        return self._decorator(
+            EndpointKind.COORDINATOR,
+            name,
+            harness=harness,
+            skill_file=skill_file,
+            headless=False,
+            system_prompt=system_prompt,
+            description=description,
+            fleet=tuple(fleet),
+            skill_sources=_skill_sources(skills),
+            mcp_servers=tuple(mcp_servers),
+        )
+
+    def _decorator(
+        self,
+        kind: EndpointKind,
+        name: str,
+        *,
+        harness: Iterable[Harness],
+        skill_file: str | None,
+        headless: bool,
+        system_prompt: str | None,
+        description: str | None,
+        fleet: tuple[type | str, ...] = (),
+        skill_sources: tuple[str, ...] = (),
+        mcp_servers: tuple[Any, ...] = (),
+    ) -> Callable[[C], C]:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(
+                f"invalid agent name {name!r}: 1-64 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
             )
-        )
-        return cls
+        declared = _harness_tuple(harness)
 
-    return decorate
-
-
-def ai_endpoint(
-    path: str,
-    *,
-    harness: Iterable[Harness] = (),
-    conversation_memory: bool = False,
-    max_history_messages: int = 20,
-    prompt_cache: PromptCache = PromptCache.NONE,
-    skill_file: str | None = None,
-    system_prompt: str | None = None,
-    skills: Sequence[str | PathLike[str]] = (),
-    mcp_servers: Sequence[Any] = (),
-) -> Callable[[C], C]:
-    """Declare a plain AI endpoint at `path`. Bare by default: opt in with `harness=(...)`.
-
-    `skills=` and `mcp_servers=` as on `agent` (skills need the FILESYSTEM feature).
-    """
-    if not isinstance(path, str) or not _PATH.match(path) or ".." in path.split("/"):
-        raise ValueError(f"invalid ai_endpoint path {path!r}: expected e.g. '/atmosphere/chat'")
-    if max_history_messages < 2:
-        raise ValueError(f"max_history_messages must be >= 2, got {max_history_messages}")
-    declared = _harness_tuple(harness)
-    sources = _skill_sources(skills)
-    servers = tuple(mcp_servers)
-
-    def decorate(cls: C) -> C:
-        prompt_method, skills, tool_methods = _scan(cls)
-        if prompt_method is None:
-            raise TypeError(f"@ai_endpoint class {cls.__name__} needs a @prompt method")
-        _register(
-            AgentSpec(
-                cls=cls,
-                kind=EndpointKind.AI_ENDPOINT,
-                name=path,
-                path=path,
-                harness=declared,
-                is_agent_default=False,
-                headless=False,
-                prompt_method=prompt_method,
-                skills=skills,
-                tool_methods=tool_methods,
-                skill_file=skill_file,
-                system_prompt=system_prompt,
-                description=inspect.getdoc(cls),
-                conversation_memory=conversation_memory,
-                max_history_messages=max_history_messages,
-                prompt_cache=prompt_cache,
-                skill_sources=sources,
-                mcp_servers=servers,
+        def decorate(cls: C) -> C:
+            prompt_method, skills, tool_methods = _scan(cls)
+            self._register(
+                AgentSpec(
+                    cls=cls,
+                    kind=kind,
+                    name=name,
+                    path=AGENT_PATH_PREFIX + name,
+                    harness=declared,
+                    is_agent_default=True,
+                    headless=headless or prompt_method is None,
+                    prompt_method=None if headless else prompt_method,
+                    skills=skills,
+                    tool_methods=tool_methods,
+                    skill_file=skill_file,
+                    system_prompt=system_prompt,
+                    description=description or inspect.getdoc(cls),
+                    fleet=fleet,
+                    skill_sources=skill_sources,
+                    mcp_servers=mcp_servers,
+                )
             )
-        )
-        return cls
+            return cls
 
-    return decorate
+        return decorate
+
+    def ai_endpoint(
+        self,
+        path: str,
+        *,
+        harness: Iterable[Harness] = (),
+        conversation_memory: bool = False,
+        max_history_messages: int = 20,
+        prompt_cache: PromptCache = PromptCache.NONE,
+        skill_file: str | None = None,
+        system_prompt: str | None = None,
+        skills: Sequence[str | PathLike[str]] = (),
+        mcp_servers: Sequence[Any] = (),
+    ) -> Callable[[C], C]:
+        """Declare a plain AI endpoint at `path`. Bare by default: opt in with `harness=(...)`.
+
+        `skills=` and `mcp_servers=` as on `agent` (skills need the FILESYSTEM feature).
+        """
+        if not isinstance(path, str) or not _PATH.match(path) or ".." in path.split("/"):
+            raise ValueError(f"invalid ai_endpoint path {path!r}: expected e.g. '/atmosphere/chat'")
+        if max_history_messages < 2:
+            raise ValueError(f"max_history_messages must be >= 2, got {max_history_messages}")
+        declared = _harness_tuple(harness)
+        sources = _skill_sources(skills)
+        servers = tuple(mcp_servers)
+
+        def decorate(cls: C) -> C:
+            prompt_method, skills, tool_methods = _scan(cls)
+            if prompt_method is None:
+                raise TypeError(f"@ai_endpoint class {cls.__name__} needs a @prompt method")
+            self._register(
+                AgentSpec(
+                    cls=cls,
+                    kind=EndpointKind.AI_ENDPOINT,
+                    name=path,
+                    path=path,
+                    harness=declared,
+                    is_agent_default=False,
+                    headless=False,
+                    prompt_method=prompt_method,
+                    skills=skills,
+                    tool_methods=tool_methods,
+                    skill_file=skill_file,
+                    system_prompt=system_prompt,
+                    description=inspect.getdoc(cls),
+                    conversation_memory=conversation_memory,
+                    max_history_messages=max_history_messages,
+                    prompt_cache=prompt_cache,
+                    skill_sources=sources,
+                    mcp_servers=servers,
+                )
+            )
+            return cls
+
+        return decorate
+
+
+DEFAULT_REGISTRY = AgentRegistry()
+"""The registry the package's decorators write to and `harness_router` reads."""
+
+agent = DEFAULT_REGISTRY.agent
+coordinator = DEFAULT_REGISTRY.coordinator
+ai_endpoint = DEFAULT_REGISTRY.ai_endpoint

@@ -539,6 +539,14 @@ class HarnessSettings(BaseSettings):
         names are fixed); the groups are read-only views built from them once.
         """
         return SettingsGroups(
+            harness=HarnessSwitchSettings(
+                enabled=self.enabled,
+                exclude_paths=self.exclude_paths,
+                prompt_cache_default=self.prompt_cache_default,
+            ),
+            planning=PlanningSettings(mode=self.planning),
+            skills=SkillsSettings(dirs=self.skills_dirs),
+            mcp=MCPSettings(connect_timeout=self.mcp_connect_timeout),
             filesystem=FilesystemSettings(
                 mode=self.filesystem,
                 routes=self.filesystem_routes,
@@ -624,6 +632,41 @@ def _config_file_path(
 _GROUP = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
 
+class HarnessSwitchSettings(BaseModel):
+    """Which endpoints are harnessed: the app-wide flag, excluded paths, the cache default."""
+
+    model_config = _GROUP
+    enabled: bool | None
+    exclude_paths: frozenset[str]
+    prompt_cache_default: PromptCache | None
+
+    @property
+    def kill_switch(self) -> bool:
+        """True when the app-wide flag is present and not literally `true`."""
+        return self.enabled is False
+
+
+class PlanningSettings(BaseModel):
+    """The plan surface: built-in `write_todos`, the runtime's native one, or `auto`."""
+
+    model_config = _GROUP
+    mode: SurfaceMode
+
+
+class SkillsSettings(BaseModel):
+    """App-wide skill folders (they override an agent's own skills of the same name)."""
+
+    model_config = _GROUP
+    dirs: tuple[Path, ...]
+
+
+class MCPSettings(BaseModel):
+    """MCP tool servers: how long one may take to start and answer its handshake."""
+
+    model_config = _GROUP
+    connect_timeout: float
+
+
 class FilesystemSettings(BaseModel):
     """The workspace: surface mode, composite routes, bounds, durability, offload."""
 
@@ -642,7 +685,7 @@ class MemorySettings(BaseModel):
     model_config = _GROUP
     compaction: Compaction
     recent_window: int
-    context_window_tokens: int | None
+    context_window_tokens: int
     idle_timeout: float
     model_timeout: float
     max_facts: int
@@ -705,6 +748,10 @@ class SettingsGroups(BaseModel):
     """`HarnessSettings.groups`: every setting, by the part of the harness that reads it."""
 
     model_config = _GROUP
+    harness: HarnessSwitchSettings
+    planning: PlanningSettings
+    skills: SkillsSettings
+    mcp: MCPSettings
     filesystem: FilesystemSettings
     memory: MemorySettings
     delegation: DelegationSettings

@@ -58,7 +58,7 @@ async def run_turns(files: list[tuple[str, str]], shape: str, memory: bool) -> d
     from atmosphere_harness._assembly import default_primitives
     from atmosphere_harness._kernel.host import HarnessHost
     from atmosphere_harness._kernel.run import execute_prompt
-    from atmosphere_harness._registry import clear_registry, spec_of
+    from atmosphere_harness._registry import spec_of
     from atmosphere_harness._tools.base import tool
 
     workspace = Path(tempfile.mkdtemp(prefix="memory-bench-"))
@@ -73,8 +73,6 @@ async def run_turns(files: list[tuple[str, str]], shape: str, memory: bool) -> d
         temporary.write_text(content, encoding="utf-8")
         os.replace(temporary, target)
         return f"Wrote {path}"
-
-    clear_registry()
 
     @agent(name="bench", harness=(Harness.MEMORY,) if memory else ())
     class Bench:
@@ -288,7 +286,6 @@ async def close_section(closes: int, extraction_ms: float) -> dict[str, Any]:
         get_user_id,
     )
     from atmosphere_harness import prompt as prompt_method
-    from atmosphere_harness._registry import clear_registry
     from atmosphere_harness._web.deps import user_id_from_header
 
     extraction_times: list[float] = []
@@ -300,8 +297,6 @@ async def close_section(closes: int, extraction_ms: float) -> dict[str, Any]:
             extraction_times.append((time.perf_counter() - begin) * 1000)
             return '["Likes benchmarks"]'
         return "ok"
-
-    clear_registry()
 
     @agent(name="closer")
     class Closer:

@@ -49,11 +49,11 @@ from atmosphere_harness import (
 )
 from atmosphere_harness._assembly import default_primitives
 from atmosphere_harness._delegation import SYSTEM_PROMPT
+from atmosphere_harness._errors import ModelError
 from atmosphere_harness._events import Frame
 from atmosphere_harness._kernel.host import HarnessHost
 from atmosphere_harness._kernel.run import execute_prompt
 from atmosphere_harness._registry import spec_of
-from atmosphere_harness._runtimes.base import ModelError
 
 EXPLODE = "job-explode"
 

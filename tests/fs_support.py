@@ -13,8 +13,9 @@ import pytest
 
 from atmosphere_harness import AgentFileSystem, ScriptedRuntime, ToolCall
 from atmosphere_harness._contracts import ResultHook
+from atmosphere_harness._errors import FileSystemError
 from atmosphere_harness._events import Frame
-from atmosphere_harness._filesystem import FileSystemError, workers
+from atmosphere_harness._filesystem import workers
 from atmosphere_harness._filesystem.spares import SPARES_DIR
 from atmosphere_harness._filesystem.tools import file_tools
 from atmosphere_harness._kernel.endpoint import HostedEndpoint

@@ -10,12 +10,8 @@ from __future__ import annotations
 import fnmatch
 import re
 
-from atmosphere_harness._filesystem.base import (
-    FileInfo,
-    FileNotFoundInWorkspace,
-    FileSystemError,
-    GrepHit,
-)
+from atmosphere_harness._errors import FileNotFoundInWorkspace, FileSystemError
+from atmosphere_harness._filesystem.base import FileInfo, GrepHit
 
 
 def _check(path: str) -> str:

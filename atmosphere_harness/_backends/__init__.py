@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .._contracts import ConversationLocks, Resource, RunJournal, RunStore
 from .._durable import SqliteRunStore
-from .._errors import HarnessError
+from .._errors import BackendMisconfigured, BackendMissing
 from .._filesystem.stores import WorkspaceStores
 from .._filesystem.usage import PROCESS_USAGE, WorkspaceUsage
 from .._governance.approvals import ApprovalRegistry, ApprovalStore
@@ -74,14 +74,6 @@ class StateBackends:
         return {"state": self.state, "events": self.events, "workspace": workspace}
 
 
-class BackendMissing(HarnessError, RuntimeError):
-    """A backend URL is set but the extra that implements it is not installed."""
-
-
-class BackendMisconfigured(HarnessError, ValueError):
-    """A setting asks for a backend whose URL is not set."""
-
-
 def resolve_backends(settings: HarnessSettings) -> StateBackends:
     """The backends `settings` ask for: PostgreSQL and/or Redis when their URL is set.
 
@@ -121,7 +113,7 @@ def resolve_backends(settings: HarnessSettings) -> StateBackends:
     backends = StateBackends(state="sqlite", events="local")
     if group.durable_runs:
         backends.runs = LiveRuns(
-            SqliteRunStore.under(settings.workspace_root),
+            SqliteRunStore.under(settings.groups.filesystem.workspace_root),
             lease_seconds=group.durable_runs_lease_seconds,
             keep_seconds=group.durable_runs_keep_seconds,
         )

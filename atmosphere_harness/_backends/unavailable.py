@@ -6,9 +6,3 @@ client may retry) rather than 500. The message never holds a password.
 """
 
 from __future__ import annotations
-
-from .._errors import HarnessError
-
-
-class BackendUnavailable(HarnessError, ConnectionError):
-    """The state backend did not answer; `str(error)` names the service and its variable."""

@@ -6,8 +6,9 @@
 - `primitive`: `DelegationPrimitive`, the attach engine.
 """
 
+from .._errors import DelegationError
 from .delegate import delegate_tool
-from .fleet import AgentFleet, DelegationError, FleetMember, resolve_fleets
+from .fleet import AgentFleet, FleetMember, resolve_fleets
 from .primitive import DelegationPrimitive
 from .subagent import SYSTEM_PROMPT, subagent_endpoint, task_tool
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._errors import DelegationError
 from .._governance.chain import PolicyChain
 from .._governance.gate import policy_context
 from .._governance.policy import PolicyPhase, PolicyRequest
 from .._log import get_logger
 from .._tools.base import Tool, ToolContext
-from .fleet import AgentFleet, DelegationError
+from .fleet import AgentFleet
 
 if TYPE_CHECKING:
     from .._contracts import Host

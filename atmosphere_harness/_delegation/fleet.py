@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _events as events
-from .._errors import HarnessError
+from .._errors import DelegationError
 from .._events import Frame
 from .._injection import resolved_hints
 from .._registry import AgentSpec, EndpointKind, spec_of
@@ -41,10 +41,6 @@ _MEMBER_CONVERSATIONS = uuid.UUID("6f1d3c1e-5b0a-4c55-9a59-5c8f7e0b2d41")
 
 FORWARDED = frozenset({events.APPROVAL_REQUIRED, events.SUBAGENT_START, events.SUBAGENT_END})
 """A child run's frames that reach its parent's stream (tagged): what a person must see."""
-
-
-class DelegationError(HarnessError):
-    """A fleet member failed; `str(error)` is the detail the model gets."""
 
 
 SkillCall = Callable[[str, ToolContext], Awaitable[Any]]

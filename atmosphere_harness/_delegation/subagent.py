@@ -140,7 +140,7 @@ def task_tool(settings: HarnessSettings, chain: PolicyChain) -> Tool:
         parameters=PARAMETERS,
         handler=spawner,
         concurrent=True,
-        timeout=settings.subagent_timeout + CLEANUP_GRACE,
+        timeout=settings.groups.delegation.timeout + CLEANUP_GRACE,
         origin="delegation",
     )
 
@@ -161,12 +161,12 @@ class _Spawner:
             return unknown_type(kind)
         settings = self.settings
         depth = depth_of(run)
-        if depth >= settings.subagent_max_depth:
-            return depth_refused(settings.subagent_max_depth)
+        if depth >= settings.groups.delegation.max_depth:
+            return depth_refused(settings.groups.delegation.max_depth)
         root_state = run.root.state
         spawned = root_state.get(SPAWNS, 0)
-        if spawned >= settings.subagent_max_spawns:
-            return spawns_refused(settings.subagent_max_spawns)
+        if spawned >= settings.groups.delegation.max_spawns:
+            return spawns_refused(settings.groups.delegation.max_spawns)
         # Reserved before the first await, so a parallel batch cannot overshoot the bound.
         root_state.set(SPAWNS, spawned + 1)
 
@@ -199,7 +199,9 @@ class _Spawner:
     ) -> str:
         settings = self.settings
         try:
-            root = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=settings.subagent_workspace_dir))
+            root = Path(
+                tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=settings.groups.delegation.workspace_dir)
+            )
         except OSError as exc:
             error = f"could not create an isolated workspace: {exc}"
             await _end(run.session, conversation_id, "failed", error=error)
@@ -215,14 +217,14 @@ class _Spawner:
                 sink=_Forward(run.session, conversation_id),
             )
             child.state.set(DEPTH, depth)
-            deadline = asyncio.timeout(settings.subagent_timeout)
+            deadline = asyncio.timeout(settings.groups.delegation.timeout)
             try:
                 async with deadline:
                     report = (await child.session.stream(description)).strip()
             except TimeoutError:
                 if not deadline.expired():
                     raise
-                message = timed_out(settings.subagent_timeout)
+                message = timed_out(settings.groups.delegation.timeout)
                 await _end(run.session, conversation_id, "timeout", error=message, run=child)
                 return message
             result = report or NO_OUTPUT
@@ -242,7 +244,7 @@ class _Spawner:
             shutil.rmtree(root, ignore_errors=True)
 
     def _nested_task(self, depth: int) -> Tool | None:
-        if depth >= self.settings.subagent_max_depth:
+        if depth >= self.settings.groups.delegation.max_depth:
             return None
         return task_tool(self.settings, self.chain)
 
@@ -257,10 +259,12 @@ def subagent_endpoint(
 ) -> Endpoint:
     """The sub-agent's own endpoint: the parent's runtime and governance, its own plan store and
     workspace under `root`, and only the plan and file tools (+ `task` when given)."""
-    threshold = settings.tool_output_offload_threshold
+    threshold = settings.groups.filesystem.offload_threshold
     tools: list[Tool] = [
         write_todos_tool(),
-        *file_tools(read_budget=threshold, max_grep_hits=settings.filesystem_limits.max_grep_hits),
+        *file_tools(
+            read_budget=threshold, max_grep_hits=settings.groups.filesystem.limits.max_grep_hits
+        ),
     ]
     if task is not None:
         tools.append(task)
@@ -273,7 +277,9 @@ def subagent_endpoint(
         tools=tools,
     )
     plans: PlanStore = FilePlanStore(root)
-    files: AgentFileSystem = WorkspaceAgentFileSystem(root / "files", settings.filesystem_limits)
+    files: AgentFileSystem = WorkspaceAgentFileSystem(
+        root / "files", settings.groups.filesystem.limits
+    )
     if skills is not None:
         # The coordinator's skills, at the same read-only `skills/` route of its own workspace.
         files = skills.view(files)

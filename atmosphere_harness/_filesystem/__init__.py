@@ -8,14 +8,8 @@ offload hook in `filesystem.offload` and the attach engine in `filesystem.primit
 `WorkspaceUsage` accounting seam) and `tally` (noticing changes made behind the store's back).
 """
 
-from .base import (
-    AgentFileSystem,
-    FileInfo,
-    FileNotFoundInWorkspace,
-    FileSystemError,
-    FileSystemLimits,
-    GrepHit,
-)
+from .._errors import FileNotFoundInWorkspace, FileSystemError
+from .base import AgentFileSystem, FileInfo, FileSystemLimits, GrepHit
 from .composite import CompositeAgentFileSystem
 from .provider import AgentFileSystemProvider
 from .usage import InProcessWorkspaceUsage, StoreUsage, UsageLedger, WorkspaceUsage

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from .._errors import HarnessError
-from .._injection import register_injectable
+from .._errors import FileSystemError
 from .._limits import KIB, MIB, FileSystemLimits
 
 __all__ = [
@@ -20,21 +19,10 @@ __all__ = [
     "MIB",
     "AgentFileSystem",
     "FileInfo",
-    "FileSystemError",
     "FileSystemLimits",
     "GrepHit",
     "UserFiles",
 ]
-
-
-class FileSystemError(HarnessError, ValueError):
-    """A rejected file operation; `str(error)` is the model-facing reason."""
-
-
-class FileNotFoundInWorkspace(FileSystemError):
-    """The path names no file (or directory) in the workspace: `File not found: <path>` for a
-    read or an edit, `Not found: <path>` for a delete or a rename. The admin API answers it 404;
-    every other `FileSystemError` is the caller's mistake (400)."""
 
 
 def encode_content(content: str, echo: str, limits: FileSystemLimits) -> bytes:
@@ -132,9 +120,6 @@ class AgentFileSystem(Protocol):
         ...
 
 
-register_injectable(AgentFileSystem)
-
-
 @dataclass(frozen=True, slots=True)
 class UserFiles:
     """The current user's durable files, as Claude's native memory tool (`/memories`) sees them.
@@ -147,6 +132,3 @@ class UserFiles:
 
     fs: AgentFileSystem
     user_id: str
-
-
-register_injectable(UserFiles)

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypeVar
 
-from .base import AgentFileSystem, FileInfo, FileSystemError, GrepHit
+from .._errors import FileSystemError
+from .base import AgentFileSystem, FileInfo, GrepHit
 from .paths import check_dir, is_under, normalize_route_prefix
 
 DEFAULT_GREP_HITS = 500

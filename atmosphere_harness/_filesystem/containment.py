@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .base import FileSystemError
+from .._errors import FileSystemError
 
 
 def inside(path: str, root: str) -> bool:

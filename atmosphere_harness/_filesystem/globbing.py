@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import re
 
-from .base import FileSystemError
+from .._errors import FileSystemError
 
 _MAGIC = frozenset("*?[{\\")
 

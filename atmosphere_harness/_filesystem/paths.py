@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 import re
 
+from .._errors import FileSystemError
 from .._ids import check_conversation_id
-from .base import FileSystemError
 
 MAX_PATH_CHARS = 1024
 """Longest relative path accepted, in characters."""

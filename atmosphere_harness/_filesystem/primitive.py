@@ -37,13 +37,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .._contracts import Endpoint, Host, Key, Primitive, Run
+from .._errors import FileSystemError
 from .._harness import Harness
 from .._log import get_logger
 from .._preset import FILESYSTEM
 from .._runtimes.base import AiCapability, NativeSurfaceRuntime
 from .._settings import SurfaceMode
 from .._tools.base import Tool, as_tool
-from .base import AgentFileSystem, FileSystemError, UserFiles
+from .base import AgentFileSystem, UserFiles
 from .composite import CompositeAgentFileSystem, normalize_routes
 from .offload import MEMORY_VIEW, OUTPUT_DIR, READ_FILE, Reader, ToolOutputOffload
 from .provider import AgentFileSystemProvider

@@ -34,8 +34,9 @@ from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 
+from .._errors import FileSystemError
 from .._log import get_logger
-from .base import AgentFileSystem, FileSystemError, FileSystemLimits
+from .base import AgentFileSystem, FileSystemLimits
 from .composite import CompositeAgentFileSystem, normalize_routes
 from .paths import conversation_dir_name, store_key
 from .stores import WorkspaceStores

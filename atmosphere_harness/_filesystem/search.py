@@ -31,7 +31,8 @@ from typing import AnyStr
 
 import regex
 
-from .base import FileSystemError, GrepHit
+from .._errors import FileSystemError, GrepTimeout
+from .base import GrepHit
 
 MAX_PATTERN_CHARS = 512
 MAX_LINE_CHARS = 500
@@ -40,10 +41,6 @@ GREP_DEADLINE_SECONDS = 2.0
 _REGEX_SYNTAX = frozenset(".^$*+?{}[]\\|()")
 _LINE_UNSAFE = re.compile(r"\\[AZz]|\(\?<?[=!]|\(\?[a-zA-Z]*-")
 """Constructs whose meaning differs between a line on its own and the line inside its file."""
-
-
-class GrepTimeout(FileSystemError):
-    """The deadline of one grep call passed."""
 
 
 @dataclass(frozen=True, slots=True)

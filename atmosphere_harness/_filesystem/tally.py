@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 
-from .base import FileSystemError
+from .._errors import FileSystemError
 from .paths import TEMP_SUFFIX, is_under
 from .usage import StoreUsage
 

@@ -17,9 +17,10 @@ import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._errors import FileSystemError
 from .._settings import DEFAULT_OFFLOAD_THRESHOLD
 from .._tools.base import Batch, HistoryArguments, Prefetch, Tool, ToolContext, ToolKind
-from .base import AgentFileSystem, FileSystemError
+from .base import AgentFileSystem
 
 if TYPE_CHECKING:
     from .._contracts import Run

@@ -72,12 +72,11 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar
 
+from .._errors import FileNotFoundInWorkspace, FileSystemError
 from . import spares, workers
 from .atomic import read_bytes, read_open, write_atomic
 from .base import (
     FileInfo,
-    FileNotFoundInWorkspace,
-    FileSystemError,
     FileSystemLimits,
     GrepHit,
     check_file_size,

@@ -71,7 +71,7 @@ class GovernancePrimitive(Primitive):
         endpoint.admission_hooks.append(ToolCallAdmission(self.chain))
         endpoint.result_hooks.append(PostResponse(self.chain))
         endpoint.approval_hook = ApprovalGate(
-            policy, self.approvals, host.settings.approval_timeout
+            policy, self.approvals, host.settings.groups.runtime.approval_timeout
         )
 
     async def stop(self, host: Host) -> None:

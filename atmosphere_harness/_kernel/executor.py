@@ -33,9 +33,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import _events as events
+from .._errors import ToolArgumentError
 from .._log import get_logger
 from .._runtimes.base import ToolCall
-from .._tools.base import Tool, ToolArgumentError, ToolContext, render_result
+from .._tools.base import Tool, ToolContext, render_result
 from .._tools.results import invalid_arguments, json_result
 from .._tools.validation import validate_arguments
 

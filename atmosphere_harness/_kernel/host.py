@@ -104,7 +104,7 @@ class HarnessHost:
                 self._host(spec)
             # Last: a resumed run needs its endpoint attached.
             await self.runs.open(self._resume)
-            if self.settings.durable_runs_effective:
+            if self.settings.groups.backends.durable_runs:
                 store = getattr(self.runs, "store", None)
                 self.truth.set_durable(
                     f"ACTIVE({getattr(store, 'name', 'custom')})"
@@ -120,7 +120,7 @@ class HarnessHost:
         mode = (
             "kill switch"
             if self.preset.kill_switch
-            else ("enabled app-wide" if self.settings.enabled else "per annotation")
+            else ("enabled app-wide" if self.settings.groups.harness.enabled else "per annotation")
         )
         log.info(
             "harness started",
@@ -176,18 +176,18 @@ class HarnessHost:
             spec,
             features=features,
             runtime=self.runtime,
-            workspace_root=self.settings.workspace_root,
-            tool_timeout=self.settings.tool_execution_timeout,
-            max_rounds=self.settings.max_tool_rounds,
+            workspace_root=self.settings.groups.filesystem.workspace_root,
+            tool_timeout=self.settings.groups.runtime.tool_execution_timeout,
+            max_rounds=self.settings.groups.runtime.max_tool_rounds,
             cache_policy=cache_policy,
             truth=self.truth,
-            max_tool_calls=self.settings.max_tool_calls_per_message,
-            max_tool_argument_chars=self.settings.max_tool_argument_chars,
+            max_tool_calls=self.settings.groups.runtime.max_tool_calls_per_message,
+            max_tool_argument_chars=self.settings.groups.runtime.max_tool_argument_chars,
         )
         self.truth.seed_endpoint(
             spec.path,
             features,
-            compaction=self.settings.compaction.value,
+            compaction=self.settings.groups.memory.compaction.value,
             cache_policy=cache_policy,
             coordinator=spec.kind is EndpointKind.COORDINATOR,
         )

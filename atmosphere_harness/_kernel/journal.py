@@ -54,15 +54,8 @@ from typing import Any
 
 from .. import _events as events
 from .._cancel import reraise_cancellation
-from .._contracts import (
-    FEED_OWNER,
-    LeaseLost,
-    LiveRunHandle,
-    RunFeed,
-    RunStore,
-    RunStoreNow,
-    StoredRun,
-)
+from .._contracts import FEED_OWNER, LiveRunHandle, RunFeed, RunStore, RunStoreNow, StoredRun
+from .._errors import LeaseLost
 from .._events import Frame
 from .._jsontext import compact_json
 from .._log import fault, get_logger

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 
 from .._cache import CacheHint, PromptCache
 from .._contracts import HistoryMark, PendingCloser
-from .._errors import HarnessError
+from .._errors import LoopLimitExceeded, RunSuperseded
 from .._log import get_logger
-from .._runtimes.base import Message, ModelError, ModelRequest, ModelResponse, ToolCall, Usage
+from .._runtimes.base import Message, ModelRequest, ModelResponse, ToolCall, Usage
 from .._tools.bounds import Screened, screen_calls
 from .executor import execute_calls
 from .journal import ENDED
@@ -41,14 +41,6 @@ if TYPE_CHECKING:
     from .run import RunContext
 
 log = get_logger(__name__)
-
-
-class LoopLimitExceeded(ModelError):
-    """The model kept calling tools past `max_tool_rounds`."""
-
-
-class RunSuperseded(HarnessError):
-    """A resumed durable run whose conversation went on without it: it is ended, not resumed."""
 
 
 SUPERSEDED = "superseded: the conversation went on without this run; it was not resumed"

@@ -9,7 +9,6 @@ from .. import _events as events
 from .._cache import CacheHint
 from .._contracts import FrameSink
 from .._events import Event, Frame
-from .._injection import register_injectable
 from .loop import run_loop
 
 if TYPE_CHECKING:
@@ -104,6 +103,3 @@ class StreamingSession:
         await self._sink(
             Frame(kind, data, self._run.session_id, self._run.conversation_id, self._seq)
         )
-
-
-register_injectable(StreamingSession)

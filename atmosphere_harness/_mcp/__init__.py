@@ -7,7 +7,8 @@ decorators, through the official `mcp` SDK (extra `[mcp]`).
 - `primitive`: `MCPPrimitive`, the attach engine.
 """
 
-from .connection import MCPConnection, MCPServerError
+from .._errors import MCPServerError
+from .connection import MCPConnection
 from .primitive import MCPPrimitive
 from .servers import MCPServerHTTP, MCPServerStdio
 

@@ -24,7 +24,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from .._errors import HarnessError
+from .._errors import MCPServerError
 from .._log import get_logger
 from .servers import MCPServer, MCPServerHTTP
 
@@ -41,10 +41,6 @@ PING_TIMEOUT = 5.0
 MAX_TOOL_PAGES = 100
 """`tools/list` pages read at most (a paginator that never ends cannot hang start-up)."""
 INSTALL_HINT = "MCP servers need the MCP SDK: pip install 'atmosphere-harness[mcp]'"
-
-
-class MCPServerError(HarnessError, RuntimeError):
-    """An MCP server is unavailable (it failed to start, died, or hung); the message says why."""
 
 
 def describe(exc: BaseException) -> str:

@@ -47,7 +47,7 @@ class MCPPrimitive(Primitive):
     async def start(self, host: Host) -> None:
         self._host = host
         names: set[str] = set()
-        connect_timeout = host.settings.mcp_connect_timeout
+        connect_timeout = host.settings.groups.mcp.connect_timeout
         for spec in host.specs:
             if spec.headless:
                 continue  # no prompt loop, so nothing would ever call its tools

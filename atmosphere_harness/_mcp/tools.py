@@ -19,9 +19,10 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._errors import MCPServerError
 from .._tools.base import Tool, ToolContext, ToolKind
 from .._tools.results import json_result
-from .connection import MCPConnection, MCPServerError, describe
+from .connection import MCPConnection, describe
 
 if TYPE_CHECKING:
     import mcp_types

@@ -315,13 +315,13 @@ def token_budget(settings: HarnessSettings, runtime: AgentRuntime | None) -> int
     3. the `context_window_tokens` default.
     """
     if "context_window_tokens" in settings.model_fields_set:
-        return settings.context_window_tokens
+        return settings.groups.memory.context_window_tokens
     candidate: object = runtime  # any runtime may opt in; AgentRuntime does not declare it
     if isinstance(candidate, ContextWindowRuntime):
         window = candidate.context_window
         if isinstance(window, int) and window > 0:
             return window
-    return settings.context_window_tokens
+    return settings.groups.memory.context_window_tokens
 
 
 def build_strategy(

@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._contracts import Key
-from .._injection import register_injectable
 from .._runtimes.base import Message
 from .compaction import CompactionStrategy, SlidingWindowCompaction, Summary
 from .history import ConversationKey, HistoryBackend, HistoryRead, InMemoryHistory
@@ -164,6 +163,3 @@ class ConversationMemory:
         key = self.key(conversation_id, user_id)
         self._forget(key)
         await self.backend.clear(key)
-
-
-register_injectable(ConversationMemory)

@@ -20,7 +20,6 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .._injection import register_injectable
 from .sqlite import SqliteDatabase, Transaction
 
 DEFAULT_MAX_FACTS = 100
@@ -121,9 +120,6 @@ class LongTermMemory(abc.ABC):
     async def aclose(self) -> None:
         """Release resources (the harness calls it for stores it created)."""
         return None
-
-
-register_injectable(LongTermMemory)
 
 
 class InMemoryLongTermMemory(LongTermMemory):

@@ -83,7 +83,9 @@ class MemoryPrimitive(Primitive):
         settings = host.settings
         store = self._given_store
         if self._given_history is None or (store is None and self._fallback_store is None):
-            self.database = SqliteDatabase.shared(settings.workspace_root / DATABASE_FILE)
+            self.database = SqliteDatabase.shared(
+                settings.groups.filesystem.workspace_root / DATABASE_FILE
+            )
         if self._given_history is None:
             assert self.database is not None
             self.history = SqliteHistory(self.database)

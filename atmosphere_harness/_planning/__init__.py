@@ -7,10 +7,11 @@
 - `attach`: `PlanningPrimitive`, the attach engine.
 """
 
+from .._errors import PlanStoreError
 from .attach import PlanningPrimitive
 from .bus import InProcessPlanBus, PlanEvent, PlanEventBus, PlanSubscription
 from .model import AgentPlan, PlanStatus, PlanStep
-from .store import FilePlanStore, OwnerPlanStores, PlanStore, PlanStoreError
+from .store import FilePlanStore, OwnerPlanStores, PlanStore
 from .tools import record_plan, write_todos_tool
 
 __all__ = [

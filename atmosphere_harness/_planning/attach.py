@@ -77,7 +77,9 @@ class PlanningPrimitive(Primitive):
             endpoint.services.set(BUS_SERVICE, self._bus)
         endpoint.provide(PlanStore, lambda run: store)
         host.register_surface(SURFACE, endpoint.owner, store)
-        endpoint.report(PLANNING, self._attach_surface(endpoint, host.settings.planning))
+        endpoint.report(
+            PLANNING, self._attach_surface(endpoint, host.settings.groups.planning.mode)
+        )
 
     async def stop(self, host: Host) -> None:
         if self._bus is not None:

@@ -33,7 +33,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .._errors import HarnessError
+from .._errors import PlanBusFull
 from .._events import json_line
 from .._log import get_logger
 
@@ -44,10 +44,6 @@ HISTORY_SIZE = 64
 HISTORY_BYTES = 16 * 1024 * 1024
 MAX_TOPICS = 4096
 MAX_SUBSCRIBERS = 10_000
-
-
-class PlanBusFull(HarnessError, RuntimeError):
-    """A conversation already has the maximum number of live subscribers."""
 
 
 @dataclass(frozen=True, slots=True)

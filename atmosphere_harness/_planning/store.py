@@ -42,9 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from .._errors import HarnessError
+from .._errors import PlanStoreError
 from .._filelocks import LockFile
-from .._injection import register_injectable
 from .._log import get_logger
 from .model import AgentPlan
 
@@ -65,10 +64,6 @@ _TEMP_SUFFIX = ".tmp"
 _STALE_TEMP_SECONDS = 60.0
 
 
-class PlanStoreError(HarnessError, ValueError):
-    """A rejected plan operation; `str(error)` is the reason, written for the model."""
-
-
 @runtime_checkable
 class PlanStore(Protocol):
     """One plan per agent and conversation. Both methods are async and safe to call concurrently.
@@ -80,9 +75,6 @@ class PlanStore(Protocol):
     async def get(self, agent_id: str, conversation_id: str) -> AgentPlan | None: ...
 
     async def put(self, agent_id: str, conversation_id: str, plan: AgentPlan) -> None: ...
-
-
-register_injectable(PlanStore)
 
 
 def check_key(label: str, value: object) -> str:

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _events as events
 from .._contracts import Endpoint, Key, Run
+from .._errors import PlanStoreError
 from .._log import get_logger
 from .._tools.base import Tool, ToolContext, ToolKind
 from .model import STATUS_NAMES, AgentPlan, PlanStatus, PlanStep
-from .store import PlanStore, PlanStoreError
+from .store import PlanStore
 
 if TYPE_CHECKING:
     from .bus import PlanEventBus

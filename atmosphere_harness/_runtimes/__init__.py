@@ -1,11 +1,11 @@
 """Model runtimes: the `AgentRuntime` protocol and its implementations."""
 
+from .._errors import ModelError
 from .base import (
     AgentRuntime,
     AiCapability,
     ContextWindowRuntime,
     Message,
-    ModelError,
     ModelRequest,
     ModelResponse,
     ToolCall,

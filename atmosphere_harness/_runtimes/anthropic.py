@@ -140,12 +140,12 @@ class AnthropicRuntime(SdkRuntime):
     def from_settings(cls, settings: HarnessSettings) -> AnthropicRuntime:
         """The runtime `LLM_RUNTIME=anthropic` (or `auto` with a Claude model) resolves to."""
         return cls(
-            settings.llm_model or "",
-            base_url=settings.llm_base_url,
-            api_key=settings.llm_api_key,
-            max_retries=settings.llm_max_retries,
-            timeout=settings.llm_timeout,
-            max_tokens=settings.llm_max_tokens or DEFAULT_MAX_TOKENS,
+            settings.groups.runtime.model or "",
+            base_url=settings.groups.runtime.base_url,
+            api_key=settings.groups.runtime.api_key,
+            max_retries=settings.groups.runtime.max_retries,
+            timeout=settings.groups.runtime.timeout,
+            max_tokens=settings.groups.runtime.max_tokens or DEFAULT_MAX_TOKENS,
         )
 
     def native_tools(self, capability: AiCapability) -> Sequence[Tool]:

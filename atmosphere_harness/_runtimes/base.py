@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from .._cache import CacheHint
-from .._errors import HarnessError
 
 Role = Literal["system", "user", "assistant", "tool"]
 TextSink = Callable[[str], Awaitable[None]]
@@ -186,7 +185,3 @@ class ContextWindowRuntime(Protocol):
     """
 
     context_window: int | None
-
-
-class ModelError(HarnessError):
-    """A model call failed in a way the client should see (an `error` frame), not a crash."""

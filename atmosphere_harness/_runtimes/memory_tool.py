@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from .._filesystem.base import AgentFileSystem, FileInfo, FileSystemError, UserFiles
+from .._errors import FileSystemError
+from .._filesystem.base import AgentFileSystem, FileInfo, UserFiles
 from .._tools.base import Tool, ToolContext, ToolKind
 
 NAME = "memory"

@@ -135,13 +135,13 @@ class OpenAIRuntime(SdkRuntime):
     def from_settings(cls, settings: HarnessSettings) -> OpenAIRuntime:
         """The runtime `LLM_RUNTIME=openai` (or `auto` with a configured model) resolves to."""
         return cls(
-            settings.llm_model or "",
-            base_url=settings.llm_base_url,
-            api_key=settings.llm_api_key,
-            max_retries=settings.llm_max_retries,
-            timeout=settings.llm_timeout,
-            max_tokens=settings.llm_max_tokens,
-            prompt_cache_key=settings.prompt_cache_key,
+            settings.groups.runtime.model or "",
+            base_url=settings.groups.runtime.base_url,
+            api_key=settings.groups.runtime.api_key,
+            max_retries=settings.groups.runtime.max_retries,
+            timeout=settings.groups.runtime.timeout,
+            max_tokens=settings.groups.runtime.max_tokens,
+            prompt_cache_key=settings.groups.runtime.prompt_cache_key,
         )
 
     def wire_request(self, request: ModelRequest) -> dict[str, Any]:

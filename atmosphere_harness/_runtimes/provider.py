@@ -16,8 +16,9 @@ from typing import Any, Protocol
 
 import httpx2
 
+from .._errors import ModelError
 from .._jsontext import compact_json
-from .base import Message, ModelError, ModelRequest, ModelResponse, TextSink
+from .base import Message, ModelRequest, ModelResponse, TextSink
 from .windows import model_context_window
 
 RETRY_WAIT_SECONDS = 120.0

@@ -47,17 +47,20 @@ def configured_provider(settings: HarnessSettings) -> RuntimeChoice | None:
     A base URL decides when there is one (a `claude-*` model behind an OpenAI-compatible proxy
     such as LiteLLM is still spoken to as OpenAI); otherwise the model name does.
     """
-    if not (settings.llm_model or settings.llm_base_url):
+    if not (settings.groups.runtime.model or settings.groups.runtime.base_url):
         return None
-    if settings.llm_base_url:
-        host = urlsplit(settings.llm_base_url.strip()).hostname or settings.llm_base_url
+    if settings.groups.runtime.base_url:
+        host = (
+            urlsplit(settings.groups.runtime.base_url.strip()).hostname
+            or settings.groups.runtime.base_url
+        )
         return RuntimeChoice.ANTHROPIC if "anthropic" in host.lower() else RuntimeChoice.OPENAI
-    model = (settings.llm_model or "").lower()
+    model = (settings.groups.runtime.model or "").lower()
     return RuntimeChoice.ANTHROPIC if "claude" in model else RuntimeChoice.OPENAI
 
 
 def resolve_runtime(settings: HarnessSettings) -> AgentRuntime:
-    choice = settings.llm_runtime
+    choice = settings.groups.runtime.choice
     if choice is RuntimeChoice.AUTO:
         provider = configured_provider(settings)
         if provider is None:

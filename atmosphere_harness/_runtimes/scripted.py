@@ -13,16 +13,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeAlias
 
-from .base import (
-    AiCapability,
-    Message,
-    ModelError,
-    ModelRequest,
-    ModelResponse,
-    TextSink,
-    ToolCall,
-    Usage,
-)
+from .._errors import ModelError, ScriptExhausted
+from .base import AiCapability, Message, ModelRequest, ModelResponse, TextSink, ToolCall, Usage
 from .demo_tools import fill_arguments, pick_user_tool
 
 TurnResult: TypeAlias = str | Sequence[ToolCall]
@@ -32,10 +24,6 @@ Turn: TypeAlias = str | Sequence[ToolCall] | TurnFunction
 _MAX_TRACKED_CONVERSATIONS = 10_000
 DEFAULT_MAX_REQUESTS = 256
 """How many model requests a `ScriptedRuntime` keeps in `requests` unless told otherwise."""
-
-
-class ScriptExhausted(ModelError):
-    """The script has no turn left for this conversation."""
 
 
 class ScriptedRuntime:

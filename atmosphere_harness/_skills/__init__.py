@@ -7,7 +7,8 @@ decorator and app-wide, listed in the system prompt and read on demand from a re
 - `primitive`: `SkillsPrimitive`, the attach engine.
 """
 
-from .catalog import Skill, SkillSourceError, discover, parse_skill
+from .._errors import SkillSourceError
+from .catalog import Skill, discover, parse_skill
 from .primitive import SKILLS_SERVICE, SkillSet, SkillsPrimitive
 
 __all__ = [

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from .._errors import HarnessError
+from .._errors import SkillSourceError
 from .._log import get_logger
 
 log = get_logger(__name__)
@@ -40,10 +40,6 @@ MAX_SKILLS_PER_SOURCE = 512
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^---[ \t]*\r?$", re.DOTALL | re.MULTILINE)
-
-
-class SkillSourceError(HarnessError, ValueError):
-    """A declared skill folder (`skills=` or `ATMOSPHERE_AI_SKILLS_DIRS`) does not exist."""
 
 
 @dataclass(frozen=True, slots=True)

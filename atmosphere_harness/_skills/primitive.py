@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._contracts import Endpoint, Host, Key, Primitive, Run
-from .._filesystem.base import AgentFileSystem, FileSystemError
+from .._errors import FileSystemError
+from .._filesystem.base import AgentFileSystem
 from .._filesystem.primitive import SURFACE
 from .._filesystem.workspace import WorkspaceAgentFileSystem
 from .._harness import Harness
@@ -100,7 +101,7 @@ class SkillsPrimitive(Primitive):
         spec = endpoint.spec
         if spec is None:
             return
-        app_wide = host.settings.skills_dirs
+        app_wide = host.settings.groups.skills.dirs
         sources = sources_for(spec.cls, spec.skill_sources, app_wide)
         if not sources:
             return

@@ -20,7 +20,8 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .._filesystem.base import AgentFileSystem, FileInfo, FileSystemError, GrepHit
+from .._errors import FileSystemError
+from .._filesystem.base import AgentFileSystem, FileInfo, GrepHit
 from .._filesystem.composite import CompositeAgentFileSystem
 from .._filesystem.paths import check_path, is_under
 from .._filesystem.workspace import WorkspaceAgentFileSystem

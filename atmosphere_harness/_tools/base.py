@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import pydantic
 from pydantic_core import to_jsonable_python
 
-from .._errors import HarnessError
-from .._injection import injectable_type, register_injectable, resolved_hints
+from .._errors import ToolArgumentError
+from .._injection import injectable_type, resolved_hints
 from .._runtimes.base import ToolCall, ToolSpec
 
 if TYPE_CHECKING:
@@ -32,14 +32,6 @@ class ToolKind(enum.Enum):
     NETWORK = "network"
     DELETE = "delete"
     OTHER = "other"
-
-
-class ToolArgumentError(HarnessError, ValueError):
-    """Arguments failed validation; `details` are the model-facing reasons."""
-
-    def __init__(self, details: list[str]) -> None:
-        super().__init__("; ".join(details))
-        self.details = details
 
 
 @dataclass(slots=True)
@@ -61,8 +53,6 @@ class ToolContext:
         """The run's injectable of type `kind` (e.g. `PlanStore`), or `None` if not attached."""
         return self.run.resolve(kind)
 
-
-register_injectable(ToolContext)
 
 Handler = Callable[[Mapping[str, Any], ToolContext], Awaitable[Any]]
 HistoryArguments = Callable[[Mapping[str, Any], str], Mapping[str, Any]]

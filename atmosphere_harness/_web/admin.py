@@ -71,7 +71,7 @@ async def get_admin_principal(connection: HTTPConnection) -> str | None:
 
     Override it to use your own authentication; return any non-`None` name to grant reads.
     """
-    token = get_harness(connection).settings.admin_token
+    token = get_harness(connection).settings.groups.admin.token
     given = connection.headers.get(AUTH_HEADER) or connection.query_params.get(AUTH_HEADER)
     if not token or not given:
         return None
@@ -85,7 +85,7 @@ AdminPrincipalDep = Annotated[str | None, Depends(get_admin_principal)]
 
 def require_principal(principal: str | None, settings: HarnessSettings) -> None:
     if principal is None:
-        hint = HINT if settings.admin_token else HINT_NO_TOKEN
+        hint = HINT if settings.groups.admin.token else HINT_NO_TOKEN
         raise Problem(401, UNAUTHORIZED, hint=hint)
 
 
@@ -184,7 +184,7 @@ def admin_router() -> APIRouter:
 
     @router.get("/workspace/owners", summary="Owners with a plan store and/or a filesystem")
     async def owners(host: HarnessDep, principal: AdminPrincipalDep) -> Any:
-        if host.settings.admin_http_read_auth_required:
+        if host.settings.groups.admin.read_auth_required:
             require_principal(principal, host.settings)
         plans = set(host.owners(PLAN_SURFACE))
         files = set(host.owners(FILE_SURFACE))
@@ -281,9 +281,9 @@ def admin_router() -> APIRouter:
 
 def warn_admin_posture(settings: HarnessSettings) -> None:
     """Say at start-up when every admin read will be denied (the gate fails closed)."""
-    if settings.admin_token:
+    if settings.groups.admin.token:
         return
-    if settings.admin_http_read_auth_required:
+    if settings.groups.admin.read_auth_required:
         log.warning(
             "ATMOSPHERE_ADMIN_HTTP_READ_AUTH_REQUIRED is on but no ATMOSPHERE_ADMIN_TOKEN is "
             "set: every admin read is denied"

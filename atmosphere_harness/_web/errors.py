@@ -41,16 +41,19 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from .._backends.unavailable import BackendUnavailable
-from .._delegation.fleet import DelegationError
-from .._errors import HarnessError
-from .._filesystem.base import FileNotFoundInWorkspace, FileSystemError
+from .._errors import (
+    BackendUnavailable,
+    DelegationError,
+    FileNotFoundInWorkspace,
+    FileSystemError,
+    HarnessError,
+    ModelError,
+    PlanBusFull,
+    PlanStoreError,
+    ToolArgumentError,
+)
 from .._kernel.host import HarnessHost
-from .._planning.bus import PlanBusFull
-from .._planning.store import PlanStoreError
-from .._runtimes.base import ModelError
 from .._settings import DEFAULT_MAX_REQUEST_BYTES
-from .._tools.base import ToolArgumentError
 from .deps import STATE_KEY
 
 MAX_MESSAGE_CHARS = 2000

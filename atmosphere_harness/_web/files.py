@@ -19,7 +19,8 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Query
 
-from .._filesystem.base import AgentFileSystem, FileSystemError
+from .._errors import FileSystemError
+from .._filesystem.base import AgentFileSystem
 from .._filesystem.primitive import SURFACE
 from .._filesystem.provider import AgentFileSystemProvider
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep

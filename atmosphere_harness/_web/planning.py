@@ -29,11 +29,11 @@ from fastapi import Depends, Header, HTTPException, Query
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 
-from .._backends.unavailable import BackendUnavailable
+from .._errors import BackendUnavailable, PlanBusFull
 from .._ids import check_conversation_id
 from .._log import get_logger
 from .._planning.attach import SURFACE
-from .._planning.bus import PlanBusFull, PlanEvent, PlanEventBus, encode
+from .._planning.bus import PlanEvent, PlanEventBus, encode
 from .._planning.model import AgentPlan
 from .._planning.store import OwnerPlanStores, PlanStore
 from .._planning.tools import BUS_SERVICE, STORE_SERVICE, agent_id_for

@@ -1,7 +1,8 @@
 """`create_harness_router`: the one router a host includes.
 
-Every route is declared when the router is built, so `app.include_router(router, prefix="/v1")`
-serves the agents under the prefix and `app.openapi()` lists them before the app starts. The
+Building the router does no work; every route is declared when the app includes it, so
+`app.include_router(router, prefix="/v1")` serves the agents under the prefix and
+`app.openapi()` lists them before the app starts. The
 per-endpoint routes come from the agents' declarations (`routes.ROUTE_BUILDERS`); their handlers
 find the running host in the lifespan state (`get_harness`) and their endpoint by path.
 
@@ -26,7 +27,7 @@ from .._governance.approval import ToolApprovalPolicy
 from .._kernel.host import HarnessHost
 from .._log import ensure_handler, get_logger
 from .._preset import IDENTITY_NONE, LONG_TERM_MEMORY, is_active
-from .._registry import AgentSpec, EndpointKind, registered_agents, spec_of
+from .._registry import DEFAULT_REGISTRY, AgentRegistry, AgentSpec, EndpointKind, spec_of
 from .._runtimes.base import AgentRuntime
 from .._runtimes.resolve import resolve_runtime
 from .._settings import HarnessSettings
@@ -42,15 +43,16 @@ log = get_logger(__name__)
 
 
 class HarnessRouter(APIRouter):
-    """The router `create_harness_router` returns: the app-wide routes and every agent's routes.
+    """The router `create_harness_router` returns: every agent's routes, then the app-wide ones.
 
-    With `agents=[...]` the agent routes are declared when the router is built. Without
-    (`harness_router`, `create_harness_router()`), the router hosts every decorated class, and
-    those are usually declared after the router object exists (`harness_router` is created when
-    `atmosphere_harness` is imported): the classes are then read from the decorator registry the
-    first time the router's routes are read, which is when the app includes it
-    (`app.include_router` reads `router.routes`). A class decorated after that has no routes,
-    so the app refuses to start and names it (`hosted_specs`).
+    Building it does no work: its routes are declared the first time they are read, which is
+    when the app includes it (`app.include_router` reads `router.routes`). Declared from a list
+    (`agents=[...]`), they are those classes and their fleets. Declared from a registry
+    (`harness_router`, `create_harness_router()`, `agents=registry`), they are the classes it
+    holds at that moment: `harness_router` exists before the classes below its import are
+    decorated, so reading the registry any earlier would miss them. A class decorated into the
+    registry after that has no routes, so the app refuses to start and names it
+    (`hosted_specs`).
 
     Agent routes come first in the router, before the console and admin routes; where they
     stand among the app's own routes is decided by the order of the app's `include_router`
@@ -60,24 +62,17 @@ class HarnessRouter(APIRouter):
     def __init__(
         self,
         *,
-        agents: Sequence[type] | None,
+        agents: Sequence[AgentSpec] | AgentRegistry,
         lifespan: Callable[[FastAPI], AbstractAsyncContextManager[Any]],
     ) -> None:
+        self._source = agents
         self._specs: list[AgentSpec] | None = None
-        self._from_registry = False
         super().__init__(lifespan=lifespan)
-        self.include_router(console_info_router())
-        self.include_router(admin_router())
-        self.include_router(console_router())
-        if agents is None:
-            self._from_registry = True  # declared on the first read of `routes`
-        else:
-            self._declare([spec_of(cls) for cls in agents])
 
     @property
     def routes(self) -> list[BaseRoute]:
-        if self._specs is None and self._from_registry:
-            self._declare(registered_agents())
+        if self._specs is None:
+            self._declare()
         return self._routes
 
     @routes.setter
@@ -87,22 +82,22 @@ class HarnessRouter(APIRouter):
     @property
     def specs(self) -> list[AgentSpec]:
         """Every agent this router declared routes for (or hosts, when headless)."""
-        if self._specs is None:  # a registry router whose routes were never read yet
-            self._declare(registered_agents())
+        if self._specs is None:
+            self._declare()
         assert self._specs is not None
         return list(self._specs)
 
     def hosted_specs(self) -> list[AgentSpec]:
         """The specs the lifespan hosts: exactly those the routes were declared for.
 
-        Raises `RuntimeError` naming every class decorated after a registry router declared its
-        routes: it has no route, and hosting it anyway would make the host and its routes
-        disagree, so the app does not start.
+        Raises `RuntimeError` naming every class decorated into the router's registry after it
+        declared its routes: it has no route, and hosting it anyway would make the host and its
+        routes disagree, so the app does not start.
         """
         specs = self.specs
-        if self._from_registry:
+        if isinstance(self._source, AgentRegistry):
             declared = {spec.cls for spec in specs}
-            late = [spec for spec in registered_agents() if spec.cls not in declared]
+            late = [spec for spec in self._source.specs() if spec.cls not in declared]
             if late:
                 names = ", ".join(f"{spec.cls.__name__} ({spec.path})" for spec in late)
                 raise RuntimeError(
@@ -122,10 +117,12 @@ class HarnessRouter(APIRouter):
                 f"the harness hosts {', '.join(missing)} but its router declared no routes for it"
             )
 
-    def _declare(self, specs: Sequence[AgentSpec]) -> None:
-        """Declare every agent's routes, in front of the router's other routes."""
-        self._specs = with_fleets(specs)
-        before = list(self._routes)
+    def _declare(self) -> None:
+        """Declare every agent's routes, then the app-wide ones (console info, admin, console)."""
+        source = self._source
+        self._specs = with_fleets(
+            source.specs() if isinstance(source, AgentRegistry) else list(source)
+        )
         paths: set[str] = set()
         for spec in self._specs:
             if spec.headless or spec.path in paths:
@@ -134,8 +131,9 @@ class HarnessRouter(APIRouter):
             for build in ROUTE_BUILDERS:
                 for route in build(spec):
                     self._add(route)
-        added = self._routes[len(before) :]
-        self._routes[:] = added + before
+        self.include_router(console_info_router())
+        self.include_router(admin_router())
+        self.include_router(console_router())
 
     def _add(self, route: RouteSpec) -> None:
         """The one place a per-endpoint route is created (and its route class chosen)."""
@@ -202,7 +200,7 @@ def note_identity(host: HarnessHost, identity: str) -> None:
 def create_harness_router(
     settings: HarnessSettings | None = None,
     *,
-    agents: Sequence[type] | None = None,
+    agents: Sequence[type] | AgentRegistry | None = None,
     runtime: AgentRuntime | None = None,
     long_term_memory: Any | None = None,
     policies: Sequence[Any] = (),
@@ -214,8 +212,9 @@ def create_harness_router(
     Args:
         settings: Configuration; `None` reads `HarnessSettings()` from the environment when the
             app starts (never at import).
-        agents: The decorated classes to host (and the classes their fleets name); `None` hosts
-            every decorated class, read when the app includes the router.
+        agents: The decorated classes to host (and the classes their fleets name), or a
+            registry (`AgentRegistry`) whose classes are read when the app includes the router;
+            `None` is the registry of the package's decorators.
         runtime: The model runtime; `None` resolves one from the settings.
         long_term_memory: A long-term memory store to use instead of the default one.
         policies: Governance policies evaluated on every tool call, `task` spawn and fleet
@@ -248,9 +247,13 @@ def create_harness_router(
         finally:
             await host.stop()
 
-    router = HarnessRouter(agents=agents, lifespan=lifespan)
+    if agents is None:
+        agents = DEFAULT_REGISTRY
+    source = agents if isinstance(agents, AgentRegistry) else [spec_of(cls) for cls in agents]
+    router = HarnessRouter(agents=source, lifespan=lifespan)
     return router
 
 
 harness_router = create_harness_router()
-"""The default router: hosts every decorated class with settings from the environment."""
+"""The default router: hosts every class the package's decorators declared, with settings from
+the environment. Building it does no work; its routes are declared when the app includes it."""

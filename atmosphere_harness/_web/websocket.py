@@ -226,7 +226,7 @@ def websocket_routes(spec: AgentSpec) -> list[RouteSpec]:
         if endpoint is None:
             log.error(not_hosted(spec.path))
             raise WebSocketException(code=1011, reason="endpoint not hosted")
-        if not origin_allowed(websocket, host.settings.websocket_allowed_origins):
+        if not origin_allowed(websocket, host.settings.groups.admin.websocket_allowed_origins):
             log.warning(
                 "websocket from another origin refused",
                 origin=websocket.headers.get("origin"),

@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from atmosphere_harness import (
     AgentFileSystem,
     HarnessSettings,
+    Message,
     ModelRequest,
     ScriptedRuntime,
     StreamingSession,
@@ -32,7 +33,6 @@ from atmosphere_harness import (
     prompt,
     tool,
 )
-from atmosphere_harness._runtimes.base import Message
 
 BUGGY = """def add(a: int, b: int) -> int:
     return a + b

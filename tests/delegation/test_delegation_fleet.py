@@ -29,9 +29,9 @@ from atmosphere_harness import (
     tool,
 )
 from atmosphere_harness._assembly import default_primitives
+from atmosphere_harness._errors import ModelError
 from atmosphere_harness._kernel.host import HarnessHost
 from atmosphere_harness._registry import spec_of
-from atmosphere_harness._runtimes.base import ModelError
 from tests.agents import echo
 from tests.delegation_support import Recorder, deny_when, governed_app
 from tests.support import of_type, serve

@@ -25,8 +25,8 @@ from atmosphere_harness import (
     coordinator,
 )
 from atmosphere_harness._delegation import SYSTEM_PROMPT
+from atmosphere_harness._errors import ModelError
 from atmosphere_harness._governance import policy_chain
-from atmosphere_harness._runtimes.base import ModelError
 from tests.agents import echo
 from tests.delegation_support import Recorder, deny_when, governed_app, open_prompt
 from tests.support import of_type, serve

@@ -13,12 +13,13 @@ import pytest
 
 from atmosphere_harness import ToolCall, WorkspaceAgentFileSystem
 from atmosphere_harness._contracts import Run
+from atmosphere_harness._errors import ToolArgumentError
 from atmosphere_harness._filesystem import FileSystemLimits, atomic
 from atmosphere_harness._filesystem import workspace as workspace_module
 from atmosphere_harness._filesystem.composite import CompositeAgentFileSystem
 from atmosphere_harness._filesystem.tools import file_tools
 from atmosphere_harness._kernel.executor import execute_calls
-from atmosphere_harness._tools.base import Tool, ToolArgumentError, ToolContext
+from atmosphere_harness._tools.base import Tool, ToolContext
 from tests.fs_support import Harnessed, Hops, tree
 
 pytestmark = pytest.mark.usefixtures("on_loop_and_worker")

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
-from atmosphere_harness._filesystem import FileSystemError
+from atmosphere_harness._errors import FileSystemError
 from atmosphere_harness._filesystem.paths import (
     MAX_PATH_CHARS,
     MAX_SEGMENT_BYTES,

@@ -12,7 +12,8 @@ import pytest
 
 from atmosphere_harness import ToolCall, WorkspaceAgentFileSystem
 from atmosphere_harness._contracts import Run
-from atmosphere_harness._filesystem import FileNotFoundInWorkspace, FileSystemLimits
+from atmosphere_harness._errors import FileNotFoundInWorkspace
+from atmosphere_harness._filesystem import FileSystemLimits
 from atmosphere_harness._filesystem import workspace as workspace_module
 from atmosphere_harness._filesystem.tools import file_tools
 from atmosphere_harness._kernel.executor import execute_calls

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
-from atmosphere_harness._filesystem import FileSystemError, GrepHit
+from atmosphere_harness._errors import FileSystemError
+from atmosphere_harness._filesystem import GrepHit
 from atmosphere_harness._filesystem import search as search_module
 from atmosphere_harness._filesystem.globbing import compile_glob
 from atmosphere_harness._filesystem.search import (

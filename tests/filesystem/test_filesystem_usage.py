@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
+from atmosphere_harness._errors import FileSystemError
 from atmosphere_harness._filesystem import (
     AgentFileSystemProvider,
-    FileSystemError,
     InProcessWorkspaceUsage,
     StoreUsage,
     UsageLedger,

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
-from atmosphere_harness._filesystem import FileInfo, FileSystemError, GrepHit
+from atmosphere_harness._errors import FileSystemError
+from atmosphere_harness._filesystem import FileInfo, GrepHit
 from atmosphere_harness._filesystem import tally as tally_module
 from atmosphere_harness._filesystem import workspace as workspace_module
 from atmosphere_harness._filesystem.atomic import read_bytes, read_open

@@ -14,9 +14,9 @@ from atmosphere_harness._config_file import (
     QUARKUS_DURABLE_OPT_OUT,
     SEED_KEYS,
     UNSUPPORTED,
-    ConfigFileError,
     parse_properties,
 )
+from atmosphere_harness._errors import ConfigFileError
 from atmosphere_harness._settings import Compaction, PromptCacheKeyMode, SurfaceMode
 
 ROOT = Path(__file__).resolve().parents[2]

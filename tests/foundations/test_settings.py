@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
 import logging
+import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ from atmosphere_harness._settings import (
     Compaction,
     PromptCacheKeyMode,
     RuntimeChoice,
+    SettingsGroups,
     SurfaceMode,
     WorkspaceBackend,
 )
@@ -397,3 +402,61 @@ def test_user_id_header_is_a_header_name_or_unset(monkeypatch: pytest.MonkeyPatc
     for bad in ("X Forwarded User", "X-User:", "x" * 65, "Ü-User"):
         with pytest.raises(ValidationError, match="ATMOSPHERE_USER_ID_HEADER must be an HTTP"):
             HarnessSettings(user_id_header=bad)
+
+
+# --- read by concern ----------------------------------------------------------------------------
+
+PACKAGE = Path(__file__).resolve().parents[2] / "atmosphere_harness"
+FLAT = set(HarnessSettings.model_fields) | {"kill_switch", "durable_runs_effective"}
+
+
+def test_every_setting_but_the_config_file_is_in_a_group() -> None:
+    """The groups are built from every flat field (the config file is read before they exist)."""
+    source = inspect.getsource(HarnessSettings.groups.func)
+    read = {
+        node.attr
+        for node in ast.walk(ast.parse(textwrap.dedent(source)))
+        if isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "self"
+    }
+    read = {"durable_runs" if name == "durable_runs_effective" else name for name in read}
+    assert read == set(HarnessSettings.model_fields) - {"config_file"}
+
+
+def test_the_package_reads_settings_through_their_groups() -> None:
+    """No `settings.<flat field>` outside the settings module: each part reads its group."""
+    flat_reads = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "_settings.py" and path.parent == PACKAGE:
+            continue
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+        groups = {  # names bound to a group (`settings = host.settings.groups.memory`)
+            target.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and ".groups." in ast.unparse(node.value) + "."
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or node.attr not in FLAT:
+                continue
+            receiver = ast.get_source_segment(source, node.value) or ""
+            if receiver in groups:
+                continue
+            if "settings" in receiver.lower() and "groups" not in receiver:
+                flat_reads.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.attr}")
+    assert flat_reads == []
+
+
+def test_the_docs_list_each_group_as_it_is() -> None:
+    page = (PACKAGE.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    documented = {
+        group: set(re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", fields)))
+        for group, fields in re.findall(r"^\| `groups\.(\w+)` \| (.*) \|$", page, re.MULTILINE)
+    }
+    declared = {
+        group: set(info.annotation.model_fields)
+        for group, info in SettingsGroups.model_fields.items()
+        if info.annotation is not None
+    }
+    assert documented == declared

@@ -8,7 +8,7 @@ import pytest
 from fastapi import FastAPI
 
 from atmosphere_harness import ScriptedRuntime, agent, ai_endpoint, create_harness_router
-from atmosphere_harness._config_file import ConfigFileError
+from atmosphere_harness._errors import ConfigFileError
 from tests.agents import echo
 from tests.support import client_for
 

@@ -28,7 +28,7 @@ from atmosphere_harness import (
     create_harness_router,
     get_user_id,
 )
-from atmosphere_harness._planning.bus import PlanBusFull
+from atmosphere_harness._errors import PlanBusFull
 from atmosphere_harness._web.deps import user_id_from_header
 from atmosphere_harness._web.errors import HarnessRoute, Problem
 from tests.agents import echo

@@ -28,6 +28,7 @@ from atmosphere_harness import (
     prompt,
     tool,
 )
+from atmosphere_harness._registry import AgentRegistry
 from atmosphere_harness._web.deps import user_id_from_header
 from samples.personal_assistant.app import Assistant
 from tests.agents import echo
@@ -281,21 +282,21 @@ async def test_include_order_decides_against_a_catch_all(workspace: Path) -> Non
 
 
 @pytest.fixture
-def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A process-wide registry holding only this test's classes."""
-    from atmosphere_harness import _registry as registry
-
-    monkeypatch.setattr(registry, "_registry", {})
+def registry() -> AgentRegistry:
+    """A registry holding only this test's classes (as the package's holds a module's)."""
+    return AgentRegistry()
 
 
 async def test_a_registry_router_declares_the_classes_decorated_before_it_is_included(
-    workspace: Path, fresh_registry: None
+    workspace: Path, registry: AgentRegistry
 ) -> None:
     router = create_harness_router(
-        HarnessSettings(workspace_root=workspace), runtime=ScriptedRuntime(default="hi")
+        HarnessSettings(workspace_root=workspace),
+        agents=registry,
+        runtime=ScriptedRuntime(default="hi"),
     )  # like harness_router: built before any class is decorated
 
-    Early = echo(agent(name="routes-early"), "Early")
+    Early = echo(registry.agent(name="routes-early"), "Early")
 
     app = FastAPI()
     app.include_router(router, prefix="/v1")
@@ -307,7 +308,7 @@ async def test_a_registry_router_declares_the_classes_decorated_before_it_is_inc
     assert [e["path"] for e in info["endpoints"]] == ["/atmosphere/agent/routes-early"]
     assert [spec.cls for spec in router.specs] == [Early]
 
-    @agent(name="routes-late")
+    @registry.agent(name="routes-late")
     class Late:
         @prompt
         async def chat(self, message: str) -> str:
@@ -322,11 +323,11 @@ async def test_a_registry_router_declares_the_classes_decorated_before_it_is_inc
 
 
 def test_a_registry_router_that_was_never_included_reads_the_registry_late(
-    fresh_registry: None,
+    registry: AgentRegistry,
 ) -> None:
-    router = create_harness_router()
+    router = create_harness_router(agents=registry)
 
-    @ai_endpoint("/atmosphere/routes-later")
+    @registry.ai_endpoint("/atmosphere/routes-later")
     class Later:
         @prompt
         async def chat(self, message: str) -> str:

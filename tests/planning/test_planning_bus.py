@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
+from atmosphere_harness._errors import PlanBusFull
 from atmosphere_harness._planning import InProcessPlanBus
-from atmosphere_harness._planning.bus import PlanBusFull
 
 
 def plan(n: int, pad: int = 0) -> dict[str, object]:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from atmosphere_harness import AgentPlan, PlanStatus, PlanStep
-from atmosphere_harness._planning import FilePlanStore, PlanStore, PlanStoreError
+from atmosphere_harness._errors import PlanStoreError
+from atmosphere_harness._planning import FilePlanStore, PlanStore
 
 PLAN = AgentPlan([PlanStep("Write tests", PlanStatus.IN_PROGRESS, "Writing tests")], "Ship")
 OTHER = AgentPlan([PlanStep("Replace the plan", PlanStatus.COMPLETED)])

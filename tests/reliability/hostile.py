@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from atmosphere_harness import ModelRequest, ScriptedRuntime, ToolCall
-from atmosphere_harness._runtimes.base import Message, ModelError
+from atmosphere_harness._errors import ModelError
+from atmosphere_harness._runtimes.base import Message
 
 RELEASE_ENV = "RELIABILITY_RELEASE_DIR"
 HOLD_TIMEOUT = 120.0

@@ -35,10 +35,11 @@ import re
 from collections.abc import Sequence
 
 from atmosphere_harness import ModelRequest, ScriptedRuntime, ToolCall
+from atmosphere_harness._errors import ModelError
 from atmosphere_harness._filesystem.base import FileSystemLimits
 from atmosphere_harness._memory.extraction import EXTRACTION_SYSTEM_PROMPT
 from atmosphere_harness._planning.store import MAX_STEPS
-from atmosphere_harness._runtimes.base import Message, ModelError
+from atmosphere_harness._runtimes.base import Message
 
 TURNS = 3
 LIMITS = FileSystemLimits(max_file_bytes=8 * 1024, max_files=TURNS + 2, max_total_bytes=64 * 1024)

@@ -11,10 +11,11 @@ import pytest
 
 from atmosphere_harness import AiCapability, CacheHint, Message, ModelRequest, ToolCall
 from atmosphere_harness._contracts import Primitive
+from atmosphere_harness._errors import ModelError
 from atmosphere_harness._filesystem.base import AgentFileSystem
 from atmosphere_harness._runtimes import provider
 from atmosphere_harness._runtimes.anthropic import AnthropicRuntime
-from atmosphere_harness._runtimes.base import ModelError, ToolSpec
+from atmosphere_harness._runtimes.base import ToolSpec
 from atmosphere_harness._runtimes.memory_tool import memory_tool
 from tests.fake_providers import (
     Status,

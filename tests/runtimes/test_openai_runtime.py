@@ -11,7 +11,8 @@ import httpx2
 import pytest
 
 from atmosphere_harness import CacheHint, Message, ModelRequest, ToolCall
-from atmosphere_harness._runtimes.base import ModelError, ToolSpec
+from atmosphere_harness._errors import ModelError
+from atmosphere_harness._runtimes.base import ToolSpec
 from atmosphere_harness._runtimes.openai import OpenAIRuntime
 from tests.fake_providers import (
     LoopbackTransport,

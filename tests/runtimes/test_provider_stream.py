@@ -6,7 +6,7 @@ import httpx2
 import pytest
 
 from atmosphere_harness import Message, ToolCall
-from atmosphere_harness._runtimes.base import ModelError
+from atmosphere_harness._errors import ModelError
 from atmosphere_harness._runtimes.provider import (
     MISSING_RESULT,
     paired,

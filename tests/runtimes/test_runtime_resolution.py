@@ -137,9 +137,8 @@ def test_the_public_face_loads_provider_runtimes_lazily(tmp_path: Path, monkeypa
     # An adapter whose SDK is absent says which extra to install.
     (tmp_path / "needs_sdk.py").write_text("import nosuch_sdk_for_test\nclass Fake: ...\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(
-        atmosphere_harness._PROVIDER_RUNTIMES, "Fake", ("nosuch_sdk_for_test", "needs_sdk")
-    )
+    monkeypatch.setitem(atmosphere_harness._LAZY, "Fake", "needs_sdk")
+    monkeypatch.setitem(atmosphere_harness._EXTRAS, "needs_sdk", "nosuch_sdk_for_test")
     with pytest.raises(ImportError, match=r"pip install 'atmosphere-harness\[nosuch_sdk_for_test"):
         atmosphere_harness.Fake  # noqa: B018
     sys.modules.pop("needs_sdk", None)

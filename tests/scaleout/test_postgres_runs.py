@@ -17,8 +17,9 @@ import pytest
 
 from atmosphere_harness import HarnessSettings
 from atmosphere_harness._backends import resolve_backends
-from atmosphere_harness._backends.postgres import LeaseLost, PostgresDatabase, PostgresRunStore
+from atmosphere_harness._backends.postgres import PostgresDatabase, PostgresRunStore
 from atmosphere_harness._contracts import LiveRunHandle, StoredRun
+from atmosphere_harness._errors import LeaseLost
 from atmosphere_harness._events import Frame
 from atmosphere_harness._kernel import journal, remote
 from atmosphere_harness._kernel.journal import LiveRuns, encode

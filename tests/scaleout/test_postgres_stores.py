@@ -16,20 +16,15 @@ import pytest
 
 from atmosphere_harness import HarnessSettings
 from atmosphere_harness._backends import StateBackends, resolve_backends
-from atmosphere_harness._backends.postgres import (
-    BackendUnavailable,
-    PostgresDatabase,
-    PostgresPlanStore,
-    redact,
-)
+from atmosphere_harness._backends.postgres import PostgresDatabase, PostgresPlanStore, redact
 from atmosphere_harness._backends.postgres.history import LOCK_NEWEST, PostgresHistory
 from atmosphere_harness._backends.postgres.locks import MARK
 from atmosphere_harness._backends.postgres.schema import SCHEMA_VERSION
+from atmosphere_harness._errors import BackendUnavailable, PlanStoreError
 from atmosphere_harness._governance.approvals import Answer, AnswerStatus
 from atmosphere_harness._memory.compaction import Summary
 from atmosphere_harness._memory.history import ConversationKey, HistoryRead
 from atmosphere_harness._planning.model import AgentPlan, PlanStatus, PlanStep
-from atmosphere_harness._planning.store import PlanStoreError
 from atmosphere_harness._runtimes.base import Message, ToolCall
 
 from .postgres_service import postgres_url, terminate_backends

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from atmosphere_harness._backends.postgres import PostgresDatabase
 from atmosphere_harness._backends.postgres.workspace import PostgresAgentFileSystem
-from atmosphere_harness._filesystem.base import FileSystemError, FileSystemLimits
+from atmosphere_harness._errors import FileSystemError
+from atmosphere_harness._filesystem.base import FileSystemLimits
 from atmosphere_harness._filesystem.paths import check_path
 from atmosphere_harness._filesystem.workspace import WorkspaceAgentFileSystem
 from tests.filesystem.test_filesystem_paths import ATTACKS, relative_paths

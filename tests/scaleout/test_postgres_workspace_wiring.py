@@ -14,13 +14,14 @@ import asyncpg
 import pytest
 
 from atmosphere_harness._assembly import default_primitives
-from atmosphere_harness._backends import BackendMisconfigured, resolve_backends
+from atmosphere_harness._backends import resolve_backends
 from atmosphere_harness._backends.postgres import (
     PostgresAgentFileSystem,
     PostgresDatabase,
     PostgresWorkspaceStores,
 )
-from atmosphere_harness._filesystem.base import FileSystemError, FileSystemLimits
+from atmosphere_harness._errors import BackendMisconfigured, FileSystemError
+from atmosphere_harness._filesystem.base import FileSystemLimits
 from atmosphere_harness._filesystem.composite import CompositeAgentFileSystem
 from atmosphere_harness._filesystem.primitive import FilesystemPrimitive
 from atmosphere_harness._filesystem.provider import AgentFileSystemProvider

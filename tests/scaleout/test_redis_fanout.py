@@ -22,15 +22,14 @@ from atmosphere_harness._backends.redis import (
     RedisHistory,
     RedisPlanBus,
     RedisRunStore,
-    RedisUnavailable,
     with_redis_events,
 )
 from atmosphere_harness._backends.redis.connection import digest
-from atmosphere_harness._errors import HarnessError
+from atmosphere_harness._errors import HarnessError, PlanBusFull, RedisUnavailable
 from atmosphere_harness._governance.approvals import Answer, AnswerStatus
 from atmosphere_harness._kernel.journal import LiveRuns
 from atmosphere_harness._memory.history import ConversationKey, HistoryRead
-from atmosphere_harness._planning.bus import PlanBusFull, PlanEvent
+from atmosphere_harness._planning.bus import PlanEvent
 from atmosphere_harness._runtimes.base import Message
 from tests.scaleout.redis_service import PrivateRedis, keys_under, url_for
 

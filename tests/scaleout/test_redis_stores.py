@@ -17,10 +17,10 @@ from atmosphere_harness._backends.redis import (
     RedisLongTermMemory,
     RedisPlanStore,
 )
+from atmosphere_harness._errors import PlanStoreError
 from atmosphere_harness._memory.history import ConversationKey, HistoryBackend
 from atmosphere_harness._memory.long_term import LongTermMemory
 from atmosphere_harness._planning.model import AgentPlan, PlanStep
-from atmosphere_harness._planning.store import PlanStoreError
 
 # The contract every history backend and every long-term memory store keeps, run on Redis.
 from tests.memory.test_memory_conversation import (  # noqa: F401

@@ -23,7 +23,8 @@ from atmosphere_harness._backends.postgres import PostgresDatabase, PostgresRunS
 from atmosphere_harness._backends.postgres import runs as postgres_runs
 from atmosphere_harness._backends.redis import RedisConnection, RedisRunStore
 from atmosphere_harness._backends.redis import runs as redis_runs
-from atmosphere_harness._contracts import FEED_OWNER, LeaseLost, LiveRunHandle, StoredRun
+from atmosphere_harness._contracts import FEED_OWNER, LiveRunHandle, StoredRun
+from atmosphere_harness._errors import LeaseLost
 from atmosphere_harness._events import Frame
 from atmosphere_harness._kernel import journal
 from atmosphere_harness._kernel.journal import ABANDONED, STOPPED, LiveRuns, encode

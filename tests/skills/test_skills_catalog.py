@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from atmosphere_harness._errors import SkillSourceError
 from atmosphere_harness._skills.catalog import (
     MAX_SKILL_FILE_BYTES,
-    SkillSourceError,
     discover,
     parse_skill,
     sources_for,

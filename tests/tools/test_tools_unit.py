@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from atmosphere_harness import ModelRequest, ScriptedRuntime, ToolCall, ToolContext, ToolKind, tool
+from atmosphere_harness._errors import ScriptExhausted
 from atmosphere_harness._runtimes.base import Message, ToolSpec
-from atmosphere_harness._runtimes.scripted import ScriptExhausted, demo_turn
+from atmosphere_harness._runtimes.scripted import demo_turn
 from atmosphere_harness._tools.base import build_tool, render_result
 from atmosphere_harness._tools.validation import validate_arguments
 

@@ -27,10 +27,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..._contracts import LeaseLost
+from ..._errors import BackendUnavailable, LeaseLost
 from ..._settings import HarnessSettings, WorkspaceBackend
 from .. import StateBackends, shared_runs
-from ..unavailable import BackendUnavailable
 from .approvals import PostgresApprovalStore
 from .bus import PostgresPlanBus
 from .database import PostgresDatabase, redact
@@ -63,7 +62,7 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
     locks = PostgresConversationLocks(
         database, lease_seconds=settings.groups.backends.durable_runs_lease_seconds
     )
-    workspace_root = settings.workspace_root
+    workspace_root = settings.groups.filesystem.workspace_root
     idle = settings.groups.memory.idle_timeout
     protect = idle if idle > 0 else PROTECT_SECONDS
 

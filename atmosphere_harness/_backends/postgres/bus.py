@@ -30,12 +30,12 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..._errors import PlanBusFull
 from ..._log import fault, get_logger
 from ..._planning.bus import (
     HISTORY_SIZE,
     MAX_SUBSCRIBERS,
     QUEUE_SIZE,
-    PlanBusFull,
     PlanEvent,
     PlanSubscription,
     Subscriber,

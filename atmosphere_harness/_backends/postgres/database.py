@@ -28,9 +28,8 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import asyncpg
 
-from ..._errors import HarnessError
+from ..._errors import BackendUnavailable, HarnessError
 from ..._log import fault, get_logger
-from ..unavailable import BackendUnavailable
 from .schema import migrate
 
 log = get_logger(__name__)

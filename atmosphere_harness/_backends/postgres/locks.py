@@ -53,9 +53,9 @@ import asyncpg
 
 from ..._cancel import reraise_cancellation
 from ..._contracts import LockedRead
+from ..._errors import BackendUnavailable
 from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead
-from ..unavailable import BackendUnavailable
 from .database import (
     CLIENT_ERRORS,
     CONNECT_TIMEOUT,

@@ -35,7 +35,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..._contracts import FEED_OWNER, LeaseLost, StoredRun
+from ..._contracts import FEED_OWNER, StoredRun
+from ..._errors import LeaseLost
 from ..._events import TERMINAL, Frame
 from .database import PostgresDatabase
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._errors import HarnessError
+from ..._errors import SchemaTooNew
 
 MIGRATION_LOCK = 0x61746D6F73  # "atmos": the advisory lock every replica takes to migrate
 
@@ -191,10 +191,6 @@ MIGRATIONS: tuple[str, ...] = (
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 
 SCHEMA_VERSION = len(MIGRATIONS)
-
-
-class SchemaTooNew(HarnessError, RuntimeError):
-    """The database was migrated by a newer version of the library."""
 
 
 async def migrate(connection: Any) -> int:

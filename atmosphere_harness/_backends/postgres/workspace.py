@@ -27,10 +27,9 @@ from collections.abc import Awaitable, Callable
 from operator import itemgetter
 from typing import Any, TypeVar
 
+from ..._errors import BackendUnavailable, FileNotFoundInWorkspace, FileSystemError
 from ..._filesystem.base import (
     FileInfo,
-    FileNotFoundInWorkspace,
-    FileSystemError,
     FileSystemLimits,
     GrepHit,
     check_file_size,
@@ -41,7 +40,6 @@ from ..._filesystem.globbing import compile_glob
 from ..._filesystem.paths import check_dir, check_path, is_under, shown
 from ..._filesystem.search import Deadline, clip, compile_pattern, search_file
 from ..._filesystem.usage import StoreUsage
-from ..unavailable import BackendUnavailable
 from .database import PostgresDatabase
 
 T = TypeVar("T")

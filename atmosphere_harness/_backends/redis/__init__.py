@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..._errors import RedisUnavailable
 from ..._settings import HarnessSettings
 from .. import StateBackends, shared_runs
 from .approvals import RedisApprovalStore
 from .bus import RedisPlanBus
-from .connection import RedisConnection, RedisUnavailable
+from .connection import RedisConnection
 from .history import RedisHistory
 from .locks import RedisConversationLocks
 from .long_term import RedisLongTermMemory

@@ -33,13 +33,13 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from ..._cancel import reraise_cancellation
+from ..._errors import PlanBusFull
 from ..._log import get_logger
 from ..._planning.bus import (
     HISTORY_SIZE,
     MAX_SUBSCRIBERS,
     MAX_TOPICS,
     QUEUE_SIZE,
-    PlanBusFull,
     PlanEvent,
     PlanSubscription,
     Subscriber,

@@ -24,9 +24,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..._errors import HarnessError
+from ..._errors import HarnessError, RedisUnavailable
 from ..._log import get_logger
-from ..unavailable import BackendUnavailable
 
 log = get_logger(__name__)
 
@@ -38,10 +37,6 @@ POOL_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5.0
 SOCKET_TIMEOUT = 15.0
 """A command that gets no answer for this long fails (longer than every blocking read we do)."""
-
-
-class RedisUnavailable(BackendUnavailable):
-    """Redis did not answer (down, restarting, or the connection was dropped)."""
 
 
 def describe_url(url: str) -> str:

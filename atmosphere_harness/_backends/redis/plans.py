@@ -17,16 +17,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..._errors import PlanStoreError
 from ..._log import get_logger
 from ..._planning.model import AgentPlan
-from ..._planning.store import (
-    MAX_PLAN_BYTES,
-    MAX_PLAN_FILES,
-    MAX_STEPS,
-    PlanStoreError,
-    check_key,
-    checked_put,
-)
+from ..._planning.store import MAX_PLAN_BYTES, MAX_PLAN_FILES, MAX_STEPS, check_key, checked_put
 from .connection import RedisConnection, as_str, digest
 
 log = get_logger(__name__)

@@ -42,7 +42,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from ..._contracts import FEED_OWNER, LeaseLost, StoredRun
+from ..._contracts import FEED_OWNER, StoredRun
+from ..._errors import LeaseLost
 from ..._events import TERMINAL, Frame
 from .connection import RedisConnection, as_str, digest
 
