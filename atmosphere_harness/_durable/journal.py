@@ -19,13 +19,14 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any
 
+from .._cancel import reraise_cancellation
 from .._contracts import FrameSink, LiveRunHandle, Run, RunStore, StoredRun
 from .._events import Frame
 from .._kernel.feed import CLAIM_BATCH, abandon
 from .._kernel.live import JOURNAL_FRAMES, KEEP_FINISHED_SECONDS, LEASE_SECONDS, LiveRun, LiveRuns
 from .._kernel.remote import resolved
 from .._kernel.writer import encode
-from .._log import get_logger
+from .._log import fault, get_logger
 from .replay import ENDED, DurableReplay
 from .writer import DurableWriter
 
@@ -207,8 +208,9 @@ class DurableRuns(LiveRuns):
                 await self._claim()
                 await self.store.expire(time.time() - self.keep_seconds)
                 await abandon(self.store)
-            except Exception:
-                log.warning("run journal upkeep failed; retrying", exc_info=True)
+            except Exception as exc:
+                fault(log, "run journal upkeep failed; retrying", exc, every=False)
+            reraise_cancellation()  # (one the store's driver swallowed: `_cancel`)
 
     def _finish(self, live: LiveRun) -> None:
         self._close_later(self._finish_durable(live))
@@ -226,8 +228,15 @@ class DurableRuns(LiveRuns):
             return
         try:
             await self.store.finish(writer.run_id)
-        except Exception:
-            log.error("could not mark a durable run finished", run=writer.run_id, exc_info=True)
+        except Exception as exc:
+            fault(
+                log,
+                "could not mark a durable run finished",
+                exc,
+                level="error",
+                every=False,
+                run=writer.run_id,
+            )
 
 
 def _message(stored: str) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 from .._contracts import RunFeed, RunStore, StoredRun
 from .._errors import LeaseLost
 from .._events import Frame
-from .._log import get_logger
+from .._log import fault, get_logger
 from .writer import StoreWriter
 
 log = get_logger(__name__)
@@ -94,10 +94,14 @@ class FeedStore:
             )
         except LeaseLost:
             raise  # ended as abandoned (this replica stalled past its lease): stop sharing
-        except Exception:
+        except Exception as exc:
             self.failed = True
-            log.warning(
-                "could not share a run's frames with other replicas", run=run_id, exc_info=True
+            fault(
+                log,
+                "could not share a run's frames with other replicas",
+                exc,
+                every=False,
+                run=run_id,
             )
 
     # The rest of `RunStore` is never called on a writer's store.

@@ -40,6 +40,7 @@ from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mappi
 from typing import Any
 
 from .. import _events as events
+from .._cancel import reraise_cancellation
 from .._contracts import (
     FEED_OWNER,
     FrameSink,
@@ -51,7 +52,7 @@ from .._contracts import (
     StoredRun,
 )
 from .._events import Frame
-from .._log import get_logger
+from .._log import fault, get_logger
 from .feed import STOPPED, FeedStore, FeedWriter, abandon
 from .remote import RemoteRun, resolved
 from .writer import StoreWriter
@@ -423,8 +424,8 @@ class LiveRuns:
             return local
         try:
             found = await feed.latest(path, conversation_id, session_id=session_id)
-        except Exception:
-            log.warning("could not look for the run in the shared journal", exc_info=True)
+        except Exception as exc:
+            fault(log, "could not look for the run in the shared journal", exc, every=False)
             return local
         if found is None:
             return local
@@ -436,8 +437,8 @@ class LiveRuns:
             # re-attaches just after the end gets the tail), else the history has it.
             try:
                 kept, _ = await feed.frames_after(stored.run_id, 0, 1)
-            except Exception:
-                log.warning("could not read the run from the shared journal", exc_info=True)
+            except Exception as exc:
+                fault(log, "could not read the run from the shared journal", exc, every=False)
                 return None
             if not kept:
                 return None
@@ -479,8 +480,9 @@ class LiveRuns:
                 await self.feed.heartbeat(self.owner, self.lease_seconds)
                 await abandon(self.feed)
                 await self.feed.expire(time.time() - self.keep_seconds)
-            except Exception:
-                log.warning("run feed upkeep failed; retrying", exc_info=True)
+            except Exception as exc:
+                fault(log, "run feed upkeep failed; retrying", exc, every=False)
+            reraise_cancellation()
 
     # --- shutdown -------------------------------------------------------------------------
 
@@ -566,8 +568,8 @@ class LiveRuns:
             return  # (its terminal frame's write finished it in the store)
         try:
             await self.feed.finish(writer.run_id)
-        except Exception:
-            log.warning("could not mark a shared run finished", run=writer.run_id, exc_info=True)
+        except Exception as exc:
+            fault(log, "could not mark a shared run finished", exc, every=False, run=writer.run_id)
 
     def _finished_now(self, live: LiveRun) -> None:
         live.finish()

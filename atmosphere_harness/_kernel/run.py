@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._contracts import Endpoint, FrameSink, LiveRunHandle, TypedMap
-from .._log import get_logger
+from .._log import fault, get_logger
 from .._runtimes.base import Usage
 from .endpoint import HostedEndpoint
 from .session import StreamingSession
@@ -179,6 +179,6 @@ async def execute_prompt(
         if run.suspended:
             raise
         if not run.discarded:  # (that one is logged where it was decided, and is no failure)
-            log.warning("prompt run failed", endpoint=endpoint.path, error=str(exc), exc_info=True)
+            fault(log, "prompt run failed", exc, endpoint=endpoint.path)
         await session.error(exc)
     return run

@@ -16,7 +16,7 @@ from .._contracts import RunStore, StoredRun
 from .._errors import LeaseLost
 from .._events import Frame
 from .._jsontext import compact_json
-from .._log import get_logger
+from .._log import fault, get_logger
 
 log = get_logger(__name__)
 
@@ -117,13 +117,16 @@ class StoreWriter:
                 if self.on_lost is not None:
                     self.on_lost()
                 return
-            except Exception:
+            except Exception as exc:
                 # The run goes on (its client still gets its frames); only a restart would
                 # lose what this write held. Said loudly: durability is degraded.
-                log.error(
+                fault(
+                    log,
                     "durable run journal write failed; frames sent unjournalled",
+                    exc,
+                    level="error",
+                    every=False,
                     run=self.run_id,
-                    exc_info=True,
                 )
             self.stored(frames)
 

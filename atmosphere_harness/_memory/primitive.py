@@ -15,6 +15,7 @@ import contextlib
 import math
 import time
 
+from .._cancel import reraise_cancellation
 from .._contracts import Endpoint, Host, Key, Primitive
 from .._harness import Harness
 from .._log import get_logger
@@ -247,3 +248,4 @@ class MemoryPrimitive(Primitive):
                 await self.reap(time.time() - timeout)
             except Exception as exc:
                 log.warning("idle conversation reaper failed", error=str(exc))
+            reraise_cancellation()  # (one the history's driver swallowed: `_cancel`)

@@ -3,8 +3,9 @@
 `python -m tests.durable.app` serves it (see `tests.reliability.server.serve_app`) with settings
 from the environment. `DURABLE_TEST_DIR` holds:
 
-- `calls.jsonl`: one line per model call (`conversation`, `round`, the messages it was sent), so a
-  test counts how often each turn was asked for, across server lives;
+- `calls.jsonl`: one line per model call (`conversation`, `round`, the messages it was sent, and
+  `at`, the wall-clock time it came), so a test counts how often each turn was asked for, across
+  server lives, and when;
 - `tools.jsonl`: one line each time a user tool's handler starts;
 - `hold/<conversation>-<what>`: while such a file exists, that step waits (`model`: the second
   model turn before it answers; `stream`: a streamed answer after its third chunk; `tool`: the
@@ -20,6 +21,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +130,7 @@ class CountingRuntime:
                 "scenario": scenario,
                 "round": round_,
                 "messages": transcript(request),
+                "at": time.time(),
             },
         )
         step = SCRIPTS[scenario][round_]

@@ -56,6 +56,18 @@ class ScenarioFiles:
                 counted[entry["round"]] = counted.get(entry["round"], 0) + 1
         return counted
 
+    def called_at(self, conversation: str, round_: int) -> float:
+        """When `round_` of `conversation`'s first prompt was asked for (its last call)."""
+        times = [
+            entry["at"]
+            for entry in self.log("calls.jsonl")
+            if entry["conversation"] == conversation
+            and entry["scenario"] != "followup"
+            and entry["round"] == round_
+        ]
+        assert times, f"round {round_} of {conversation} was never asked for"
+        return float(times[-1])
+
     def tool_runs(self, conversation: str) -> list[str]:
         return [e["tool"] for e in self.log("tools.jsonl") if e["conversation"] == conversation]
 

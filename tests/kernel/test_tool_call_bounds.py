@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
@@ -18,6 +19,7 @@ from atmosphere_harness import (
     ToolCall,
     agent,
 )
+from atmosphere_harness._durable import SqliteRunStore
 from atmosphere_harness._tools.bounds import (
     DEFAULT_MAX_ARGUMENT_CHARS,
     DEFAULT_MAX_TOOL_CALLS,
@@ -141,3 +143,46 @@ async def test_the_call_bound_is_a_setting(
     assert results[:3] == ["Wrote f0.txt", "Wrote f1.txt", "Wrote f2.txt"]
     assert len(results) == 4
     assert "asked for 4 tool calls; at most 3 run" in results[3]
+
+
+class RecordingRunStore(SqliteRunStore):
+    """The embedded run store, noting every checkpoint a durable run journals."""
+
+    checkpoints: ClassVar[list[tuple[str, Any]]] = []
+
+    async def append(self, run_id: str, frames: Any, checkpoints: Any, **kwargs: Any) -> None:
+        self.checkpoints.extend(checkpoints)
+        await super().append(run_id, frames, checkpoints, **kwargs)
+
+    def append_now(self, run_id: str, frames: Any, checkpoints: Any, **kwargs: Any) -> bool:
+        written = super().append_now(run_id, frames, checkpoints, **kwargs)
+        if written:
+            self.checkpoints.extend(checkpoints)
+        return written
+
+
+async def test_a_durable_run_journals_a_refused_call_without_its_arguments(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model turn is journalled as screened: the huge argument is never encoded or stored
+    (one copy per backend layer, 50 MB each, before), and a resumed run that replays the turn
+    refuses the call with the same answer, without running it."""
+    import atmosphere_harness._backends as backends
+    from atmosphere_harness._kernel.loop import load_response, refused_calls
+
+    monkeypatch.setattr(backends, "SqliteRunStore", RecordingRunStore)
+    monkeypatch.setattr(RecordingRunStore, "checkpoints", [])
+    huge = "z" * (DEFAULT_MAX_ARGUMENT_CHARS + 1)
+    runtime = ScriptedRuntime([[ToolCall("write_file", {"path": "a.txt", "content": huge})], "ok"])
+    app = make_app([Bounded], runtime=runtime, workspace=workspace, durable_runs=True)
+    async with client_for(app) as client:
+        frames = await post_prompt(client, PATH, "huge")
+    answer = of_type(frames, "tool-result")[0]["data"]["result"]
+    assert "arguments are too large" in answer
+    journalled = RecordingRunStore.checkpoints
+    assert max(len(payload) for _key, payload in journalled) < 10_000
+    turn = json.loads(next(payload for key, payload in journalled if key == "model:1"))
+    replayed = load_response(turn)
+    assert list(replayed.tool_calls[0].arguments) == ["omitted"]
+    assert refused_calls(turn) == {replayed.tool_calls[0].id: answer}
+    assert not list(workspace.rglob("a.txt"))

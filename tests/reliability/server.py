@@ -59,7 +59,7 @@ class ServerProcess:
         env = {
             name: value
             for name, value in os.environ.items()
-            if not name.startswith(("ATMOSPHERE_", "LLM_", "RELIABILITY_"))
+            if not name.startswith(("ATMOSPHERE_", "LLM_", "RELIABILITY_", "TEST_SERVER_"))
         }
         env.update(
             {
@@ -180,7 +180,8 @@ def serve_app(app: object) -> None:
     """Serve `app` on a free loopback port, printing `PORT <n>` first (what `start` reads)."""
     import uvicorn
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    level = os.environ.get("TEST_SERVER_LOG_LEVEL", "WARNING")
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s %(message)s")
     # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY on accepted connections only
     # when the socket says it is TCP, and without it every response waits ~40 ms (Nagle
     # against the client's delayed ACK).

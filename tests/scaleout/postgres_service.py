@@ -11,8 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -114,3 +121,80 @@ async def opened_database() -> AsyncIterator[PostgresDatabase]:
     finally:
         await database.aclose()
         await asyncio.to_thread(drop_database, url)
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of the test's own (`initdb` in a fresh directory, a free port), which
+    the test may stop and restart, so an outage never touches the shared server. As root, the
+    server runs as the `postgres` user (PostgreSQL refuses root)."""
+
+    def __init__(self) -> None:
+        initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+        if initdb is None or pg_ctl is None:
+            require_service("PostgreSQL binaries", "initdb/pg_ctl not on PATH (private server)")
+        assert initdb is not None
+        assert pg_ctl is not None
+        self.initdb, self.pg_ctl = initdb, pg_ctl
+        self.user: pwd.struct_passwd | None = None
+        if os.geteuid() == 0:
+            try:
+                self.user = pwd.getpwnam("postgres")
+            except KeyError:
+                require_service("PostgreSQL", "running as root without a postgres user")
+        # Not under pytest's base directory: the server's user must be able to reach it.
+        self.directory = Path(tempfile.mkdtemp(prefix="atmosphere-pg-"))
+        self.data = self.directory / "data"
+        self.port = _free_port()
+        if self.user is not None:
+            os.chown(self.directory, self.user.pw_uid, self.user.pw_gid)
+        self._command([self.initdb, "-D", str(self.data), "-U", "postgres", "--auth=trust"])
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@{HOST}:{self.port}/{database}"
+
+    def start(self) -> PrivatePostgres:
+        options = f"-p {self.port} -k {self.directory} -c listen_addresses={HOST} -c fsync=off"
+        log = str(self.directory / "server.log")
+        self._command([self.pg_ctl, "-D", str(self.data), "-l", log, "-o", options, "-w", "start"])
+        return self
+
+    def stop(self) -> None:
+        """Stop at once (`immediate`: connections are cut, as in a crash or a lost network)."""
+        self._command([self.pg_ctl, "-D", str(self.data), "-m", "immediate", "-w", "stop"])
+
+    def remove(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _command(self, argv: list[str]) -> None:
+        user = self.user
+
+        def as_user() -> None:
+            if user is not None:
+                os.setgid(user.pw_gid)
+                os.setuid(user.pw_uid)
+
+        subprocess.run(
+            argv,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=as_user,
+            timeout=120,
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    server = PrivatePostgres().start()
+    try:
+        yield server
+    finally:
+        server.remove()

@@ -1,5 +1,6 @@
 """Durable runs on PostgreSQL over two real replicas: replica A is SIGKILLed mid-run and replica
-B, on its own, takes the run over once A's lease ran out and completes it.
+B, on its own, takes the run over once A's lease ran out and completes it, within 1.5 leases of
+the kill (`TAKEOVER_LEASES`).
 
 Both replicas are uvicorn processes of the durable-runs test app (`tests.durable.app`: a
 scripted model that counts its calls in a file, tools the test can hold) on one workspace root
@@ -9,6 +10,7 @@ B is never restarted: it notices the expired lease in its own upkeep loop.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,6 +36,11 @@ from .postgres_service import create_database, drop_database
 pytestmark = pytest.mark.services
 
 LEASE_SECONDS = "2"
+TAKEOVER_LEASES = 1.5
+"""The bound on a takeover, in leases, from the SIGKILL to the model asked on B: the run's lease
+runs out at most a lease after the kill (renewed every third of it), B's upkeep claims it at most
+a third of a lease later, and the conversation's lock is free by then (PostgreSQL drops a dead
+connection's locks; on Redis the lock's TTL is the lease)."""
 
 
 class Replicas(ScenarioFiles):
@@ -96,9 +103,11 @@ def follow(
     return seen
 
 
-def killed_in_the_tool(replicas: Replicas, conversation: str, message: str) -> list[Frame]:
+def killed_in_the_tool(
+    replicas: Replicas, conversation: str, message: str
+) -> tuple[list[Frame], float]:
     """Replica A runs `message` (a `sleep` scenario) and is SIGKILLed while its tool sleeps:
-    the frames its client got."""
+    the frames its client got, and when it was killed (epoch seconds)."""
     replicas.hold(f"{conversation}-tool")
     before: list[Frame] = []
     body = {"message": message, "conversationId": conversation}
@@ -115,10 +124,11 @@ def killed_in_the_tool(replicas: Replicas, conversation: str, message: str) -> l
         # (journalled as ended, which B rightly does not resume).
         stream = sse_frames(response)
         read(stream, sleeping, before)
+        killed = time.time()
         replicas.a.kill()
         stream.close()
     replicas.release(f"{conversation}-tool")
-    return before
+    return before, killed
 
 
 def test_replica_b_takes_over_a_run_of_killed_replica_a(replicas: Replicas) -> None:
@@ -135,11 +145,13 @@ def test_replica_b_takes_over_a_run_of_killed_replica_a(replicas: Replicas) -> N
     prompt(replicas.b, "ref", "followup")
 
     # Replica A runs the prompt; it is SIGKILLed while its (non-idempotent) tool sleeps.
-    before = killed_in_the_tool(replicas, "cut", "sleep now")
+    before, killed = killed_in_the_tool(replicas, "cut", "sleep now")
 
     # Replica B, never restarted, claims the run once A's lease ran out, and asks the model for
     # the one turn left.
     wait_for(lambda: replicas.calls("cut").get(1) == 1, "replica B to resume the run")
+    took = replicas.called_at("cut", 1) - killed
+    assert took <= TAKEOVER_LEASES * float(LEASE_SECONDS), f"taken over {took:.2f} s after"
     # (B's own journal serves the run: `follow` finds it in B's memory, where the resume put it.)
     after = follow(replicas.b, "cut", before[-1]["seq"])
     seqs = [frame["seq"] for frame in after]
@@ -166,7 +178,7 @@ def test_a_prompt_holding_a_nul_is_journalled_and_resumed_whole(replicas: Replic
     # journalled all the same, so replica B resumes it after A is SIGKILLed, and the model
     # gets the prompt back, NUL included.
     message = "sleep now\u0000and then"
-    before = killed_in_the_tool(replicas, "nul", message)
+    before, _ = killed_in_the_tool(replicas, "nul", message)
 
     wait_for(lambda: replicas.calls("nul").get(1) == 1, "replica B to resume the run")
     after = follow(replicas.b, "nul", before[-1]["seq"])

@@ -18,7 +18,7 @@ from atmosphere_harness import HarnessSettings
 from atmosphere_harness._backends import StateBackends, resolve_backends
 from atmosphere_harness._backends.postgres import PostgresDatabase, PostgresPlanStore, redact
 from atmosphere_harness._backends.postgres.history import LOCK_NEWEST, PostgresHistory
-from atmosphere_harness._backends.postgres.locks import MARK
+from atmosphere_harness._backends.postgres.locks import MARK, PostgresConversationLocks
 from atmosphere_harness._backends.postgres.schema import SCHEMA_VERSION
 from atmosphere_harness._errors import BackendUnavailable, PlanStoreError
 from atmosphere_harness._governance.approvals import Answer, AnswerStatus
@@ -495,6 +495,34 @@ async def test_a_conversation_lock_excludes_the_other_replica(
         async with asyncio.timeout(5):
             async with b.locks.hold("/p", "c2"):
                 pass
+
+
+async def test_the_lock_connection_drops_a_silent_peer_about_a_lease_later(
+    postgres_url: str, workspace: Path
+) -> None:
+    """The server keeps a lock connection alive with TCP keepalives scaled to the durable-runs
+    lease: a replica whose host vanished without closing it loses its locks about a lease
+    later (idle, then two probes, a third of the lease apart), not after the OS default."""
+    settings = HarnessSettings(
+        workspace_root=workspace, postgres_url=postgres_url, durable_runs_lease_seconds=6
+    )
+    backends = resolve_backends(settings)
+    for resource in backends.resources:
+        await resource.open()
+    try:
+        locks = backends.locks
+        assert isinstance(locks, PostgresConversationLocks)
+        async with locks.hold("/p", "c1"):
+            shown = [
+                await locks._statement(f"SHOW {name}", retry=True)
+                for name in ("tcp_keepalives_idle", "tcp_keepalives_interval")
+            ]
+            count, _ = await locks._statement("SHOW tcp_keepalives_count", retry=True)
+        assert [value for value, _session in shown] == ["2", "2"]
+        assert count == "2"
+    finally:
+        for resource in reversed(backends.resources):
+            await resource.aclose()
 
 
 async def test_locks_recover_after_their_connection_is_killed(

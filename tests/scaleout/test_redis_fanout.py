@@ -419,6 +419,99 @@ async def _record(locks: RedisConversationLocks, order: list[str]) -> None:
         order.append("b in")
 
 
+def test_the_lock_lives_as_long_as_a_durable_runs_lease(tmp_path: Path, redis_prefix: str) -> None:
+    """A dead replica's conversation locks lapse within the lease, as its runs' leases do, so a
+    replica taking its runs over is never kept waiting for the conversation longer."""
+    settings = HarnessSettings(
+        workspace_root=tmp_path, redis_url=url_for(redis_prefix), durable_runs_lease_seconds=2
+    )
+    locks = resolve_backends(settings).locks
+    assert isinstance(locks, RedisConversationLocks)
+    assert locks.ttl == 2
+
+
+async def test_a_lapsed_lock_is_taken_back_by_its_renewal(connection: RedisConnection) -> None:
+    """Redis forgot the lock (it was away longer than the TTL): the holder's renewal sets it
+    again with its own token, since nobody else took it."""
+    from atmosphere_harness._backends.redis.locks import lock_key
+
+    key = lock_key(connection, "/p", "c")
+    locks = RedisConversationLocks(connection, ttl=0.3, poll=0.01)
+    async with asyncio.timeout(WAIT), locks.hold("/p", "c"):
+        token = await connection.client.get(key)
+        await connection.client.delete(key)
+        while await connection.client.get(key) is None:
+            await asyncio.sleep(0.01)
+        assert await connection.client.get(key) == token
+
+
+async def test_a_release_that_met_an_outage_frees_the_lock_once_redis_is_back(
+    private_redis: PrivateRedis,
+) -> None:
+    """The block ends while Redis is down: its release is tried again, so the conversation is
+    free as soon as Redis is back, not once the lock's TTL (an hour here) runs out."""
+    from atmosphere_harness._backends.redis.locks import lock_key
+
+    opened = RedisConnection(private_redis.url())
+    await opened.open()
+    locks = RedisConversationLocks(opened, ttl=3600)
+    key = lock_key(opened, "/p", "c")
+    try:
+        async with locks.hold("/p", "c"):
+            private_redis.stop()
+        private_redis.start()  # (the append-only file keeps the lock key and its TTL)
+        async with asyncio.timeout(WAIT):
+            await asyncio.wait(list(locks._releasing.values()))
+        assert await opened.client.get(key) is None
+    finally:
+        await opened.aclose()
+
+
+class SwallowingHistory(RedisHistory):
+    """A `RedisHistory` whose lock tries return as a command does when the driver swallowed a
+    cancellation (Python 3.11's `asyncio.wait_for` returns the result of a write that completed
+    just as the cancellation came): the task is marked cancelled, nothing is raised."""
+
+    tries = 0
+
+    async def lock_and_read(self, lock: str, token: bytes, ttl_ms: int, read: HistoryRead) -> bool:
+        self.tries += 1
+        got = await super().lock_and_read(lock, token, ttl_ms, read)
+        if self.tries == 3:
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0)
+        return got
+
+
+async def test_a_cancelled_wait_for_a_lock_ends_though_the_driver_swallowed_the_cancellation(
+    connection: RedisConnection,
+) -> None:
+    """A run stopped while it waits for another replica's lock stops waiting: it neither polls
+    on until the lock frees nor runs once it is taken (a shutdown would wait for it)."""
+    from atmosphere_harness._backends.redis.locks import lock_key
+
+    await connection.client.set(lock_key(connection, "/p", "c"), "other-replica", px=60_000)
+    history = SwallowingHistory(connection)
+    read = HistoryRead(history, ConversationKey("/p", None, "c"), 0, 20)
+    locks = RedisConversationLocks(connection, poll=0.01)
+    entered = False
+
+    async def prompt() -> None:
+        nonlocal entered
+        async with locks.hold("/p", "c", read):
+            entered = True
+
+    task = asyncio.create_task(prompt())
+    done, _ = await asyncio.wait([task], timeout=WAIT)
+    assert done, "the cancelled wait went on polling"
+    assert task.cancelled()
+    assert history.tries == 3
+    assert not entered
+
+
 class CountingHistory(RedisHistory):
     """A `RedisHistory` that counts the lock's tries that offered it a read."""
 

@@ -5,6 +5,7 @@ bounded keys, a resumed run's approval reopened on another replica."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from atmosphere_harness._backends.redis import (
     RedisRunStore,
 )
 from atmosphere_harness._backends.redis import runs as redis_runs
+from atmosphere_harness._contracts import LiveRunHandle, StoredRun
 from atmosphere_harness._governance.approvals import Answer, AnswerStatus, PendingApproval
 from atmosphere_harness._kernel.live import LiveRuns
 
@@ -151,3 +153,45 @@ async def test_a_resumed_run_reopens_its_approval_on_another_replica(
     assert json.loads(json.dumps(again.arguments)) == {"x": 1}
     await dead.aclose()
     await alive.aclose()
+
+
+class SwallowingRunStore(RedisRunStore):
+    """A `RedisRunStore` whose first heartbeat returns, once cancelled, as a command does when
+    the driver swallowed the cancellation (Python 3.11's `asyncio.wait_for` returns the result
+    of a write that completed just as the cancellation came): nothing is raised."""
+
+    def __init__(self, connection: RedisConnection) -> None:
+        super().__init__(connection)
+        self.beating = asyncio.Event()
+
+    async def heartbeat(self, owner: str, lease_seconds: float) -> None:
+        await super().heartbeat(owner, lease_seconds)
+        if not self.beating.is_set():
+            self.beating.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)  # (the reply being read when the shutdown comes)
+
+
+async def test_a_shutdown_ends_the_upkeep_though_the_driver_swallowed_its_cancellation(
+    connection: RedisConnection,
+) -> None:
+    """The journal's upkeep loop is cancelled at shutdown while a store call is in flight, and
+    the call swallows the cancellation: the loop still ends, so the shutdown does not wait for
+    it forever (a replica that would never exit)."""
+    store = SwallowingRunStore(connection)
+    runs = LiveRuns(store, lease_seconds=0.9)
+
+    async def resume(_handle: LiveRunHandle, _stored: StoredRun) -> None:
+        return None
+
+    await runs.open(resume)
+    keeper = runs._keeper
+    assert keeper is not None
+    await asyncio.wait_for(store.beating.wait(), 30)
+    closing = asyncio.create_task(runs.aclose())
+    try:
+        done, _ = await asyncio.wait([closing], timeout=30)
+        assert done, "the shutdown waits for an upkeep loop that went on"
+    finally:
+        closing.cancel()
+        keeper.cancel()

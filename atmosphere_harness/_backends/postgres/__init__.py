@@ -59,7 +59,9 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
     if not url:
         raise ValueError("postgres_backends needs settings with a postgres_url")
     database = PostgresDatabase(url)
-    locks = PostgresConversationLocks(database)
+    locks = PostgresConversationLocks(
+        database, lease_seconds=settings.groups.backends.durable_runs_lease_seconds
+    )
     workspace_root = settings.groups.filesystem.workspace_root
     idle = settings.groups.memory.idle_timeout
     protect = idle if idle > 0 else PROTECT_SECONDS

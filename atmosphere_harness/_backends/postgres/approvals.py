@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..._governance.approvals import MAX_PENDING, Answer, AnswerStatus, PendingApproval
-from ..._log import get_logger
+from ..._log import fault, get_logger
 from .database import PostgresDatabase
 
 log = get_logger(__name__)
@@ -167,7 +167,7 @@ class PostgresApprovalStore:
                 try:
                     await self._check(pending)
                 except Exception as exc:  # an outage: keep waiting, the answer is in the row
-                    log.warning("approval poll failed", error=str(exc))
+                    fault(log, "approval poll failed", exc, every=False)
         finally:
             await self._close(pending)
 
@@ -188,7 +188,7 @@ class PostgresApprovalStore:
             await asyncio.shield(self.database.run(work))
         except Exception as exc:
             # The row expires on its own; an answer to it meanwhile finds no waiting run.
-            log.warning("approval could not be closed", error=str(exc))
+            fault(log, "approval could not be closed", exc, every=False)
 
     async def answer(
         self, path: str, approval_id: str, answer: Answer, *, user_id: str | None
@@ -274,7 +274,7 @@ class PostgresApprovalStore:
         try:
             await self._check(pending)
         except Exception as exc:
-            log.warning("approval answer could not be read", error=str(exc))
+            fault(log, "approval answer could not be read", exc, every=False)
 
     async def _check(self, pending: PendingApproval) -> None:
         """Resolve `pending`'s future if its row holds an answer."""

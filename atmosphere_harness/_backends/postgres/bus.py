@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._errors import PlanBusFull
-from ..._log import get_logger
+from ..._log import fault, get_logger
 from ..._planning.bus import (
     HISTORY_SIZE,
     MAX_SUBSCRIBERS,
@@ -262,7 +262,7 @@ class PostgresPlanBus:
                 raise
             except Exception as exc:
                 # An outage: viewers keep their stream; the reconnect wakes the pump again.
-                log.warning("plan bus could not read updates", error=str(exc))
+                fault(log, "plan bus could not read updates", exc, every=False)
 
     async def _deliver(self, key: Topic, topic: _LocalTopic) -> None:
         while True:

@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import asyncpg
 
 from ..._errors import BackendUnavailable, HarnessError
-from ..._log import get_logger
+from ..._log import fault, get_logger
 from .schema import migrate
 
 log = get_logger(__name__)
@@ -208,7 +208,10 @@ class PostgresDatabase:
 
     def scrub(self, exc: BaseException) -> str:
         """`exc` as text, with the URL's password (should a driver ever echo it) masked."""
-        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return self.mask(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+
+    def mask(self, text: str) -> str:
+        """`text` with the URL's password masked."""
         for secret in _secrets(self.url):
             text = text.replace(secret, "***")
         return text
@@ -231,7 +234,13 @@ class PostgresDatabase:
                     raise BackendUnavailable(
                         f"PostgreSQL is unavailable ({VARIABLE}): {self.scrub(exc)}"
                     ) from None
-                log.warning("PostgreSQL connection lost; retrying once", error=self.scrub(exc))
+                fault(
+                    log,
+                    "PostgreSQL connection lost; retrying once",
+                    exc,
+                    every=False,
+                    scrub=self.mask,
+                )
                 # The other idle connections were most likely cut too (a restart, a
                 # `pg_terminate_backend` sweep): have the pool replace them all, so the retry
                 # gets a fresh one instead of the next dead one.

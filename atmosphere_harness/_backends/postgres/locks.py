@@ -25,6 +25,14 @@ and not one connection per held lock, which would exhaust the pool under load):
    that round trip and waits for the `NOTIFY` as it would anyway. `aclose` waits for the
    releases still running.
 
+The locks of a replica that dies go with its lock connection: at once when its process dies (its
+host closes the connection), and within about a durable-runs lease
+(`ATMOSPHERE_DURABLE_RUNS_LEASE_SECONDS`) when its whole host vanishes without closing it: the
+lock connection asks the server for TCP keepalives scaled to the lease (`lock_session`), so the
+server drops a silent peer's connection, and its locks, about when that replica's runs' leases
+run out, instead of after the operating system's default of hours. A replica taking a run over
+is then not kept waiting for the conversation longer than for the run.
+
 If the lock connection is lost, PostgreSQL drops its locks: the prompts holding them run to their
 end (their turns are still written atomically, one transaction each), a new connection is opened
 for the next acquisitions, and a WARN says mutual exclusion was interrupted. A lock release
@@ -43,9 +51,10 @@ from typing import Any
 
 import asyncpg
 
+from ..._cancel import reraise_cancellation
 from ..._contracts import LockedRead
 from ..._errors import BackendUnavailable
-from ..._log import get_logger
+from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead
 from .database import (
     CLIENT_ERRORS,
@@ -64,9 +73,24 @@ RETRY_SECONDS = 0.5
 """Upper bound on how long a waiter sleeps between tries if a release notification is missed."""
 
 
-LOCK_SESSION = {"default_transaction_isolation": "read committed"}
-"""The lock connection's settings: `LOCK_NEWEST` reads with a snapshot taken after the lock,
-which READ COMMITTED gives (a stricter server default would read with an older one)."""
+LEASE_SECONDS = 15.0
+"""The durable-runs lease a lock connection's keepalives follow unless told another."""
+KEEPALIVE_PROBES = 2
+
+
+def lock_session(lease_seconds: float = LEASE_SECONDS) -> dict[str, str]:
+    """The lock connection's settings. `LOCK_NEWEST` reads with a snapshot taken after the
+    lock, which READ COMMITTED gives (a stricter server default would read with an older one).
+    TCP keepalives: idle, then `KEEPALIVE_PROBES` probes, a third of the lease apart, so the
+    server closes the connection of a replica whose host went silent (and releases its locks)
+    about a lease later. A live replica's kernel answers the probes, however busy it is."""
+    step = str(max(1, round(lease_seconds / 3)))
+    return {
+        "default_transaction_isolation": "read committed",
+        "tcp_keepalives_idle": step,
+        "tcp_keepalives_interval": step,
+        "tcp_keepalives_count": str(KEEPALIVE_PROBES),
+    }
 
 
 MARK = "SELECT pg_advisory_lock_shared($1, $2)"
@@ -106,8 +130,10 @@ def deliver(read: HistoryRead, rows: Any) -> None:
 class PostgresConversationLocks:
     """A `contracts.ConversationLocks` held in PostgreSQL (see the module docstring)."""
 
-    def __init__(self, database: PostgresDatabase) -> None:
+    def __init__(self, database: PostgresDatabase, *, lease_seconds: float = LEASE_SECONDS) -> None:
         self.database = database
+        self.session = lock_session(lease_seconds)
+        """The lock connection's server settings (`lock_session`)."""
         self._local: weakref.WeakValueDictionary[int, asyncio.Lock] = weakref.WeakValueDictionary()
         self._released: dict[int, asyncio.Event] = {}
         self._releasing: dict[int, asyncio.Task[None]] = {}
@@ -212,6 +238,7 @@ class PostgresConversationLocks:
                     continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(released.wait(), RETRY_SECONDS)
+                reraise_cancellation()  # (one `wait_for` swallowed: `_cancel`)
         finally:
             self._released.pop(key, None)
             if marked is not None:
@@ -234,7 +261,7 @@ class PostgresConversationLocks:
         try:
             await self._statement(RELEASE, key, CHANNEL, *mark_key(key), retry=False)
         except Exception as exc:
-            log.warning("conversation lock release failed", error=str(exc))
+            fault(log, "conversation lock release failed", exc, every=False)
 
     async def _statement(
         self, query: str, *args: Any, retry: bool, rows: bool = False
@@ -254,7 +281,7 @@ class PostgresConversationLocks:
                         self._connection = await asyncpg.connect(
                             self.database.url,
                             timeout=CONNECT_TIMEOUT,
-                            server_settings=LOCK_SESSION,
+                            server_settings=self.session,
                         )
                     except Exception as exc:
                         raise BackendUnavailable(

@@ -62,7 +62,10 @@ def redis_backends(settings: HarnessSettings) -> StateBackends:
     backends = StateBackends(
         state="redis",
         events="redis",
-        locks=RedisConversationLocks(connection),
+        # A dead replica's locks lapse within a lease, as its runs' leases do.
+        locks=RedisConversationLocks(
+            connection, ttl=settings.groups.backends.durable_runs_lease_seconds
+        ),
         plan_stores=lambda root: RedisPlanStore.for_root(connection, root),
         plan_bus=bus,
         approvals=RedisApprovalStore(connection),

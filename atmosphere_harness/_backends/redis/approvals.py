@@ -27,6 +27,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from ..._cancel import reraise_cancellation
 from ..._governance.approvals import MAX_PENDING, Answer, AnswerStatus, PendingApproval
 from ..._log import get_logger
 from .connection import RedisConnection, as_str, digest
@@ -107,13 +108,6 @@ return answer
 """
 # Returns the answer given before the close, if any: an answer Redis accepted (the person saw
 # "approved") is never turned into a timeout.
-
-
-def _raise_if_cancelled() -> None:
-    """Re-raise a cancellation the driver swallowed (redis-py's timed reads can eat one)."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 def _answer_json(answer: Answer) -> str:
@@ -250,6 +244,7 @@ class RedisApprovalStore:
                     )
                 except TimeoutError:
                     found = await self._stored_answer(pending)
+                    reraise_cancellation()
                     if found is not None:
                         return found
         finally:
@@ -387,7 +382,7 @@ class RedisApprovalStore:
                 await self._recheck_local()
                 while True:
                     message = await pubsub.get_message(timeout=RECHECK)
-                    _raise_if_cancelled()
+                    reraise_cancellation()
                     if message is None:
                         continue
                     approval_id, _, text = str(as_str(message.get("data")) or "").partition(" ")

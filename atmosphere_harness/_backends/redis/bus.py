@@ -32,6 +32,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from ..._cancel import reraise_cancellation
 from ..._errors import PlanBusFull
 from ..._log import get_logger
 from ..._planning.bus import (
@@ -266,9 +267,7 @@ class RedisPlanBus:
             self._reading = True
             try:
                 replies: Any = await self._reader.xread(wanted, count=READ_COUNT, block=BLOCK_MS)
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise asyncio.CancelledError  # the driver swallowed it
+                reraise_cancellation()
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError) as exc:

@@ -2,9 +2,16 @@
 
 A conversation's lock is a Redis key holding a random token, set with `NX` and a TTL
 (redis-py's `Lock`: its release and extension are scripts that act only while the token is
-still ours, so a replica never frees a lock another one took over). While the block runs, a
-renewal task extends the TTL every third of it; a replica that dies stops renewing and its
-locks lapse after `ttl` seconds, so the conversation is never stuck.
+still ours, so a replica never frees a lock another one took over). The TTL is the durable-runs
+lease (`ATMOSPHERE_DURABLE_RUNS_LEASE_SECONDS`, 15 s by default): while the block runs, a
+renewal task extends it every third of it, so a replica that dies stops renewing and its locks
+lapse within one lease, as its runs' leases do; the replica that takes a run over is then not
+kept waiting for the conversation longer than for the run.
+
+If Redis is away longer than the TTL, the lock lapses under its holder: the renewal takes it
+back if nobody else has, and otherwise says once (WARN) that another replica took the
+conversation over (mutual exclusion was interrupted; the run goes on, as on PostgreSQL when
+its lock connection drops).
 
 Prompts of one conversation on the same replica queue on an `asyncio.Lock` first, so they never
 poll Redis against each other; only prompts on different replicas poll (every `poll` seconds,
@@ -17,10 +24,16 @@ read still happens under the lock (a script runs alone). Either way the token is
 kind, so renewal and release stay redis-py's `Lock` scripts.
 
 The release runs in a task of its own: the run does not wait for that round trip (its
-`complete` frame leaves sooner). The next prompt of the conversation on this replica waits for
-the release first (so it never polls against its own replica's lock); a prompt on another
-replica may find the lock still taken for that round trip and polls as it would anyway. The
-releases still running when the pool closes are finished first (`RedisConnection.on_close`).
+`complete` frame leaves sooner). A release that cannot reach Redis is tried again (backing off
+up to a second) until the lock would have lapsed anyway, so after an outage the conversation is
+free as soon as Redis is back, not a lease later. The next prompt of the conversation on this
+replica waits for the release first (so it never polls against its own replica's lock); a
+prompt on another replica may find the lock still taken for that round trip and polls as it
+would anyway. When the pool closes, the releases still running get `DRAIN_SECONDS` to finish.
+
+The acquisition loop and the renewal end when their task is cancelled, even when the driver
+swallowed the cancellation (`_cancel.reraise_cancellation`): a stopped run never goes on
+waiting for, taking or renewing a lock.
 
 The key is `lock:{digest(path, conversation)}`; `RedisHistory`'s cap reads it to never evict a
 conversation a run is using on any replica.
@@ -31,25 +44,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import uuid
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 from redis.asyncio.lock import Lock
-from redis.exceptions import LockError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import LockError, LockNotOwnedError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..._cancel import reraise_cancellation
 from ..._contracts import LockedRead
-from ..._log import get_logger
+from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead
 from .connection import RedisConnection, lock_key
 from .history import RedisHistory
 
 log = get_logger(__name__)
 
-LOCK_TTL = 20.0
-"""Seconds a lock outlives its holder's last renewal (a killed replica's locks lapse then)."""
+LOCK_TTL = 15.0
+"""Seconds a lock outlives its holder's last renewal (a killed replica's locks lapse then):
+the default durable-runs lease; `redis_backends` passes the configured one."""
 POLL = 0.02
 """Seconds between two attempts while another replica holds the lock."""
+RELEASE_BACKOFF = (0.05, 0.1, 0.25, 0.5, 1.0)
+"""Seconds between the tries of a release that could not reach Redis (the last one repeats)."""
+DRAIN_SECONDS = 5.0
+"""How long closing the pool waits for the releases still running (then they are cancelled:
+their locks lapse by themselves)."""
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 __all__ = ["LOCK_TTL", "POLL", "RedisConversationLocks", "lock_key"]
@@ -97,11 +122,9 @@ class RedisConversationLocks:
                 thread_local=False,
                 raise_on_release_error=False,
             )
+            served = read if isinstance(read, HistoryRead) and self._serves(read) else None
             with self.connection.unavailable("taking the conversation's lock"):
-                if isinstance(read, HistoryRead) and self._serves(read):
-                    await self._acquire_reading(key, lock, read)
-                else:
-                    await lock.acquire()
+                await self._acquire(key, lock, served)
             renewal = asyncio.get_running_loop().create_task(
                 self._renew(lock, path, conversation_id), name="redis-lock-renewal"
             )
@@ -109,40 +132,41 @@ class RedisConversationLocks:
                 yield
             finally:
                 renewal.cancel()
-                task = asyncio.get_running_loop().create_task(
-                    self._release(lock, renewal, conversation_id), name="redis-lock-release"
-                )
-                self._releasing[key] = task
-                task.add_done_callback(functools.partial(self._released_one, key))
+                self._schedule(key, self._release(lock, renewal, conversation_id))
 
     def _serves(self, read: HistoryRead) -> bool:
         """Whether `read` reads a history on this lock's Redis (one script can make both)."""
         return isinstance(read.backend, RedisHistory) and read.backend.connection is self.connection
 
-    async def _acquire_reading(self, key: str, lock: Lock, read: HistoryRead) -> None:
-        """`lock.acquire()` (a random token, `SET NX PX`, a retry every `poll` seconds), each
-        try also making `read` if it takes the lock."""
-        assert isinstance(read.backend, RedisHistory)
+    async def _acquire(self, key: str, lock: Lock, read: HistoryRead | None) -> None:
+        """Take `lock` with a random token (`SET NX PX`, a retry every `poll` seconds, as
+        `Lock.acquire` does), each try also making `read` if it takes the lock."""
         token = uuid.uuid4().hex.encode()
         ttl_ms = int(self.ttl * 1000)
         while True:
             try:
-                got = await read.backend.lock_and_read(key, token, ttl_ms, read)
+                if read is not None:
+                    assert isinstance(read.backend, RedisHistory)
+                    got = await read.backend.lock_and_read(key, token, ttl_ms, read)
+                else:
+                    got = await lock.do_acquire(token)
+                reraise_cancellation()
             except BaseException:
                 # A script keeps the writes it made before an error (its `SET`, if its read
                 # then failed), and a cancelled try may have run: free the lock if it holds
                 # our token (the release script checks), as after a block.
                 lock.local.token = token
-                task = asyncio.get_running_loop().create_task(
-                    self._free(lock), name="redis-lock-release"
-                )
-                self._releasing[key] = task
-                task.add_done_callback(functools.partial(self._released_one, key))
+                self._schedule(key, self._free(lock))
                 raise
             if got:
                 lock.local.token = token
                 return
             await asyncio.sleep(self.poll)  # another replica's lock: polled, as `Lock` does
+
+    def _schedule(self, key: str, release: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(release, name="redis-lock-release")
+        self._releasing[key] = task
+        task.add_done_callback(functools.partial(self._released_one, key))
 
     async def _free(self, lock: Lock) -> None:
         with contextlib.suppress(LockError, RedisError, OSError):
@@ -153,34 +177,81 @@ class RedisConversationLocks:
             del self._releasing[key]
 
     async def drain(self) -> None:
-        """Wait for the releases still running (before the pool closes)."""
-        if self._releasing:
-            await asyncio.gather(*self._releasing.values(), return_exceptions=True)
+        """Let the releases still running finish (before the pool closes), for at most
+        `DRAIN_SECONDS`; those left are cancelled (their locks lapse by themselves)."""
+        if not self._releasing:
+            return
+        tasks = list(self._releasing.values())
+        _done, left = await asyncio.wait(tasks, timeout=DRAIN_SECONDS)
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=DRAIN_SECONDS)
 
     async def _release(self, lock: Lock, renewal: asyncio.Task[None], conversation_id: str) -> None:
-        with contextlib.suppress(asyncio.CancelledError):
-            await renewal
-        try:
-            await lock.release()
-        except (LockError, RedisError, OSError) as exc:
-            # Lapsed (Redis was away longer than the TTL) or unreachable: the TTL frees it
-            # either way; the run itself is over.
-            log.warning(
-                "conversation lock not released cleanly; it lapses by itself",
+        await asyncio.wait([renewal])
+        loop = asyncio.get_running_loop()
+        lapses = loop.time() + self.ttl
+        """When the lock lapses by itself at the latest (the last renewal was before now)."""
+        for attempt in itertools.count():
+            try:
+                await lock.release()
+                return
+            except LockNotOwnedError:
+                return  # lapsed while Redis was away (the renewal said so) or never taken
+            except UNREACHABLE as exc:
+                delay = RELEASE_BACKOFF[min(attempt, len(RELEASE_BACKOFF) - 1)]
+                if loop.time() + delay < lapses:
+                    await asyncio.sleep(delay)
+                    continue
+                error: BaseException = exc
+            except (LockError, RedisError) as exc:
+                error = exc
+            fault(
+                log,
+                "conversation lock not released; it lapses by itself",
+                error,
+                every=False,
+                scrub=self.connection.scrub,
                 conversation=conversation_id,
-                error=self.connection.scrub(exc),
             )
+            return
 
     async def _renew(self, lock: Lock, path: str, conversation_id: str) -> None:
+        """Extend the lock every third of its TTL while the block runs. A lock that lapsed
+        (Redis was away longer than the TTL) is taken back with the same token if it is
+        free; one another replica took meanwhile is left to it (said once)."""
+        failing = False
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
-                await lock.reacquire()
+                try:
+                    await lock.reacquire()
+                except LockNotOwnedError:
+                    token = lock.local.token
+                    if token is None or not await lock.do_acquire(token):
+                        reraise_cancellation()
+                        log.warning(
+                            "a conversation lock lapsed and another replica took it: two "
+                            "prompts of the conversation may run at once",
+                            endpoint=path,
+                            conversation=conversation_id,
+                        )
+                        return
+                reraise_cancellation()
             except (LockError, RedisError, OSError) as exc:
-                log.warning(
-                    "could not renew a conversation lock; another replica may take it "
-                    "after its TTL",
-                    endpoint=path,
-                    conversation=conversation_id,
-                    error=self.connection.scrub(exc),
-                )
+                if not failing:
+                    fault(
+                        log,
+                        "could not renew a conversation lock; retrying (another replica may "
+                        "take it once it lapses)",
+                        exc,
+                        every=False,
+                        scrub=self.connection.scrub,
+                        endpoint=path,
+                        conversation=conversation_id,
+                        ttl=self.ttl,
+                    )
+                failing = True
+                continue
+            failing = False
