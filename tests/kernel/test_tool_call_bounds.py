@@ -168,7 +168,7 @@ async def test_a_durable_run_journals_a_refused_call_without_its_arguments(
     (one copy per backend layer, 50 MB each, before), and a resumed run that replays the turn
     refuses the call with the same answer, without running it."""
     import atmosphere_harness._backends as backends
-    from atmosphere_harness._kernel.loop import load_response, refused_calls
+    from atmosphere_harness._durable.replay import load_response
 
     monkeypatch.setattr(backends, "SqliteRunStore", RecordingRunStore)
     monkeypatch.setattr(RecordingRunStore, "checkpoints", [])
@@ -184,5 +184,5 @@ async def test_a_durable_run_journals_a_refused_call_without_its_arguments(
     turn = json.loads(next(payload for key, payload in journalled if key == "model:1"))
     replayed = load_response(turn)
     assert list(replayed.tool_calls[0].arguments) == ["omitted"]
-    assert refused_calls(turn) == {replayed.tool_calls[0].id: answer}
+    assert dict(replayed.refusals) == {replayed.tool_calls[0].id: answer}
     assert not list(workspace.rglob("a.txt"))

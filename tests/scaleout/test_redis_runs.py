@@ -20,8 +20,8 @@ from atmosphere_harness._backends.redis import (
 )
 from atmosphere_harness._backends.redis import runs as redis_runs
 from atmosphere_harness._contracts import LiveRunHandle, StoredRun
+from atmosphere_harness._durable.journal import DurableRuns
 from atmosphere_harness._governance.approvals import Answer, AnswerStatus, PendingApproval
-from atmosphere_harness._kernel.live import LiveRuns
 
 # The contract tests of the PostgreSQL store, run on Redis through the `stores` fixture below.
 from tests.scaleout.test_postgres_runs import (  # noqa: F401
@@ -99,7 +99,7 @@ async def test_redis_with_durable_runs_journals_in_redis(redis_prefix: str, tmp_
     url = url_for(redis_prefix)
     settings = HarnessSettings(workspace_root=tmp_path, redis_url=url, durable_runs=True)
     runs = resolve_backends(settings).runs
-    assert isinstance(runs, LiveRuns)
+    assert isinstance(runs, DurableRuns)
     assert isinstance(runs.store, RedisRunStore)
     assert runs.store.name == "redis"
     plain = resolve_backends(HarnessSettings(workspace_root=tmp_path, redis_url=url)).runs
@@ -179,7 +179,7 @@ async def test_a_shutdown_ends_the_upkeep_though_the_driver_swallowed_its_cancel
     the call swallows the cancellation: the loop still ends, so the shutdown does not wait for
     it forever (a replica that would never exit)."""
     store = SwallowingRunStore(connection)
-    runs = LiveRuns(store, lease_seconds=0.9)
+    runs = DurableRuns(store, lease_seconds=0.9)
 
     async def resume(_handle: LiveRunHandle, _stored: StoredRun) -> None:
         return None
