@@ -15,13 +15,17 @@ from ._delegation.primitive import DelegationPrimitive
 from ._filesystem.primitive import FilesystemPrimitive
 from ._governance.approval import ToolApprovalPolicy
 from ._governance.primitive import GovernancePrimitive
+from ._kernel.budget import UsageLimitsHook
+from ._kernel.fallback import ModelFallbackHook
 from ._kernel.host import HarnessHost
+from ._limits import UsageLimits
 from ._mcp.primitive import MCPPrimitive
 from ._memory.long_term import LongTermMemory
 from ._memory.primitive import MemoryPrimitive
 from ._planning import PlanningPrimitive
 from ._registry import AgentSpec
 from ._runtimes.base import AgentRuntime
+from ._runtimes.fallback import FallbackRuntime
 from ._settings import HarnessSettings
 from ._skills.primitive import SkillsPrimitive
 
@@ -56,16 +60,32 @@ def default_primitives(
     ]
 
 
-def run_hooks(backends: StateBackends) -> list[RunHooks]:
+def run_hooks(
+    backends: StateBackends,
+    settings: HarnessSettings | None = None,
+    *,
+    runtime: AgentRuntime | None = None,
+    specs: Sequence[AgentSpec] = (),
+) -> list[RunHooks]:
     """The `RunHooks` around every model and tool call, outermost first, each only when on.
 
     The order is fixed: tracing (spans see everything, retries and replays included),
     cancellation, usage limits (a replayed turn still counts), durable replay (a replayed call
     never reaches the model or the tool), model fallback (innermost: the journal records the
-    one answer the chain gave).
+    one answer the chain gave). Usage limits are on when the settings or an agent set any;
+    model fallback when the app's runtime or an agent has a fallback chain.
     """
-    durable = backends.runs.hooks
-    return [hook for hook in (durable,) if hook is not None]
+    app_limits = settings.groups.usage.limits if settings is not None else UsageLimits()
+    limited = app_limits.any or any(spec.usage_limits is not None for spec in specs)
+    chained = isinstance(runtime, FallbackRuntime) or any(
+        spec.fallback_models or isinstance(spec.model, FallbackRuntime) for spec in specs
+    )
+    hooks = (
+        UsageLimitsHook(app_limits) if limited else None,
+        backends.runs.hooks,
+        ModelFallbackHook() if chained else None,
+    )
+    return [hook for hook in hooks if hook is not None]
 
 
 def build_host(
@@ -98,7 +118,7 @@ def build_host(
         locks=backends.locks,
         runs=backends.runs,
         resources=backends.resources,
-        hooks=run_hooks(backends),
+        hooks=run_hooks(backends, settings, runtime=runtime, specs=specs),
     )
     host.backends = backends.describe()
     return host

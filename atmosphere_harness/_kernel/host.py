@@ -29,6 +29,8 @@ from .._log import get_logger
 from .._preset import HarnessPreset, effective_cache_policy
 from .._registry import AgentSpec, EndpointKind
 from .._runtimes.base import AgentRuntime
+from .._runtimes.fallback import FallbackRuntime, model_chain
+from .._runtimes.resolve import runtime_from_ref
 from .._settings import HarnessSettings
 from .endpoint import HostedEndpoint
 from .live import LiveRuns
@@ -85,6 +87,9 @@ class HarnessHost:
         self.resources = list(resources)
         """Opened before the primitives start, closed after they stop (backend pools)."""
         self._opened: list[Resource] = []
+        self._built: dict[str, AgentRuntime] = {}
+        """Runtimes built from agents' `"<provider>:<model>"` strings, one per string (closed
+        at shutdown; the app's runtime and the ones passed as objects are their owners')."""
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -144,9 +149,11 @@ class HarnessHost:
             except Exception:
                 log.exception("primitive failed to stop cleanly", primitive=primitive.name)
         self._started.clear()
-        close = getattr(self.runtime, "aclose", None)
-        if close is not None:
-            await close()
+        for runtime in (self.runtime, *self._built.values()):
+            close = getattr(runtime, "aclose", None)
+            if close is not None:
+                await close()
+        self._built.clear()
         await self._close_resources()
 
     async def _close_resources(self) -> None:
@@ -177,10 +184,11 @@ class HarnessHost:
         cache_policy = effective_cache_policy(
             spec.prompt_cache, self.settings, cache_feature=Harness.CACHE in features
         )
+        runtime = self.runtime_for(spec)
         endpoint = HostedEndpoint.from_spec(
             spec,
             features=features,
-            runtime=self.runtime,
+            runtime=runtime,
             workspace_root=self.settings.groups.filesystem.workspace_root,
             tool_timeout=self.settings.groups.runtime.tool_execution_timeout,
             max_rounds=self.settings.groups.runtime.max_tool_rounds,
@@ -196,6 +204,7 @@ class HarnessHost:
             cache_policy=cache_policy,
             coordinator=spec.kind is EndpointKind.COORDINATOR,
         )
+        self.truth.report_models(spec.path, model_chain(runtime))
         endpoint.hooks = list(self.hooks)
         for primitive in self.primitives:
             primitive.attach(endpoint, self)
@@ -211,6 +220,21 @@ class HarnessHost:
                     type=getattr(kind, "__name__", str(kind)),
                 )
         self.endpoints[spec.path] = endpoint
+
+    def runtime_for(self, spec: AgentSpec) -> AgentRuntime:
+        """The runtime of `spec`'s endpoint: its `model=` (else the app's runtime), followed by
+        its `fallback_models=` as a `FallbackRuntime` when it has any."""
+        primary = self.runtime if spec.model is None else self._model(spec.model)
+        if not spec.fallback_models:
+            return primary
+        return FallbackRuntime(primary, *(self._model(ref) for ref in spec.fallback_models))
+
+    def _model(self, ref: AgentRuntime | str) -> AgentRuntime:
+        if not isinstance(ref, str):
+            return ref
+        if ref not in self._built:
+            self._built[ref] = runtime_from_ref(ref, self.settings)
+        return self._built[ref]
 
     # --- surfaces the admin API reads ------------------------------------------------------
 
