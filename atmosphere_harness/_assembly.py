@@ -7,6 +7,7 @@ building a host by hand) is where the built-in set is chosen and given its backe
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from ._backends import StateBackends, resolve_backends
@@ -26,6 +27,7 @@ from ._planning import PlanningPrimitive
 from ._registry import AgentSpec
 from ._runtimes.base import AgentRuntime
 from ._runtimes.fallback import FallbackRuntime
+from ._runtimes.resolve import runtime_from_ref
 from ._settings import HarnessSettings
 from ._skills.primitive import SkillsPrimitive
 
@@ -119,6 +121,7 @@ def build_host(
         runs=backends.runs,
         resources=backends.resources,
         hooks=run_hooks(backends, settings, runtime=runtime, specs=specs),
+        models=partial(runtime_from_ref, settings=settings),
     )
     host.backends = backends.describe()
     return host

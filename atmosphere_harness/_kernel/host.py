@@ -8,7 +8,7 @@ can drain it. It never imports FastAPI: the web layer is a thin client of it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
 from .._contracts import (
@@ -30,7 +30,6 @@ from .._preset import HarnessPreset, effective_cache_policy
 from .._registry import AgentSpec, EndpointKind
 from .._runtimes.base import AgentRuntime
 from .._runtimes.fallback import FallbackRuntime, model_chain
-from .._runtimes.resolve import runtime_from_ref
 from .._settings import HarnessSettings
 from .endpoint import HostedEndpoint
 from .live import LiveRuns
@@ -58,6 +57,7 @@ class HarnessHost:
         runs: RunJournal | None = None,
         resources: Sequence[Resource] = (),
         hooks: Sequence[RunHooks] | None = None,
+        models: Callable[[str], AgentRuntime] | None = None,
     ) -> None:
         self.settings = settings
         self.preset = HarnessPreset(settings)
@@ -87,6 +87,9 @@ class HarnessHost:
         self.resources = list(resources)
         """Opened before the primitives start, closed after they stop (backend pools)."""
         self._opened: list[Resource] = []
+        self._resolve_model = models
+        """Builds the runtime an agent's `"<provider>:<model>"` string names (the assembly's:
+        `runtimes.resolve.runtime_from_ref` with these settings)."""
         self._built: dict[str, AgentRuntime] = {}
         """Runtimes built from agents' `"<provider>:<model>"` strings, one per string (closed
         at shutdown; the app's runtime and the ones passed as objects are their owners')."""
@@ -233,7 +236,12 @@ class HarnessHost:
         if not isinstance(ref, str):
             return ref
         if ref not in self._built:
-            self._built[ref] = runtime_from_ref(ref, self.settings)
+            if self._resolve_model is None:
+                raise ValueError(
+                    f"model {ref!r}: this host was built without a model resolver "
+                    "(build it with assembly.build_host, or pass a runtime object)"
+                )
+            self._built[ref] = self._resolve_model(ref)
         return self._built[ref]
 
     # --- surfaces the admin API reads ------------------------------------------------------
