@@ -658,6 +658,8 @@
           { class: "panel endpoint" },
           el("h2", {}, el("code", {}, endpoint.path), " ", el("span", { class: "badge" }, endpoint.kind)),
           el("p", {}, "owner ", el("strong", {}, endpoint.owner), " · features ", endpoint.features.length ? endpoint.features.join(", ") : "none"),
+          // The model chain, first asked first (`fallback_models=` after the model).
+          el("p", { class: "muted model" }, "model ", el("strong", {}, (endpoint.model || []).join(" → ") || info.runtime.name)),
           truthTable(endpoint.harness),
           el("p", { class: "muted tools" }, `tools: ${endpoint.tools.join(", ") || "none"}`),
           skillList(endpoint.skills),
