@@ -16,7 +16,7 @@ from ._delegation.primitive import DelegationPrimitive
 from ._filesystem.primitive import FilesystemPrimitive
 from ._governance.approval import ToolApprovalPolicy
 from ._governance.primitive import GovernancePrimitive
-from ._kernel.budget import UsageLimitsHook
+from ._kernel.budget import UsageLimitsHook, UserDailyTokensHook
 from ._kernel.fallback import ModelFallbackHook
 from ._kernel.host import HarnessHost
 from ._limits import UsageLimits
@@ -74,17 +74,22 @@ def run_hooks(
     The order is fixed: tracing (spans see everything, retries and replays included),
     cancellation, usage limits (a replayed turn still counts), durable replay (a replayed call
     never reaches the model or the tool), model fallback (innermost: the journal records the
-    one answer the chain gave). Usage limits are on when the settings or an agent set any;
-    model fallback when the app's runtime or an agent has a fallback chain.
+    one answer the chain gave). Usage limits are on when the settings or an agent set any (the
+    per-user daily token cap, when set, sits right inside durable replay, so a replayed turn
+    is not counted twice); model fallback when the app's runtime or an agent has a fallback
+    chain.
     """
     app_limits = settings.groups.usage.limits if settings is not None else UsageLimits()
     limited = app_limits.any or any(spec.usage_limits is not None for spec in specs)
     chained = isinstance(runtime, FallbackRuntime) or any(
         spec.fallback_models or isinstance(spec.model, FallbackRuntime) for spec in specs
     )
+    daily = settings.groups.usage.user_daily_token_limit if settings is not None else None
     hooks = (
         UsageLimitsHook(app_limits) if limited else None,
         backends.runs.hooks,
+        # Inside durable replay: a resumed run's replayed turns were counted in its first life.
+        UserDailyTokensHook(backends.user_tokens, daily) if daily is not None else None,
         ModelFallbackHook() if chained else None,
     )
     return [hook for hook in hooks if hook is not None]

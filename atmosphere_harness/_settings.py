@@ -201,6 +201,12 @@ class HarnessSettings(BaseSettings):
     environment, e.g. `{"request_limit": 20, "total_tokens_limit": 200000}` (unnamed limits
     stay unbounded)."""
 
+    user_daily_token_limit: int | None = Field(
+        None, ge=1, validation_alias=_env("ATMOSPHERE_AI_USER_DAILY_TOKEN_LIMIT")
+    )
+    """Tokens (input + output) one user's runs may spend per UTC day, counted where every
+    replica sees it (the state backend); unset: no cap."""
+
     filesystem_fsync: bool = Field(False, validation_alias=_env("ATMOSPHERE_AI_FILESYSTEM_FSYNC"))
     """Flush every workspace write to disk before it returns (durable across power loss, ~1 ms)."""
 
@@ -604,7 +610,9 @@ class HarnessSettings(BaseSettings):
                 max_tool_argument_chars=self.max_tool_argument_chars,
                 approval_timeout=self.approval_timeout,
             ),
-            usage=UsageSettings(limits=self.usage_limits),
+            usage=UsageSettings(
+                limits=self.usage_limits, user_daily_token_limit=self.user_daily_token_limit
+            ),
             admin=AdminSettings(
                 token=self.admin_token,
                 read_auth_required=self.admin_http_read_auth_required,
@@ -746,6 +754,7 @@ class UsageSettings(BaseModel):
 
     model_config = _GROUP
     limits: UsageLimits
+    user_daily_token_limit: int | None
 
 
 class AdminSettings(BaseModel):

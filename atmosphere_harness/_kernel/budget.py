@@ -1,5 +1,5 @@
-"""The "usage limits" run hook: what one run may spend (`UsageLimits`), enforced around every
-model and tool call.
+"""The "usage limits" run hooks: what one run may spend (`UsageLimits`), enforced around every
+model and tool call, and what one user may spend per UTC day (`UserDailyTokensHook`).
 
 Counts live in the state of each run that has limits (the top-level run: its agent's
 `usage_limits=`, else the app-wide `ATMOSPHERE_AI_USAGE_LIMITS`; a fleet member that declares
@@ -17,6 +17,7 @@ let its coordinator ask the model again).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from .._contracts import (
     Key,
@@ -27,10 +28,14 @@ from .._contracts import (
     RunHooks,
     ToolOutcome,
     ToolStep,
+    UserTokens,
 )
 from .._errors import UsageLimitExceeded
 from .._limits import UsageLimits
+from .._log import fault, get_logger
 from .._runtimes.base import ModelResponse
+
+log = get_logger(__name__)
 
 
 @dataclass(slots=True)
@@ -139,3 +144,74 @@ def _end(tally: Tally, limit: str, bound: int, what: str) -> None:
     )
     tally.ended = error
     raise error
+
+
+# --- the per-user daily token cap -----------------------------------------------------------
+
+DAILY_LIMIT = "user_daily_token_limit"
+
+
+def utc_day(now: float | None = None) -> str:
+    """`YYYY-MM-DD` of `now` (epoch seconds, default: now) in UTC."""
+    moment = datetime.now(UTC) if now is None else datetime.fromtimestamp(now, UTC)
+    return moment.strftime("%Y-%m-%d")
+
+
+class InProcessUserTokens:
+    """`UserTokens` of one process: a dict that keeps only the current day's counts."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self._day = ""
+        self._spent: dict[str, int] = {}
+
+    async def spent(self, user_id: str, day: str) -> int:
+        return self._spent.get(user_id, 0) if day == self._day else 0
+
+    async def add(self, user_id: str, day: str, tokens: int) -> int:
+        if day != self._day:
+            self._day, self._spent = day, {}
+        self._spent[user_id] = self._spent.get(user_id, 0) + tokens
+        return self._spent[user_id]
+
+
+class UserDailyTokensHook(RunHooks):
+    """Refuses a model request once its user spent `limit` tokens today (UTC), every replica's
+    runs together.
+
+    The count is read before each request and added to after each response, so a user is over
+    by at most the turns already in flight when the count crossed the limit (one per run).
+    Anonymous runs (no user id) are not capped. It sits inside durable replay: a resumed run's
+    replayed turns were counted in its first life and are not counted again. The store failing
+    (an outage) does not stop runs: the call goes ahead and a WARN says what was not counted.
+    """
+
+    def __init__(self, store: UserTokens, limit: int) -> None:
+        self.store = store
+        self.limit = limit
+
+    async def around_model(self, step: ModelStep, proceed: ProceedModel) -> ModelResponse:
+        user = step.run.user_id
+        if user is None:
+            return await proceed(step)
+        day = utc_day()
+        try:
+            spent = await self.store.spent(user, day)
+        except Exception as exc:
+            fault(log, "the daily token count could not be read; the call goes ahead", exc)
+            spent = 0
+        if spent >= self.limit:
+            raise UsageLimitExceeded(
+                f"this user reached the daily token limit ({self.limit} tokens per UTC day, "
+                "ATMOSPHERE_AI_USER_DAILY_TOKEN_LIMIT); try again tomorrow",
+                limit=DAILY_LIMIT,
+            )
+        response = await proceed(step)
+        tokens = response.usage.input_tokens + response.usage.output_tokens
+        if tokens:
+            try:
+                await self.store.add(user, day, tokens)
+            except Exception as exc:
+                fault(log, "the daily token count could not be written", exc, tokens=tokens)
+        return response

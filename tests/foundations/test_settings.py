@@ -148,6 +148,14 @@ KEYS = [
     ("max_tool_calls_per_message", "ATMOSPHERE_AI_MAX_TOOL_CALLS_PER_MESSAGE", None, "9", 9, 4),
     ("max_tool_argument_chars", "ATMOSPHERE_AI_MAX_TOOL_ARGUMENT_CHARS", None, "4096", 4096, 2048),
     ("max_request_bytes", "ATMOSPHERE_MAX_REQUEST_BYTES", None, "65536", 65536, 2048),
+    (
+        "user_daily_token_limit",
+        "ATMOSPHERE_AI_USER_DAILY_TOKEN_LIMIT",
+        None,
+        "500000",
+        500000,
+        1000,
+    ),
     # The tri-state flag: a programmatic True beats an env kill switch, and the reverse.
     ("enabled", "ATMOSPHERE_AI_HARNESS_ENABLED", None, "false", False, True),
     ("compaction_recent_window", "ATMOSPHERE_AI_HARNESS_COMPACTION_RECENT_WINDOW", None, "9", 9, 3),

@@ -15,6 +15,7 @@ connection) serves every store; the host opens it before the primitives start.
 | long-term memory | `PostgresLongTermMemory` (`tsvector` search, unique facts) |
 | workspace files | `PostgresWorkspaceStores` (rows, `PostgresAgentFileSystem`) |
 | durable runs, or the frame feed | `PostgresRunStore` behind `durable.DurableRuns` |
+| each user's tokens per day | `PostgresUserTokens` (one upserted row per user and day) |
 
 The workspace stores hold conversation workspaces and `/memories` when
 `ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres`, and `prefix=postgres:` composite routes always.
@@ -39,6 +40,7 @@ from .long_term import PostgresLongTermMemory
 from .plans import PROTECT_SECONDS, PostgresPlanStore
 from .runs import PostgresRunStore
 from .stores import PostgresWorkspaceStores, owner_key
+from .tokens import PostgresUserTokens
 from .workspace import PostgresAgentFileSystem
 
 # Runtime truth (`long-term-memory`) and reprs show the import path users know.
@@ -89,6 +91,7 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
         workspaces=files if in_postgres else None,
         route_stores={files.name: files},
         resources=[database, locks],
+        user_tokens=PostgresUserTokens(database),
     )
     backends.runs = shared_runs(PostgresRunStore(database), settings)
     return backends
@@ -106,6 +109,7 @@ __all__ = [
     "PostgresPlanBus",
     "PostgresPlanStore",
     "PostgresRunStore",
+    "PostgresUserTokens",
     "PostgresWorkspaceStores",
     "owner_key",
     "postgres_backends",

@@ -187,6 +187,15 @@ MIGRATIONS: tuple[str, ...] = (
     END
     $$;
     """,
+    # 6: each user's tokens per UTC day (`PostgresUserTokens`, the daily token cap).
+    """
+    CREATE TABLE atmosphere_user_tokens (
+        user_id text NOT NULL,
+        day text NOT NULL,
+        tokens bigint NOT NULL,
+        PRIMARY KEY (user_id, day)
+    );
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 

@@ -31,6 +31,7 @@ from .locks import RedisConversationLocks
 from .long_term import RedisLongTermMemory
 from .plans import RedisPlanStore
 from .runs import RedisRunStore
+from .tokens import RedisUserTokens
 
 __all__ = [
     "RedisApprovalStore",
@@ -42,6 +43,7 @@ __all__ = [
     "RedisPlanStore",
     "RedisRunStore",
     "RedisUnavailable",
+    "RedisUserTokens",
     "redis_backends",
     "with_redis_events",
 ]
@@ -74,6 +76,7 @@ def redis_backends(settings: HarnessSettings) -> StateBackends:
             connection, max_facts_per_user=settings.groups.memory.max_facts
         ),
         resources=[connection],
+        user_tokens=RedisUserTokens(connection),
     )
     backends.runs = shared_runs(RedisRunStore(connection), settings)
     return backends
