@@ -228,6 +228,10 @@ class AgentRegistry:
         (or with `headless=True`) is never harnessed and only serves its `@skill` handlers.
         `skills=` names folders of `SKILL.md` skills (see `docs/skills.md`); `mcp_servers=`
         lists MCP tool servers whose tools the agent is offered (see `docs/mcp.md`).
+        `model=` (a runtime, or `"openai:<model>"`, `"anthropic:<model>"`, `"scripted:demo"`)
+        replaces the app's runtime for this agent, `fallback_models=` are tried in order when
+        it fails with a transient error, and `usage_limits=` caps what one of its runs may
+        spend (see `docs/runtimes.md`).
         """
         return self._decorator(
             EndpointKind.AGENT,
@@ -259,7 +263,9 @@ class AgentRegistry:
     ) -> Callable[[C], C]:
         """Declare a coordinator: an agent with a fleet to delegate to (`delegate_task`, `task`).
 
-        `skills=` and `mcp_servers=` as on `agent`; `task` sub-agents see the coordinator's skills.
+        `skills=`, `mcp_servers=`, `model=`, `fallback_models=` and `usage_limits=` as on
+        `agent`; `task` sub-agents see the coordinator's skills and run on its model, and its
+        usage limits count what its sub-agents and fleet members spend.
         """
         return self._decorator(
             EndpointKind.COORDINATOR,
@@ -344,7 +350,8 @@ class AgentRegistry:
     ) -> Callable[[C], C]:
         """Declare a plain AI endpoint at `path`. Bare by default: opt in with `harness=(...)`.
 
-        `skills=` and `mcp_servers=` as on `agent` (skills need the FILESYSTEM feature).
+        `skills=`, `mcp_servers=`, `model=`, `fallback_models=` and `usage_limits=` as on
+        `agent` (skills need the FILESYSTEM feature).
         """
         if not isinstance(path, str) or not _PATH.match(path) or ".." in path.split("/"):
             raise ValueError(f"invalid ai_endpoint path {path!r}: expected e.g. '/atmosphere/chat'")
