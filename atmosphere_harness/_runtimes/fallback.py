@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from .._errors import ModelError
 from .base import AgentRuntime, AiCapability, ModelRequest, ModelResponse, TextSink
+from .scripted import demo_turn
 
 FallbackReporter = Callable[[str, str, str], Awaitable[None]]
 """Told `(from, to, reason)` each time a call moves on to the next runtime of a chain."""
@@ -27,12 +28,16 @@ MAX_REASON_CHARS = 300
 
 
 def model_label(runtime: AgentRuntime) -> str:
-    """`<provider>:<model>` for a runtime (just the provider's name when it has no model)."""
+    """`<provider>:<model>` for a runtime (just the provider's name when it has no model); a
+    chain's is its primary's."""
+    if isinstance(runtime, FallbackRuntime):
+        return runtime.model
     model = getattr(runtime, "model", None)
     if isinstance(model, str) and model:
         return f"{runtime.name}:{model}"
     if runtime.name == "scripted":
-        return "scripted:demo" if getattr(runtime, "default", None) is not None else "scripted"
+        demo = getattr(runtime, "default", None) is demo_turn
+        return "scripted:demo" if demo else "scripted"
     return runtime.name
 
 

@@ -244,3 +244,19 @@ async def test_an_agent_without_a_model_keeps_the_apps_runtime(workspace: Path) 
 def test_a_bad_model_fails_at_declaration(model: Any) -> None:
     with pytest.raises((ValueError, TypeError)):
         AgentRegistry().agent(name="bad", model=model)
+
+
+async def test_an_app_wide_chain_reports_its_fallbacks_too(workspace: Path) -> None:
+    openai = fake_openai().script(Status(502, {"error": {"message": "bad gateway"}}))
+    anthropic = fake_anthropic().script(Stream(anthropic_text("app-wide")))
+    async with serve(openai.app) as first, serve(anthropic.app) as second:
+        chain = FallbackRuntime(openai_at(first), anthropic_at(second))
+        app = make_app([chained_agent(None)], runtime=chain, workspace=workspace)
+        async with client_for(app) as client:
+            frames = await post_prompt(client, PATH, "hello")
+            info = (await client.get("/api/console/info")).json()
+    assert [frame["data"]["to"] for frame in of_type(frames, "model-fallback")] == [
+        "anthropic:claude-fake"
+    ]
+    assert text_of(frames) == "app-wide"
+    assert info["endpoints"][0]["model"] == ["openai:gpt-fake", "anthropic:claude-fake"]
