@@ -1,0 +1,112 @@
+"""A lost acknowledgement on PostgreSQL: the write committed, the connection died before its
+answer came back, and the backend's retry-once must not apply it again.
+
+A real TCP proxy (`tcp_proxy.LossyProxy`) sits between the pool and the loopback server and
+drops the server's reply to the write (its `CommandComplete`), closing the connection; the
+retry then runs on a fresh connection through the same proxy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from atmosphere_harness._backends.postgres import PostgresDatabase
+from atmosphere_harness._backends.postgres.history import PostgresHistory
+from atmosphere_harness._backends.postgres.workspace import PostgresAgentFileSystem
+from atmosphere_harness._memory.history import ConversationKey
+from atmosphere_harness._runtimes.base import Message
+
+from .postgres_service import HOST, PORT, postgres_url
+from .tcp_proxy import LossyProxy
+
+__all__ = ["postgres_url"]
+
+pytestmark = pytest.mark.services
+
+COMMIT = b"COMMIT\x00"
+"""The `CommandComplete` tag of a transaction's end: the reply to lose for the workspace."""
+INSERT = b"INSERT 0 "
+"""The `CommandComplete` tag of the history's one-statement append."""
+KEY = ConversationKey("/agent", "user-1", "conv-1")
+
+
+@pytest.fixture
+async def proxied(postgres_url: str) -> AsyncIterator[tuple[LossyProxy, PostgresDatabase]]:
+    proxy = await LossyProxy(HOST, PORT).start()
+    database = PostgresDatabase(proxy.url(postgres_url))
+    await database.open()
+    try:
+        yield proxy, database
+    finally:
+        await database.aclose()
+        await proxy.aclose()
+
+
+async def test_a_turn_whose_acknowledgement_is_lost_is_stored_once(
+    proxied: tuple[LossyProxy, PostgresDatabase],
+) -> None:
+    proxy, database = proxied
+    history = PostgresHistory(database)
+    await history.append(KEY, [Message("user", "first")])
+    proxy.lose_reply_containing(INSERT)
+    await history.append(KEY, [Message("user", "second")])
+    assert proxy.cuts == 1
+    await history.append(KEY, [Message("user", "third")])
+    stored = [message.content for message in await history.messages(KEY)]
+    assert stored == ["first", "second", "third"]
+
+
+async def test_a_new_conversation_whose_first_turn_lost_its_acknowledgement(
+    proxied: tuple[LossyProxy, PostgresDatabase],
+) -> None:
+    proxy, database = proxied
+    history = PostgresHistory(database)
+    proxy.lose_reply_containing(INSERT)
+    await history.append(KEY, [Message("user", "hello"), Message("assistant", "hi")])
+    assert proxy.cuts == 1
+    assert [m.content for m in await history.messages(KEY)] == ["hello", "hi"]
+
+
+async def workspace(database: PostgresDatabase) -> PostgresAgentFileSystem:
+    store = PostgresAgentFileSystem(database, "user-1/conv-1")
+    await store.write("notes.md", "alpha beta alpha")
+    await store.write("old.md", "keep me")
+    return store
+
+
+async def test_an_edit_whose_acknowledgement_is_lost_reports_that_it_applied(
+    proxied: tuple[LossyProxy, PostgresDatabase],
+) -> None:
+    proxy, database = proxied
+    store = await workspace(database)
+    proxy.lose_reply_containing(COMMIT)
+    assert await store.edit("notes.md", "alpha", "gamma", replace_all=True) == 2
+    assert proxy.cuts == 1
+    assert await store.read("notes.md") == "gamma beta gamma"
+
+    # The file tool's answer comes from this count ("Edited notes.md"), never an error.
+    proxy.lose_reply_containing(COMMIT)
+    assert await store.edit("notes.md", "beta", "delta") == 1
+    assert proxy.cuts == 2
+    assert await store.read("notes.md") == "gamma delta gamma"
+
+
+async def test_a_rename_and_a_delete_whose_acknowledgements_are_lost_succeed(
+    proxied: tuple[LossyProxy, PostgresDatabase],
+) -> None:
+    proxy, database = proxied
+    store = await workspace(database)
+    proxy.lose_reply_containing(COMMIT)
+    await store.rename("old.md", "archive/old.md")
+    assert proxy.cuts == 1
+    assert await store.read("archive/old.md") == "keep me"
+    proxy.lose_reply_containing(COMMIT)
+    await store.delete("archive")
+    assert proxy.cuts == 2
+    assert await store.glob("**") == ["notes.md"]
+    proxy.lose_reply_containing(COMMIT)
+    await store.write("new.md", "written once")
+    assert proxy.cuts == 3
+    assert await store.read("new.md") == "written once"
