@@ -110,3 +110,52 @@ async def test_a_rename_and_a_delete_whose_acknowledgements_are_lost_succeed(
     await store.write("new.md", "written once")
     assert proxy.cuts == 3
     assert await store.read("new.md") == "written once"
+
+
+async def test_an_extraction_claim_whose_acknowledgement_is_lost_still_extracts(
+    proxied: tuple[LossyProxy, PostgresDatabase],
+) -> None:
+    proxy, database = proxied
+    history = PostgresHistory(database)
+    await history.append(KEY, [Message("user", "remember: tea"), Message("assistant", "noted")])
+    proxy.lose_reply_containing(COMMIT)
+    messages, last = await history.unextracted(KEY, 10)
+    assert proxy.cuts == 1
+    assert [m.content for m in messages] == ["remember: tea", "noted"]
+    assert last == 2
+
+
+async def test_an_approval_opened_and_answered_with_lost_acknowledgements(
+    postgres_url: str,
+) -> None:
+    from atmosphere_harness._backends.postgres import PostgresApprovalStore
+    from atmosphere_harness._governance.approvals import Answer, AnswerStatus
+
+    proxy = await LossyProxy(HOST, PORT).start()
+    database = PostgresDatabase(proxy.url(postgres_url))
+    store = PostgresApprovalStore(database, max_pending=1)
+    await database.open()
+    try:
+        proxy.lose_reply_containing(COMMIT)
+        pending = await store.open(
+            path="/p",
+            conversation_id="c",
+            user_id=None,
+            tool="t",
+            tool_call_id="call-1",
+            arguments={},
+            timeout=30,
+        )
+        assert proxy.cuts == 1
+        assert pending is not None, "opened once, not refused as over the bound by itself"
+        proxy.lose_reply_containing(COMMIT)
+        status = await store.answer("/p", pending.id, Answer(True), user_id=None)
+        assert proxy.cuts == 2
+        assert status is AnswerStatus.ACCEPTED
+        assert await store.answer("/p", pending.id, Answer(False), user_id=None) is (
+            AnswerStatus.ALREADY_ANSWERED
+        )
+        await store.discard(pending)
+    finally:
+        await database.aclose()
+        await proxy.aclose()

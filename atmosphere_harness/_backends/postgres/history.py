@@ -219,16 +219,19 @@ class PostgresHistory:
         replica that died mid-extraction leaves it to expire.
         """
         now = time.time()
+        # The claim's deadline is also its token: a retry whose first attempt committed finds
+        # its own deadline there and goes on, instead of taking it for another replica's claim.
+        until = now + EXTRACTION_CLAIM
 
         async def work(connection: Any) -> tuple[list[Any], int]:
             async with connection.transaction(isolation="read_committed"):
                 row = await connection.fetchrow(
-                    "UPDATE atmosphere_conversations SET extracting_until = $4 + $5 "
-                    f"WHERE {_KEY} AND (extracting_until IS NULL OR extracting_until < $4) "
-                    "RETURNING id, extracted_seq, last_seq",
+                    "UPDATE atmosphere_conversations SET extracting_until = $5 "
+                    f"WHERE {_KEY} AND (extracting_until IS NULL OR extracting_until < $4 "
+                    "OR extracting_until = $5) RETURNING id, extracted_seq, last_seq",
                     *_key_args(key),
                     now,
-                    EXTRACTION_CLAIM,
+                    until,
                 )
                 if row is None:
                     return [], 0  # unknown, or another replica is extracting it
