@@ -8,15 +8,20 @@ retry then runs on a fresh connection through the same proxy.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
+from atmosphere_harness import ModelRequest, ScriptedRuntime, ToolCall, agent
 from atmosphere_harness._backends.postgres import PostgresDatabase
 from atmosphere_harness._backends.postgres.history import PostgresHistory
 from atmosphere_harness._backends.postgres.workspace import PostgresAgentFileSystem
 from atmosphere_harness._memory.history import ConversationKey
 from atmosphere_harness._runtimes.base import Message
+from tests.agents import echo
+from tests.support import client_for, make_app, prompt
 
 from .postgres_service import HOST, PORT, postgres_url
 from .tcp_proxy import LossyProxy
@@ -159,3 +164,87 @@ async def test_an_approval_opened_and_answered_with_lost_acknowledgements(
     finally:
         await database.aclose()
         await proxy.aclose()
+
+
+async def test_over_http_the_next_turn_sees_a_turn_whose_acknowledgement_was_lost_once(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    proxy = await LossyProxy(HOST, PORT).start()
+    marker = f"second-{uuid.uuid4().hex[:8]}"
+    sent: list[str] = []
+
+    def turn(request: ModelRequest) -> str:
+        users = [m.content for m in request.messages if m.role == "user"]
+        sent.append(" | ".join(users))
+        if users[-1] == marker:
+            # The turn's append is the next statement that carries this text.
+            proxy.lose_reply_to(marker.encode())
+        return "ok"
+
+    app = make_app(
+        [echo(agent(name="keeper"), "Keeper")],
+        runtime=ScriptedRuntime((), default=turn),
+        workspace=tmp_path,
+        postgres_url=proxy.url(postgres_url),
+    )
+    try:
+        async with client_for(app) as client:
+            for message in ("first", marker, "third"):
+                frames = await prompt(client, "/atmosphere/agent/keeper", message, "conv-1")
+                assert frames[-1]["event"] == "complete", frames[-1]
+    finally:
+        await proxy.aclose()
+    assert proxy.cuts == 1
+    assert sent[-1] == f"first | {marker} | third"
+
+
+async def test_over_http_the_model_is_told_that_changes_whose_acknowledgement_was_lost_applied(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    proxy = await LossyProxy(HOST, PORT).start()
+    tag = uuid.uuid4().hex[:8]
+    steps = [
+        (b"", ToolCall("write_file", {"path": "notes.md", "content": "alpha beta"})),
+        (
+            f"gamma-{tag}".encode(),
+            ToolCall(
+                "edit_file", {"path": "notes.md", "old_text": "alpha", "new_text": f"gamma-{tag}"}
+            ),
+        ),
+        (
+            f"moved-{tag}".encode(),
+            ToolCall("rename", {"old_path": "notes.md", "new_path": f"moved-{tag}.md"}),
+        ),
+        (f"moved-{tag}".encode(), ToolCall("delete", {"path": f"moved-{tag}.md"})),
+    ]
+
+    def turn(request: ModelRequest) -> str | list[ToolCall]:
+        done = sum(1 for m in request.messages if m.role == "tool")
+        if done == len(steps):
+            return "done"
+        request_bytes, call = steps[done]
+        if request_bytes:
+            # The change's statement carries this text; lose the answer to its COMMIT.
+            proxy.lose_reply_to(request_bytes, COMMIT)
+        return [call]
+
+    app = make_app(
+        [echo(agent(name="keeper"), "Keeper")],
+        runtime=ScriptedRuntime((), default=turn),
+        workspace=tmp_path,
+        postgres_url=proxy.url(postgres_url),
+        workspace_backend="postgres",
+    )
+    try:
+        async with client_for(app) as client:
+            frames = await prompt(client, "/atmosphere/agent/keeper", "edit my notes", "conv-1")
+    finally:
+        await proxy.aclose()
+    assert proxy.cuts == 3
+    results = [f["data"]["result"] for f in frames if f["event"] == "tool-result"]
+    assert results == [
+        "Wrote notes.md",
+        "Edited notes.md",
+        f"Renamed notes.md to moved-{tag}.md",
+        f"Deleted moved-{tag}.md",
+    ]
