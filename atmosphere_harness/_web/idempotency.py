@@ -11,8 +11,8 @@ A client that sent a prompt and got no clear answer (its connection dropped, a p
   at once, so the run exists even if the response never reached the client;
 - a resend with the key streams that run's frames from its first one (live if it is still
   running, its end if it finished), with the header `Idempotent-Replayed: true`; once the run
-  is no longer kept (`ATMOSPHERE_DURABLE_RUNS_KEEP_SECONDS`, ten minutes without durable runs),
-  it is answered 409 `{"error"}` saying so: the turn is in the conversation's history;
+  is no longer kept for re-attaching (`GET P/conversations/{id}/events` has the same window),
+  it is answered 409 `{"error"}` saying so, and nothing starts: the turn is in the history;
 - the same key with another message is answered 422 `{"error"}`; a key that is empty, longer
   than `MAX_KEY_CHARS` or not printable ASCII is answered 400 `{"error"}` before any work.
 """
