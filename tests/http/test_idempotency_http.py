@@ -3,6 +3,7 @@ key after an ambiguous error streams the first run again instead of making a sec
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx2
@@ -93,3 +94,14 @@ async def test_bad_keys_and_a_reused_key_are_refused_before_any_work(tmp_path: P
         assert reused.status_code == 422
         assert "another message" in reused.json()["error"]
         assert calls == ["first"]
+
+
+async def test_two_requests_with_one_key_at_once_make_one_run(tmp_path: Path) -> None:
+    calls: list[str] = []
+    app = make_app([Keeper], runtime=counting_model(calls), workspace=tmp_path)
+    async with client_for(app) as client:
+        body = {"message": "at once", "conversationId": "plan-3"}
+        one, two = await asyncio.gather(post(client, body, "twin"), post(client, body, "twin"))
+        assert summary(one) == summary(two) == "seen: at once"
+        assert parse_sse(one.text) == parse_sse(two.text)
+        assert calls == ["at once"]
