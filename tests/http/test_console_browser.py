@@ -378,7 +378,7 @@ async def test_at_1280_the_header_keeps_one_line_and_suggestions_stay(
     await page.set_viewport_size({"width": 1280, "height": 800})
     async with serve(create_app()) as base:
         await open_console(page, base)
-        await _header_on_one_line(page)  # "not connected"
+        await _header_on_one_line(page)  # "ready"
         chips = "#suggestion-list button"
         assert await page.is_visible(chips), "a new conversation shows its suggestions"
         offered = await page.eval_on_selector_all(chips, "bs => bs.map(b => b.textContent)")
@@ -403,3 +403,153 @@ async def test_at_1280_the_header_keeps_one_line_and_suggestions_stay(
             ".card.tool", "cards => cards.map(c => c.dataset.tool)"
         )
         assert tools == ["write_todos", "write_file", "write_todos"]
+
+
+# --- the console tells the truth: connection, conversation, files, runtime facts ----------------
+
+
+async def test_the_badge_reads_ready_before_the_first_message(
+    page: Any, tmp_path: Path, workspace: Path
+) -> None:
+    async with serve(clerk_app(workspace)) as base:
+        await open_console(page, base)
+        assert await page.inner_text("#status") == "ready"
+        assert await page.get_attribute("#status", "data-state") == "ready"
+        await screenshot(page, tmp_path, "ready")
+
+
+async def test_the_file_viewer_says_why_it_is_empty(
+    page: Any, tmp_path: Path, workspace: Path
+) -> None:
+    async with serve(clerk_app(workspace)) as base:
+        await open_console(page, base)
+        await page.click("[data-tab=workspace]")
+        await page.wait_for_selector("#files .empty >> text=No files in this conversation yet.")
+        assert await page.inner_text("#viewer") == "This conversation has no files yet."
+        await screenshot(page, tmp_path, "viewer-no-files")
+
+        await page.click("[data-tab=chat]")
+        await send(page, "report, research and email")
+        await (await page.wait_for_selector(".card.approval button.approve")).click()
+        await page.wait_for_selector(".run-end")
+        await page.click("[data-tab=workspace]")
+        await page.wait_for_selector("#files button[data-path='tool-output']")
+        assert await page.inner_text("#viewer") == "No file selected: pick one under Files."
+
+
+async def test_switching_the_conversation_box_moves_the_chat_and_says_what_it_cannot_show(
+    page: Any, tmp_path: Path, workspace: Path
+) -> None:
+    async with serve(clerk_app(workspace)) as base:
+        await open_console(page, base)
+        first = await page.input_value("#conversation")
+        assert await page.inner_text("#chat-conversation") == first
+        await page.click("#new-conversation")
+        second = await page.input_value("#conversation")
+        assert second != first
+        assert await page.inner_text("#chat-conversation") == second
+
+        await page.fill("#conversation", first)
+        await page.press("#conversation", "Enter")
+        await page.wait_for_selector("#history-hint")
+        assert await page.inner_text("#chat-conversation") == first
+        hint = await page.inner_text("#transcript")
+        assert "Earlier turns are not shown" in hint
+        assert first in hint
+        assert second not in hint
+        await screenshot(page, tmp_path, "switched")
+
+
+SUBAGENT_REPORT = "# Tides\n\nThree sources agree on two tides a day.\n"
+
+
+def writing_clerk_turn(request: ModelRequest) -> Any:
+    """The clerk spawns a `task` sub-agent that saves `report.md` in its own workspace."""
+    last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+    rounds = sum(1 for m in request.messages[last_user:] if m.role == "assistant")
+    if request.system_prompt == SUBAGENT_PROMPT:
+        if rounds == 0:
+            return [ToolCall("write_file", {"path": "report.md", "content": SUBAGENT_REPORT})]
+        return "Saved report.md."
+    return [ToolCall("task", {"description": "research tides"})] if rounds == 0 else "Done."
+
+
+async def test_a_subagents_files_are_browsable_after_it_ends(
+    page: Any, tmp_path: Path, workspace: Path
+) -> None:
+    app = FastAPI()
+    app.include_router(
+        create_harness_router(
+            HarnessSettings(workspace_root=workspace, admin_token=TOKEN),
+            agents=[Clerk],
+            runtime=ScriptedRuntime((), default=writing_clerk_turn),
+        )
+    )
+    async with serve(app) as base:
+        await open_console(page, base)
+        await send(page, "research tides")
+        await page.wait_for_selector(".run-end")
+        link = page.locator(".card.subagent .offload button")
+        folder = await link.get_attribute("data-path")
+        assert folder is not None
+        assert folder.startswith("subagents/subagent-")
+        await screenshot(page, tmp_path, "subagent-files")
+        await link.click()
+        report = f"#files button[data-path='{folder}/report.md']"
+        await page.click(report)
+        await page.wait_for_selector(f"#viewer[data-path='{folder}/report.md']")
+        assert await page.text_content("#viewer") == SUBAGENT_REPORT
+        await screenshot(page, tmp_path, "subagent-report")
+
+
+async def test_the_harness_tab_shows_backends_mcp_skills_and_any_other_fact(
+    page: Any, tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from atmosphere_harness._web import console_info as module
+    from tests.mcp.support import http_server
+    from tests.skills.support import write_skill
+
+    reported = module.console_info
+
+    def with_later_facts(host: Any) -> dict[str, Any]:
+        # Facts the console does not know by name yet: they show without a console change.
+        info = reported(host)
+        info["tracing"] = "ACTIVE(otel)"
+        for endpoint in info["endpoints"]:
+            endpoint["harness"]["model"] = ["openai:gpt-4o", "anthropic:claude-sonnet-4"]
+            endpoint["limits"] = {"request_limit": "3"}
+        return info
+
+    monkeypatch.setattr(module, "console_info", with_later_facts)
+    skills = tmp_path / "skills"
+    write_skill(skills, "tides", "Explains tides")
+    async with http_server() as server:
+        Tidal = echo(agent("tidal", mcp_servers=[server], skills=[skills]), "Tidal")
+        app = FastAPI()
+        app.include_router(
+            create_harness_router(
+                HarnessSettings(workspace_root=workspace, admin_token=TOKEN, durable_runs=True),
+                agents=[Tidal],
+            )
+        )
+        async with serve(app) as base:
+            await open_console(page, base)
+            await page.click("[data-tab=harness]")
+            harness = await page.inner_text("#harness")
+            assert "Backends" in harness
+            assert "state\tsqlite" in harness, harness
+            assert "events\tlocal" in harness
+            assert "durable-runs" in harness
+            assert "tracing\tACTIVE(otel)" in harness
+            panel = "#harness .endpoint[data-path='/atmosphere/agent/tidal']"
+            chain = await page.eval_on_selector_all(
+                f"{panel} .values li", "items => items.map(i => i.textContent)"
+            )
+            assert chain == ["openai:gpt-4o", "anthropic:claude-sonnet-4"]
+            endpoint = await page.inner_text(panel)
+            assert "request_limit" in endpoint
+            assert "MCP servers: " in endpoint
+            assert "tides — Explains tides" in endpoint
+            await screenshot(page, tmp_path, "harness-truth")
+            await page.locator(f"{panel} .mcp-servers").scroll_into_view_if_needed()
+            await screenshot(page, tmp_path, "harness-endpoint")
