@@ -135,7 +135,7 @@
 
   function newConversation() {
     setConversation(newId());
-    clearTranscript(el("p", { class: "hint" }, "New conversation ", el("code", {}, state.conversation)));
+    clearTranscript(el("p", { class: "hint" }, "A new conversation: nothing said yet."));
     renderSuggestions();
   }
 
