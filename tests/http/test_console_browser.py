@@ -10,6 +10,7 @@ Screenshots go to the test's temporary directory; with `UPDATE_SCREENSHOTS=1` th
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -555,3 +556,40 @@ async def test_the_harness_tab_shows_backends_mcp_skills_and_any_other_fact(
             await screenshot(page, tmp_path, "harness-truth")
             await page.locator(f"{panel} .mcp-servers").scroll_into_view_if_needed()
             await screenshot(page, tmp_path, "harness-endpoint")
+
+
+@tool
+async def slow_lookup(context: ToolContext) -> str:
+    """Look something up slowly."""
+    await asyncio.sleep(1.5)
+    return "found it"
+
+
+Slow = echo(agent(name="slow", harness=()), "Slow", tools=[slow_lookup])
+
+
+def slow_turn(request: ModelRequest) -> Any:
+    return [ToolCall("slow_lookup", {})] if request.messages[-1].role == "user" else "It is found."
+
+
+async def test_a_run_of_the_conversation_left_behind_is_not_drawn_into_the_next(
+    page: Any, workspace: Path
+) -> None:
+    app = FastAPI()
+    app.include_router(
+        create_harness_router(
+            HarnessSettings(workspace_root=workspace, admin_token=TOKEN),
+            agents=[Slow],
+            runtime=ScriptedRuntime((), default=slow_turn),
+        )
+    )
+    async with serve(app) as base:
+        await open_console(page, base)
+        await send(page, "look it up")
+        await page.wait_for_selector(".card.tool[data-tool=slow_lookup] .badge.running")
+        await page.fill("#conversation", "another-conversation")
+        await page.press("#conversation", "Enter")
+        await page.wait_for_selector("#history-hint")
+        await page.wait_for_selector("#send:not([disabled])", timeout=10_000)
+        assert await page.locator("#transcript .card, #transcript .bubble").count() == 0
+        assert await page.inner_text("#chat-conversation") == "another-conversation"

@@ -283,6 +283,12 @@
 
   function onFrame(frame) {
     const data = frame.data || {};
+    if (frame.conversationId && frame.conversationId !== state.conversation) {
+      // A run of the conversation the chat has left (the box was switched while it ran): it is
+      // not drawn into the one now shown; its end frees the composer.
+      if (frame.event === "complete" || frame.event === "error") finishRun(null, false);
+      return;
+    }
     switch (frame.event) {
       case "heartbeat":
         setStatus("live", `connected · heartbeat ${new Date().toLocaleTimeString()}`);
