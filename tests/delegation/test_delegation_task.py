@@ -413,6 +413,29 @@ async def test_a_sub_agents_files_are_kept_in_the_parent_conversation(workspace:
     assert not list(workspace.glob(f"*/*/files/{frames[0]['conversationId']}/subagents"))
 
 
+async def test_a_nested_sub_agents_files_are_kept_inside_its_parents_folder(
+    workspace: Path,
+) -> None:
+    def sub(request: ModelRequest) -> Any:
+        after = since_user(request)
+        if request.messages[0].content == "outer":
+            return [ToolCall("task", {"description": "inner"})] if not after else "outer done"
+        if not after:
+            return [ToolCall("write_file", {"path": "deep.md", "content": "from below"})]
+        return "inner done"
+
+    (frames,) = await run_boss(model([ToolCall("task", {"description": "outer"})], sub), workspace)
+    starts = {f["data"]["description"]: f["data"] for f in of_type(frames, "subagent-start")}
+    ends = {f["data"]["subagentId"]: f["data"] for f in of_type(frames, "subagent-end")}
+    outer, inner = starts["outer"], starts["inner"]
+    assert ends[inner["subagentId"]]["files"] == f"subagents/{inner['agentId']}"
+    assert ends[outer["subagentId"]]["files"] == f"subagents/{outer['agentId']}"
+    conversation = frames[0]["conversationId"]
+    path = f"subagents/{outer['agentId']}/subagents/{inner['agentId']}/deep.md"
+    [kept] = workspace.glob(f"*/*/files/{conversation}/{path}")
+    assert kept.read_text() == "from below"
+
+
 async def test_cancelling_the_parent_cancels_the_sub_agent_and_removes_its_workspace(
     workspace: Path,
 ) -> None:

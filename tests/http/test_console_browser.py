@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -477,18 +477,22 @@ def writing_clerk_turn(request: ModelRequest) -> Any:
     return [ToolCall("task", {"description": "research tides"})] if rounds == 0 else "Done."
 
 
-async def test_a_subagents_files_are_browsable_after_it_ends(
-    page: Any, tmp_path: Path, workspace: Path
-) -> None:
+def clerk_with(turn: Callable[[ModelRequest], Any], workspace: Path) -> FastAPI:
     app = FastAPI()
     app.include_router(
         create_harness_router(
             HarnessSettings(workspace_root=workspace, admin_token=TOKEN),
             agents=[Clerk],
-            runtime=ScriptedRuntime((), default=writing_clerk_turn),
+            runtime=ScriptedRuntime((), default=turn),
         )
     )
-    async with serve(app) as base:
+    return app
+
+
+async def test_a_subagents_files_are_browsable_after_it_ends(
+    page: Any, tmp_path: Path, workspace: Path
+) -> None:
+    async with serve(clerk_with(writing_clerk_turn, workspace)) as base:
         await open_console(page, base)
         await send(page, "research tides")
         await page.wait_for_selector(".run-end")
@@ -503,6 +507,41 @@ async def test_a_subagents_files_are_browsable_after_it_ends(
         await page.wait_for_selector(f"#viewer[data-path='{folder}/report.md']")
         assert await page.text_content("#viewer") == SUBAGENT_REPORT
         await screenshot(page, tmp_path, "subagent-report")
+
+
+def nesting_clerk_turn(request: ModelRequest) -> Any:
+    """The clerk spawns `outer`, which spawns `inner`, which saves `report.md`."""
+    if request.system_prompt == SUBAGENT_PROMPT and request.messages[0].content == "outer":
+        last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+        done = any(m.role == "assistant" for m in request.messages[last_user:])
+        return "outer done" if done else [ToolCall("task", {"description": "inner"})]
+    if request.system_prompt != SUBAGENT_PROMPT:
+        last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+        if not any(m.role == "assistant" for m in request.messages[last_user:]):
+            return [ToolCall("task", {"description": "outer"})]
+        return "Done."
+    return writing_clerk_turn(request)
+
+
+async def test_a_nested_subagents_link_opens_the_folder_inside_its_parents(
+    page: Any, workspace: Path
+) -> None:
+    async with serve(clerk_with(nesting_clerk_turn, workspace)) as base:
+        await open_console(page, base)
+        await send(page, "research tides")
+        await page.wait_for_selector(".run-end")
+        ids = await page.eval_on_selector_all(
+            ".card.subagent strong", "names => names.map(n => n.textContent)"
+        )
+        outer, inner = ids
+        folders = await page.eval_on_selector_all(
+            ".card.subagent .offload button", "links => links.map(l => l.dataset.path)"
+        )
+        assert folders == [f"subagents/{outer}", f"subagents/{outer}/subagents/{inner}"]
+        await page.locator(".card.subagent .offload button").nth(1).click()
+        await page.click(f"#files button[data-path='{folders[1]}/report.md']")
+        await page.wait_for_selector(f"#viewer[data-path='{folders[1]}/report.md']")
+        assert await page.text_content("#viewer") == SUBAGENT_REPORT
 
 
 async def test_the_harness_tab_shows_backends_mcp_skills_and_any_other_fact(

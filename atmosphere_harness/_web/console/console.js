@@ -485,7 +485,7 @@
       report,
     );
     node.dataset.subagentId = data.subagentId;
-    state.subagents.set(data.subagentId, { node, status, plan, report });
+    state.subagents.set(data.subagentId, { node, status, plan, report, agentId: data.agentId, parent: data.parentSubagentId });
     $("#transcript").append(node);
   }
 
@@ -497,15 +497,18 @@
     entry.status.className = `badge ${failed ? "failed" : "done"}`;
     entry.report.replaceChildren(el("pre", {}, data.error || data.report || ""));
     if (data.files) {
-      // The sub-agent's workspace, kept in this conversation's files when it ended.
-      entry.node.append(
-        el(
-          "p",
-          { class: "offload" },
-          "Its files: ",
-          el("button", { type: "button", class: "link", "data-path": data.files, onclick: () => openFolder(data.files) }, `${data.files}/`),
-        ),
-      );
+      // The sub-agent's files, kept in its parent's workspace when it ended: a nested one's
+      // folder is inside its parent sub-agent's, which is kept in this conversation in turn.
+      let folder = data.files;
+      for (let up = state.subagents.get(entry.parent); up; up = state.subagents.get(up.parent)) {
+        folder = `subagents/${up.agentId}/${folder}`;
+      }
+      // A fleet member's sub-agent keeps them in that member's own conversation, which this
+      // console does not browse: the folder is named, not linked.
+      const where = data.fleetAgent
+        ? [el("code", {}, `${folder}/`), ` in ${data.fleetAgent}'s workspace`]
+        : [el("button", { type: "button", class: "link", "data-path": folder, onclick: () => openFolder(folder) }, `${folder}/`)];
+      entry.node.append(el("p", { class: "offload" }, "Its files: ", ...where));
     }
   }
 
