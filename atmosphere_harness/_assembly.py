@@ -97,6 +97,7 @@ def build_host(
         primitives=chosen,
         locks=backends.locks,
         runs=backends.runs,
+        prompt_keys=backends.prompt_keys,
         resources=backends.resources,
         hooks=run_hooks(backends),
     )

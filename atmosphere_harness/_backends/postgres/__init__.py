@@ -37,6 +37,7 @@ from .history import PostgresHistory
 from .locks import PostgresConversationLocks
 from .long_term import PostgresLongTermMemory
 from .plans import PROTECT_SECONDS, PostgresPlanStore
+from .prompt_keys import PostgresPromptKeys
 from .runs import PostgresRunStore
 from .stores import PostgresWorkspaceStores, owner_key
 from .workspace import PostgresAgentFileSystem
@@ -88,6 +89,7 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
         ),
         workspaces=files if in_postgres else None,
         route_stores={files.name: files},
+        prompt_keys=PostgresPromptKeys(database),
         resources=[database, locks],
     )
     backends.runs = shared_runs(PostgresRunStore(database), settings)

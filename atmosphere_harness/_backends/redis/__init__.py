@@ -30,6 +30,7 @@ from .history import RedisHistory
 from .locks import RedisConversationLocks
 from .long_term import RedisLongTermMemory
 from .plans import RedisPlanStore
+from .prompt_keys import RedisPromptKeys
 from .runs import RedisRunStore
 
 __all__ = [
@@ -73,6 +74,7 @@ def redis_backends(settings: HarnessSettings) -> StateBackends:
         long_term_memory=RedisLongTermMemory(
             connection, max_facts_per_user=settings.groups.memory.max_facts
         ),
+        prompt_keys=RedisPromptKeys(connection),
         resources=[connection],
     )
     backends.runs = shared_runs(RedisRunStore(connection), settings)
