@@ -124,6 +124,7 @@ def build_host(
         primitives=chosen,
         locks=backends.locks,
         runs=backends.runs,
+        prompt_keys=backends.prompt_keys,
         resources=backends.resources,
         hooks=run_hooks(backends, settings, runtime=runtime, specs=specs),
         models=partial(runtime_from_ref, settings=settings),

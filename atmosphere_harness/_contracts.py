@@ -587,6 +587,21 @@ class LockedRead:
         return delivered, result
 
 
+class PromptKeys(Protocol):
+    """Where the `Idempotency-Key` of a prompt is remembered, with the run it started.
+
+    In this process by default (`kernel.prompt_keys.InProcessPromptKeys`); in the shared store
+    with PostgreSQL or Redis, so a resend reaching another replica finds the first request's run.
+    """
+
+    async def claim(self, scope: str, record: str, ttl: float) -> str | None:
+        """Remember `record` under `scope` for `ttl` seconds unless a live record is there.
+
+        `None` when this call stored `record`; else the record stored first (a resend). One
+        atomic step: of two requests with one key, exactly one gets `None`."""
+        ...
+
+
 class ConversationLocks(Protocol):
     """Prompts of one conversation run one at a time, so their history never interleaves.
 

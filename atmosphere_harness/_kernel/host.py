@@ -17,6 +17,7 @@ from .._contracts import (
     Key,
     LiveRunHandle,
     Primitive,
+    PromptKeys,
     Resource,
     Run,
     RunHooks,
@@ -34,12 +35,15 @@ from .._settings import HarnessSettings
 from .endpoint import HostedEndpoint
 from .live import LiveRuns
 from .locks import InProcessConversationLocks
+from .prompt_keys import InProcessPromptKeys
 from .run import RunContext, execute_prompt
 from .session import StreamingSession
 
 log = get_logger(__name__)
 T = TypeVar("T")
 
+HEADLESS_DOCS = "docs/delegation.md#headless-agents"
+"""Where the start-up line about a headless agent sends the reader (why it is expected)."""
 MAX_REGISTERED_OWNERS = 1024
 
 
@@ -55,6 +59,7 @@ class HarnessHost:
         primitives: Sequence[Primitive] = (),
         locks: ConversationLocks | None = None,
         runs: RunJournal | None = None,
+        prompt_keys: PromptKeys | None = None,
         resources: Sequence[Resource] = (),
         hooks: Sequence[RunHooks] | None = None,
         models: Callable[[str], AgentRuntime] | None = None,
@@ -74,6 +79,10 @@ class HarnessHost:
         """One prompt at a time per conversation (`backends` may share them across replicas)."""
         self.runs: RunJournal = runs if runs is not None else LiveRuns()
         """Prompt runs started over HTTP, with their frame journals (see `kernel.live`)."""
+        self.prompt_keys: PromptKeys = (
+            prompt_keys if prompt_keys is not None else InProcessPromptKeys()
+        )
+        """The `Idempotency-Key` of each prompt and the run it started (shared like `locks`)."""
         self.hooks: list[RunHooks] = (
             list(hooks) if hooks is not None else [h for h in (self.runs.hooks,) if h is not None]
         )
@@ -114,6 +123,7 @@ class HarnessHost:
                     log.info(
                         "headless agent: no prompt loop, so the harness does not apply",
                         agent=spec.name,
+                        see=HEADLESS_DOCS,
                     )
                     continue
                 self._host(spec)
@@ -272,8 +282,10 @@ class HarnessHost:
         message: str,
         conversation_id: str,
         user_id: str | None,
+        session_id: str | None = None,
     ) -> LiveRunHandle:
-        """Start one prompt run in its own task, its frames journalled (the HTTP entry point)."""
+        """Start one prompt run in its own task, its frames journalled (the HTTP entry point);
+        `session_id` names it in advance (an `Idempotency-Key` records it before it starts)."""
 
         async def work(live: LiveRunHandle) -> RunContext:
             return await execute_prompt(
@@ -292,6 +304,7 @@ class HarnessHost:
             path=endpoint.path,
             conversation_id=conversation_id,
             user_id=user_id,
+            session_id=session_id,
             message=message,
         )
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends
+from fastapi import Depends, Header
 from sse_starlette import EventSourceResponse
 
 from .._ids import new_conversation_id
 from .._registry import AgentSpec
+from . import idempotency
 from .agui import agui_routes
 from .approvals import approval_routes
 from .deps import HarnessDep, get_user_id, hosted_endpoint
@@ -31,9 +32,22 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
         body: PromptRequest,
         host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
+        idempotency_key: Annotated[
+            str | None, Header(alias=idempotency.HEADER, description=idempotency.DESCRIPTION)
+        ] = None,
     ) -> EventSourceResponse:
         endpoint = hosted_endpoint(host, spec.path)
         conversation_id = body.conversationId or new_conversation_id()
+        if idempotency_key is not None:
+            return await idempotency.keyed_prompt(
+                host,
+                endpoint,
+                idempotency_key,
+                message=body.message,
+                requested_id=body.conversationId,
+                conversation_id=conversation_id,
+                user_id=user_id,
+            )
         return stream_prompt(
             host, endpoint, message=body.message, conversation_id=conversation_id, user_id=user_id
         )
@@ -46,7 +60,7 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
             options={
                 "summary": f"Prompt {spec.owner}",
                 "response_class": EventSourceResponse,
-                "responses": SSE_RESPONSE,
+                "responses": {**SSE_RESPONSE, **idempotency.RESPONSES},
             },
         )
     ]

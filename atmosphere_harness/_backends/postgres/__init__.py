@@ -38,6 +38,7 @@ from .history import PostgresHistory
 from .locks import PostgresConversationLocks
 from .long_term import PostgresLongTermMemory
 from .plans import PROTECT_SECONDS, PostgresPlanStore
+from .prompt_keys import PostgresPromptKeys
 from .runs import PostgresRunStore
 from .stores import PostgresWorkspaceStores, owner_key
 from .tokens import PostgresUserTokens
@@ -90,6 +91,7 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
         ),
         workspaces=files if in_postgres else None,
         route_stores={files.name: files},
+        prompt_keys=PostgresPromptKeys(database),
         resources=[database, locks],
         user_tokens=PostgresUserTokens(database),
     )

@@ -187,7 +187,27 @@ MIGRATIONS: tuple[str, ...] = (
     END
     $$;
     """,
-    # 6: each user's tokens per UTC day (`PostgresUserTokens`, the daily token cap).
+    # 6: writes survive a lost acknowledgement. A retried history append carries the key of its
+    # first attempt (`last_write`: the append is skipped when the row already holds it); a
+    # workspace change records its key and its answer (`atmosphere_file_changes`, kept a few
+    # minutes); a prompt's `Idempotency-Key` names the run it started (`atmosphere_prompt_keys`).
+    """
+    ALTER TABLE atmosphere_conversations ADD COLUMN last_write text;
+    CREATE TABLE atmosphere_file_changes (
+        store text NOT NULL,
+        key text NOT NULL,
+        result text NOT NULL,
+        at double precision NOT NULL,
+        PRIMARY KEY (store, key)
+    );
+    CREATE TABLE atmosphere_prompt_keys (
+        scope text PRIMARY KEY,
+        record text NOT NULL,
+        expires_at double precision NOT NULL
+    );
+    CREATE INDEX atmosphere_prompt_keys_age ON atmosphere_prompt_keys (expires_at);
+    """,
+    # 7: each user's tokens per UTC day (`PostgresUserTokens`, the daily token cap).
     """
     CREATE TABLE atmosphere_user_tokens (
         user_id text NOT NULL,

@@ -30,6 +30,7 @@ from .history import RedisHistory
 from .locks import RedisConversationLocks
 from .long_term import RedisLongTermMemory
 from .plans import RedisPlanStore
+from .prompt_keys import RedisPromptKeys
 from .runs import RedisRunStore
 from .tokens import RedisUserTokens
 
@@ -75,6 +76,7 @@ def redis_backends(settings: HarnessSettings) -> StateBackends:
         long_term_memory=RedisLongTermMemory(
             connection, max_facts_per_user=settings.groups.memory.max_facts
         ),
+        prompt_keys=RedisPromptKeys(connection),
         resources=[connection],
         user_tokens=RedisUserTokens(connection),
     )
