@@ -30,7 +30,7 @@ from .._log import get_logger
 from .._preset import HarnessPreset, effective_cache_policy
 from .._registry import AgentSpec, EndpointKind
 from .._runtimes.base import AgentRuntime
-from .._runtimes.fallback import FallbackRuntime
+from .._runtimes.fallback import FallbackRuntime, model_chain
 from .._settings import HarnessSettings
 from .endpoint import HostedEndpoint
 from .live import LiveRuns
@@ -217,6 +217,7 @@ class HarnessHost:
             cache_policy=cache_policy,
             coordinator=spec.kind is EndpointKind.COORDINATOR,
         )
+        self.truth.report_models(spec.path, model_chain(runtime))
         endpoint.hooks = list(self.hooks)
         for primitive in self.primitives:
             primitive.attach(endpoint, self)

@@ -10,7 +10,6 @@ from .._harness import Harness
 from .._kernel.endpoint import HostedEndpoint
 from .._kernel.host import HarnessHost
 from .._mcp.tools import server_of
-from .._runtimes.fallback import model_chain
 from .._skills.primitive import SKILLS_SERVICE
 from .._version import __version__
 from .deps import HarnessDep, identity_source
@@ -31,7 +30,6 @@ def console_info(host: HarnessHost) -> dict[str, Any]:
             "tools": sorted(endpoint.tools),
             "skills": _skills(endpoint),
             "toolServers": _tool_servers(endpoint),
-            "model": model_chain(endpoint.runtime),
         }
         for endpoint in host.endpoints.values()
     ]

@@ -92,7 +92,7 @@ async def test_a_429_falls_back_to_the_next_model_with_the_same_request(workspac
     assert openai.bodies[0]["messages"][-1]["content"] == "hello"
     assert anthropic.bodies[0]["messages"][-1]["content"][0]["text"] == "hello"
     (endpoint,) = info["endpoints"]
-    assert endpoint["model"] == ["openai:gpt-fake", "anthropic:claude-fake"]
+    assert endpoint["harness"]["model"] == ["openai:gpt-fake", "anthropic:claude-fake"]
     assert "sk-test" not in str(info)
 
 
@@ -211,7 +211,7 @@ async def test_model_strings_resolve_with_the_app_settings_and_fleets_keep_their
     ]
     assert {request.headers["authorization"] for request in openai.requests} == {"Bearer sk-app"}
     assert app_runtime.requests == []
-    models = {entry["path"]: entry["model"] for entry in info["endpoints"]}
+    models = {entry["path"]: entry["harness"]["model"] for entry in info["endpoints"]}
     assert models == {
         "/atmosphere/agent/lead": ["openai:lead-model"],
         "/atmosphere/agent/member": ["openai:member-model"],
@@ -235,7 +235,7 @@ async def test_an_agent_without_a_model_keeps_the_apps_runtime(workspace: Path) 
         frames = await post_prompt(client, "/atmosphere/agent/plain", "hi")
         info = (await client.get("/api/console/info")).json()
     assert text_of(frames) == "from the app's runtime"
-    assert info["endpoints"][0]["model"] == ["scripted", "scripted:demo"]
+    assert info["endpoints"][0]["harness"]["model"] == ["scripted", "scripted:demo"]
 
 
 @pytest.mark.parametrize(
@@ -259,4 +259,4 @@ async def test_an_app_wide_chain_reports_its_fallbacks_too(workspace: Path) -> N
         "anthropic:claude-fake"
     ]
     assert text_of(frames) == "app-wide"
-    assert info["endpoints"][0]["model"] == ["openai:gpt-fake", "anthropic:claude-fake"]
+    assert info["endpoints"][0]["harness"]["model"] == ["openai:gpt-fake", "anthropic:claude-fake"]

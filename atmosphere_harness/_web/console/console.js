@@ -785,8 +785,6 @@
           { class: "panel endpoint", "data-path": endpoint.path },
           el("h2", {}, el("code", {}, endpoint.path), " ", el("span", { class: "badge" }, endpoint.kind)),
           el("p", {}, "owner ", el("strong", {}, endpoint.owner), " · features ", endpoint.features.length ? endpoint.features.join(", ") : "none"),
-          // The model chain, first asked first (`fallback_models=` after the model).
-          el("p", { class: "muted model" }, "model ", el("strong", {}, (endpoint.model || []).join(" → ") || info.runtime.name)),
           truthTable(endpoint.harness),
           more ? truthTable(more) : null,
           el("p", { class: "muted tools" }, `tools: ${endpoint.tools.join(", ") || "none"}`),
