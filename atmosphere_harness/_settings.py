@@ -331,7 +331,7 @@ class HarnessSettings(BaseSettings):
     proxy that removes the header from what clients send and sets it itself."""
 
     config_file: Path | None = Field(None, validation_alias=_env(CONFIG_FILE_ENV))
-    """A YAML (`.yml`, `.yaml`), `.properties` or TOML file of settings under the seed's keys
+    """A YAML (`.yml`, `.yaml`), `.properties` or TOML file of settings under Atmosphere's keys
     (`atmosphere.ai.harness.enabled`, ...), read below the environment (see `config_file`
     module). Only the constructor and the environment can name it; no part of the harness reads
     it afterwards, so it belongs to no group."""

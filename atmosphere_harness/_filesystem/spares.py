@@ -2,7 +2,7 @@
 
 An atomic write (`atomic.write_atomic`) puts its data in a new temporary file and renames it
 over the target. Creating that file is the costly step on ext4: allocating an inode took 40 to
-540 us on the reference VM (the more the journal is busy), against 3-15 us for each other step of
+540 us on a 2-core cloud VM (the more the journal is busy), against 3-15 us for each other step of
 an edit (its read, the write of 50 KiB, each `stat`). Linux can make a file with no name
 (`O_TMPFILE`) and give it one later (`linkat` through `/proc/self/fd`), so a worker thread makes
 a few nameless files per filesystem ahead of time, and a write takes one.
@@ -26,11 +26,11 @@ taking spares there, so the edit that follows it still finds one.
 
 **Named spares, for writes that replace a file.** Naming a nameless file (`linkat`) is itself a
 change of the directory and of the filesystem's list of nameless files: 20-50 us of an edit on
-the reference VM. A store also keeps `NAMED_PER_STORE` empty files made ahead *with* a name, in
+a 2-core cloud VM. A store also keeps `NAMED_PER_STORE` empty files made ahead *with* a name, in
 its hidden `SPARES_DIR` (walks, listings, searches and the usage count skip it; a path into it
 is refused), and a write that replaces a file fills one and renames it straight over the
 target: no `linkat`, no temporary name. In the benchmark's sequence (an edit right after a
-glob) that took 27-34 us off a 0.35 ms edit (docs/benchmarks.md, Round 6). The store makes the
+glob) that took 27-34 us off a 0.35 ms edit (`benchmarks/filesystem.py`). The store makes the
 directory with its root (or at its next recount, for a store made before this process); the
 pool is kept for the `NAMED_STORES` stores whose spares were taken or made last. A named spare
 is only an empty file: one found unlinked (somebody removed it) is dropped, one older than
@@ -65,7 +65,7 @@ from .tally import ORPHAN_SECONDS
 
 PER_DEVICE = 68
 """Spare files kept ready per filesystem (open descriptors of nameless files). Making them is
-the same kernel work as creating the files (about 50 us each on the reference VM), and in a
+the same kernel work as creating the files (about 50 us each on a 2-core cloud VM), and in a
 burst of writes the kernel does it no faster from another thread: what a burst gains is the
 spares made before it, while the store was idle. 64 for any write (`RESERVED` more are kept for
 replacing writes) cover a typical message's `write_file` calls; a longer burst creates the rest
@@ -75,7 +75,7 @@ RESERVED = 4
 over an existing file) takes. A burst of new files is what empties the pool (a `write_file`
 batch, or 200 writes in a row), and the refill waits for the loop to pause; the next edit,
 often of a file just written, would then create its temporary file on the loop (110-140 us of a
-0.3 ms edit on the reference VM). New files keep the `PER_DEVICE - RESERVED` others."""
+0.3 ms edit on a 2-core cloud VM). New files keep the `PER_DEVICE - RESERVED` others."""
 NAMED_PER_STORE = 2
 """Named spares kept ready per store: a model edits one file at a time, and the refill makes the
 next one after each use."""

@@ -40,7 +40,7 @@ the middle of any work, and that says nothing about the disk.
 last close frees its blocks; making spare files): it runs in a worker thread after the
 operation, never inside it. Asked from a worker thread, the job runs in that thread once the
 caller has its result; asked from the event loop, the jobs of the next `LATER_SECONDS` go to a
-worker together (waking an idle worker thread costs the loop 15-25 us on the reference VM: once
+worker together (waking an idle worker thread costs the loop 15-25 us on a 2-core cloud VM: once
 per batch instead of once per operation), and a job asked while a batch is being run joins it
 (no timer at all: a refill of spare files waiting for the loop to pause is such a batch, after
 a burst of writes). Background work waits while the loop runs small operations back to back
@@ -97,7 +97,7 @@ burst of writes made the 200 reads that followed take 11.5 ms instead of 5.3 ms.
 SLICE_SECONDS = 0.001
 """The longest small operations run back to back on the event loop before other tasks get a turn
 (`LoopBudget.owes_turn`; a hop, which waits for a worker, is a turn). A turn is a pass of the
-event loop (its `epoll` and timers): 10-25 us run cold on the reference VM, as much as a small
+event loop (its `epoll` and timers): 10-25 us run cold on a 2-core cloud VM, as much as a small
 read, so a lone operation (an edit after a model's reply, or right after a grep) does not pay
 one, and a run of hundreds of them still lets other requests in every millisecond."""
 
