@@ -649,10 +649,15 @@ class WorkspaceAgentFileSystem:
         a file), if it is missing and the store writes without flushing. Only with the root
         itself or in a recount: it changes the root's mtime, which the tally then records."""
         if not self.fsync:
+            home = self._real()
             try:
-                os.mkdir(f"{self._real()}/{spares.SPARES_DIR}")
+                os.mkdir(f"{home}/{spares.SPARES_DIR}")
+            except FileExistsError:
+                spares.SPARES.made_directory(home)  # (this process's, from before a release)
             except OSError:
-                pass  # there already, or the root is not there (nothing is made)
+                pass  # the root is not there (nothing is made)
+            else:
+                spares.SPARES.made_directory(home)
 
     def _store(
         self,

@@ -106,7 +106,7 @@ def test_the_code_check_reads_comments_and_docstrings(tmp_path: Path) -> None:
     assert len(found) == 2, found
 
 
-TOO_LONG_TODAY = {DOCS / "filesystem.md"}
+TOO_LONG_TODAY: set[Path] = set()
 """Pages known to be over the limit: each is an expected failure until it is split, and a strict
 one, so the mark must go (this set emptied) as soon as the page fits."""
 
