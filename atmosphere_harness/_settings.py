@@ -25,9 +25,8 @@ from pydantic_settings import (
 
 from ._cache import PromptCache, cache_key_host_allowed
 from ._config_file import CONFIG_FILE_ENV, ConfigFileSettingsSource
-from ._limits import FileSystemLimits
+from ._limits import DEFAULT_MAX_ARGUMENT_CHARS, DEFAULT_MAX_TOOL_CALLS, FileSystemLimits
 from ._log import get_logger
-from ._tools.bounds import DEFAULT_MAX_ARGUMENT_CHARS, DEFAULT_MAX_TOOL_CALLS
 
 log = get_logger(__name__)
 
