@@ -26,14 +26,17 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from .._cancel import reraise_cancellation
-from .._contracts import ACTIVE_STATUSES, CancelListener, LiveRunHandle, RunRecord, RunRegistry
+from .._contracts import (
+    ACTIVE_STATUSES,
+    CancelListener,
+    LiveRunHandle,
+    Run,
+    RunRecord,
+    RunRegistry,
+)
 from .._log import fault, get_logger
-
-if TYPE_CHECKING:
-    from .run import RunContext
 
 log = get_logger(__name__)
 
@@ -72,7 +75,7 @@ class RunTicket:
         self.started_at = time.time()
         self.cancel_mode: str | None = None
         """Set by a cancel request: `cancel`, `interrupt` or `rollback`."""
-        self.run: RunContext | None = None
+        self.run: Run | None = None
         self.live: LiveRunHandle | None = None
         self._version = 0
         self._written = 0
@@ -99,7 +102,7 @@ class RunTicket:
 
     # --- what the kernel tells it -------------------------------------------------------------
 
-    def attach(self, run: RunContext) -> None:
+    def attach(self, run: Run) -> None:
         """The run's context exists: a `rollback` asked before it did applies now."""
         self.run = run
         if self.cancel_mode == "rollback":
