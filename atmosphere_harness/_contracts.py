@@ -900,9 +900,6 @@ RUN_STATUSES = (
 """Every status `GET P/runs/{runId}` answers."""
 ACTIVE_STATUSES = frozenset({"queued", "running", "waiting-approval"})
 """The statuses of a run in flight (the others are final)."""
-CANCEL_MODES = ("cancel", "interrupt", "rollback")
-"""Why a run is cancelled: a cancel request, or a newer prompt's `multitask` strategy
-(`rollback` also keeps the cancelled run's turn out of the history)."""
 
 
 @dataclass(frozen=True, slots=True)

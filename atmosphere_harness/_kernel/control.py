@@ -170,11 +170,6 @@ class RunTicket:
                 self._write(), name=f"run-status:{self.run_id}"
             )
 
-    async def stored(self) -> None:
-        """Wait until the registry holds the newest state."""
-        while self._writer is not None and not self._writer.done():
-            await asyncio.shield(self._writer)
-
     async def _write(self) -> None:
         while self._written < self._version:
             version = self._version
@@ -233,10 +228,9 @@ class RunControl:
 
     async def begin(self, ticket: RunTicket, *, exclusive: bool) -> bool:
         """Store a new run before it starts; `exclusive`: only if none is in flight."""
-        if not await self.registry.begin(ticket.record(), exclusive=exclusive):
-            return False
-        self.track(ticket)
-        return True
+        # Not tracked until it starts (`track`): a run whose stream never started must not be
+        # renewed as in flight; its lease runs out and it reads as `interrupted`.
+        return await self.registry.begin(ticket.record(), exclusive=exclusive)
 
     async def get(self, run_id: str) -> RunRecord | None:
         ticket = self._tickets.get(run_id)
