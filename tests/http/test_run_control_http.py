@@ -288,3 +288,20 @@ async def test_an_approval_wait_reads_as_waiting_approval(workspace: Path) -> No
             assert time.monotonic() < deadline, found
             await asyncio.sleep(0.02)
             found = (await client.get(f"{path}/runs/{run_id}", headers=ALICE)).json()
+
+
+async def test_the_openapi_document_lists_every_answer_of_the_run_routes(workspace: Path) -> None:
+    async with client_for(app_for(workspace)) as client:
+        paths = (await client.get("/openapi.json")).json()["paths"]
+    answers = {
+        (method, path): sorted(operation["responses"])
+        for path, operations in paths.items()
+        for method, operation in operations.items()
+        if path.startswith(PATH)
+    }
+    assert {"200", "202", "409"} <= set(answers[("post", PATH)])
+    assert {"200", "400", "404"} <= set(answers[("get", PATH + "/runs/{run_id}")])
+    assert {"202", "400", "404"} <= set(answers[("post", PATH + "/runs/{run_id}/cancel")])
+    status = paths[PATH + "/runs/{run_id}"]["get"]["responses"]["200"]
+    schema = status["content"]["application/json"]["schema"]
+    assert "waiting-approval" in schema["properties"]["status"]["enum"]

@@ -1,14 +1,14 @@
 """`RedisRunRegistry`: every run's status in Redis; a cancel request reaches the replica that
 runs it by pub/sub.
 
-Each run is a hash `run:{runId}` (whose it is, its status, usage, error, its replica and that
-replica's lease, and a cancel request), expiring `KEEP_SECONDS` after its last change; a
-conversation's run ids are a set `runs:{digest}` (expiring with them), read for its runs in
-flight. `begin` and `cancel` are scripts, so `multitask: reject` cannot let two prompts through
-at once and a cancel request is recorded and `PUBLISH`ed together. Every replica listens on
-one pub/sub connection (`run-cancel`); pub/sub drops what is sent while a listener reconnects,
-so each `heartbeat` (every third of a lease) also reads the cancel requests of the replica's
-runs.
+Each run is a hash `rc:run:{runId}` (whose it is, its status, usage, error, its replica and
+that replica's lease, and a cancel request), expiring `KEEP_SECONDS` after its last change; a
+conversation's run ids are a set `rc:conversation:{digest}` (expiring with them), read for its
+runs in flight. `begin` and `cancel` are scripts, so `multitask: reject` cannot let two prompts
+through at once, and a cancel request is recorded and `PUBLISH`ed together. Every replica
+listens on one pub/sub connection (`rc:cancel`); pub/sub drops what is sent while a listener
+reconnects, so each `heartbeat` (every third of a lease) also reads the cancel requests of the
+replica's runs.
 """
 
 from __future__ import annotations
@@ -111,14 +111,14 @@ class RedisRunRegistry:
         self._cancel: Any = connection.client.register_script(_CANCEL)
 
     def _run_key(self, run_id: str) -> str:
-        return self.connection.key("run", run_id)
+        return self.connection.key("rc", "run", run_id)
 
     def _conversation_key(self, path: str, conversation_id: str) -> str:
-        return self.connection.key("runs", digest(path, conversation_id))
+        return self.connection.key("rc", "conversation", digest(path, conversation_id))
 
     @property
     def _channel(self) -> str:
-        return self.connection.key("run-cancel")
+        return self.connection.key("rc", "cancel")
 
     async def open(self, on_cancel: CancelListener) -> None:
         self._listener = on_cancel
@@ -198,7 +198,7 @@ class RedisRunRegistry:
                     json.dumps(_fields(record)),
                     ACTIVE,
                     repr(time.time()),
-                    self.connection.key("run", ""),
+                    self.connection.key("rc", "run", ""),
                     KEEP_SECONDS,
                     record.run_id,
                 ],
