@@ -45,6 +45,9 @@ Holder = Callable[[], contextlib.AbstractContextManager[None]]
 KEEP_RECORDS = 4096
 """Run records the embedded registry keeps (the oldest finished ones go first)."""
 LEASE_SECONDS = 15.0
+SETTLE_SECONDS = 2.0
+"""How long a run's end waits for the registry to hold its final status before its last frame
+(a slow store delays the frame this much at most; the status is written all the same)."""
 
 
 def new_run_id() -> str:
@@ -132,6 +135,16 @@ class RunTicket:
         if error is not None:
             self.error = {"type": type(error).__name__, "message": str(error)}
         self._set(status)
+
+    async def settle(self, status: str, error: BaseException | None = None) -> None:
+        """`finish`, and wait (a little) until the registry holds it: called before the stream's
+        last frame, so that a client that read it and sends its next prompt (`multitask:
+        reject`) on any replica finds the run ended."""
+        self.finish(status, error)
+        writer = self._writer
+        if writer is not None and not writer.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(writer), SETTLE_SECONDS)
 
     def ended(self, task: asyncio.Task[object]) -> None:
         """The run's task is done: a run that did not say how it ended was stopped (by a

@@ -183,9 +183,9 @@ async def execute_prompt(
             if isinstance(result, str) and result and not session.closed:
                 await session.send(result)
                 session.last_text = result
-        await session.complete()
         if ticket is not None:
-            ticket.finish("completed")
+            await ticket.settle("completed")
+        await session.complete()
     except asyncio.CancelledError:
         if ticket is None or ticket.cancel_mode is None or run.suspended:
             raise
@@ -195,9 +195,9 @@ async def execute_prompt(
             raise
         if not run.discarded:  # (that one is logged where it was decided, and is no failure)
             fault(log, "prompt run failed", exc, endpoint=endpoint.path)
-        await session.error(exc)
         if ticket is not None:
-            ticket.finish("failed", exc)
+            await ticket.settle("failed", exc)
+        await session.error(exc)
     return run
 
 
@@ -215,5 +215,5 @@ async def _cancelled(run: RunContext, ticket: RunTicket) -> None:
     }.get(ticket.cancel_mode or "", "the run was cancelled")
     error = RunCancelled(reason)
     log.info("run cancelled", endpoint=run.endpoint.path, run=ticket.run_id, how=ticket.cancel_mode)
+    await ticket.settle("cancelled", error)
     await run.session.error(error)
-    ticket.finish("cancelled", error)

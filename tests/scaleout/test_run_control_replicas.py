@@ -1,7 +1,8 @@
 """Run control over two real replicas, on PostgreSQL and on Redis.
 
 A run started in the background on replica A (its tool held by a file, so it is still running)
-is read on replica B (`GET P/runs/{runId}`), cancelled on B, and stops on A within a second:
+is read on replica B (`GET P/runs/{runId}`), makes B refuse a `multitask: reject` prompt
+(409), is cancelled on B, and stops on A within a second:
 A's stream of it ends with a `RunCancelled` error frame. With durable runs on, the cancelled
 run is never resumed (A is killed afterwards; B, which takes over expired runs, runs nothing),
 and the conversation's history holds no tool call without its result.
@@ -78,6 +79,7 @@ def test_a_run_on_a_is_read_and_cancelled_on_b_within_a_second(replicas: Replica
             PATH,
             json={"message": "sleep now", "conversationId": conversation, "background": True},
             headers=USER,
+            timeout=10,  # (a server without background runs streams the run instead: fail)
         )
         assert started.status_code == 202, started.text
         run_id = started.json()["runId"]
@@ -99,6 +101,13 @@ def test_a_run_on_a_is_read_and_cancelled_on_b_within_a_second(replicas: Replica
         assert on_b.status_code == 200, on_b.text
         assert on_b.json()["status"] == "running"
         assert b.get(f"{PATH}/runs/{run_id}", headers={"X-User-Id": "bob"}).status_code == 404
+
+        rejected = b.post(
+            PATH,
+            json={"message": "followup", "conversationId": conversation, "multitask": "reject"},
+            headers=USER,
+        )
+        assert rejected.status_code == 409, rejected.text
 
         asked = time.monotonic()
         cancel = b.post(f"{PATH}/runs/{run_id}/cancel", headers=USER)
