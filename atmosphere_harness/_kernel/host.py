@@ -42,6 +42,8 @@ from .session import StreamingSession
 log = get_logger(__name__)
 T = TypeVar("T")
 
+HEADLESS_DOCS = "docs/delegation.md#headless-agents"
+"""Where the start-up line about a headless agent sends the reader (why it is expected)."""
 MAX_REGISTERED_OWNERS = 1024
 
 
@@ -117,6 +119,7 @@ class HarnessHost:
                     log.info(
                         "headless agent: no prompt loop, so the harness does not apply",
                         agent=spec.name,
+                        see=HEADLESS_DOCS,
                     )
                     continue
                 self._host(spec)
