@@ -78,6 +78,11 @@ def run_hooks(
     per-user daily token cap, when set, sits right inside durable replay, so a replayed turn
     is not counted twice); model fallback when the app's runtime or an agent has a fallback
     chain.
+
+    Cancellation needs no hook today: `kernel.control` stops a run through its task, which
+    reaches it wherever it waits (for its conversation's lock, a model, a tool, a person),
+    where a hook sees only model and tool calls; the slot stays for a hook that would need to
+    see a cancelled call.
     """
     app_limits = settings.groups.usage.limits if settings is not None else UsageLimits()
     limited = app_limits.any or any(spec.usage_limits is not None for spec in specs)
@@ -128,6 +133,7 @@ def build_host(
         resources=backends.resources,
         hooks=run_hooks(backends, settings, runtime=runtime, specs=specs),
         models=partial(runtime_from_ref, settings=settings),
+        registry=backends.run_registry,
     )
     host.backends = backends.describe()
     return host

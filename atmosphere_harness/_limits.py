@@ -1,10 +1,11 @@
-"""`FileSystemLimits` (the bounds of one workspace store) and `UsageLimits` (what one run may
-spend on its model).
+"""The default bounds the settings carry: `FileSystemLimits` (one workspace store), what one
+model message may ask of the executor, and `UsageLimits` (what one run may spend on its model).
 
-They live beside the settings (which carry them, `ATMOSPHERE_AI_FILESYSTEM_LIMITS`,
-`ATMOSPHERE_AI_USAGE_LIMITS`) rather than in the packages that enforce them, so configuration
-never depends on a primitive or the kernel; `atmosphere_harness._filesystem` re-exports
-`FileSystemLimits`.
+They live beside the settings (`ATMOSPHERE_AI_FILESYSTEM_LIMITS`,
+`ATMOSPHERE_AI_MAX_TOOL_CALLS_PER_MESSAGE`, `ATMOSPHERE_AI_MAX_TOOL_ARGUMENT_CHARS`,
+`ATMOSPHERE_AI_USAGE_LIMITS`) rather than in the filesystem package, the tools or the kernel, so
+configuration depends on no layer above the foundations; `atmosphere_harness._filesystem` and
+`atmosphere_harness._tools.bounds` re-export the first two.
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ from dataclasses import dataclass
 
 KIB = 1024
 MIB = 1024 * KIB
+
+DEFAULT_MAX_TOOL_CALLS = 256
+"""Tool calls one model message may ask for (`ATMOSPHERE_AI_MAX_TOOL_CALLS_PER_MESSAGE`)."""
+DEFAULT_MAX_ARGUMENT_CHARS = 1024 * 1024
+"""Characters one call's arguments may hold (`ATMOSPHERE_AI_MAX_TOOL_ARGUMENT_CHARS`): twice the
+default per-file limit, so a maximal `write_file` or `edit_file` always fits."""
 
 
 @dataclass(frozen=True, slots=True)

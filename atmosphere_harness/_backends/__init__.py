@@ -1,12 +1,14 @@
 """State backends: every piece of state N replicas would have to share, chosen in one place.
 
 `resolve_backends(settings)` is the only place that decides which implementation holds each kind
-of shared state; the kernel and the primitives only see the protocols:
+of shared state (for history and long-term memory, `None` is that decision: the embedded SQLite
+file, below); the kernel and the primitives only see the protocols:
 
 | state | protocol | embedded implementation (one process) |
 |---|---|---|
 | conversation locks | `contracts.ConversationLocks` | `kernel.locks.InProcessConversationLocks` |
 | live runs, frames | `contracts.RunJournal` | `kernel.live.LiveRuns` (durable: `DurableRuns`) |
+| run status, cancel requests | `contracts.RunRegistry` | `kernel.control.InProcessRunRegistry` |
 | plans | `planning.PlanStore` | `planning.FilePlanStore` (JSON files under the owner root) |
 | plan updates fan-out | `planning.PlanEventBus` | `planning.InProcessPlanBus` |
 | approvals | `governance.approvals.ApprovalStore` | `ApprovalRegistry` (memory) |

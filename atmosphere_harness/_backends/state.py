@@ -13,6 +13,7 @@ from .._contracts import (
     PromptKeys,
     Resource,
     RunJournal,
+    RunRegistry,
     RunStore,
     UserTokens,
 )
@@ -21,6 +22,7 @@ from .._filesystem.stores import WorkspaceStores
 from .._filesystem.usage import PROCESS_USAGE, WorkspaceUsage
 from .._governance.approvals import ApprovalRegistry, ApprovalStore
 from .._kernel.budget import InProcessUserTokens
+from .._kernel.control import InProcessRunRegistry
 from .._kernel.live import LiveRuns
 from .._kernel.locks import InProcessConversationLocks
 from .._kernel.prompt_keys import InProcessPromptKeys
@@ -43,6 +45,8 @@ class StateBackends:
     runs: RunJournal = field(default_factory=LiveRuns)
     prompt_keys: PromptKeys = field(default_factory=InProcessPromptKeys)
     """Each prompt's `Idempotency-Key`: in the shared store when there is one."""
+    run_registry: RunRegistry = field(default_factory=InProcessRunRegistry)
+    """Every run's status and cancel requests (`GET P/runs/{runId}`, `.../cancel`)."""
     plan_stores: Callable[[Path], PlanStore] = FilePlanStore
     plan_bus: PlanEventBus = field(default_factory=InProcessPlanBus)
     approvals: ApprovalStore = field(default_factory=ApprovalRegistry)

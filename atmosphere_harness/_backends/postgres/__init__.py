@@ -15,6 +15,7 @@ connection) serves every store; the host opens it before the primitives start.
 | long-term memory | `PostgresLongTermMemory` (`tsvector` search, unique facts) |
 | workspace files | `PostgresWorkspaceStores` (rows, `PostgresAgentFileSystem`) |
 | durable runs, or the frame feed | `PostgresRunStore` behind `durable.DurableRuns` |
+| run status, cancel requests | `PostgresRunRegistry` (a row per run, `LISTEN/NOTIFY`) |
 | each user's tokens per day | `PostgresUserTokens` (one upserted row per user and day) |
 
 The workspace stores hold conversation workspaces and `/memories` when
@@ -33,6 +34,7 @@ from ..._settings import HarnessSettings, WorkspaceBackend
 from ..state import StateBackends, shared_runs
 from .approvals import PostgresApprovalStore
 from .bus import PostgresPlanBus
+from .control import PostgresRunRegistry
 from .database import PostgresDatabase, redact
 from .history import PostgresHistory
 from .locks import PostgresConversationLocks
@@ -85,6 +87,7 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
         plan_stores=plan_store,
         plan_bus=PostgresPlanBus(database),
         approvals=PostgresApprovalStore(database),
+        run_registry=PostgresRunRegistry(database),
         history=PostgresHistory(database),
         long_term_memory=PostgresLongTermMemory(
             database, max_facts_per_user=settings.groups.memory.max_facts
@@ -110,6 +113,7 @@ __all__ = [
     "PostgresLongTermMemory",
     "PostgresPlanBus",
     "PostgresPlanStore",
+    "PostgresRunRegistry",
     "PostgresRunStore",
     "PostgresUserTokens",
     "PostgresWorkspaceStores",

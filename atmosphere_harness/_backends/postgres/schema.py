@@ -207,7 +207,29 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX atmosphere_prompt_keys_age ON atmosphere_prompt_keys (expires_at);
     """,
-    # 7: each user's tokens per UTC day (`PostgresUserTokens`, the daily token cap).
+    # 7: run control (`PostgresRunRegistry`): every run's status, usage, error and cancel request.
+    """
+    CREATE TABLE atmosphere_run_control (
+        run_id text PRIMARY KEY,
+        path text NOT NULL,
+        conversation_id text NOT NULL,
+        user_key text NOT NULL,
+        has_user boolean NOT NULL,
+        status text NOT NULL,
+        usage text,
+        error text,
+        cancel text,
+        owner text NOT NULL,
+        lease_until double precision NOT NULL,
+        started_at double precision NOT NULL,
+        updated_at double precision NOT NULL
+    );
+    CREATE INDEX atmosphere_run_control_active
+        ON atmosphere_run_control (path, conversation_id)
+        WHERE status IN ('queued', 'running', 'waiting-approval');
+    CREATE INDEX atmosphere_run_control_updated ON atmosphere_run_control (updated_at);
+    """,
+    # 8: each user's tokens per UTC day (`PostgresUserTokens`, the daily token cap).
     """
     CREATE TABLE atmosphere_user_tokens (
         user_id text NOT NULL,

@@ -26,6 +26,7 @@ from ..state import StateBackends, shared_runs
 from .approvals import RedisApprovalStore
 from .bus import RedisPlanBus
 from .connection import RedisConnection
+from .control import RedisRunRegistry
 from .history import RedisHistory
 from .locks import RedisConversationLocks
 from .long_term import RedisLongTermMemory
@@ -42,6 +43,7 @@ __all__ = [
     "RedisLongTermMemory",
     "RedisPlanBus",
     "RedisPlanStore",
+    "RedisRunRegistry",
     "RedisRunStore",
     "RedisUnavailable",
     "RedisUserTokens",
@@ -72,6 +74,7 @@ def redis_backends(settings: HarnessSettings) -> StateBackends:
         plan_stores=lambda root: RedisPlanStore.for_root(connection, root),
         plan_bus=bus,
         approvals=RedisApprovalStore(connection),
+        run_registry=RedisRunRegistry(connection),
         history=RedisHistory(connection),
         long_term_memory=RedisLongTermMemory(
             connection, max_facts_per_user=settings.groups.memory.max_facts
