@@ -57,6 +57,7 @@ if TYPE_CHECKING:
         Transform,
     )
     from ._kernel.session import StreamingSession
+    from ._limits import UsageLimits
     from ._mcp.servers import MCPServerHTTP, MCPServerStdio
     from ._memory import (
         ConversationMemory,
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
         ToolCall,
         Usage,
     )
+    from ._runtimes.fallback import FallbackRuntime
     from ._runtimes.openai import OpenAIRuntime
     from ._runtimes.scripted import ScriptedRuntime
     from ._settings import HarnessSettings
@@ -104,6 +106,7 @@ _LAZY: dict[str, str] = {
     "Event": "._events",
     "FileNotFoundInWorkspace": "._errors",
     "FileSystemError": "._errors",
+    "FallbackRuntime": "._runtimes.fallback",
     "FileSystemLimits": "._filesystem",
     "GovernancePolicy": "._governance",
     "HarnessDep": "._web.deps",
@@ -141,6 +144,7 @@ _LAZY: dict[str, str] = {
     "Transform": "._governance",
     "Usage": "._runtimes.base",
     "UsageLimitExceeded": "._errors",
+    "UsageLimits": "._limits",
     "WorkspaceAgentFileSystem": "._filesystem",
     "create_harness_router": "._web.router",
     "get_admin_principal": "._web.admin",
@@ -197,6 +201,7 @@ __all__ = [
     "DelegationError",
     "Deny",
     "Event",
+    "FallbackRuntime",
     "FileNotFoundInWorkspace",
     "FileSystemError",
     "FileSystemLimits",
@@ -237,6 +242,7 @@ __all__ = [
     "Transform",
     "Usage",
     "UsageLimitExceeded",
+    "UsageLimits",
     "WorkspaceAgentFileSystem",
     "__version__",
     "agent",

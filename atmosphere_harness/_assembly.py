@@ -7,6 +7,7 @@ building a host by hand) is where the built-in set is chosen and given its backe
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from ._backends import StateBackends, resolve_backends
@@ -15,13 +16,18 @@ from ._delegation.primitive import DelegationPrimitive
 from ._filesystem.primitive import FilesystemPrimitive
 from ._governance.approval import ToolApprovalPolicy
 from ._governance.primitive import GovernancePrimitive
+from ._kernel.budget import UsageLimitsHook, UserDailyTokensHook
+from ._kernel.fallback import ModelFallbackHook
 from ._kernel.host import HarnessHost
+from ._limits import UsageLimits
 from ._mcp.primitive import MCPPrimitive
 from ._memory.long_term import LongTermMemory
 from ._memory.primitive import MemoryPrimitive
 from ._planning import PlanningPrimitive
 from ._registry import AgentSpec
 from ._runtimes.base import AgentRuntime
+from ._runtimes.fallback import FallbackRuntime
+from ._runtimes.resolve import runtime_from_ref
 from ._settings import HarnessSettings
 from ._skills.primitive import SkillsPrimitive
 
@@ -56,21 +62,42 @@ def default_primitives(
     ]
 
 
-def run_hooks(backends: StateBackends) -> list[RunHooks]:
+def run_hooks(
+    backends: StateBackends,
+    settings: HarnessSettings | None = None,
+    *,
+    runtime: AgentRuntime | None = None,
+    specs: Sequence[AgentSpec] = (),
+) -> list[RunHooks]:
     """The `RunHooks` around every model and tool call, outermost first, each only when on.
 
     The order is fixed: tracing (spans see everything, retries and replays included),
     cancellation, usage limits (a replayed turn still counts), durable replay (a replayed call
     never reaches the model or the tool), model fallback (innermost: the journal records the
-    one answer the chain gave).
+    one answer the chain gave). Usage limits are on when the settings or an agent set any (the
+    per-user daily token cap, when set, sits right inside durable replay, so a replayed turn
+    is not counted twice); model fallback when the app's runtime or an agent has a fallback
+    chain.
 
     Cancellation needs no hook today: `kernel.control` stops a run through its task, which
     reaches it wherever it waits (for its conversation's lock, a model, a tool, a person),
     where a hook sees only model and tool calls; the slot stays for a hook that would need to
     see a cancelled call.
     """
-    durable = backends.runs.hooks
-    return [hook for hook in (durable,) if hook is not None]
+    app_limits = settings.groups.usage.limits if settings is not None else UsageLimits()
+    limited = app_limits.any or any(spec.usage_limits is not None for spec in specs)
+    chained = isinstance(runtime, FallbackRuntime) or any(
+        spec.fallback_models or isinstance(spec.model, FallbackRuntime) for spec in specs
+    )
+    daily = settings.groups.usage.user_daily_token_limit if settings is not None else None
+    hooks = (
+        UsageLimitsHook(app_limits) if limited else None,
+        backends.runs.hooks,
+        # Inside durable replay: a resumed run's replayed turns were counted in its first life.
+        UserDailyTokensHook(backends.user_tokens, daily) if daily is not None else None,
+        ModelFallbackHook() if chained else None,
+    )
+    return [hook for hook in hooks if hook is not None]
 
 
 def build_host(
@@ -104,7 +131,8 @@ def build_host(
         runs=backends.runs,
         prompt_keys=backends.prompt_keys,
         resources=backends.resources,
-        hooks=run_hooks(backends),
+        hooks=run_hooks(backends, settings, runtime=runtime, specs=specs),
+        models=partial(runtime_from_ref, settings=settings),
         registry=backends.run_registry,
     )
     host.backends = backends.describe()

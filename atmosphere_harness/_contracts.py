@@ -749,6 +749,22 @@ class RunJournal(Protocol):
         ...
 
 
+class UserTokens(Protocol):
+    """The tokens each user's runs spent per UTC day, where every replica reads and adds to
+    them (`ATMOSPHERE_AI_USER_DAILY_TOKEN_LIMIT`). The embedded one counts in this process; a
+    scale-out backend's (PostgreSQL, Redis) is shared, with an atomic add."""
+
+    name: str
+
+    async def spent(self, user_id: str, day: str) -> int:
+        """The tokens `user_id` spent on `day` (`YYYY-MM-DD`, UTC) so far."""
+        ...
+
+    async def add(self, user_id: str, day: str, tokens: int) -> int:
+        """Add `tokens` to that count, atomically; returns the new count."""
+        ...
+
+
 # --- the durable run store ------------------------------------------------------------------
 
 

@@ -122,7 +122,17 @@ class ToolArgumentError(HarnessError, ValueError):
 
 
 class ModelError(HarnessError):
-    """A model call failed in a way the client should see (an `error` frame), not a crash."""
+    """A model call failed in a way the client should see (an `error` frame), not a crash.
+
+    `status` is the provider's HTTP status when it answered one; `transient` says whether the
+    same request may succeed elsewhere or later (429, 5xx, a timeout, a lost connection): a
+    `FallbackRuntime` moves on to its next runtime only then, never on a 400, 401 or 403.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, transient: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.transient = transient
 
 
 class LoopLimitExceeded(ModelError):

@@ -20,6 +20,7 @@ PLAN_UPDATE = "plan-update"
 APPROVAL_REQUIRED = "approval-required"
 SUBAGENT_START = "subagent-start"
 SUBAGENT_END = "subagent-end"
+MODEL_FALLBACK = "model-fallback"
 COMPLETE = "complete"
 ERROR = "error"
 

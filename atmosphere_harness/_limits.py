@@ -1,10 +1,11 @@
-"""The default bounds the settings carry: `FileSystemLimits` (one workspace store) and what one
-model message may ask of the executor.
+"""The default bounds the settings carry: `FileSystemLimits` (one workspace store), what one
+model message may ask of the executor, and `UsageLimits` (what one run may spend on its model).
 
 They live beside the settings (`ATMOSPHERE_AI_FILESYSTEM_LIMITS`,
-`ATMOSPHERE_AI_MAX_TOOL_CALLS_PER_MESSAGE`, `ATMOSPHERE_AI_MAX_TOOL_ARGUMENT_CHARS`) rather than in
-the filesystem package or the tools, so configuration depends on no layer above the foundations;
-`atmosphere_harness._filesystem` and `atmosphere_harness._tools.bounds` re-export them.
+`ATMOSPHERE_AI_MAX_TOOL_CALLS_PER_MESSAGE`, `ATMOSPHERE_AI_MAX_TOOL_ARGUMENT_CHARS`,
+`ATMOSPHERE_AI_USAGE_LIMITS`) rather than in the filesystem package, the tools or the kernel, so
+configuration depends on no layer above the foundations; `atmosphere_harness._filesystem` and
+`atmosphere_harness._tools.bounds` re-export the first two.
 """
 
 from __future__ import annotations
@@ -41,3 +42,32 @@ class FileSystemLimits:
         )
         if any(value <= 0 for value in values):
             raise ValueError("limits must be positive: " + "/".join(str(v) for v in values))
+
+
+@dataclass(frozen=True, slots=True)
+class UsageLimits:
+    """What one run may spend, counted over the whole run: its sub-agents and fleet members too.
+
+    `None` leaves a quantity unbounded. `request_limit` and `tool_calls_limit` are checked
+    before the call that would exceed them (`request_limit=2` allows two model requests); the
+    token limits after each model response (input tokens count cached ones): the run ends at
+    the first response over a limit, whose tool calls never run. A run stopped by a limit ends
+    with an `error` frame `{"type": "UsageLimitExceeded", "limit": "<name>", ...}`.
+    """
+
+    request_limit: int | None = None
+    input_tokens_limit: int | None = None
+    output_tokens_limit: int | None = None
+    total_tokens_limit: int | None = None
+    tool_calls_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or value < 0):
+                raise ValueError(f"{name} must be a count of 0 or more, got {value!r}")
+
+    @property
+    def any(self) -> bool:
+        """Whether anything is bounded."""
+        return any(getattr(self, name) is not None for name in self.__slots__)

@@ -16,7 +16,7 @@ overwrites an `ACTIVE` state another endpoint earned.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ._cache import PromptCache
@@ -36,6 +36,8 @@ MCP = "mcp"
 DURABLE_RUNS = "durable-runs"
 IDENTITY = "identity"
 """Per endpoint only (the app-wide block keeps Atmosphere's keys): where the user comes from."""
+MODEL = "model"
+"""Per endpoint only: the model chain, `["<provider>:<model>", ...]`, the first asked first."""
 
 DISABLED = "INACTIVE(disabled)"
 NO_ENDPOINT = "INACTIVE(no-endpoint)"
@@ -119,6 +121,7 @@ class RuntimeTruth:
         }
         self._endpoints: dict[str, dict[str, str]] = {}
         self._details: dict[str, dict[str, dict[str, str]]] = {}
+        self._models: dict[str, list[str]] = {}
         self._identity = identity_of(settings)
         self.resolved_any = False
 
@@ -129,6 +132,8 @@ class RuntimeTruth:
         state: dict[str, Any] = dict(self._endpoints.get(path, {}))
         for key, states in self._details.get(path, {}).items():
             state[key] = dict(states)
+        if path in self._models:
+            state[MODEL] = list(self._models[path])
         return state
 
     def seed_endpoint(
@@ -184,6 +189,11 @@ class RuntimeTruth:
     def report_detail(self, path: str, key: str, states: Mapping[str, str]) -> None:
         """A per-endpoint map of states (e.g. `mcp`: one per server); never app-wide."""
         self._details.setdefault(path, {})[key] = dict(states)
+
+    def report_models(self, path: str, chain: Sequence[str]) -> None:
+        """The endpoint's model chain, `<provider>:<model>` each, the first asked first (per
+        endpoint only; never a URL or a key)."""
+        self._models[path] = list(chain)
 
     def _report_app(self, key: str, state: str) -> None:
         current = self._app.get(key)

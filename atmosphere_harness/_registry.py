@@ -19,6 +19,12 @@ from typing import Any, TypeVar
 
 from ._cache import PromptCache
 from ._harness import Harness
+from ._limits import UsageLimits
+from ._runtimes.base import AgentRuntime
+from ._runtimes.refs import check_model_ref
+
+ModelRef = AgentRuntime | str
+"""A per-agent model: a runtime, or `"openai:<model>"`, `"anthropic:<model>"`, `"scripted:demo"`."""
 
 C = TypeVar("C", bound=type)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -72,6 +78,12 @@ class AgentSpec:
     """The decorator's `skills=` folders (each a folder of skill folders), weakest first."""
     mcp_servers: tuple[Any, ...] = ()
     """The decorator's `mcp_servers=` (`MCPServerStdio` / `MCPServerHTTP`)."""
+    model: ModelRef | None = None
+    """The decorator's `model=`; `None`: the app's runtime."""
+    fallback_models: tuple[ModelRef, ...] = ()
+    """The decorator's `fallback_models=`: tried in order on a transient failure."""
+    usage_limits: UsageLimits | None = None
+    """The decorator's `usage_limits=`; `None`: the app-wide ones (`ATMOSPHERE_AI_USAGE_LIMITS`)."""
 
     @property
     def owner(self) -> str:
@@ -151,6 +163,23 @@ def _harness_tuple(harness: Iterable[Harness]) -> tuple[Harness, ...]:
     return values
 
 
+_Models = tuple[ModelRef | None, tuple[ModelRef, ...], UsageLimits | None]
+
+
+def _models(
+    model: ModelRef | None, fallbacks: Sequence[ModelRef], limits: UsageLimits | None
+) -> _Models:
+    """The decorator's model arguments, checked now so a typo fails at import, not at start."""
+    if isinstance(fallbacks, str | AgentRuntime):
+        fallbacks = (fallbacks,)
+    chain = tuple(fallbacks)
+    for ref in (model, *chain) if model is not None else chain:
+        check_model_ref(ref)
+    if limits is not None and not isinstance(limits, UsageLimits):
+        raise TypeError(f"usage_limits must be a UsageLimits, got {limits!r}")
+    return model, chain, limits
+
+
 def _skill_sources(skills: Sequence[str | PathLike[str]]) -> tuple[str, ...]:
     if isinstance(skills, str | PathLike):
         skills = (skills,)
@@ -189,6 +218,9 @@ class AgentRegistry:
         description: str | None = None,
         skills: Sequence[str | PathLike[str]] = (),
         mcp_servers: Sequence[Any] = (),
+        model: ModelRef | None = None,
+        fallback_models: Sequence[ModelRef] = (),
+        usage_limits: UsageLimits | None = None,
     ) -> Callable[[C], C]:
         """Declare an agent hosted at `/atmosphere/agent/{name}` with the full harness by default.
 
@@ -196,6 +228,10 @@ class AgentRegistry:
         (or with `headless=True`) is never harnessed and only serves its `@skill` handlers.
         `skills=` names folders of `SKILL.md` skills (see `docs/skills.md`); `mcp_servers=`
         lists MCP tool servers whose tools the agent is offered (see `docs/mcp.md`).
+        `model=` (a runtime, or `"openai:<model>"`, `"anthropic:<model>"`, `"scripted:demo"`)
+        replaces the app's runtime for this agent, `fallback_models=` are tried in order when
+        it fails with a transient error, and `usage_limits=` caps what one of its runs may
+        spend (see `docs/runtimes.md`).
         """
         return self._decorator(
             EndpointKind.AGENT,
@@ -207,6 +243,7 @@ class AgentRegistry:
             description=description,
             skill_sources=_skill_sources(skills),
             mcp_servers=tuple(mcp_servers),
+            models=_models(model, fallback_models, usage_limits),
         )
 
     def coordinator(
@@ -220,10 +257,15 @@ class AgentRegistry:
         description: str | None = None,
         skills: Sequence[str | PathLike[str]] = (),
         mcp_servers: Sequence[Any] = (),
+        model: ModelRef | None = None,
+        fallback_models: Sequence[ModelRef] = (),
+        usage_limits: UsageLimits | None = None,
     ) -> Callable[[C], C]:
         """Declare a coordinator: an agent with a fleet to delegate to (`delegate_task`, `task`).
 
-        `skills=` and `mcp_servers=` as on `agent`; `task` sub-agents see the coordinator's skills.
+        `skills=`, `mcp_servers=`, `model=`, `fallback_models=` and `usage_limits=` as on
+        `agent`; `task` sub-agents see the coordinator's skills and run on its model, and its
+        usage limits count what its sub-agents and fleet members spend.
         """
         return self._decorator(
             EndpointKind.COORDINATOR,
@@ -236,6 +278,7 @@ class AgentRegistry:
             fleet=tuple(fleet),
             skill_sources=_skill_sources(skills),
             mcp_servers=tuple(mcp_servers),
+            models=_models(model, fallback_models, usage_limits),
         )
 
     def _decorator(
@@ -251,6 +294,7 @@ class AgentRegistry:
         fleet: tuple[type | str, ...] = (),
         skill_sources: tuple[str, ...] = (),
         mcp_servers: tuple[Any, ...] = (),
+        models: _Models = (None, (), None),
     ) -> Callable[[C], C]:
         if not isinstance(name, str) or not _NAME.match(name):
             raise ValueError(
@@ -279,6 +323,9 @@ class AgentRegistry:
                     fleet=fleet,
                     skill_sources=skill_sources,
                     mcp_servers=mcp_servers,
+                    model=models[0],
+                    fallback_models=models[1],
+                    usage_limits=models[2],
                 )
             )
             return cls
@@ -297,10 +344,14 @@ class AgentRegistry:
         system_prompt: str | None = None,
         skills: Sequence[str | PathLike[str]] = (),
         mcp_servers: Sequence[Any] = (),
+        model: ModelRef | None = None,
+        fallback_models: Sequence[ModelRef] = (),
+        usage_limits: UsageLimits | None = None,
     ) -> Callable[[C], C]:
         """Declare a plain AI endpoint at `path`. Bare by default: opt in with `harness=(...)`.
 
-        `skills=` and `mcp_servers=` as on `agent` (skills need the FILESYSTEM feature).
+        `skills=`, `mcp_servers=`, `model=`, `fallback_models=` and `usage_limits=` as on
+        `agent` (skills need the FILESYSTEM feature).
         """
         if not isinstance(path, str) or not _PATH.match(path) or ".." in path.split("/"):
             raise ValueError(f"invalid ai_endpoint path {path!r}: expected e.g. '/atmosphere/chat'")
@@ -309,6 +360,7 @@ class AgentRegistry:
         declared = _harness_tuple(harness)
         sources = _skill_sources(skills)
         servers = tuple(mcp_servers)
+        models = _models(model, fallback_models, usage_limits)
 
         def decorate(cls: C) -> C:
             prompt_method, skills, tool_methods = _scan(cls)
@@ -334,6 +386,9 @@ class AgentRegistry:
                     prompt_cache=prompt_cache,
                     skill_sources=sources,
                     mcp_servers=servers,
+                    model=models[0],
+                    fallback_models=models[1],
+                    usage_limits=models[2],
                 )
             )
             return cls

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,7 +26,12 @@ from pydantic_settings import (
 
 from ._cache import PromptCache, cache_key_host_allowed
 from ._config_file import CONFIG_FILE_ENV, ConfigFileSettingsSource
-from ._limits import DEFAULT_MAX_ARGUMENT_CHARS, DEFAULT_MAX_TOOL_CALLS, FileSystemLimits
+from ._limits import (
+    DEFAULT_MAX_ARGUMENT_CHARS,
+    DEFAULT_MAX_TOOL_CALLS,
+    FileSystemLimits,
+    UsageLimits,
+)
 from ._log import get_logger
 
 log = get_logger(__name__)
@@ -191,6 +197,19 @@ class HarnessSettings(BaseSettings):
     )
     """Bounds of every workspace and route backend; JSON in the environment, e.g.
     `{"max_file_bytes": 1048576, "max_files": 1000}` (unnamed bounds keep their defaults)."""
+
+    usage_limits: UsageLimits = Field(
+        UsageLimits(), validation_alias=_env("ATMOSPHERE_AI_USAGE_LIMITS")
+    )
+    """What one top-level run may spend unless its agent declares `usage_limits=`; JSON in the
+    environment, e.g. `{"request_limit": 20, "total_tokens_limit": 200000}` (unnamed limits
+    stay unbounded)."""
+
+    user_daily_token_limit: int | None = Field(
+        None, ge=1, validation_alias=_env("ATMOSPHERE_AI_USER_DAILY_TOKEN_LIMIT")
+    )
+    """Tokens (input + output) one user's runs may spend per UTC day, counted where every
+    replica sees it (the state backend); unset: no cap."""
 
     filesystem_fsync: bool = Field(False, validation_alias=_env("ATMOSPHERE_AI_FILESYSTEM_FSYNC"))
     """Flush every workspace write to disk before it returns (durable across power loss, ~1 ms)."""
@@ -523,6 +542,18 @@ class HarnessSettings(BaseSettings):
             return DEFAULT_TOOL_TIMEOUT
         return seconds
 
+    @field_validator("usage_limits", mode="before")
+    @classmethod
+    def _check_usage_keys(cls, value: object) -> object:
+        if isinstance(value, Mapping):
+            unknown = sorted(set(value) - set(UsageLimits.__slots__))
+            if unknown:
+                raise ValueError(
+                    f"ATMOSPHERE_AI_USAGE_LIMITS: unknown keys {unknown}; known: "
+                    + ", ".join(UsageLimits.__slots__)
+                )
+        return value
+
     @field_validator("workspace_root", mode="after")
     @classmethod
     def _expand_root(cls, value: Path) -> Path:
@@ -582,6 +613,9 @@ class HarnessSettings(BaseSettings):
                 max_tool_calls_per_message=self.max_tool_calls_per_message,
                 max_tool_argument_chars=self.max_tool_argument_chars,
                 approval_timeout=self.approval_timeout,
+            ),
+            usage=UsageSettings(
+                limits=self.usage_limits, user_daily_token_limit=self.user_daily_token_limit
             ),
             admin=AdminSettings(
                 token=self.admin_token,
@@ -719,6 +753,14 @@ class RuntimeSettings(BaseModel):
     approval_timeout: float
 
 
+class UsageSettings(BaseModel):
+    """What a run may spend on its model (requests, tokens, tool calls), app-wide."""
+
+    model_config = _GROUP
+    limits: UsageLimits
+    user_daily_token_limit: int | None
+
+
 class AdminSettings(BaseModel):
     """The HTTP surface: admin REST, the WebSocket origin check, the request-body bound, and
     the trusted header that names the user."""
@@ -755,5 +797,6 @@ class SettingsGroups(BaseModel):
     memory: MemorySettings
     delegation: DelegationSettings
     runtime: RuntimeSettings
+    usage: UsageSettings
     admin: AdminSettings
     backends: BackendSettings

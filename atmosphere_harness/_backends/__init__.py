@@ -17,6 +17,7 @@ file, below); the kernel and the primitives only see the protocols:
 | workspace usage | `filesystem.usage.WorkspaceUsage` | `SharedVolumeWorkspaceUsage` (flock) |
 | workspace files | `filesystem.stores.WorkspaceStores` | `None`: directories under the owner root |
 | `prefix=<backend>:` routes | `route_stores`, by backend name | none |
+| each user's tokens per day | `contracts.UserTokens` | `kernel.budget.InProcessUserTokens` |
 
 For history and long-term memory, `None` here means "the embedded SQLite file": the memory
 primitive opens it under `workspace_root` when it starts (and an entry-point provider or an

@@ -15,11 +15,13 @@ from .._contracts import (
     RunJournal,
     RunRegistry,
     RunStore,
+    UserTokens,
 )
 from .._durable import DurableRuns
 from .._filesystem.stores import WorkspaceStores
 from .._filesystem.usage import PROCESS_USAGE, WorkspaceUsage
 from .._governance.approvals import ApprovalRegistry, ApprovalStore
+from .._kernel.budget import InProcessUserTokens
 from .._kernel.control import InProcessRunRegistry
 from .._kernel.live import LiveRuns
 from .._kernel.locks import InProcessConversationLocks
@@ -55,6 +57,8 @@ class StateBackends:
     """Stores a composite route may name as `prefix=<name>:` (`postgres`)."""
     history: HistoryBackend | None = None
     long_term_memory: LongTermMemory | None = None
+    user_tokens: UserTokens = field(default_factory=InProcessUserTokens)
+    """Each user's tokens per UTC day (`ATMOSPHERE_AI_USER_DAILY_TOKEN_LIMIT`)."""
     resources: list[Resource] = field(default_factory=list)
     """Pools and listeners the host opens at start-up (a bad URL fails there) and closes last."""
 

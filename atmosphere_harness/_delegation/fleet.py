@@ -39,7 +39,9 @@ DEFAULT_SKILL = "default"
 PROMPT_SKILL = "prompt"
 _MEMBER_CONVERSATIONS = uuid.UUID("6f1d3c1e-5b0a-4c55-9a59-5c8f7e0b2d41")
 
-FORWARDED = frozenset({events.APPROVAL_REQUIRED, events.SUBAGENT_START, events.SUBAGENT_END})
+FORWARDED = frozenset(
+    {events.APPROVAL_REQUIRED, events.SUBAGENT_START, events.SUBAGENT_END, events.MODEL_FALLBACK}
+)
 """A child run's frames that reach its parent's stream (tagged): what a person must see."""
 
 

@@ -8,7 +8,7 @@ can drain it. It never imports FastAPI: the web layer is a thin client of it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
 from .._contracts import (
@@ -32,6 +32,7 @@ from .._log import get_logger
 from .._preset import HarnessPreset, effective_cache_policy
 from .._registry import AgentSpec, EndpointKind
 from .._runtimes.base import AgentRuntime
+from .._runtimes.fallback import FallbackRuntime, model_chain
 from .._settings import HarnessSettings
 from .control import InProcessRunRegistry, RunControl, RunTicket, new_run_id
 from .endpoint import HostedEndpoint
@@ -65,6 +66,7 @@ class HarnessHost:
         resources: Sequence[Resource] = (),
         hooks: Sequence[RunHooks] | None = None,
         registry: RunRegistry | None = None,
+        models: Callable[[str], AgentRuntime] | None = None,
     ) -> None:
         self.settings = settings
         self.preset = HarnessPreset(settings)
@@ -105,6 +107,12 @@ class HarnessHost:
         self.resources = list(resources)
         """Opened before the primitives start, closed after they stop (backend pools)."""
         self._opened: list[Resource] = []
+        self._resolve_model = models
+        """Builds the runtime an agent's `"<provider>:<model>"` string names (the assembly's:
+        `runtimes.resolve.runtime_from_ref` with these settings)."""
+        self._built: dict[str, AgentRuntime] = {}
+        """Runtimes built from agents' `"<provider>:<model>"` strings, one per string (closed
+        at shutdown; the app's runtime and the ones passed as objects are their owners')."""
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -168,9 +176,11 @@ class HarnessHost:
             except Exception:
                 log.exception("primitive failed to stop cleanly", primitive=primitive.name)
         self._started.clear()
-        close = getattr(self.runtime, "aclose", None)
-        if close is not None:
-            await close()
+        for runtime in (self.runtime, *self._built.values()):
+            close = getattr(runtime, "aclose", None)
+            if close is not None:
+                await close()
+        self._built.clear()
         await self._close_resources()
 
     async def _close_resources(self) -> None:
@@ -201,10 +211,11 @@ class HarnessHost:
         cache_policy = effective_cache_policy(
             spec.prompt_cache, self.settings, cache_feature=Harness.CACHE in features
         )
+        runtime = self.runtime_for(spec)
         endpoint = HostedEndpoint.from_spec(
             spec,
             features=features,
-            runtime=self.runtime,
+            runtime=runtime,
             workspace_root=self.settings.groups.filesystem.workspace_root,
             tool_timeout=self.settings.groups.runtime.tool_execution_timeout,
             max_rounds=self.settings.groups.runtime.max_tool_rounds,
@@ -220,6 +231,7 @@ class HarnessHost:
             cache_policy=cache_policy,
             coordinator=spec.kind is EndpointKind.COORDINATOR,
         )
+        self.truth.report_models(spec.path, model_chain(runtime))
         endpoint.hooks = list(self.hooks)
         for primitive in self.primitives:
             primitive.attach(endpoint, self)
@@ -235,6 +247,26 @@ class HarnessHost:
                     type=getattr(kind, "__name__", str(kind)),
                 )
         self.endpoints[spec.path] = endpoint
+
+    def runtime_for(self, spec: AgentSpec) -> AgentRuntime:
+        """The runtime of `spec`'s endpoint: its `model=` (else the app's runtime), followed by
+        its `fallback_models=` as a `FallbackRuntime` when it has any."""
+        primary = self.runtime if spec.model is None else self._model(spec.model)
+        if not spec.fallback_models:
+            return primary
+        return FallbackRuntime(primary, *(self._model(ref) for ref in spec.fallback_models))
+
+    def _model(self, ref: AgentRuntime | str) -> AgentRuntime:
+        if not isinstance(ref, str):
+            return ref
+        if ref not in self._built:
+            if self._resolve_model is None:
+                raise ValueError(
+                    f"model {ref!r}: this host was built without a model resolver "
+                    "(build it with assembly.build_host, or pass a runtime object)"
+                )
+            self._built[ref] = self._resolve_model(ref)
+        return self._built[ref]
 
     # --- surfaces the admin API reads ------------------------------------------------------
 

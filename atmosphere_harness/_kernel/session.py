@@ -8,6 +8,7 @@ from typing import Any
 from .. import _events as events
 from .._cache import CacheHint
 from .._contracts import FrameSink, Run
+from .._errors import UsageLimitExceeded
 from .._events import Event, Frame
 from .loop import run_loop
 
@@ -83,6 +84,8 @@ class StreamingSession:
             return
         if isinstance(exc, BaseException):
             data = {"message": str(exc) or type(exc).__name__, "type": type(exc).__name__}
+            if isinstance(exc, UsageLimitExceeded):
+                data["limit"] = exc.limit
         else:
             data = {"message": exc, "type": "Error"}
         await self._frame(events.ERROR, data)

@@ -103,7 +103,8 @@ class SdkRuntime:
         except TimeoutError:
             raise ModelError(
                 f"{self.provider} did not start answering within {deadline:g}s, retries "
-                "included (see LLM_TIMEOUT and LLM_MAX_RETRIES)"
+                "included (see LLM_TIMEOUT and LLM_MAX_RETRIES)",
+                transient=True,
             ) from None
         except self.sdk.APIError as exc:
             raise sdk_error(self, exc) from exc
@@ -112,7 +113,10 @@ class SdkRuntime:
             async for event in sse_events(response):
                 failure = event.get("error")
                 if failure is not None:
-                    raise ModelError(f"{self.provider} stream failed: {_detail(event) or failure}")
+                    raise ModelError(
+                        f"{self.provider} stream failed: {_detail(event) or failure}",
+                        transient=_transient_event(failure),
+                    )
                 text = turn.add(event)
                 if text and on_text is not None:
                     await on_text(text)
@@ -120,11 +124,12 @@ class SdkRuntime:
         except httpx2.TimeoutException:
             raise ModelError(
                 f"{self.provider} at {self.base_url} went silent mid-answer "
-                "(raise LLM_TIMEOUT if it is slow)"
+                "(raise LLM_TIMEOUT if it is slow)",
+                transient=True,
             ) from None
         except httpx2.TransportError as exc:
             raise ModelError(
-                f"{self.provider} at {self.base_url} broke off mid-answer: {exc}"
+                f"{self.provider} at {self.base_url} broke off mid-answer: {exc}", transient=True
             ) from exc
         finally:
             await response.aclose()
@@ -275,19 +280,34 @@ def sdk_error(runtime: SdkRuntime, exc: Exception) -> ModelError:
         detail = _detail(exc.body) or exc.message
         if status in _RETRIED or status >= 500:
             tries = f" after {retries} {'retry' if retries == 1 else 'retries'}"
-            return ModelError(f"{provider} failed (HTTP {status}){tries}: {detail}")
+            return ModelError(
+                f"{provider} failed (HTTP {status}){tries}: {detail}", status=status, transient=True
+            )
         hint = _STATUS_HINTS.get(status)
         suffix = f" ({hint})" if hint else ""
-        return ModelError(f"{provider} rejected the request (HTTP {status}): {detail}{suffix}")
+        return ModelError(
+            f"{provider} rejected the request (HTTP {status}): {detail}{suffix}", status=status
+        )
     if isinstance(exc, sdk.APITimeoutError):
         return ModelError(
-            f"{provider} at {runtime.base_url} timed out (raise LLM_TIMEOUT if it is slow)"
+            f"{provider} at {runtime.base_url} timed out (raise LLM_TIMEOUT if it is slow)",
+            transient=True,
         )
     if isinstance(exc, sdk.APIConnectionError):
         cause = exc.__cause__ or exc.__context__
         reason = f": {cause}" if cause else ""
-        return ModelError(f"cannot reach {provider} at {runtime.base_url}{reason}")
+        return ModelError(f"cannot reach {provider} at {runtime.base_url}{reason}", transient=True)
     return ModelError(f"{provider} error: {getattr(exc, 'message', None) or exc}")
+
+
+_TRANSIENT_EVENTS = frozenset({"overloaded_error", "api_error", "rate_limit_error", "server_error"})
+
+
+def _transient_event(failure: object) -> bool:
+    """Whether an `error` event inside a stream reports a passing condition (an overloaded or
+    failing server) rather than a rejected request."""
+    kind = failure.get("type") or failure.get("code") if isinstance(failure, Mapping) else None
+    return kind in _TRANSIENT_EVENTS
 
 
 def _detail(body: object) -> str:

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from .._log import get_logger
 from .._settings import HarnessSettings, RuntimeChoice
 from .base import AgentRuntime
+from .refs import check_model_ref
 from .scripted import ScriptedRuntime
 
 log = get_logger(__name__)
@@ -77,3 +78,47 @@ def resolve_runtime(settings: HarnessSettings) -> AgentRuntime:
             f"pip install 'atmosphere-harness[{choice.value}]'"
         )
     return factory(settings)
+
+
+def runtime_from_ref(ref: AgentRuntime | str, settings: HarnessSettings) -> AgentRuntime:
+    """The runtime a per-agent `model=` names.
+
+    A string's connection comes from the app's settings (`LLM_BASE_URL`, `LLM_API_KEY`,
+    `LLM_TIMEOUT`, `LLM_MAX_RETRIES`, `LLM_MAX_TOKENS`) where they are set; unset ones leave
+    the provider SDK to its own environment variables (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`...).
+    """
+    if isinstance(ref, AgentRuntime):
+        return ref
+    check_model_ref(ref)
+    provider, _, model = ref.partition(":")
+    model = model.strip()
+    if provider == "scripted":
+        return ScriptedRuntime.demo()
+    choice = RuntimeChoice(provider)
+    if choice not in FACTORIES:
+        raise RuntimeError(
+            f"model {ref!r} needs its provider SDK: pip install 'atmosphere-harness[{provider}]'"
+        )
+    group = settings.groups.runtime
+    if choice is RuntimeChoice.OPENAI:
+        from .openai import OpenAIRuntime
+
+        return OpenAIRuntime(
+            model,
+            base_url=group.base_url,
+            api_key=group.api_key,
+            max_retries=group.max_retries,
+            timeout=group.timeout,
+            max_tokens=group.max_tokens,
+            prompt_cache_key=group.prompt_cache_key,
+        )
+    from .anthropic import DEFAULT_MAX_TOKENS, AnthropicRuntime
+
+    return AnthropicRuntime(
+        model,
+        base_url=group.base_url,
+        api_key=group.api_key,
+        max_retries=group.max_retries,
+        timeout=group.timeout,
+        max_tokens=group.max_tokens or DEFAULT_MAX_TOKENS,
+    )

@@ -7,6 +7,9 @@ from the environment. `DURABLE_TEST_DIR` holds:
   `at`, the wall-clock time it came), so a test counts how often each turn was asked for, across
   server lives, and when;
 - `tools.jsonl`: one line each time a user tool's handler starts;
+- with `DURABLE_TEST_FALLBACK` set, the model is a `FallbackRuntime` whose primary is always
+  overloaded, so every model call falls back to the counting one (and sends a
+  `model-fallback` frame);
 - `hold/<conversation>-<what>`: while such a file exists, that step waits (`model`: the second
   model turn before it answers; `stream`: a streamed answer after its third chunk; `tool`: the
   sleeping tool), so a test can SIGKILL the server exactly there.
@@ -28,6 +31,8 @@ from typing import Any
 from fastapi import FastAPI
 
 from atmosphere_harness import (
+    FallbackRuntime,
+    ModelError,
     StreamingSession,
     ToolCall,
     ToolContext,
@@ -148,6 +153,19 @@ class CountingRuntime:
         return ModelResponse(text=step)
 
 
+class Overloaded:
+    """A primary model that never answers: every call is a transient failure."""
+
+    name = "openai"
+    model = "overloaded"
+    capabilities = CountingRuntime.capabilities
+
+    async def complete(
+        self, request: ModelRequest, *, on_text: TextSink | None = None
+    ) -> ModelResponse:
+        raise ModelError("OpenAI failed (HTTP 529): overloaded", status=529, transient=True)
+
+
 @agent(name="durable")
 class DurableAgent:
     @prompt
@@ -191,7 +209,10 @@ class DurableAgent:
 
 def create() -> FastAPI:
     app = FastAPI(title="atmosphere-harness durable runs test")
-    app.include_router(create_harness_router(agents=[DurableAgent], runtime=CountingRuntime()))
+    runtime: Any = CountingRuntime()
+    if os.environ.get("DURABLE_TEST_FALLBACK"):
+        runtime = FallbackRuntime(Overloaded(), runtime)
+    app.include_router(create_harness_router(agents=[DurableAgent], runtime=runtime))
     app.dependency_overrides[get_user_id] = user_id_from_header
     return app
 

@@ -42,10 +42,12 @@ from tests.reliability.server import ServerProcess
 class Harness(ScenarioFiles):
     """One test's directory (see `ScenarioFiles`) and its server, restarted as the test says."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, fallback: bool = False) -> None:
         super().__init__(root)
         self.server: ServerProcess | None = None
         self.lives = 0
+        self.fallback = fallback
+        """Every model call goes through a fallback chain whose first model always fails."""
 
     def start(self, **env: str) -> ServerProcess:
         self.lives += 1
@@ -56,6 +58,7 @@ class Harness(ScenarioFiles):
             {
                 "ATMOSPHERE_DURABLE_RUNS_ENABLED": "true",
                 "DURABLE_TEST_DIR": str(self.root),
+                **({"DURABLE_TEST_FALLBACK": "1"} if self.fallback else {}),
                 **env,
             },
             module="tests.durable.app",
@@ -72,9 +75,9 @@ class Harness(ScenarioFiles):
             self.server.kill()
 
 
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(tmp_path)
+@pytest.fixture(params=["one-model", "fallback-chain"])
+def harness(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Harness]:
+    harness = Harness(tmp_path, fallback=request.param == "fallback-chain")
     try:
         yield harness
     finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from atmosphere_harness import FileSystemLimits, HarnessSettings, PromptCache
+from atmosphere_harness import FileSystemLimits, HarnessSettings, PromptCache, UsageLimits
 from atmosphere_harness._settings import (
     Compaction,
     PromptCacheKeyMode,
@@ -148,6 +148,14 @@ KEYS = [
     ("max_tool_calls_per_message", "ATMOSPHERE_AI_MAX_TOOL_CALLS_PER_MESSAGE", None, "9", 9, 4),
     ("max_tool_argument_chars", "ATMOSPHERE_AI_MAX_TOOL_ARGUMENT_CHARS", None, "4096", 4096, 2048),
     ("max_request_bytes", "ATMOSPHERE_MAX_REQUEST_BYTES", None, "65536", 65536, 2048),
+    (
+        "user_daily_token_limit",
+        "ATMOSPHERE_AI_USER_DAILY_TOKEN_LIMIT",
+        None,
+        "500000",
+        500000,
+        1000,
+    ),
     # The tri-state flag: a programmatic True beats an env kill switch, and the reverse.
     ("enabled", "ATMOSPHERE_AI_HARNESS_ENABLED", None, "false", False, True),
     ("compaction_recent_window", "ATMOSPHERE_AI_HARNESS_COMPACTION_RECENT_WINDOW", None, "9", 9, 3),
@@ -366,9 +374,11 @@ def test_secrets_stay_out_of_repr() -> None:
 
 def test_every_setting_is_in_the_precedence_table() -> None:
     """A new setting gets a row above (env read, argument wins), or this fails."""
-    # filesystem_limits and config_file (tests/foundations/test_config_file.py) have their own
+    # filesystem_limits, usage_limits and config_file (tests/foundations/test_config_file.py)
+    # have their own
     assert set(HarnessSettings.model_fields) == {key[0] for key in KEYS} | {
         "filesystem_limits",
+        "usage_limits",
         "config_file",
     }
 
@@ -382,6 +392,19 @@ def test_filesystem_limits_from_json_and_argument_wins(monkeypatch: pytest.Monke
     assert limits.max_total_bytes == FileSystemLimits().max_total_bytes, "unnamed bounds default"
     given = FileSystemLimits(max_files=3)
     assert HarnessSettings(filesystem_limits=given).filesystem_limits == given
+
+
+def test_usage_limits_from_json_and_argument_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert HarnessSettings().groups.usage.limits == UsageLimits()
+    monkeypatch.setenv("ATMOSPHERE_AI_USAGE_LIMITS", '{"request_limit": 4, "tool_calls_limit": 9}')
+    limits = HarnessSettings().groups.usage.limits
+    assert (limits.request_limit, limits.tool_calls_limit, limits.total_tokens_limit) == (
+        4,
+        9,
+        None,
+    )
+    given = UsageLimits(total_tokens_limit=1000)
+    assert HarnessSettings(usage_limits=given).groups.usage.limits == given
 
 
 def test_max_request_bytes_defaults_to_4_mib_and_has_a_floor() -> None:

@@ -63,7 +63,12 @@ async def test_default_agent_app(workspace: Path) -> None:
 
 
 def _attached_keys(endpoint: dict) -> set[str]:
-    return {key for key, state in endpoint["harness"].items() if state.startswith("ACTIVE")}
+    return {key for key, state in endpoint["harness"].items() if active(state)}
+
+
+def active(state: object) -> bool:
+    """An `ACTIVE...` state (the endpoint's `model` chain is a list, `mcp` a map: neither)."""
+    return isinstance(state, str) and state.startswith("ACTIVE")
 
 
 async def test_kill_switch_reports_every_feature_disabled(workspace: Path) -> None:
@@ -78,7 +83,7 @@ async def test_kill_switch_reports_every_feature_disabled(workspace: Path) -> No
         assert endpoint["features"] == []
         for key in FEATURE_KEYS:
             assert endpoint["harness"][key] == "INACTIVE(disabled)"
-        assert not any(state.startswith("ACTIVE") for state in endpoint["harness"].values())
+        assert not any(active(state) for state in endpoint["harness"].values())
 
 
 async def test_flag_true_upgrades_only_bare_ai_endpoints(workspace: Path) -> None:

@@ -16,6 +16,7 @@ connection) serves every store; the host opens it before the primitives start.
 | workspace files | `PostgresWorkspaceStores` (rows, `PostgresAgentFileSystem`) |
 | durable runs, or the frame feed | `PostgresRunStore` behind `durable.DurableRuns` |
 | run status, cancel requests | `PostgresRunRegistry` (a row per run, `LISTEN/NOTIFY`) |
+| each user's tokens per day | `PostgresUserTokens` (one upserted row per user and day) |
 
 The workspace stores hold conversation workspaces and `/memories` when
 `ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres`, and `prefix=postgres:` composite routes always.
@@ -42,6 +43,7 @@ from .plans import PROTECT_SECONDS, PostgresPlanStore
 from .prompt_keys import PostgresPromptKeys
 from .runs import PostgresRunStore
 from .stores import PostgresWorkspaceStores, owner_key
+from .tokens import PostgresUserTokens
 from .workspace import PostgresAgentFileSystem
 
 # Runtime truth (`long-term-memory`) and reprs show the import path users know.
@@ -94,6 +96,7 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
         route_stores={files.name: files},
         prompt_keys=PostgresPromptKeys(database),
         resources=[database, locks],
+        user_tokens=PostgresUserTokens(database),
     )
     backends.runs = shared_runs(PostgresRunStore(database), settings)
     return backends
@@ -112,6 +115,7 @@ __all__ = [
     "PostgresPlanStore",
     "PostgresRunRegistry",
     "PostgresRunStore",
+    "PostgresUserTokens",
     "PostgresWorkspaceStores",
     "owner_key",
     "postgres_backends",

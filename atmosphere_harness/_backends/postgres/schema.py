@@ -229,6 +229,15 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE status IN ('queued', 'running', 'waiting-approval');
     CREATE INDEX atmosphere_run_control_updated ON atmosphere_run_control (updated_at);
     """,
+    # 8: each user's tokens per UTC day (`PostgresUserTokens`, the daily token cap).
+    """
+    CREATE TABLE atmosphere_user_tokens (
+        user_id text NOT NULL,
+        day text NOT NULL,
+        tokens bigint NOT NULL,
+        PRIMARY KEY (user_id, day)
+    );
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 

@@ -33,6 +33,7 @@ from .long_term import RedisLongTermMemory
 from .plans import RedisPlanStore
 from .prompt_keys import RedisPromptKeys
 from .runs import RedisRunStore
+from .tokens import RedisUserTokens
 
 __all__ = [
     "RedisApprovalStore",
@@ -45,6 +46,7 @@ __all__ = [
     "RedisRunRegistry",
     "RedisRunStore",
     "RedisUnavailable",
+    "RedisUserTokens",
     "redis_backends",
     "with_redis_events",
 ]
@@ -79,6 +81,7 @@ def redis_backends(settings: HarnessSettings) -> StateBackends:
         ),
         prompt_keys=RedisPromptKeys(connection),
         resources=[connection],
+        user_tokens=RedisUserTokens(connection),
     )
     backends.runs = shared_runs(RedisRunStore(connection), settings)
     return backends
