@@ -99,6 +99,7 @@ def build_host(
         runs=backends.runs,
         resources=backends.resources,
         hooks=run_hooks(backends),
+        owners=backends.owners,
     )
     host.backends = backends.describe()
     return host

@@ -8,13 +8,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._contracts import ConversationLocks, Resource, RunJournal, RunStore
+from .._contracts import ConversationLocks, ConversationOwners, Resource, RunJournal, RunStore
 from .._durable import DurableRuns
 from .._filesystem.stores import WorkspaceStores
 from .._filesystem.usage import PROCESS_USAGE, WorkspaceUsage
 from .._governance.approvals import ApprovalRegistry, ApprovalStore
 from .._kernel.live import LiveRuns
 from .._kernel.locks import InProcessConversationLocks
+from .._kernel.owners import InMemoryConversationOwners
 from .._memory.history import HistoryBackend
 from .._memory.long_term import LongTermMemory
 from .._planning.bus import InProcessPlanBus, PlanEventBus
@@ -35,6 +36,8 @@ class StateBackends:
     plan_stores: Callable[[Path], PlanStore] = FilePlanStore
     plan_bus: PlanEventBus = field(default_factory=InProcessPlanBus)
     approvals: ApprovalStore = field(default_factory=ApprovalRegistry)
+    owners: ConversationOwners = field(default_factory=InMemoryConversationOwners)
+    """Who owns each conversation (`resolve_backends` gives the embedded ones a SQLite table)."""
     workspace_usage: WorkspaceUsage = PROCESS_USAGE
     workspaces: WorkspaceStores | None = None
     """Where conversation workspaces and memory stores live; `None`: directories (`files`)."""

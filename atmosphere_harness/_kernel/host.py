@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from .._contracts import (
     ConversationLocks,
+    ConversationOwners,
     FrameSink,
     Key,
     LiveRunHandle,
@@ -33,6 +34,7 @@ from .._settings import HarnessSettings
 from .endpoint import HostedEndpoint
 from .live import LiveRuns
 from .locks import InProcessConversationLocks
+from .owners import ConversationAccess, InMemoryConversationOwners
 from .run import RunContext, execute_prompt
 from .session import StreamingSession
 
@@ -56,6 +58,7 @@ class HarnessHost:
         runs: RunJournal | None = None,
         resources: Sequence[Resource] = (),
         hooks: Sequence[RunHooks] | None = None,
+        owners: ConversationOwners | None = None,
     ) -> None:
         self.settings = settings
         self.preset = HarnessPreset(settings)
@@ -70,6 +73,10 @@ class HarnessHost:
         """Every declared agent/coordinator by name, headless ones included (fleet members)."""
         self.locks: ConversationLocks = locks if locks is not None else InProcessConversationLocks()
         """One prompt at a time per conversation (`backends` may share them across replicas)."""
+        self.access = ConversationAccess(
+            owners if owners is not None else InMemoryConversationOwners()
+        )
+        """Who owns each conversation (`kernel.owners`): every route checks it first."""
         self.runs: RunJournal = runs if runs is not None else LiveRuns()
         """Prompt runs started over HTTP, with their frame journals (see `kernel.live`)."""
         self.hooks: list[RunHooks] = (
@@ -301,6 +308,10 @@ class HarnessHost:
             raise LookupError(f"no endpoint is hosted at {path}")
         if parent is not None and not isinstance(parent, RunContext):
             raise TypeError(f"a parent run must be a kernel run, got {parent!r}")
+        # A member's conversation is claimed for the user too: its id is derived from the
+        # coordinator's, so without a claim another user could reach it at the member's path.
+        if not await self.access.claim(path, conversation_id, user_id):
+            raise PermissionError(f"conversation {conversation_id!r} of {path} is not this user's")
         return await execute_prompt(
             self,
             endpoint,

@@ -19,8 +19,9 @@ from .agui import agui_routes
 from .approvals import approval_routes
 from .deps import HarnessDep, get_user_id, hosted_endpoint
 from .memory import close_routes
+from .ownership import require_conversation
 from .planning import plan_event_routes
-from .route_spec import SSE_RESPONSE, PromptRequest, RouteBuilder, RouteSpec
+from .route_spec import NOT_FOUND_RESPONSE, SSE_RESPONSE, PromptRequest, RouteBuilder, RouteSpec
 from .runs import run_event_routes
 from .sse import stream_prompt
 from .websocket import websocket_routes
@@ -34,6 +35,7 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
     ) -> EventSourceResponse:
         endpoint = hosted_endpoint(host, spec.path)
         conversation_id = body.conversationId or new_conversation_id()
+        await require_conversation(host, spec.path, conversation_id, user_id, claim=True)
         return stream_prompt(
             host, endpoint, message=body.message, conversation_id=conversation_id, user_id=user_id
         )
@@ -46,7 +48,7 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
             options={
                 "summary": f"Prompt {spec.owner}",
                 "response_class": EventSourceResponse,
-                "responses": SSE_RESPONSE,
+                "responses": {**SSE_RESPONSE, **NOT_FOUND_RESPONSE},
             },
         )
     ]

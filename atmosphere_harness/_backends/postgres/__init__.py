@@ -8,6 +8,7 @@ connection) serves every store; the host opens it before the primitives start.
 | state | class |
 |---|---|
 | conversation locks | `PostgresConversationLocks` (advisory locks on one dedicated connection) |
+| conversation owners | `PostgresConversationOwners` (one row per conversation) |
 | plans | `PostgresPlanStore` (one per owner root) |
 | plan updates fan-out | `PostgresPlanBus` (events table + `LISTEN/NOTIFY`) |
 | approvals | `PostgresApprovalStore` (answers wake the waiting replica by `NOTIFY`) |
@@ -36,6 +37,7 @@ from .database import PostgresDatabase, redact
 from .history import PostgresHistory
 from .locks import PostgresConversationLocks
 from .long_term import PostgresLongTermMemory
+from .owners import PostgresConversationOwners
 from .plans import PROTECT_SECONDS, PostgresPlanStore
 from .runs import PostgresRunStore
 from .stores import PostgresWorkspaceStores, owner_key
@@ -82,6 +84,7 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
         plan_stores=plan_store,
         plan_bus=PostgresPlanBus(database),
         approvals=PostgresApprovalStore(database),
+        owners=PostgresConversationOwners(database),
         history=PostgresHistory(database),
         long_term_memory=PostgresLongTermMemory(
             database, max_facts_per_user=settings.groups.memory.max_facts
@@ -100,6 +103,7 @@ __all__ = [
     "PostgresAgentFileSystem",
     "PostgresApprovalStore",
     "PostgresConversationLocks",
+    "PostgresConversationOwners",
     "PostgresDatabase",
     "PostgresHistory",
     "PostgresLongTermMemory",
