@@ -9,6 +9,7 @@ on Redis, are in `tests/scaleout/test_tenancy_replicas.py`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -88,31 +89,45 @@ def user_messages(runtime: ScriptedRuntime) -> list[str]:
     ]
 
 
+async def call(client: httpx2.AsyncClient, method: str, url: str, **kw: Any) -> httpx2.Response:
+    """One request whose answer is read only if it is not a stream: a route that lets a
+    stranger in answers 200 with an endless stream, which must fail the test, not hang it."""
+    async with client.stream(method, url, **kw) as response:
+        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+            await response.aread()
+        return response
+
+
 async def refused_everywhere(
     client: httpx2.AsyncClient, base: str, conversation: str, headers: dict[str, str]
 ) -> None:
     """Every route naming `conversation` answers 404 `{"error"}` to `headers`' user."""
     body = {"message": "overwrite it", "conversationId": conversation}
+    query = {"conversationId": conversation}
     answers = {
-        "POST P": await client.post(PATH, json=body, headers=headers),
-        "POST P/ag-ui": await client.post(
-            PATH + "/ag-ui", json=run_input(conversation, "overwrite it"), headers=headers
+        "POST P": await call(client, "POST", PATH, json=body, headers=headers),
+        "POST P/ag-ui": await call(
+            client,
+            "POST",
+            PATH + "/ag-ui",
+            json=run_input(conversation, "overwrite it"),
+            headers=headers,
         ),
-        "GET P/plan/events": await client.get(
-            PATH + "/plan/events", params={"conversationId": conversation}, headers=headers
+        "GET P/plan/events": await call(
+            client, "GET", PATH + "/plan/events", params=query, headers=headers
         ),
-        "GET P/conversations/{id}/events": await client.get(
-            f"{PATH}/conversations/{conversation}/events", headers=headers
+        "GET P/conversations/{id}/events": await call(
+            client, "GET", f"{PATH}/conversations/{conversation}/events", headers=headers
         ),
-        "GET P/approvals": await client.get(
-            PATH + "/approvals", params={"conversationId": conversation}, headers=headers
+        "GET P/approvals": await call(
+            client, "GET", PATH + "/approvals", params=query, headers=headers
         ),
-        "POST P/conversations/{id}/close": await client.post(
-            f"{PATH}/conversations/{conversation}/close", headers=headers
+        "POST P/conversations/{id}/close": await call(
+            client, "POST", f"{PATH}/conversations/{conversation}/close", headers=headers
         ),
     }
     for route, response in answers.items():
-        assert response.status_code == 404, (route, response.status_code, response.text)
+        assert response.status_code == 404, (route, response.status_code)
         assert response.json() == {"error": f"unknown conversation {conversation!r}"}, route
     with pytest.raises(InvalidStatus) as handshake:
         async with connect(
@@ -144,7 +159,10 @@ async def test_another_user_cannot_reach_a_conversation_on_any_route(workspace: 
             asked = await reader.until("approval-required")
             approval = f"{PATH}/approvals/{asked['data']['approvalId']}"
             for stranger in (BOB, NOBODY):
-                await refused_everywhere(client, base, "project-plan", stranger)
+                # (A prompt let through would wait for alice's run: the guard turns that into a
+                # failure instead of a hang.)
+                async with asyncio.timeout(20):
+                    await refused_everywhere(client, base, "project-plan", stranger)
                 answer = await client.post(approval, json={"approve": True}, headers=stranger)
                 assert answer.status_code == 404, answer.text
                 assert "unknown or expired approval" in answer.json()["error"]
@@ -221,8 +239,8 @@ async def test_routes_other_than_a_prompt_never_claim_an_id(workspace: Path) -> 
                 (PATH + "/approvals", {"conversationId": "fresh"}),
                 (PATH + "/conversations/fresh/events", {}),
             ):
-                response = await client.get(url, params=params, headers=someone)
-                assert response.status_code == 404, (url, response.text)
+                response = await call(client, "GET", url, params=params, headers=someone)
+                assert response.status_code == 404, url
             closed = await client.post(PATH + "/conversations/fresh/close", headers=someone)
             assert closed.status_code == 404
         claimed = await client.post(
@@ -254,8 +272,12 @@ async def test_anonymous_conversations_are_reached_by_their_id_which_is_unguessa
         for _ in range(3):
             response = await client.post(PATH, json={"message": "hello"})
             ids.append(response.headers["x-conversation-id"])
-        plan = await client.get(PATH + "/approvals", params={"conversationId": ids[0]})
-    assert plan.status_code == 200
+        known = await client.get(PATH + "/approvals", params={"conversationId": ids[0]})
+        guessed = await call(
+            client, "GET", PATH + "/plan/events", params={"conversationId": str(uuid.uuid4())}
+        )
+    assert known.status_code == 200
+    assert guessed.status_code == 404, "an id no prompt used leads nowhere"
     for generated in ids:
         parsed = uuid.UUID(generated)
         assert parsed.version == 4
