@@ -134,9 +134,7 @@ def doc_example(doc: Path, name: str) -> types.ModuleType:
     return module
 
 
-async def own(
-    workspace: Path, path: str, conversation_id: str, user_id: str | None = None
-) -> None:
+async def own(workspace: Path, path: str, conversation_id: str, user_id: str | None = None) -> None:
     """Record `user_id` (anonymous by default) as the owner of a conversation of the embedded
     app rooted at `workspace`, as its first prompt would: for tests that open a conversation's
     stream before prompting in it (every route but a prompt answers 404 for an unused id)."""

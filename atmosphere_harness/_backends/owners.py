@@ -2,9 +2,9 @@
 
 One table of the harness's SQLite file under `workspace_root` (the file the history and the run
 journal use, through the process's one connection), so ownership survives a restart: a user's
-conversation stays theirs after the app comes back. A claim is one `INSERT OR IGNORE` followed
-by a read of the row, in one transaction; processes sharing the file agree because SQLite
-serializes writers.
+conversation stays theirs after the app comes back. A claim reads the row and, only when there
+is none, inserts it (`INSERT OR IGNORE`) and reads it again in one transaction: processes
+sharing the file settle on one owner because SQLite serializes writers.
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ class SqliteConversationOwners:
 
     async def claim(self, path: str, conversation_id: str, user: str) -> str:
         def work(connection: sqlite3.Connection) -> str:
+            # Most claims are a conversation's later prompts: a read, no write.
+            row = connection.execute(_OWNER, (path, conversation_id)).fetchone()
+            if row is not None:
+                return str(row[0])
             with Transaction(connection):
                 connection.execute(
                     "INSERT OR IGNORE INTO conversation_owners "

@@ -99,31 +99,36 @@ async def call(client: httpx2.AsyncClient, method: str, url: str, **kw: Any) -> 
 
 
 async def refused_everywhere(
-    client: httpx2.AsyncClient, base: str, conversation: str, headers: dict[str, str]
+    client: httpx2.AsyncClient,
+    base: str,
+    conversation: str,
+    headers: dict[str, str],
+    path: str = PATH,
 ) -> None:
-    """Every route naming `conversation` answers 404 `{"error"}` to `headers`' user."""
+    """Every route of the endpoint at `path` naming `conversation` answers 404 `{"error"}` to
+    `headers`' user (`client` talks to the server at `base`)."""
     body = {"message": "overwrite it", "conversationId": conversation}
     query = {"conversationId": conversation}
     answers = {
-        "POST P": await call(client, "POST", PATH, json=body, headers=headers),
+        "POST P": await call(client, "POST", path, json=body, headers=headers),
         "POST P/ag-ui": await call(
             client,
             "POST",
-            PATH + "/ag-ui",
+            path + "/ag-ui",
             json=run_input(conversation, "overwrite it"),
             headers=headers,
         ),
         "GET P/plan/events": await call(
-            client, "GET", PATH + "/plan/events", params=query, headers=headers
+            client, "GET", path + "/plan/events", params=query, headers=headers
         ),
         "GET P/conversations/{id}/events": await call(
-            client, "GET", f"{PATH}/conversations/{conversation}/events", headers=headers
+            client, "GET", f"{path}/conversations/{conversation}/events", headers=headers
         ),
         "GET P/approvals": await call(
-            client, "GET", PATH + "/approvals", params=query, headers=headers
+            client, "GET", path + "/approvals", params=query, headers=headers
         ),
         "POST P/conversations/{id}/close": await call(
-            client, "POST", f"{PATH}/conversations/{conversation}/close", headers=headers
+            client, "POST", f"{path}/conversations/{conversation}/close", headers=headers
         ),
     }
     for route, response in answers.items():
@@ -131,7 +136,7 @@ async def refused_everywhere(
         assert response.json() == {"error": f"unknown conversation {conversation!r}"}, route
     with pytest.raises(InvalidStatus) as handshake:
         async with connect(
-            ws_url(base, PATH, conversationId=conversation), additional_headers=headers
+            ws_url(base, path, conversationId=conversation), additional_headers=headers
         ):
             pass
     assert handshake.value.response.status_code == 404
@@ -139,7 +144,7 @@ async def refused_everywhere(
         "error": f"unknown conversation {conversation!r}"
     }
     # A socket of its own, then a prompt naming the conversation: refused, the socket lives on.
-    async with connect(ws_url(base, PATH), additional_headers=headers) as socket:
+    async with connect(ws_url(base, path), additional_headers=headers) as socket:
         await socket.send(json.dumps(body))
         notice = await receive(socket)
         assert notice == {
