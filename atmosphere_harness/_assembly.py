@@ -63,6 +63,11 @@ def run_hooks(backends: StateBackends) -> list[RunHooks]:
     cancellation, usage limits (a replayed turn still counts), durable replay (a replayed call
     never reaches the model or the tool), model fallback (innermost: the journal records the
     one answer the chain gave).
+
+    Cancellation needs no hook today: `kernel.control` stops a run through its task, which
+    reaches it wherever it waits (for its conversation's lock, a model, a tool, a person),
+    where a hook sees only model and tool calls; the slot stays for a hook that would need to
+    see a cancelled call.
     """
     durable = backends.runs.hooks
     return [hook for hook in (durable,) if hook is not None]
@@ -97,9 +102,11 @@ def build_host(
         primitives=chosen,
         locks=backends.locks,
         runs=backends.runs,
+        prompt_keys=backends.prompt_keys,
         resources=backends.resources,
         hooks=run_hooks(backends),
         owners=backends.owners,
+        registry=backends.run_registry,
     )
     host.backends = backends.describe()
     return host

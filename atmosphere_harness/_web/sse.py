@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from .._contracts import LiveRunHandle
 from .._events import Frame
+from .._kernel.control import RunTicket
 from .._kernel.endpoint import HostedEndpoint
 from .._kernel.host import HarnessHost
 from .._kernel.live import RESTARTING, STOPPING
@@ -124,15 +125,24 @@ def stream_prompt(
     message: str,
     conversation_id: str,
     user_id: str | None,
+    ticket: RunTicket | None = None,
 ) -> EventSourceResponse:
-    """Start one prompt run and stream it from its first frame."""
+    """Start one prompt run and stream it from its first frame (its id: `X-Run-Id`)."""
+    run = ticket or host.control.ticket(
+        path=endpoint.path, conversation_id=conversation_id, user_id=user_id
+    )
 
     def start() -> LiveRunHandle:
+        run.changed()
         return host.start_run(
-            endpoint, message=message, conversation_id=conversation_id, user_id=user_id
+            endpoint,
+            message=message,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            ticket=run,
         )
 
-    return _follow(start, 0, conversation_id)
+    return _follow(start, 0, conversation_id, run.run_id)
 
 
 def follow_run(live: LiveRunHandle, after: int) -> EventSourceResponse:
@@ -141,7 +151,10 @@ def follow_run(live: LiveRunHandle, after: int) -> EventSourceResponse:
 
 
 def _follow(
-    open_run: Callable[[], LiveRunHandle], after: int, conversation_id: str
+    open_run: Callable[[], LiveRunHandle],
+    after: int,
+    conversation_id: str,
+    run_id: str | None = None,
 ) -> EventSourceResponse:
     stopping = anyio.Event()
 
@@ -166,7 +179,7 @@ def _follow(
         events(),
         ping=PING_SECONDS,
         send_timeout=SEND_TIMEOUT,
-        headers={"X-Conversation-Id": conversation_id},
+        headers={"X-Conversation-Id": conversation_id} | ({"X-Run-Id": run_id} if run_id else {}),
         shutdown_event=stopping,
         shutdown_grace_period=SHUTDOWN_GRACE,
     )

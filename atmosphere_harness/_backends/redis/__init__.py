@@ -26,11 +26,13 @@ from ..state import StateBackends, shared_runs
 from .approvals import RedisApprovalStore
 from .bus import RedisPlanBus
 from .connection import RedisConnection
+from .control import RedisRunRegistry
 from .history import RedisHistory
 from .locks import RedisConversationLocks
 from .long_term import RedisLongTermMemory
 from .owners import RedisConversationOwners
 from .plans import RedisPlanStore
+from .prompt_keys import RedisPromptKeys
 from .runs import RedisRunStore
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "RedisLongTermMemory",
     "RedisPlanBus",
     "RedisPlanStore",
+    "RedisRunRegistry",
     "RedisRunStore",
     "RedisUnavailable",
     "redis_backends",
@@ -72,10 +75,12 @@ def redis_backends(settings: HarnessSettings) -> StateBackends:
         plan_bus=bus,
         approvals=RedisApprovalStore(connection),
         owners=RedisConversationOwners(connection),
+        run_registry=RedisRunRegistry(connection),
         history=RedisHistory(connection),
         long_term_memory=RedisLongTermMemory(
             connection, max_facts_per_user=settings.groups.memory.max_facts
         ),
+        prompt_keys=RedisPromptKeys(connection),
         resources=[connection],
     )
     backends.runs = shared_runs(RedisRunStore(connection), settings)
