@@ -133,6 +133,7 @@ def build_host(
         resources=backends.resources,
         hooks=run_hooks(backends, settings, runtime=runtime, specs=specs),
         models=partial(runtime_from_ref, settings=settings),
+        owners=backends.owners,
         registry=backends.run_registry,
     )
     host.backends = backends.describe()

@@ -620,6 +620,39 @@ class ConversationLocks(Protocol):
         ...
 
 
+ANONYMOUS = ""
+"""The user key of a request without a user (`get_user_id` answered `None`)."""
+
+
+def user_key(user_id: str | None) -> str:
+    """How a user is recorded as an owner: its id, or `ANONYMOUS`."""
+    return user_id or ANONYMOUS
+
+
+class ConversationOwners(Protocol):
+    """Who owns each conversation: the user whose prompt first used its id, on every replica.
+
+    A record is `(path, conversation_id) -> user key` (`user_key`), written once by the first
+    prompt (`claim`) and never changed; `forget` drops it when the conversation is deleted.
+    The embedded implementation is a table of the SQLite file under `workspace_root`; a
+    scale-out backend keeps it in PostgreSQL or Redis, so every replica sees one owner.
+    """
+
+    async def claim(self, path: str, conversation_id: str, user: str) -> str:
+        """Make `user` the owner if the conversation has none, atomically; return the owner
+        (`user` when the claim won, or whoever's did before)."""
+        ...
+
+    async def owner(self, path: str, conversation_id: str) -> str | None:
+        """The owner's user key, or `None` when no prompt ever used the id (or it was
+        forgotten)."""
+        ...
+
+    async def forget(self, path: str, conversation_id: str) -> None:
+        """Drop the record: the id is unused again (a deleted conversation)."""
+        ...
+
+
 @runtime_checkable
 class LockedReader(Protocol):
     """A history whose first read of a run can ride on the round trip that takes the run's

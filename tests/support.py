@@ -132,3 +132,18 @@ def doc_example(doc: Path, name: str) -> types.ModuleType:
     module = types.ModuleType(name)
     exec(compile(code.group(1), str(doc), "exec"), module.__dict__)
     return module
+
+
+async def own(workspace: Path, path: str, conversation_id: str, user_id: str | None = None) -> None:
+    """Record `user_id` (anonymous by default) as the owner of a conversation of the embedded
+    app rooted at `workspace`, as its first prompt would: for tests that open a conversation's
+    stream before prompting in it (every route but a prompt answers 404 for an unused id)."""
+    from atmosphere_harness._backends import SqliteConversationOwners
+    from atmosphere_harness._contracts import user_key
+
+    owners = SqliteConversationOwners.under(workspace)
+    await owners.open()
+    try:
+        await owners.claim(path, conversation_id, user_key(user_id))
+    finally:
+        await owners.aclose()

@@ -7,6 +7,7 @@ file, below); the kernel and the primitives only see the protocols:
 | state | protocol | embedded implementation (one process) |
 |---|---|---|
 | conversation locks | `contracts.ConversationLocks` | `kernel.locks.InProcessConversationLocks` |
+| conversation owners | `contracts.ConversationOwners` | `SqliteConversationOwners` (SQLite file) |
 | live runs, frames | `contracts.RunJournal` | `kernel.live.LiveRuns` (durable: `DurableRuns`) |
 | run status, cancel requests | `contracts.RunRegistry` | `kernel.control.InProcessRunRegistry` |
 | plans | `planning.PlanStore` | `planning.FilePlanStore` (JSON files under the owner root) |
@@ -32,11 +33,13 @@ from __future__ import annotations
 from .._durable import DurableRuns, SqliteRunStore
 from .._errors import BackendMisconfigured, BackendMissing
 from .._settings import HarnessSettings, WorkspaceBackend
+from .owners import SqliteConversationOwners
 from .state import StateBackends, shared_runs
 
 __all__ = [
     "BackendMisconfigured",
     "BackendMissing",
+    "SqliteConversationOwners",
     "StateBackends",
     "resolve_backends",
     "shared_runs",
@@ -79,7 +82,8 @@ def resolve_backends(settings: HarnessSettings) -> StateBackends:
         except ImportError as exc:
             raise _missing("redis", "ATMOSPHERE_REDIS_URL", exc) from None
         return redis_backends(settings)
-    backends = StateBackends(state="sqlite", events="local")
+    owners = SqliteConversationOwners.under(settings.groups.filesystem.workspace_root)
+    backends = StateBackends(state="sqlite", events="local", owners=owners, resources=[owners])
     if group.durable_runs:
         backends.runs = DurableRuns(
             SqliteRunStore.under(settings.groups.filesystem.workspace_root),

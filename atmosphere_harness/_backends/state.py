@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .._contracts import (
     ConversationLocks,
+    ConversationOwners,
     PromptKeys,
     Resource,
     RunJournal,
@@ -25,6 +26,7 @@ from .._kernel.budget import InProcessUserTokens
 from .._kernel.control import InProcessRunRegistry
 from .._kernel.live import LiveRuns
 from .._kernel.locks import InProcessConversationLocks
+from .._kernel.owners import InMemoryConversationOwners
 from .._kernel.prompt_keys import InProcessPromptKeys
 from .._memory.history import HistoryBackend
 from .._memory.long_term import LongTermMemory
@@ -50,6 +52,8 @@ class StateBackends:
     plan_stores: Callable[[Path], PlanStore] = FilePlanStore
     plan_bus: PlanEventBus = field(default_factory=InProcessPlanBus)
     approvals: ApprovalStore = field(default_factory=ApprovalRegistry)
+    owners: ConversationOwners = field(default_factory=InMemoryConversationOwners)
+    """Who owns each conversation (`resolve_backends` gives the embedded ones a SQLite table)."""
     workspace_usage: WorkspaceUsage = PROCESS_USAGE
     workspaces: WorkspaceStores | None = None
     """Where conversation workspaces and memory stores live; `None`: directories (`files`)."""

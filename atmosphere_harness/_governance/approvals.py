@@ -144,7 +144,8 @@ class ApprovalStore(Protocol):
     async def pending(
         self, path: str, conversation_id: str, *, user_id: str | None
     ) -> list[PendingApproval]:
-        """The conversation's approvals still waiting (those this user may answer)."""
+        """The conversation's approvals still waiting (those this user may answer: the
+        conversation's owner, who ran the prompt; an anonymous run's only anonymously)."""
         ...
 
 
@@ -221,7 +222,7 @@ class ApprovalRegistry:
             return AnswerStatus.UNKNOWN
         if pending.path != path:
             return AnswerStatus.UNKNOWN
-        if pending.user_id is not None and pending.user_id != user_id:
+        if pending.user_id != user_id:
             return AnswerStatus.FORBIDDEN
         if pending.future.done():
             return AnswerStatus.ALREADY_ANSWERED
@@ -234,14 +235,15 @@ class ApprovalRegistry:
     async def pending(
         self, path: str, conversation_id: str, *, user_id: str | None
     ) -> list[PendingApproval]:
-        """The conversation's approvals still waiting (those this user may answer)."""
+        """The conversation's approvals still waiting (those this user may answer: the
+        conversation's owner, who ran the prompt; an anonymous run's only anonymously)."""
         return [
             entry
             for entry in self._pending.values()
             if entry.path == path
             and entry.conversation_id == conversation_id
             and not entry.future.done()
-            and (entry.user_id is None or entry.user_id == user_id)
+            and entry.user_id == user_id
         ]
 
     def __len__(self) -> int:

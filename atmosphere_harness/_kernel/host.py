@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from .._contracts import (
     ConversationLocks,
+    ConversationOwners,
     FrameSink,
     Key,
     LiveRunHandle,
@@ -38,6 +39,7 @@ from .control import InProcessRunRegistry, RunControl, RunTicket, new_run_id
 from .endpoint import HostedEndpoint
 from .live import LiveRun, LiveRuns
 from .locks import InProcessConversationLocks
+from .owners import ConversationAccess, InMemoryConversationOwners
 from .prompt_keys import InProcessPromptKeys
 from .run import RunContext, execute_prompt
 from .session import StreamingSession
@@ -65,6 +67,7 @@ class HarnessHost:
         prompt_keys: PromptKeys | None = None,
         resources: Sequence[Resource] = (),
         hooks: Sequence[RunHooks] | None = None,
+        owners: ConversationOwners | None = None,
         registry: RunRegistry | None = None,
         models: Callable[[str], AgentRuntime] | None = None,
     ) -> None:
@@ -81,6 +84,10 @@ class HarnessHost:
         """Every declared agent/coordinator by name, headless ones included (fleet members)."""
         self.locks: ConversationLocks = locks if locks is not None else InProcessConversationLocks()
         """One prompt at a time per conversation (`backends` may share them across replicas)."""
+        self.access = ConversationAccess(
+            owners if owners is not None else InMemoryConversationOwners()
+        )
+        """Who owns each conversation (`kernel.owners`): every route checks it first."""
         self.runs: RunJournal = runs if runs is not None else LiveRuns()
         """Prompt runs started over HTTP, with their frame journals (see `kernel.live`)."""
         self.prompt_keys: PromptKeys = (
@@ -434,6 +441,10 @@ class HarnessHost:
             raise LookupError(f"no endpoint is hosted at {path}")
         if parent is not None and not isinstance(parent, RunContext):
             raise TypeError(f"a parent run must be a kernel run, got {parent!r}")
+        # A member's conversation is claimed for the user too: its id is derived from the
+        # coordinator's, so without a claim another user could reach it at the member's path.
+        if not await self.access.claim(path, conversation_id, user_id):
+            raise PermissionError(f"conversation {conversation_id!r} of {path} is not this user's")
         return await execute_prompt(
             self,
             endpoint,

@@ -62,7 +62,8 @@ from .._events import Frame, json_line, line_safe
 from .._ids import check_conversation_id
 from .._registry import AgentSpec
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_user_id, hosted_endpoint
-from .route_spec import MAX_MESSAGE_CHARS, RouteSpec
+from .ownership import require_conversation
+from .route_spec import MAX_MESSAGE_CHARS, NOT_FOUND_RESPONSE, RouteSpec
 from .sse import PING_SECONDS, SEND_TIMEOUT, HarnessEventSource, run_frames
 
 SUBAGENT_ERROR_STATUSES = frozenset({"error", "failed", "timeout", "denied", "cancelled"})
@@ -290,6 +291,7 @@ def agui_routes(spec: AgentSpec) -> list[RouteSpec]:
         message = prompt_of(run_input)
         if len(message) > MAX_MESSAGE_CHARS:
             raise HTTPException(422, f"the prompt is over {MAX_MESSAGE_CHARS} characters")
+        await require_conversation(host, spec.path, conversation_id, user_id, claim=True)
         translator = AguiTranslator(conversation_id, run_input.run_id, run_input.state)
 
         async def stream() -> AsyncIterator[bytes]:
@@ -320,7 +322,8 @@ def agui_routes(spec: AgentSpec) -> list[RouteSpec]:
                 "summary": f"Run {spec.owner} over the AG-UI protocol",
                 "response_class": EventSourceResponse,
                 "responses": {
-                    200: {"content": {"text/event-stream": {}}, "description": "AG-UI events"}
+                    200: {"content": {"text/event-stream": {}}, "description": "AG-UI events"},
+                    **NOT_FOUND_RESPONSE,
                 },
             },
         )

@@ -2,23 +2,25 @@
 
 The answer route works whether or not the prompt's stream is connected: approvals live in the
 app's `ApprovalRegistry`, not in the connection. Answers: 200 `{"approvalId", "status"}`; 404 for
-an unknown or expired id (or one of another endpoint); 409 when it was already answered; 403 when
-the run belongs to another user.
+an unknown or expired id, one of another endpoint, or one whose run belongs to another user
+(never 403: a refusal does not say whether the approval exists); 409 when it was already
+answered. `GET P/approvals?conversationId=` answers 404 for a conversation that is not the
+caller's.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Query
+from fastapi import Depends, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from .._governance.approvals import Answer, AnswerStatus, ApprovalStore
 from .._governance.primitive import APPROVALS_SERVICE
-from .._ids import check_conversation_id
 from .._kernel.host import HarnessHost
 from .._registry import AgentSpec
-from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_user_id, hosted_endpoint
+from .deps import HarnessDep, get_user_id, hosted_endpoint
+from .ownership import owned_conversation
 from .route_spec import RouteSpec
 
 
@@ -55,26 +57,22 @@ def approval_routes(spec: AgentSpec) -> list[RouteSpec]:
             Answer(body.approve, body.arguments),
             user_id=user_id,
         )
-        if status is AnswerStatus.UNKNOWN:
+        if status in (AnswerStatus.UNKNOWN, AnswerStatus.FORBIDDEN):
+            # Another user's approval is answered as one that does not exist.
             raise HTTPException(404, f"unknown or expired approval {approval_id!r}")
         if status is AnswerStatus.ALREADY_ANSWERED:
             raise HTTPException(409, f"approval {approval_id!r} was already answered")
-        if status is AnswerStatus.FORBIDDEN:
-            raise HTTPException(403, "this approval belongs to another user")
         return {"approvalId": approval_id, "status": "approved" if body.approve else "denied"}
 
+    owned = Depends(owned_conversation(spec.path, source="query"))
+
     async def pending(
-        conversation_id: Annotated[
-            str, Query(alias="conversationId", json_schema_extra=CONVERSATION_ID_SCHEMA)
-        ],
+        *,
+        conversation_id: str = owned,
         host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> dict[str, Any]:
         endpoint = hosted_endpoint(host, spec.path)
-        try:
-            check_conversation_id(conversation_id)
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
         waiting = await _registry(host).pending(endpoint.path, conversation_id, user_id=user_id)
         return {
             "conversationId": conversation_id,

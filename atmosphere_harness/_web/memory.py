@@ -4,33 +4,32 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Path
+from fastapi import Depends, HTTPException
 from starlette.requests import HTTPConnection
 
-from .._ids import check_conversation_id
 from .._memory.long_term import LongTermMemory
 from .._memory.primitive import LONG_TERM_MEMORY_SERVICE
 from .._registry import AgentSpec
-from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_harness, get_user_id, hosted_endpoint
+from .deps import HarnessDep, get_harness, get_user_id, hosted_endpoint
+from .ownership import owned_conversation
 from .route_spec import RouteSpec
 
 
 def close_routes(spec: AgentSpec) -> list[RouteSpec]:
     """`POST P/conversations/{id}/close`: the conversation ends; extraction runs in background.
 
-    404 when no primitive knows the conversation for this user (another user's id included).
+    404 for a conversation that is not the caller's, or that no primitive knows.
     """
 
+    owned = Depends(owned_conversation(spec.path))
+
     async def close_conversation(
-        conversation_id: Annotated[str, Path(json_schema_extra=CONVERSATION_ID_SCHEMA)],
+        *,
+        conversation_id: str = owned,
         host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> dict[str, Any]:
         endpoint = hosted_endpoint(host, spec.path)
-        try:
-            check_conversation_id(conversation_id)
-        except ValueError as exc:
-            raise HTTPException(400, str(exc)) from None
         if not await host.close_conversation(endpoint.path, conversation_id, user_id):
             raise HTTPException(404, f"unknown conversation {conversation_id!r}")
         return {"conversationId": conversation_id, "closed": True}

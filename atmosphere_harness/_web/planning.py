@@ -30,7 +30,6 @@ from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
 
 from .._errors import BackendUnavailable, PlanBusFull
-from .._ids import check_conversation_id
 from .._log import get_logger
 from .._planning.attach import SURFACE
 from .._planning.bus import PlanEvent, PlanEventBus, encode
@@ -38,7 +37,8 @@ from .._planning.model import AgentPlan
 from .._planning.store import OwnerPlanStores, PlanStore
 from .._planning.tools import BUS_SERVICE, STORE_SERVICE, agent_id_for
 from .._registry import AgentSpec
-from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, hosted_endpoint
+from .deps import HarnessDep, hosted_endpoint
+from .ownership import owned_conversation
 from .route_spec import RouteSpec
 from .sse import PING_SECONDS, SEND_TIMEOUT, HarnessEventSource
 
@@ -185,11 +185,12 @@ def plan_event_response(
 def plan_event_routes(spec: AgentSpec) -> list[RouteSpec]:
     """`GET P/plan/events`; 404 when the endpoint has no plan surface (planning not attached)."""
 
+    owned = Depends(owned_conversation(spec.path, source="query"))
+
     async def plan_events(
+        *,
         host: HarnessDep,
-        conversation_id: Annotated[
-            str, Query(alias="conversationId", json_schema_extra=CONVERSATION_ID_SCHEMA)
-        ],
+        conversation_id: str = owned,
         last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
         resume_from: Annotated[
             str | None,
@@ -203,10 +204,6 @@ def plan_event_routes(spec: AgentSpec) -> list[RouteSpec]:
         store: PlanStore | None = endpoint.services.get(STORE_SERVICE)
         if store is None:
             raise HTTPException(404, f"{spec.path} has no plan: planning is not attached to it")
-        try:
-            check_conversation_id(conversation_id)
-        except ValueError as exc:
-            raise HTTPException(422, str(exc)) from None
         bus: PlanEventBus | None = endpoint.services.get(BUS_SERVICE)
         if bus is None:
             raise HTTPException(503, "the plan event bus is not running")
@@ -232,7 +229,10 @@ def plan_event_routes(spec: AgentSpec) -> list[RouteSpec]:
                         "content": {"text/event-stream": {}},
                         "description": "plan-snapshot, then plan-update events",
                     },
-                    404: {"description": "planning is not attached to this endpoint"},
+                    404: {
+                        "description": "planning is not attached to this endpoint, or the "
+                        "conversation is not this user's"
+                    },
                 },
             },
         )

@@ -64,3 +64,7 @@ class PromptRequest(BaseModel):
 
 
 SSE_RESPONSE = {200: {"content": {"text/event-stream": {}}, "description": "A stream of frames"}}
+
+NOT_FOUND_RESPONSE: dict[int | str, dict[str, object]] = {
+    404: {"description": "No such conversation for this user (none, or another user's)"}
+}

@@ -22,8 +22,9 @@ from .agui import agui_routes
 from .approvals import approval_routes
 from .deps import HarnessDep, get_user_id, hosted_endpoint
 from .memory import close_routes
+from .ownership import require_conversation
 from .planning import plan_event_routes
-from .route_spec import SSE_RESPONSE, PromptRequest, RouteBuilder, RouteSpec
+from .route_spec import NOT_FOUND_RESPONSE, SSE_RESPONSE, PromptRequest, RouteBuilder, RouteSpec
 from .runs import ERROR, RUN_STARTED, run_control_routes, run_event_routes
 from .sse import stream_prompt
 from .websocket import websocket_routes
@@ -40,6 +41,7 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
     ) -> Response:
         endpoint = hosted_endpoint(host, spec.path)
         conversation_id = body.conversationId or new_conversation_id()
+        await require_conversation(host, spec.path, conversation_id, user_id, claim=True)
         if idempotency_key is not None:
             if body.background or body.multitask != "enqueue":
                 raise HTTPException(
@@ -103,6 +105,7 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
                 "response_class": EventSourceResponse,
                 "responses": {
                     **SSE_RESPONSE,
+                    **NOT_FOUND_RESPONSE,
                     **idempotency.RESPONSES,
                     202: {"description": "A background run was started", **RUN_STARTED},
                     400: {

@@ -28,18 +28,21 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from .._contracts import RUN_STATUSES, RunRecord
-from .._ids import check_conversation_id
 from .._registry import AgentSpec
-from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_user_id, hosted_endpoint
+from .deps import HarnessDep, get_user_id, hosted_endpoint
 from .errors import ERROR_SCHEMA
+from .ownership import owned_conversation
 from .route_spec import SSE_RESPONSE, RouteSpec
 from .sse import follow_run
 
 
 def run_event_routes(spec: AgentSpec) -> list[RouteSpec]:
 
+    owned = Depends(owned_conversation(spec.path))
+
     async def follow(
-        conversation_id: Annotated[str, Path(json_schema_extra=CONVERSATION_ID_SCHEMA)],
+        *,
+        conversation_id: str = owned,
         host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
         session_id: Annotated[str | None, Query(alias="sessionId")] = None,
@@ -53,10 +56,6 @@ def run_event_routes(spec: AgentSpec) -> list[RouteSpec]:
         ] = None,
     ) -> EventSourceResponse:
         endpoint = hosted_endpoint(host, spec.path)
-        try:
-            check_conversation_id(conversation_id)
-        except ValueError as exc:
-            raise HTTPException(400, str(exc)) from None
         live = await host.runs.find(endpoint.path, conversation_id, session_id=session_id)
         if live is None or (live.user_id is not None and live.user_id != user_id):
             raise HTTPException(404, f"no run to follow in conversation {conversation_id!r}")

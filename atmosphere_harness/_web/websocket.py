@@ -32,6 +32,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, WebSocket, WebSocketDisconnect, WebSocketException
 from pydantic import ValidationError
+from starlette.responses import JSONResponse
 from starlette.websockets import WebSocketState
 
 from .._ids import check_conversation_id, new_conversation_id
@@ -173,6 +174,9 @@ class _Socket:
     async def _run_prompts(self) -> None:
         while True:
             message, conversation_id = await self.prompts.get()
+            if not await self.host.access.claim(self.endpoint.path, conversation_id, self.user_id):
+                self._tell(_notice(f"unknown conversation {conversation_id!r}", "not_found"))
+                continue
             self.used.add(conversation_id)
             frames = run_frames(
                 self.host,
@@ -215,6 +219,25 @@ def origin_allowed(websocket: WebSocket, allowed: frozenset[str]) -> bool:
     return origin.split("://", 1)[-1].rstrip("/") == host
 
 
+NOT_FOUND_CLOSE = 4404
+"""Close code of a handshake refused with 404 when the server cannot answer it in HTTP."""
+
+
+async def refuse(
+    websocket: WebSocket, status: int, message: str, *, close_code: int = NOT_FOUND_CLOSE
+) -> None:
+    """Refuse a handshake with an HTTP `status` and `{"error": message}`, before accepting it.
+
+    Servers that support the WebSocket Denial Response extension (uvicorn does) send the HTTP
+    answer; otherwise the socket is accepted and closed at once with `close_code`.
+    """
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(JSONResponse({"error": message}, status_code=status))
+        return
+    await websocket.accept()
+    await websocket.close(code=close_code, reason=message[:120])
+
+
 def websocket_routes(spec: AgentSpec) -> list[RouteSpec]:
 
     async def prompt_socket(
@@ -235,13 +258,18 @@ def websocket_routes(spec: AgentSpec) -> list[RouteSpec]:
             await websocket.close(code=1008, reason="origin not allowed")
             return
         requested = websocket.query_params.get("conversationId")
-        try:
-            conversation_id = (
-                check_conversation_id(requested) if requested else new_conversation_id()
-            )
-        except ValueError as exc:
-            await websocket.close(code=1008, reason=str(exc)[:120])
-            return
+        if requested is None:
+            conversation_id = new_conversation_id()
+        else:
+            try:
+                conversation_id = check_conversation_id(requested)
+            except ValueError as exc:
+                await refuse(websocket, 400, str(exc), close_code=1008)
+                return
+            # An id nobody owns yet is fine: the socket's first prompt claims it.
+            if await host.access.taken(endpoint.path, conversation_id, user_id):
+                await refuse(websocket, 404, f"unknown conversation {conversation_id!r}")
+                return
         await websocket.accept()
         await _Socket(websocket, host, endpoint, user_id, conversation_id).serve()
 

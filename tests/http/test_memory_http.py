@@ -184,8 +184,14 @@ async def test_another_user_cannot_continue_a_conversation(workspace: Path) -> N
     runtime = model()
     async with client_for(app_for([Keeper], workspace, runtime)) as client:
         await say(client, "my secret plan", "shared-id", "alice")
-        await say(client, "what was said?", "shared-id", "bob")
-    assert [m.content for m in chat_requests(runtime)[-1].messages] == ["what was said?"]
+        refused = await client.post(
+            KEEPER,
+            json={"message": "what was said?", "conversationId": "shared-id"},
+            headers={"X-User-Id": "bob"},
+        )
+    assert refused.status_code == 404, "the conversation is alice's"
+    assert refused.json() == {"error": "unknown conversation 'shared-id'"}
+    assert [m.content for m in chat_requests(runtime)[-1].messages] == ["my secret plan"]
 
 
 # --- truth and resolution ------------------------------------------------------------------

@@ -27,7 +27,7 @@ from atmosphere_harness import (
 )
 from atmosphere_harness._planning import AgentPlan, FilePlanStore, PlanStatus, PlanStep
 from tests.agents import echo
-from tests.support import client_for, make_app, of_type, serve
+from tests.support import client_for, make_app, of_type, own, serve
 from tests.support import prompt as post_prompt
 
 Planner = echo(agent(name="planner"), "Planner")
@@ -153,6 +153,7 @@ async def test_live_stream_snapshot_updates_and_last_event_id_replay(workspace: 
     app = make_app(
         [Planner], runtime=ScriptedRuntime(default=plan_the_message), workspace=workspace
     )
+    await own(workspace, PATH, "live")
     async with client_for(app) as client:
         async with plan_stream(client, "live") as stream:
             snapshot = await stream.next()
@@ -209,6 +210,7 @@ async def test_updates_of_other_conversations_are_not_streamed(workspace: Path) 
     app = make_app(
         [Planner], runtime=ScriptedRuntime(default=plan_the_message), workspace=workspace
     )
+    await own(workspace, PATH, "mine")
     async with client_for(app) as client, plan_stream(client, "mine") as stream:
         assert (await stream.next())["event"] == "plan-snapshot"
         await post_prompt(client, PATH, "theirs", conversation_id="theirs")
@@ -223,6 +225,7 @@ async def test_the_snapshot_survives_a_restart_and_old_ids_fall_back_to_it(
 ) -> None:
     runtime = ScriptedRuntime(default=plan_the_message)
     first_app = make_app([Planner], runtime=runtime, workspace=workspace)
+    await own(workspace, PATH, "durable")
     async with client_for(first_app) as client, plan_stream(client, "durable") as stream:
         await stream.next()
         await post_prompt(client, PATH, "remember me", conversation_id="durable")
@@ -242,7 +245,7 @@ async def test_plan_events_validation_and_absence(workspace: Path) -> None:
     async with client_for(app) as client:
         assert (await client.get(EVENTS)).status_code == 422
         bad = await client.get(EVENTS, params={"conversationId": "../etc"})
-        assert bad.status_code == 422
+        assert bad.status_code == 400
         assert "conversationId must be" in bad.text
         missing = await client.get(
             "/atmosphere/agent/no-plans/plan/events", params={"conversationId": "c"}
@@ -252,6 +255,7 @@ async def test_plan_events_validation_and_absence(workspace: Path) -> None:
 
 async def test_shutdown_does_not_wait_for_open_plan_streams(workspace: Path) -> None:
     app = make_app([Planner], runtime=ScriptedRuntime(), workspace=workspace)
+    await own(workspace, PATH, "open")
     client = httpx2.AsyncClient(timeout=30)
     started = time.monotonic()
     try:
@@ -317,6 +321,7 @@ async def test_console_info_reports_the_builtin_plan_surface(workspace: Path) ->
 
 async def test_the_demo_model_plans_and_completes_every_step(workspace: Path) -> None:
     app = make_app([Planner], runtime=ScriptedRuntime.demo(), workspace=workspace)
+    await own(workspace, PATH, "demo")
     async with client_for(app) as client, plan_stream(client, "demo") as stream:
         await stream.next()
         frames = await post_prompt(
@@ -341,6 +346,7 @@ async def test_an_idle_plan_stream_is_kept_alive_with_pings(
 ) -> None:
     monkeypatch.setattr("atmosphere_harness._web.planning.PING_SECONDS", 0.2)
     app = make_app([Planner], runtime=ScriptedRuntime(), workspace=workspace)
+    await own(workspace, PATH, "idle")
     async with client_for(app) as client, plan_stream(client, "idle") as stream:
         assert (await stream.next())["event"] == "plan-snapshot"
         ping = await stream.next(timeout=5)
@@ -365,6 +371,7 @@ async def test_a_viewer_that_stops_reading_is_disconnected_after_the_send_timeou
         workspace=workspace,
         router={"primitives": [PlanningPrimitive(bus=bus)]},
     )
+    await own(workspace, PATH, "shared")
     async with serve(app) as base, httpx2.AsyncClient(base_url=base, timeout=30) as client:
         host, port = base.removeprefix("http://").split(":")
         _reader, writer = await slow_connection(base)

@@ -120,7 +120,9 @@ async def test_a_prefix_serves_the_prompt_plan_events_and_conversation_routes(
         )
         frames = parse_sse(response.text)
         params = {"conversationId": "c1"}
-        async with client.stream("GET", V1 + "/plan/events", params=params) as stream:
+        async with client.stream(
+            "GET", V1 + "/plan/events", params=params, headers=alice
+        ) as stream:
             assert stream.status_code == 200
             reader = EventReader(stream)
             assert await reader.next() == {"retry": "3000"}
@@ -272,7 +274,7 @@ async def test_include_order_decides_against_a_catch_all(workspace: Path) -> Non
     async with client_for(late) as client:
         shadowed = await client.get(COURIER + "/approvals", params=query)
         prompted = await client.post(COURIER, json={"message": "hi"})
-    assert served.json() == {"conversationId": "c", "approvals": []}
+    assert served.json() == {"error": "unknown conversation 'c'"}, "the harness answered"
     assert other.json() == {"fallback": "index.html"}
     assert shadowed.json() == {"fallback": COURIER.lstrip("/") + "/approvals"}
     assert prompted.status_code == 200, "a GET catch-all does not take a POST route"

@@ -88,11 +88,14 @@ async def test_a_plan_written_on_a_streams_to_a_viewer_on_b_and_resumes_there(
         httpx2.AsyncClient(base_url=b.url, timeout=30) as viewer,
         httpx2.AsyncClient(timeout=30) as writer,
     ):
+        # Only a prompt starts a conversation: a viewer of an unused id would get 404.
+        assert summary(await prompt(writer, a.url, "first words", conversation)) == "ok"
         started = asyncio.Event()
         watching = asyncio.create_task(
             read_sse(
                 viewer,
                 events_url,
+                headers=USER,
                 started=started,
                 until=lambda seen: sum(e.event == "plan-update" for e in seen) >= 2,
             )
@@ -114,7 +117,7 @@ async def test_a_plan_written_on_a_streams_to_a_viewer_on_b_and_resumes_there(
             resumed = await read_sse(
                 other,
                 events_url,
-                headers={"Last-Event-ID": first_id},
+                headers={**USER, "Last-Event-ID": first_id},
                 until=lambda got: any(e.event == "plan-update" for e in got),
             )
         assert [e.event for e in resumed] == ["plan-update"]
@@ -142,9 +145,13 @@ async def test_turn_two_on_b_sees_turn_one_from_a(
         assert summary(await prompt(client, a.url, "history?", conversation)) == (
             "seen: first words | history?"
         )
-        # Another user with the same conversation id has another conversation.
-        other = await prompt(client, b.url, "history?", conversation, headers={"X-User-Id": "eve"})
-        assert summary(other) == "seen: "
+        # Another user cannot reach it: 404 on any replica.
+        other = await client.post(
+            b.url + PATH,
+            json={"message": "history?", "conversationId": conversation},
+            headers={"X-User-Id": "eve"},
+        )
+        assert other.status_code == 404
 
 
 async def test_an_approval_raised_on_a_is_answered_on_b_and_the_run_on_a_continues(

@@ -701,7 +701,7 @@ async def test_with_redis_events_streams_plans_between_hosts_on_another_state_ba
     from atmosphere_harness import ScriptedRuntime
     from atmosphere_harness._assembly import default_primitives
     from tests.scaleout.redis_app import PATH, Scribe, turn
-    from tests.support import make_app, serve
+    from tests.support import make_app, own, serve
 
     settings = HarnessSettings(workspace_root=tmp_path, redis_url=url_for(redis_prefix))
     mixed = [with_redis_events(StateBackends("sqlite", "local"), settings) for _ in range(2)]
@@ -714,6 +714,7 @@ async def test_with_redis_events_streams_plans_between_hosts_on_another_state_ba
         )
         for backends in mixed
     ]
+    await own(tmp_path, PATH, "m")  # as the first prompt would: the viewer comes first here
     try:
         async with (
             serve(apps[0]) as first,

@@ -160,6 +160,8 @@ async def test_both_replicas_report_redis(pair: Pair) -> None:
 
 async def test_a_plan_written_through_a_streams_to_b_and_resumes_there(pair: Pair) -> None:
     async with clients(pair) as (a, b):
+        # Only a prompt starts a conversation: a viewer of an unused id would get 404.
+        assert answer(await say(a, "hello", "plan-1")) == "seen: hello"
         async with plan_viewer(b, "plan-1") as viewer:
             event, _snapshot_id, data = await viewer.next()
             assert event == "plan-snapshot"
@@ -187,7 +189,10 @@ async def test_turn_two_on_b_sees_turn_one_from_a(pair: Pair) -> None:
         assert answer(await say(a, "hello", "history-1")) == "seen: hello"
         assert answer(await say(b, "again", "history-1")) == "seen: hello | again"
         assert answer(await say(a, "third", "history-1")) == "seen: hello | again | third"
-        assert answer(await say(b, "other user", "history-1", who="v")) == "seen: other user"
+        other = await b.post(
+            PATH, json={"message": "other user", "conversationId": "history-1"}, headers=user("v")
+        )
+        assert other.status_code == 404, "the conversation is u's"
 
 
 async def test_an_approval_raised_on_a_is_answered_on_b_and_the_run_on_a_continues(
@@ -211,7 +216,7 @@ async def test_an_approval_raised_on_a_is_answered_on_b_and_the_run_on_a_continu
         wrong = await b.post(
             f"{PATH}/approvals/{data['approvalId']}", json={"approve": True}, headers=user("x")
         )
-        assert wrong.status_code == 403
+        assert wrong.status_code == 404, "another user's approval is not disclosed"
         answered = await b.post(
             f"{PATH}/approvals/{data['approvalId']}",
             json={"approve": True, "arguments": {"amount": 7, "to": "carol"}},

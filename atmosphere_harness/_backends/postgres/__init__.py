@@ -8,6 +8,7 @@ connection) serves every store; the host opens it before the primitives start.
 | state | class |
 |---|---|
 | conversation locks | `PostgresConversationLocks` (advisory locks on one dedicated connection) |
+| conversation owners | `PostgresConversationOwners` (one row per conversation) |
 | plans | `PostgresPlanStore` (one per owner root) |
 | plan updates fan-out | `PostgresPlanBus` (events table + `LISTEN/NOTIFY`) |
 | approvals | `PostgresApprovalStore` (answers wake the waiting replica by `NOTIFY`) |
@@ -39,6 +40,7 @@ from .database import PostgresDatabase, redact
 from .history import PostgresHistory
 from .locks import PostgresConversationLocks
 from .long_term import PostgresLongTermMemory
+from .owners import PostgresConversationOwners
 from .plans import PROTECT_SECONDS, PostgresPlanStore
 from .prompt_keys import PostgresPromptKeys
 from .runs import PostgresRunStore
@@ -87,6 +89,7 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
         plan_stores=plan_store,
         plan_bus=PostgresPlanBus(database),
         approvals=PostgresApprovalStore(database),
+        owners=PostgresConversationOwners(database),
         run_registry=PostgresRunRegistry(database),
         history=PostgresHistory(database),
         long_term_memory=PostgresLongTermMemory(
@@ -108,6 +111,7 @@ __all__ = [
     "PostgresAgentFileSystem",
     "PostgresApprovalStore",
     "PostgresConversationLocks",
+    "PostgresConversationOwners",
     "PostgresDatabase",
     "PostgresHistory",
     "PostgresLongTermMemory",

@@ -216,14 +216,14 @@ class PostgresApprovalStore:
                 )
                 if row is None or row["path"] != path:
                     return AnswerStatus.UNKNOWN
+                if row["user_id"] != user_id:
+                    return AnswerStatus.FORBIDDEN
                 if row["answer"] is not None:
                     # A retry whose first attempt committed finds its own answer there.
                     mine = attempts > 1 and row["answer"] == given
                     return AnswerStatus.ACCEPTED if mine else AnswerStatus.ALREADY_ANSWERED
                 if row["closed"] or row["expires_at"] <= now:
                     return AnswerStatus.UNKNOWN
-                if row["user_id"] is not None and row["user_id"] != user_id:
-                    return AnswerStatus.FORBIDDEN
                 await connection.execute(
                     "UPDATE atmosphere_approvals SET answer = $2 WHERE id = $1", approval_id, given
                 )
@@ -242,7 +242,7 @@ class PostgresApprovalStore:
                 "SELECT id, user_id, tool, tool_call_id, arguments, expires_at "
                 "FROM atmosphere_approvals WHERE path = $1 AND conversation_id = $2 "
                 "AND NOT closed AND answer IS NULL AND expires_at > $3 "
-                "AND (user_id IS NULL OR user_id = $4) ORDER BY expires_at",
+                "AND user_id IS NOT DISTINCT FROM $4 ORDER BY expires_at",
                 path,
                 conversation_id,
                 now,

@@ -238,6 +238,17 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (user_id, day)
     );
     """,
+    # 9: who owns each conversation (`owners.PostgresConversationOwners`): the user whose prompt
+    # first used the id, for every replica.
+    """
+    CREATE TABLE atmosphere_conversation_owners (
+        path text NOT NULL,
+        conversation_id text NOT NULL,
+        user_key text NOT NULL,
+        claimed_at double precision NOT NULL,
+        PRIMARY KEY (path, conversation_id)
+    );
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 

@@ -1,10 +1,10 @@
 """The Redis backend (`ATMOSPHERE_REDIS_URL`, extra `[redis]`): N replicas on one Redis.
 
 `redis_backends(settings)` is Redis alone: it holds every piece of shared state (conversation
-locks, history, long-term memory, plans, approvals) and carries the live fan-out (plan updates
-on Streams, approval answers routed to the replica whose run waits). `with_redis_events(backends,
-settings)` keeps another backend's state (PostgreSQL) and moves the live fan-out to Redis: plan
-updates and, with durable runs off, the run frame feed.
+locks and owners, history, long-term memory, plans, approvals) and carries the live fan-out (plan
+updates on Streams, approval answers routed to the replica whose run waits).
+`with_redis_events(backends, settings)` keeps another backend's state (PostgreSQL) and moves the
+live fan-out to Redis: plan updates and, with durable runs off, the run frame feed.
 
 One `RedisConnection` (pool + key prefix) is shared by every part and listed in
 `StateBackends.resources`: the host pings it at start-up, so an unreachable URL fails there, and
@@ -30,6 +30,7 @@ from .control import RedisRunRegistry
 from .history import RedisHistory
 from .locks import RedisConversationLocks
 from .long_term import RedisLongTermMemory
+from .owners import RedisConversationOwners
 from .plans import RedisPlanStore
 from .prompt_keys import RedisPromptKeys
 from .runs import RedisRunStore
@@ -39,6 +40,7 @@ __all__ = [
     "RedisApprovalStore",
     "RedisConnection",
     "RedisConversationLocks",
+    "RedisConversationOwners",
     "RedisHistory",
     "RedisLongTermMemory",
     "RedisPlanBus",
@@ -74,6 +76,7 @@ def redis_backends(settings: HarnessSettings) -> StateBackends:
         plan_stores=lambda root: RedisPlanStore.for_root(connection, root),
         plan_bus=bus,
         approvals=RedisApprovalStore(connection),
+        owners=RedisConversationOwners(connection),
         run_registry=RedisRunRegistry(connection),
         history=RedisHistory(connection),
         long_term_memory=RedisLongTermMemory(

@@ -89,7 +89,9 @@ if not state[1] then
 end
 if state[1] ~= ARGV[1] then return 'unknown' end
 if tonumber(state[6]) < tonumber(ARGV[5]) then return 'unknown' end
-if state[3] == '1' and state[2] ~= ARGV[2] then return 'forbidden' end
+local owner = ''
+if state[3] == '1' then owner = state[2] end
+if owner ~= ARGV[2] then return 'forbidden' end
 if state[4] ~= 'pending' then return 'already-answered' end
 redis.call('HSET', KEYS[1], 'state', 'answered', 'answer', ARGV[3])
 redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[4])
@@ -299,7 +301,7 @@ class RedisApprovalStore:
                 continue
             expires = float(row.get("expires", 0))
             owner = row.get("user") if row.get("has_user") == "1" else None
-            if expires < now or (owner is not None and owner != user_id):
+            if expires < now or owner != user_id:
                 continue
             local = self._local.get(approval_id)
             found.append(

@@ -1,0 +1,72 @@
+"""`PostgresConversationOwners`: who owns each conversation, one row per conversation.
+
+A claim is one statement: `INSERT ... ON CONFLICT DO NOTHING RETURNING` gives the row when the
+claim won, and the same statement reads the existing row when it lost (the primary key makes two
+claims of one id from two replicas settle on one owner). In the rare case where a competing
+claim commits after the statement's snapshot was taken, the statement sees neither its own row
+nor the other one, and it is simply made again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .database import PostgresDatabase
+
+CLAIM = """
+WITH claimed AS (
+    INSERT INTO atmosphere_conversation_owners (path, conversation_id, user_key, claimed_at)
+    VALUES ($1, $2, $3, $4)
+    ON CONFLICT (path, conversation_id) DO NOTHING
+    RETURNING user_key
+)
+SELECT user_key FROM claimed
+UNION ALL
+SELECT user_key FROM atmosphere_conversation_owners WHERE path = $1 AND conversation_id = $2
+LIMIT 1
+"""
+
+OWNER = (
+    "SELECT user_key FROM atmosphere_conversation_owners WHERE path = $1 AND conversation_id = $2"
+)
+
+CLAIM_TRIES = 3
+
+
+class PostgresConversationOwners:
+    """`contracts.ConversationOwners` in PostgreSQL, shared by every replica."""
+
+    def __init__(self, database: PostgresDatabase) -> None:
+        self.database = database
+
+    async def claim(self, path: str, conversation_id: str, user: str) -> str:
+        async def work(connection: Any) -> str | None:
+            owner: str | None = await connection.fetchval(
+                CLAIM, path, conversation_id, user, time.time()
+            )
+            return owner
+
+        for _ in range(CLAIM_TRIES):
+            owner = await self.database.run(work)
+            if owner is not None:
+                return owner
+        raise RuntimeError(f"could not claim conversation {conversation_id!r} of {path}")
+
+    async def owner(self, path: str, conversation_id: str) -> str | None:
+        async def work(connection: Any) -> str | None:
+            owner: str | None = await connection.fetchval(OWNER, path, conversation_id)
+            return owner
+
+        return await self.database.run(work)
+
+    async def forget(self, path: str, conversation_id: str) -> None:
+        async def work(connection: Any) -> None:
+            await connection.execute(
+                "DELETE FROM atmosphere_conversation_owners "
+                "WHERE path = $1 AND conversation_id = $2",
+                path,
+                conversation_id,
+            )
+
+        await self.database.run(work)
