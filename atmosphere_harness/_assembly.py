@@ -24,6 +24,8 @@ from ._registry import AgentSpec
 from ._runtimes.base import AgentRuntime
 from ._settings import HarnessSettings
 from ._skills.primitive import SkillsPrimitive
+from ._tracing import state as tracing_state
+from ._tracing import tracing_hooks
 
 
 def default_primitives(
@@ -56,7 +58,7 @@ def default_primitives(
     ]
 
 
-def run_hooks(backends: StateBackends) -> list[RunHooks]:
+def run_hooks(backends: StateBackends, settings: HarnessSettings | None = None) -> list[RunHooks]:
     """The `RunHooks` around every model and tool call, outermost first, each only when on.
 
     The order is fixed: tracing (spans see everything, retries and replays included),
@@ -64,8 +66,11 @@ def run_hooks(backends: StateBackends) -> list[RunHooks]:
     never reaches the model or the tool), model fallback (innermost: the journal records the
     one answer the chain gave).
     """
+    tracing = (
+        tracing_hooks(settings, approvals=backends.approvals) if settings is not None else None
+    )
     durable = backends.runs.hooks
-    return [hook for hook in (durable,) if hook is not None]
+    return [hook for hook in (tracing, durable) if hook is not None]
 
 
 def build_host(
@@ -98,7 +103,8 @@ def build_host(
         locks=backends.locks,
         runs=backends.runs,
         resources=backends.resources,
-        hooks=run_hooks(backends),
+        hooks=run_hooks(backends, settings),
     )
     host.backends = backends.describe()
+    host.truth.set_tracing(tracing_state(settings))
     return host

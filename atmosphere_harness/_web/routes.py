@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends
+from fastapi import Depends, Request
 from sse_starlette import EventSourceResponse
 
 from .._ids import new_conversation_id
@@ -29,13 +29,19 @@ from .websocket import websocket_routes
 def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
     async def post_prompt(
         body: PromptRequest,
+        request: Request,
         host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> EventSourceResponse:
         endpoint = hosted_endpoint(host, spec.path)
         conversation_id = body.conversationId or new_conversation_id()
         return stream_prompt(
-            host, endpoint, message=body.message, conversation_id=conversation_id, user_id=user_id
+            host,
+            endpoint,
+            message=body.message,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            headers=request.headers,
         )
 
     return [

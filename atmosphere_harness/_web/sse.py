@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
 
 import anyio
@@ -29,6 +29,7 @@ from .._kernel.endpoint import HostedEndpoint
 from .._kernel.host import HarnessHost
 from .._kernel.live import RESTARTING, STOPPING
 from .._log import get_logger
+from .._tracing import incoming
 
 log = get_logger(__name__)
 
@@ -96,15 +97,22 @@ async def run_frames(
     message: str,
     conversation_id: str,
     user_id: str | None,
+    headers: Mapping[str, str] | None = None,
 ) -> AsyncGenerator[Frame, None]:
     """One prompt run as the frames it streams, read through its live-run journal.
 
     Closing the iterator early cancels the run (and waits for it to unwind, so its turn is
     persisted before the caller goes on), unless the run is held by a pending approval: then it
-    outlives the reader, as it does for SSE.
+    outlives the reader, as it does for SSE. `headers` are the request's: a `traceparent`
+    among them is the run's parent span.
     """
-    live = host.start_run(
-        endpoint, message=message, conversation_id=conversation_id, user_id=user_id
+    live = start_traced(
+        host,
+        endpoint,
+        message=message,
+        conversation_id=conversation_id,
+        user_id=user_id,
+        headers=headers,
     )
     follower = live.follow(0)
     try:
@@ -124,15 +132,38 @@ def stream_prompt(
     message: str,
     conversation_id: str,
     user_id: str | None,
+    headers: Mapping[str, str] | None = None,
 ) -> EventSourceResponse:
-    """Start one prompt run and stream it from its first frame."""
+    """Start one prompt run and stream it from its first frame (`headers`: as `run_frames`)."""
 
     def start() -> LiveRunHandle:
-        return host.start_run(
-            endpoint, message=message, conversation_id=conversation_id, user_id=user_id
+        return start_traced(
+            host,
+            endpoint,
+            message=message,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            headers=headers,
         )
 
     return _follow(start, 0, conversation_id)
+
+
+def start_traced(
+    host: HarnessHost,
+    endpoint: HostedEndpoint,
+    *,
+    message: str,
+    conversation_id: str,
+    user_id: str | None,
+    headers: Mapping[str, str] | None,
+) -> LiveRunHandle:
+    """`host.start_run`, the request's `traceparent` (if any) the run's parent span: the run's
+    task takes the context it is started in."""
+    with incoming(headers, enabled=host.settings.groups.tracing.enabled):
+        return host.start_run(
+            endpoint, message=message, conversation_id=conversation_id, user_id=user_id
+        )
 
 
 def follow_run(live: LiveRunHandle, after: int) -> EventSourceResponse:
