@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx2
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan
 from fastapi import FastAPI
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 from websockets.asyncio.client import connect
 
@@ -78,7 +78,8 @@ def root_of(telemetry: Telemetry, span: ReadableSpan) -> ReadableSpan:
 def served(telemetry: Telemetry) -> ReadableSpan:
     """The application's HTTP server span (FastAPI's telemetry), child of the `traceparent`."""
     server = only([span for span in telemetry.spans() if span.kind is SpanKind.SERVER])
-    assert server.parent is not None and f"{server.parent.span_id:016x}" == PARENT_ID
+    assert server.parent is not None
+    assert f"{server.parent.span_id:016x}" == PARENT_ID
     return server
 
 
@@ -98,7 +99,8 @@ async def test_without_a_server_span_the_traceparent_is_the_run_parent(
     assert frames[-1]["event"] == "complete"
     run = only(telemetry.named("invoke_agent"))
     assert f"{run.context.trace_id:032x}" == TRACE_ID
-    assert run.parent is not None and run.parent.is_remote
+    assert run.parent is not None
+    assert run.parent.is_remote
     assert f"{run.parent.span_id:016x}" == PARENT_ID
     assert [span.name for span in telemetry.spans() if span.kind is SpanKind.SERVER] == []
 
@@ -308,7 +310,8 @@ async def test_websocket_and_ag_ui_runs_take_the_traceparent_too(
     for run in runs:
         assert f"{run.context.trace_id:032x}" == TRACE_ID
         first = root_of(telemetry, run)
-        assert first.parent is not None and first.parent.is_remote
+        assert first.parent is not None
+        assert first.parent.is_remote
         assert f"{first.parent.span_id:016x}" == PARENT_ID
 
 
