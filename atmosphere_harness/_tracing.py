@@ -155,6 +155,12 @@ class Tracing(RunHooks):
 
         self._context = context
         self._trace = trace
+        self._metrics = metrics
+        self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
+        self._live = False
+        self._placeholders = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+        self._no_meter = metrics.NoOpMeterProvider
         self._link = Link
         self._span_context = SpanContext
         self._flags = TraceFlags
@@ -196,9 +202,29 @@ class Tracing(RunHooks):
                 description="Approvals this process's runs wait on",
             )
 
+    def live(self) -> bool:
+        """Whether a real provider takes the spans or the metrics. Until the application sets
+        one, the API's placeholders drop everything, and the hook only passes calls through
+        (a provider set later is used from then on: a process sets it once, for good)."""
+        if self._live:
+            return True
+        tracer = self._tracer_provider or self._trace.get_tracer_provider()
+        if type(tracer) not in self._placeholders:
+            self._live = True
+            return True
+        meter = self._meter_provider or self._metrics.get_meter_provider()
+        # `_ProxyMeterProvider`: the API's placeholder for the global one (no public name).
+        self._live = type(meter) is not self._no_meter and (
+            type(meter).__name__ != "_ProxyMeterProvider"
+        )
+        return self._live
+
     # --- runs -------------------------------------------------------------------------------
 
     async def around_run(self, run: Run, proceed: ProceedRun) -> None:
+        if not self.live():
+            await proceed()
+            return
         agent = agent_name(run)
         attributes: dict[str, Any] = {
             OPERATION: "invoke_agent",
@@ -242,9 +268,13 @@ class Tracing(RunHooks):
             raise
         finally:
             usage = run.usage
-            span.set_attribute(INPUT_TOKENS, usage.input_tokens)
-            span.set_attribute(OUTPUT_TOKENS, usage.output_tokens)
-            span.set_attribute(RUN_STATUS, status)
+            span.set_attributes(
+                {
+                    INPUT_TOKENS: usage.input_tokens,
+                    OUTPUT_TOKENS: usage.output_tokens,
+                    RUN_STATUS: status,
+                }
+            )
             self._context.detach(token)
             span.end()
             self._runs.add(1, {AGENT_NAME: agent, RUN_STATUS: status})
@@ -271,6 +301,8 @@ class Tracing(RunHooks):
     # --- model calls ------------------------------------------------------------------------
 
     async def around_model(self, step: ModelStep, proceed: ProceedModel) -> ModelResponse:
+        if not self.live():
+            return await proceed(step)
         run = step.run
         runtime = step.runtime
         requested = model_of(runtime)
@@ -307,20 +339,23 @@ class Tracing(RunHooks):
             raise
         else:
             usage = response.usage
-            span.set_attribute(INPUT_TOKENS, usage.input_tokens)
-            span.set_attribute(OUTPUT_TOKENS, usage.output_tokens)
+            answered_with: dict[str, Any] = {
+                INPUT_TOKENS: usage.input_tokens,
+                OUTPUT_TOKENS: usage.output_tokens,
+            }
             if usage.cache_read_tokens:
-                span.set_attribute(CACHE_READ_TOKENS, usage.cache_read_tokens)
+                answered_with[CACHE_READ_TOKENS] = usage.cache_read_tokens
             if usage.cache_write_tokens:
-                span.set_attribute(CACHE_WRITE_TOKENS, usage.cache_write_tokens)
+                answered_with[CACHE_WRITE_TOKENS] = usage.cache_write_tokens
             answered = response.model or requested
             if answered:
-                span.set_attribute(RESPONSE_MODEL, answered)
+                answered_with[RESPONSE_MODEL] = answered
                 measured[RESPONSE_MODEL] = answered
             if response.stop_reason:
-                span.set_attribute(FINISH_REASONS, (response.stop_reason,))
+                answered_with[FINISH_REASONS] = (response.stop_reason,)
             if self.capture_content:
-                span.set_attribute(OUTPUT_MESSAGES, bounded(output_json(response)))
+                answered_with[OUTPUT_MESSAGES] = bounded(output_json(response))
+            span.set_attributes(answered_with)
             self._tokens.record(usage.input_tokens, {**measured, TOKEN_TYPE: "input"})
             self._tokens.record(usage.output_tokens, {**measured, TOKEN_TYPE: "output"})
             return response
@@ -332,6 +367,8 @@ class Tracing(RunHooks):
     # --- tool calls -------------------------------------------------------------------------
 
     async def around_tool(self, step: ToolStep, proceed: ProceedTool) -> ToolOutcome:
+        if not self.live():
+            return await proceed(step)
         call = step.call
         run = step.run
         attributes: dict[str, Any] = {
@@ -352,12 +389,13 @@ class Tracing(RunHooks):
         try:
             outcome = await proceed(step)
             outcome_name = outcome.status
-            span.set_attribute(TOOL_OUTCOME, outcome.status)
+            ended: dict[str, Any] = {TOOL_OUTCOME: outcome.status}
             if outcome.status not in FINE:
                 span.set_status(self._status(self._error, outcome.status))
-                span.set_attribute(ERROR_TYPE, outcome.status)
+                ended[ERROR_TYPE] = outcome.status
             if self.capture_content:
-                span.set_attribute(TOOL_RESULT, bounded(outcome.result))
+                ended[TOOL_RESULT] = bounded(outcome.result)
+            span.set_attributes(ended)
             return outcome
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
