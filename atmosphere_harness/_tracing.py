@@ -31,6 +31,7 @@ import contextlib
 import importlib.util
 import json
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -190,17 +191,15 @@ class Tracing(RunHooks):
             "atmosphere.tool.calls", unit="{call}", description="Tool calls ended, by outcome"
         )
         if approvals is not None and hasattr(approvals, "__len__"):
-            store: Any = approvals
-
-            def waiting(_: Any) -> Iterable[Any]:
-                yield metrics.Observation(len(store))
-
-            meter.create_observable_up_down_counter(
-                "atmosphere.approvals.waiting",
-                callbacks=[waiting],
-                unit="{approval}",
-                description="Approvals this process's runs wait on",
-            )
+            _WATCHED.add(approvals)
+        # One callback over every watched store: the SDK keeps the first instrument of a name
+        # a meter makes, so a second host in the process adds its store, not an instrument.
+        meter.create_observable_up_down_counter(
+            "atmosphere.approvals.waiting",
+            callbacks=[_waiting],
+            unit="{approval}",
+            description="Approvals this process's runs wait on",
+        )
 
     def live(self) -> bool:
         """Whether a real provider takes the spans or the metrics. Until the application sets
@@ -408,6 +407,16 @@ class Tracing(RunHooks):
             self._context.detach(token)
             span.end()
             self._tool_calls.add(1, {TOOL_NAME: call.name, TOOL_OUTCOME: outcome_name})
+
+
+_WATCHED: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The approval stores of this process's hosts (`atmosphere.approvals.waiting` sums them)."""
+
+
+def _waiting(_: Any) -> Iterable[Any]:
+    from opentelemetry.metrics import Observation
+
+    yield Observation(sum(len(store) for store in list(_WATCHED)))
 
 
 # --- what the spans say ---------------------------------------------------------------------

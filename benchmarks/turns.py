@@ -31,7 +31,8 @@ Files are the deepagents peer study's workload (seed 1234, 64-byte lines).
   on the SDK (a `TracerProvider` with a `BatchSpanProcessor` to an exporter that drops the
   spans, and a `MeterProvider` aggregating every measurement), alternated in one process:
   `per_turn_ms` and `cpu_per_turn_ms` each, and `noop_overhead_pct` / `sdk_overhead_pct`
-  against no tracing (goals: 1 % and 5 %).
+  against no tracing (goals: 1 % and 5 %). One host runs them all (only its endpoint's hooks
+  change), and `off_again_overhead_pct` compares no tracing with itself: the noise floor.
 
 `--sections` runs only the sections named (the figures of the others are `null`).
 
@@ -594,19 +595,19 @@ def tracing_hooks() -> tuple[Any, Any] | str:
 
 
 async def tracing_section(root: Path, turns: int, repeats: int) -> dict[str, Any]:
-    """No tracing, the no-op providers and the SDK, the same prompts, alternated."""
+    """No tracing, the no-op providers and the SDK on one host (only its endpoint's hooks
+    change between prompts), alternated; `off_again` is no tracing once more, so the spread
+    between two identical sides shows how much of a difference is noise."""
     made = tracing_hooks()
     if isinstance(made, str):
         return {"skipped": made}
     noop, sdk = made
-    async with (
-        Ours(root / "tracing-off", turns) as off,
-        Ours(root / "tracing-noop", turns, tracing=noop) as on_noop,
-        Ours(root / "tracing-sdk", turns, tracing=sdk) as on_sdk,
-    ):
+    async with Ours(root / "tracing", turns) as ours:
+        endpoint = ours.host.endpoints[PATH]
 
-        def side(ours: Ours) -> Side:
+        def side(hooks: list[Any]) -> Side:
             async def run(message: str) -> tuple[float, list[float]]:
+                endpoint.hooks = hooks
                 cpu = time.process_time()
                 started = time.perf_counter()
                 await ours.prompt(message)
@@ -617,7 +618,12 @@ async def tracing_section(root: Path, turns: int, repeats: int) -> dict[str, Any
 
             return run
 
-        sides = {"off": side(off), "noop": side(on_noop), "sdk": side(on_sdk)}
+        sides = {
+            "off": side([]),
+            "noop": side([noop]),
+            "sdk": side([sdk]),
+            "off_again": side([]),
+        }
         samples = await compare(sides, [f"seq {turns} {size}" for size in (1, 50)], repeats)
     result: dict[str, Any] = {}
     for size in (1, 50):
@@ -631,7 +637,7 @@ async def tracing_section(root: Path, turns: int, repeats: int) -> dict[str, Any
         for key in ("per_turn_ms", "cpu_per_turn_ms"):
             base = entry["off"][key]["median_ms"]
             suffix = "" if key == "per_turn_ms" else "cpu_"
-            for name in ("noop", "sdk"):
+            for name in ("noop", "sdk", "off_again"):
                 value = entry[name][key]["median_ms"]
                 entry[f"{suffix}{name}_overhead_pct"] = round((value / base - 1) * 100, 2)
         result[f"{size}k"] = entry

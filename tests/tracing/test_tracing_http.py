@@ -25,8 +25,10 @@ from atmosphere_harness import (
     coordinator,
     create_harness_router,
     prompt,
+    tool,
 )
 from tests.agents import echo
+from tests.delegation_support import open_prompt
 from tests.http.test_agui_http import run_input
 from tests.http.test_websocket import run_over, ws_url
 from tests.support import make_app, of_type, parse_sse, serve
@@ -389,3 +391,36 @@ async def test_tracing_false_traces_nothing_and_the_truth_says_why(
         info = (await client.get("/api/console/info")).json()
     assert ours(telemetry) == []
     assert info["harness"]["tracing"] == "INACTIVE(no-opentelemetry)"
+
+
+@tool(requires_approval=True)
+async def launch(target: str) -> str:
+    """Launch something a person must approve.
+
+    Args:
+        target: What to launch.
+    """
+    return f"launched {target}"
+
+
+async def test_the_approvals_gauge_counts_a_call_waiting_for_a_person(
+    workspace: Path, telemetry: Telemetry
+) -> None:
+    Launcher = echo(agent(name="launcher"), "Launcher", tools=[launch])
+    runtime = ScriptedRuntime([[ToolCall("launch", {"target": "probe"}, "call-l")], "ok"])
+    app = make_app([Launcher], runtime=runtime, workspace=workspace)
+    path = "/atmosphere/agent/launcher"
+    async with serve(app) as base, httpx2.AsyncClient(base_url=base, timeout=30) as client:
+        async with open_prompt(client, path, "launch it") as reader:
+            asked = await reader.until("approval-required")
+            waiting = points(telemetry, "atmosphere.approvals.waiting")
+            assert [point.value for point in waiting] == [1]
+            answered = await client.post(
+                f"{path}/approvals/{asked['data']['approvalId']}", json={"approve": False}
+            )
+            assert answered.status_code == 200, answered.text
+            await reader.rest()
+        waiting = points(telemetry, "atmosphere.approvals.waiting")
+        assert [point.value for point in waiting] == [0]
+    tool_span = only(telemetry.named("execute_tool"))
+    assert tool_span.attributes["atmosphere.tool.outcome"] == "denied"
