@@ -88,6 +88,8 @@ SPAN_NOTE = "trace.span"
 """The run's journal note holding its span (`[trace_id, span_id, flags]`, hex)."""
 CONTENT_CHARS = 64 * 1024
 """At most this much of one recorded content (a message list, a tool's arguments or result)."""
+LOOK_AGAIN_SECONDS = 1.0
+"""How often a hook with no provider yet looks whether the application set one."""
 FINE = frozenset({"ok", "replayed"})
 """Tool outcomes that are no error (every other `ToolStatus` sets the span's error status)."""
 
@@ -160,6 +162,7 @@ class Tracing(RunHooks):
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
         self._live = False
+        self._look_again = 0.0
         self._placeholders = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
         self._no_meter = metrics.NoOpMeterProvider
         self._link = Link
@@ -203,10 +206,16 @@ class Tracing(RunHooks):
 
     def live(self) -> bool:
         """Whether a real provider takes the spans or the metrics. Until the application sets
-        one, the API's placeholders drop everything, and the hook only passes calls through
-        (a provider set later is used from then on: a process sets it once, for good)."""
+        one, the API's placeholders drop everything, and the hook only passes calls through;
+        it looks again at most once a second (reading the providers costs more than a no-op
+        span), so a provider set later is used within a second, and from then on for good (a
+        process sets it once)."""
         if self._live:
             return True
+        now = time.monotonic()
+        if now < self._look_again:
+            return False
+        self._look_again = now + LOOK_AGAIN_SECONDS
         tracer = self._tracer_provider or self._trace.get_tracer_provider()
         if type(tracer) not in self._placeholders:
             self._live = True
