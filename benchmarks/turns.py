@@ -625,7 +625,8 @@ async def tracing_section(root: Path, turns: int, repeats: int) -> dict[str, Any
             "off_again": side([]),
         }
         samples = await compare(sides, [f"seq {turns} {size}" for size in (1, 50)], repeats)
-    result: dict[str, Any] = {}
+        hooked = {"noop": await hook_cost(ours, noop), "sdk": await hook_cost(ours, sdk)}
+    result: dict[str, Any] = {"hook_us_per_turn": hooked}
     for size in (1, 50):
         entry: dict[str, Any] = {
             name: {
@@ -642,6 +643,52 @@ async def tracing_section(root: Path, turns: int, repeats: int) -> dict[str, Any
                 entry[f"{suffix}{name}_overhead_pct"] = round((value / base - 1) * 100, 2)
         result[f"{size}k"] = entry
     return result
+
+
+async def hook_cost(ours: Ours, hook: Any, calls: int = 20_000) -> float:
+    """CPU microseconds the hook adds to one turn (a model call and a tool call, each answered
+    at once, through the hook and without it; best of 5), far less blurred by a busy machine
+    than a whole turn."""
+    from atmosphere_harness._contracts import ModelStep, ToolOutcome, ToolStep
+    from atmosphere_harness._kernel.run import RunContext
+
+    async def sink(frame: Frame) -> None:
+        return None
+
+    endpoint = ours.host.endpoints[PATH]
+    endpoint.hooks = []
+    run = RunContext(
+        host=ours.host, endpoint=endpoint, conversation_id="c", user_id=None, sink=sink
+    )
+    model_step = ModelStep(run, ModelRequest("", (), (), "c"), ours.model, 1)
+    tool_step = ToolStep(run, ToolCall("write_file", {}, "call"), None, 1)
+    answer = ModelResponse(text="done")
+    outcome = ToolOutcome("ok")
+
+    async def model(step: Any) -> ModelResponse:
+        return answer
+
+    async def tool(step: Any) -> ToolOutcome:
+        return outcome
+
+    async def direct() -> None:
+        for _ in range(calls):
+            await model(model_step)
+            await tool(tool_step)
+
+    async def through() -> None:
+        for _ in range(calls):
+            await hook.around_model(model_step, model)
+            await hook.around_tool(tool_step, tool)
+
+    best: dict[str, float] = {}
+    for _ in range(5):
+        for name, work in (("direct", direct), ("through", through)):
+            cpu = time.process_time()
+            await work()
+            taken = (time.process_time() - cpu) / calls
+            best[name] = min(best.get(name, taken), taken)
+    return round((best["through"] - best["direct"]) * 1e6, 2)
 
 
 # --- over HTTP ------------------------------------------------------------------------------
