@@ -44,7 +44,8 @@ def test_the_benchmark_runs_and_says_whether_the_peer_was_measured() -> None:
         assert isinstance(figure["ours"], float)
         assert name in OVERHEADS or figure["ours"] > 0
     assert set(result["durable"]) == {"1k", "50k"}
-    assert set(result["tracing"]) == {"1k", "50k"}
+    assert set(result["tracing"]) == {"1k", "50k", "hook_us_per_turn"}
+    assert result["tracing"]["hook_us_per_turn"]["sdk"] > 0
     assert set(result["tracing"]["1k"]) >= {"off", "noop", "sdk", "sdk_overhead_pct"}
     assert set(result["http"]) == {"1k", "50k"}
     for size, storage in result["storage"].items():
