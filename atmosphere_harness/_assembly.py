@@ -65,6 +65,11 @@ def run_hooks(backends: StateBackends, settings: HarnessSettings | None = None) 
     cancellation, usage limits (a replayed turn still counts), durable replay (a replayed call
     never reaches the model or the tool), model fallback (innermost: the journal records the
     one answer the chain gave).
+
+    Cancellation needs no hook today: `kernel.control` stops a run through its task, which
+    reaches it wherever it waits (for its conversation's lock, a model, a tool, a person),
+    where a hook sees only model and tool calls; the slot stays for a hook that would need to
+    see a cancelled call.
     """
     tracing = (
         tracing_hooks(settings, approvals=backends.approvals) if settings is not None else None
@@ -102,8 +107,10 @@ def build_host(
         primitives=chosen,
         locks=backends.locks,
         runs=backends.runs,
+        prompt_keys=backends.prompt_keys,
         resources=backends.resources,
         hooks=run_hooks(backends, settings),
+        registry=backends.run_registry,
     )
     host.backends = backends.describe()
     host.truth.set_tracing(tracing_state(settings))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import (
     TYPE_CHECKING,
@@ -620,6 +620,21 @@ class LockedRead:
         return delivered, result
 
 
+class PromptKeys(Protocol):
+    """Where the `Idempotency-Key` of a prompt is remembered, with the run it started.
+
+    In this process by default (`kernel.prompt_keys.InProcessPromptKeys`); in the shared store
+    with PostgreSQL or Redis, so a resend reaching another replica finds the first request's run.
+    """
+
+    async def claim(self, scope: str, record: str, ttl: float) -> str | None:
+        """Remember `record` under `scope` for `ttl` seconds unless a live record is there.
+
+        `None` when this call stored `record`; else the record stored first (a resend). One
+        atomic step: of two requests with one key, exactly one gets `None`."""
+        ...
+
+
 class ConversationLocks(Protocol):
     """Prompts of one conversation run one at a time, so their history never interleaves.
 
@@ -703,6 +718,11 @@ class LiveRunHandle(Protocol):
         journalled), and, when durable, mark the run suspended so it resumes on restart."""
         ...
 
+    def cancel(self) -> bool:
+        """Stop the run now (a cancel request): a durable run journals first that it ended, so
+        that a restart never runs it again. `False` when there is nothing here to stop."""
+        ...
+
 
 class RunJournal(Protocol):
     """Live (and recently finished) runs and their frames: a run outlives its connection.
@@ -734,10 +754,12 @@ class RunJournal(Protocol):
         user_id: str | None,
         session_id: str | None = None,
         message: str = "",
+        run_id: str | None = None,
     ) -> LiveRunHandle:
         """Run `work(handle)` in its own task; it publishes its frames into `handle`.
 
-        `message` is what a durable journal stores to run the prompt again after a restart.
+        `message` is what a durable journal stores to run the prompt again after a restart;
+        `run_id` names the run in its store (a new id when absent).
         """
         ...
 
@@ -910,3 +932,97 @@ class RunFeed(Protocol):
         last stored frame and is marked finished, so its readers end instead of polling on.
         Returns how many it ended."""
         ...
+
+
+# --- run control: status and cancellation across replicas -----------------------------------
+
+RUN_STATUSES = (
+    "queued",
+    "running",
+    "waiting-approval",
+    "completed",
+    "failed",
+    "cancelled",
+    "interrupted",
+)
+"""Every status `GET P/runs/{runId}` answers."""
+ACTIVE_STATUSES = frozenset({"queued", "running", "waiting-approval"})
+"""The statuses of a run in flight (the others are final)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """What every replica can read of one run: whose, where, its status, usage and error."""
+
+    run_id: str
+    path: str
+    conversation_id: str
+    user_id: str | None
+    status: str
+    """One of `RUN_STATUSES`."""
+    usage: Mapping[str, int] | None = None
+    """Tokens so far, as frames carry them (`Usage.to_wire`)."""
+    error: Mapping[str, str] | None = None
+    """`{"type", "message"}` of a failed or cancelled run."""
+    owner: str = ""
+    """The process that runs it (a `RunJournal` owner id)."""
+    lease_until: float = 0.0
+    """Epoch seconds; an active run whose lease ran out reads as `interrupted` (its process
+    stopped and nobody resumed it)."""
+    started_at: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+    def seen_at(self, now: float) -> RunRecord:
+        """The record as a reader reports it at `now`: a run in flight whose owner stopped
+        renewing its lease is `interrupted`."""
+        if self.active and self.lease_until and self.lease_until < now:
+            return replace(self, status="interrupted")
+        return self
+
+
+CancelListener = Callable[[str, str], None]
+"""Called with `(run_id, mode)` when a cancel request names a run (possibly not this
+process's: the listener ignores runs it does not run)."""
+
+
+class RunRegistry(Protocol):
+    """Run status and cancel requests, shared by every replica (`kernel.control.RunControl`).
+
+    The embedded implementation (`kernel.control.InProcessRunRegistry`) keeps records in this
+    process; the PostgreSQL and Redis backends keep them in their store and carry cancel
+    requests to the replica that runs the run (`NOTIFY` / pub/sub), within a second.
+
+    - `put(record)` stores the newest state of a run (insert or replace).
+    - `begin(record, exclusive=True)` stores a new run only if its conversation has no run in
+      flight (atomically, over replicas); `False` when it has one (`multitask: reject`).
+    - `get(run_id)`; `active(path, conversation_id)`: the conversation's runs in flight, oldest
+      first.
+    - `cancel(run_id, mode)` records the request and wakes the run's replica, whose `open`
+      listener is then called.
+    - `heartbeat(owner, run_ids, lease_seconds)` renews the leases of this process's runs in
+      flight and returns the cancel requests among them (a wake-up lost in an outage is found
+      here), as `{run_id: mode}`; it may also drop records older than the store keeps.
+    """
+
+    name: str
+
+    async def open(self, on_cancel: CancelListener) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def put(self, record: RunRecord) -> None: ...
+
+    async def begin(self, record: RunRecord, *, exclusive: bool) -> bool: ...
+
+    async def get(self, run_id: str) -> RunRecord | None: ...
+
+    async def active(self, path: str, conversation_id: str) -> list[RunRecord]: ...
+
+    async def cancel(self, run_id: str, mode: str) -> None: ...
+
+    async def heartbeat(
+        self, owner: str, run_ids: Sequence[str], lease_seconds: float
+    ) -> dict[str, str]: ...

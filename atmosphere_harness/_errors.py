@@ -27,6 +27,8 @@ HarnessError
 ├── DelegationError                       a fleet member failed
 ├── MCPServerError (RuntimeError)         an MCP server is unavailable (its tool calls say why)
 ├── RunSuperseded                         a resumed run whose conversation went on without it
+├── RunCancelled                          a run stopped by a cancel request or a newer prompt
+├── RunConflict                           `multitask: reject` while the conversation has a run
 └── LeaseLost (RuntimeError)              another process took over this durable run
 ```
 
@@ -156,6 +158,16 @@ class MCPServerError(HarnessError, RuntimeError):
 
 class RunSuperseded(HarnessError):
     """A resumed durable run whose conversation went on without it: it is ended, not resumed."""
+
+
+class RunConflict(HarnessError):
+    """A prompt sent with `multitask: reject` to a conversation that has a run in flight
+    (answered 409)."""
+
+
+class RunCancelled(HarnessError):
+    """A run stopped by `POST P/runs/{runId}/cancel`, or by a newer prompt's `multitask`
+    (`interrupt`, `rollback`): its stream ends with an `error` frame of this type."""
 
 
 class LeaseLost(HarnessError, RuntimeError):

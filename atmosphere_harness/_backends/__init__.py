@@ -7,6 +7,7 @@ of shared state; the kernel and the primitives only see the protocols:
 |---|---|---|
 | conversation locks | `contracts.ConversationLocks` | `kernel.locks.InProcessConversationLocks` |
 | live runs, frames | `contracts.RunJournal` | `kernel.live.LiveRuns` (durable: `DurableRuns`) |
+| run status, cancel requests | `contracts.RunRegistry` | `kernel.control.InProcessRunRegistry` |
 | plans | `planning.PlanStore` | `planning.FilePlanStore` (JSON files under the owner root) |
 | plan updates fan-out | `planning.PlanEventBus` | `planning.InProcessPlanBus` |
 | approvals | `governance.approvals.ApprovalStore` | `ApprovalRegistry` (memory) |

@@ -8,13 +8,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._contracts import ConversationLocks, Resource, RunJournal, RunStore
+from .._contracts import (
+    ConversationLocks,
+    PromptKeys,
+    Resource,
+    RunJournal,
+    RunRegistry,
+    RunStore,
+)
 from .._durable import DurableRuns
 from .._filesystem.stores import WorkspaceStores
 from .._filesystem.usage import PROCESS_USAGE, WorkspaceUsage
 from .._governance.approvals import ApprovalRegistry, ApprovalStore
+from .._kernel.control import InProcessRunRegistry
 from .._kernel.live import LiveRuns
 from .._kernel.locks import InProcessConversationLocks
+from .._kernel.prompt_keys import InProcessPromptKeys
 from .._memory.history import HistoryBackend
 from .._memory.long_term import LongTermMemory
 from .._planning.bus import InProcessPlanBus, PlanEventBus
@@ -32,6 +41,10 @@ class StateBackends:
     """What carries live fan-out: `local` (this process), later `postgres` or `redis`."""
     locks: ConversationLocks = field(default_factory=InProcessConversationLocks)
     runs: RunJournal = field(default_factory=LiveRuns)
+    prompt_keys: PromptKeys = field(default_factory=InProcessPromptKeys)
+    """Each prompt's `Idempotency-Key`: in the shared store when there is one."""
+    run_registry: RunRegistry = field(default_factory=InProcessRunRegistry)
+    """Every run's status and cancel requests (`GET P/runs/{runId}`, `.../cancel`)."""
     plan_stores: Callable[[Path], PlanStore] = FilePlanStore
     plan_bus: PlanEventBus = field(default_factory=InProcessPlanBus)
     approvals: ApprovalStore = field(default_factory=ApprovalRegistry)

@@ -11,11 +11,15 @@ One call, in order (the messages are the reference's, word for word):
    per-spawn temp root, the coordinator's runtime, `write_todos` + the eight file tools (+ `task`
    while under the depth bound), the parent's governance and approval gate, and the parent's
    skills (listed in its prompt, read-only at `skills/` of its workspace);
-5. the run, bounded by `subagent_timeout`; only its final report comes back as the result.
+5. the run, bounded by `subagent_timeout`; only its final report comes back as the result;
+6. the files it wrote are copied into the parent conversation's workspace, under
+   `subagents/<agentId>/` (best effort, bounded), so they can still be read once the temp root
+   is gone: by a person in the console or the admin API, and by the parent's file tools.
 
 The parent's stream gets `subagent-start` and `subagent-end` (status `completed`, `failed`,
-`timeout`, `denied` or `cancelled`), and the sub-agent's `plan-update` and `approval-required`
-frames tagged with its `subagentId`; nothing else of the sub-agent leaks. The temp root is
+`timeout`, `denied` or `cancelled`, and `files` naming the kept folder), and the sub-agent's
+`plan-update` and `approval-required` frames tagged with its `subagentId`; nothing else of the
+sub-agent leaks. The temp root is
 removed on every exit path, the parent's cancellation included.
 """
 
@@ -31,10 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _events as events
 from .._contracts import Key
+from .._errors import FileSystemError
 from .._events import Frame
 from .._filesystem.base import AgentFileSystem
 from .._filesystem.offload import ToolOutputOffload
-from .._filesystem.tools import file_tools
+from .._filesystem.tools import bound_file_system, file_tools
 from .._filesystem.workspace import WorkspaceAgentFileSystem
 from .._governance.chain import PolicyChain
 from .._governance.gate import policy_context
@@ -59,6 +64,12 @@ TEMP_PREFIX = "atmosphere-subagent-"
 CLEANUP_GRACE = 5.0
 """Seconds the tool's own deadline leaves after `subagent_timeout`, so the sub-agent's timeout
 message (not the generic `tool_timeout`) is what the model gets."""
+
+KEPT_DIR = "subagents"
+"""Where a sub-agent's files are kept in its parent conversation's workspace."""
+KEEP_MAX_FILES = 200
+KEEP_SECONDS = 2.0
+"""Bounds of that copy: it runs inside the tool's `CLEANUP_GRACE` after a timeout."""
 
 DEPTH: Key[int] = Key("delegation.depth")
 """`run.state` key of a sub-agent run: how deep it is nested (1 for a direct spawn)."""
@@ -207,9 +218,15 @@ class _Spawner:
             await _end(run.session, conversation_id, "failed", error=error)
             return f"task failed: {error}"
         child: Run | None = None
+        workspace = WorkspaceAgentFileSystem(root / "files", settings.groups.filesystem.limits)
         try:
             endpoint = subagent_endpoint(
-                run.endpoint, settings, root, agent_id, task=self._nested_task(depth)
+                run.endpoint,
+                settings,
+                root,
+                agent_id,
+                task=self._nested_task(depth),
+                workspace=workspace,
             )
             child = run.child(
                 endpoint,
@@ -225,10 +242,16 @@ class _Spawner:
                 if not deadline.expired():
                     raise
                 message = timed_out(settings.groups.delegation.timeout)
-                await _end(run.session, conversation_id, "timeout", error=message, run=child)
+                kept = await keep_files(run, workspace, agent_id)
+                await _end(
+                    run.session, conversation_id, "timeout", error=message, run=child, files=kept
+                )
                 return message
             result = report or NO_OUTPUT
-            await _end(run.session, conversation_id, "completed", report=result, run=child)
+            kept = await keep_files(run, workspace, agent_id)
+            await _end(
+                run.session, conversation_id, "completed", report=result, run=child, files=kept
+            )
             return result
         except asyncio.CancelledError:
             await _end(run.session, conversation_id, "cancelled", run=child)
@@ -236,7 +259,8 @@ class _Spawner:
         except Exception as exc:
             log.warning("sub-agent failed", subagent=agent_id, error=str(exc), exc_info=True)
             error = str(exc) or "unknown error"
-            await _end(run.session, conversation_id, "failed", error=error, run=child)
+            kept = await keep_files(run, workspace, agent_id)
+            await _end(run.session, conversation_id, "failed", error=error, run=child, files=kept)
             return f"task failed: {error}"
         finally:
             # Synchronous on purpose: the workspace is bounded (a few MiB at most) and this must
@@ -256,9 +280,11 @@ def subagent_endpoint(
     agent_id: str,
     *,
     task: Tool | None = None,
+    workspace: AgentFileSystem | None = None,
 ) -> Endpoint:
     """The sub-agent's own endpoint: the parent's runtime and governance, its own plan store and
-    workspace under `root`, and only the plan and file tools (+ `task` when given)."""
+    workspace under `root` (`workspace`, when the caller keeps a handle on it), and only the plan
+    and file tools (+ `task` when given)."""
     threshold = settings.groups.filesystem.offload_threshold
     tools: list[Tool] = [
         write_todos_tool(),
@@ -277,7 +303,7 @@ def subagent_endpoint(
         tools=tools,
     )
     plans: PlanStore = FilePlanStore(root)
-    files: AgentFileSystem = WorkspaceAgentFileSystem(
+    files: AgentFileSystem = workspace or WorkspaceAgentFileSystem(
         root / "files", settings.groups.filesystem.limits
     )
     if skills is not None:
@@ -322,6 +348,7 @@ async def _end(
     report: str | None = None,
     error: str | None = None,
     run: Run | None = None,
+    files: str | None = None,
 ) -> None:
     data: dict[str, Any] = {"subagentId": subagent_id, "status": status}
     if report is not None:
@@ -330,7 +357,33 @@ async def _end(
         data["error"] = error
     if run is not None:
         data["usage"] = run.usage.to_wire()
+    if files is not None:
+        data["files"] = files
     await _emit(session, events.SUBAGENT_END, data)
+
+
+async def keep_files(parent: Run, workspace: AgentFileSystem, agent_id: str) -> str | None:
+    """Copy the sub-agent's files into the parent conversation's workspace, at
+    `subagents/<agentId>/`, before its temp root is removed: a report it saved would otherwise be
+    gone. Best effort and bounded (`KEEP_MAX_FILES`, `KEEP_SECONDS`, the parent's own store
+    limits); the folder's path, or None when the parent has no filesystem or nothing was kept."""
+    target_fs = bound_file_system(parent)
+    if target_fs is None:
+        return None
+    target = f"{KEPT_DIR}/{agent_id}"
+    kept = 0
+    try:
+        async with asyncio.timeout(KEEP_SECONDS):
+            for path in (await workspace.glob("**"))[:KEEP_MAX_FILES]:
+                try:
+                    content = await workspace.read(path)
+                except FileSystemError:  # not text, or too large to read: skipped
+                    continue
+                await target_fs.write(f"{target}/{path}", content)
+                kept += 1
+    except Exception as exc:  # a store bound, the disk, the deadline: the run goes on
+        log.warning("could not keep a sub-agent's files", subagent=agent_id, error=str(exc))
+    return target if kept else None
 
 
 async def _emit(session: Stream, event: str, data: Mapping[str, Any]) -> None:

@@ -69,8 +69,9 @@ class DurableRun(LiveRun):
             await self.writer.flushed()
 
     def stopped_by_client(self) -> None:
-        # Journalled before the cancellation writes anything: a run its client stopped is
-        # over, and a restart that finds it unfinished must not run it again.
+        # Journalled before the cancellation writes anything: a run its client (or a cancel
+        # request) stopped is over, and a restart that finds it unfinished must not run it
+        # again.
         self.writer.checkpoint(ENDED, "client-left")
 
 
@@ -115,11 +116,12 @@ class DurableRuns(LiveRuns):
         user_id: str | None,
         session_id: str | None,
         message: str,
+        run_id: str,
     ) -> LiveRun:
         session_id = session_id or uuid.uuid4().hex
         # Stored as JSON text (ASCII): any prompt the run accepts is one every store keeps (a
         # NUL, which PostgreSQL's text refuses raw, or a lone surrogate).
-        record = self._record(path, conversation_id, user_id, session_id, encode(message))
+        record = self._record(path, conversation_id, user_id, session_id, encode(message), run_id)
         writer = self._writer(record.run_id, record)
         return DurableRun(
             path,

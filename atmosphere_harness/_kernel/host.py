@@ -17,28 +17,35 @@ from .._contracts import (
     Key,
     LiveRunHandle,
     Primitive,
+    PromptKeys,
     Resource,
     Run,
     RunHooks,
     RunJournal,
+    RunRegistry,
     StoredRun,
     TypedMap,
 )
+from .._errors import RunConflict
 from .._harness import Harness
 from .._log import get_logger
 from .._preset import HarnessPreset, effective_cache_policy
 from .._registry import AgentSpec, EndpointKind
 from .._runtimes.base import AgentRuntime
 from .._settings import HarnessSettings
+from .control import InProcessRunRegistry, RunControl, RunTicket, new_run_id
 from .endpoint import HostedEndpoint
-from .live import LiveRuns
+from .live import LiveRun, LiveRuns
 from .locks import InProcessConversationLocks
+from .prompt_keys import InProcessPromptKeys
 from .run import RunContext, execute_prompt
 from .session import StreamingSession
 
 log = get_logger(__name__)
 T = TypeVar("T")
 
+HEADLESS_DOCS = "docs/delegation.md#headless-agents"
+"""Where the start-up line about a headless agent sends the reader (why it is expected)."""
 MAX_REGISTERED_OWNERS = 1024
 
 
@@ -54,8 +61,10 @@ class HarnessHost:
         primitives: Sequence[Primitive] = (),
         locks: ConversationLocks | None = None,
         runs: RunJournal | None = None,
+        prompt_keys: PromptKeys | None = None,
         resources: Sequence[Resource] = (),
         hooks: Sequence[RunHooks] | None = None,
+        registry: RunRegistry | None = None,
     ) -> None:
         self.settings = settings
         self.preset = HarnessPreset(settings)
@@ -72,6 +81,17 @@ class HarnessHost:
         """One prompt at a time per conversation (`backends` may share them across replicas)."""
         self.runs: RunJournal = runs if runs is not None else LiveRuns()
         """Prompt runs started over HTTP, with their frame journals (see `kernel.live`)."""
+        self.prompt_keys: PromptKeys = (
+            prompt_keys if prompt_keys is not None else InProcessPromptKeys()
+        )
+        """The `Idempotency-Key` of each prompt and the run it started (shared like `locks`)."""
+        owner = getattr(self.runs, "owner", None) or f"process/{new_run_id()}"
+        self.control = RunControl(
+            registry if registry is not None else InProcessRunRegistry(),
+            owner=str(owner),
+            lease_seconds=settings.groups.backends.durable_runs_lease_seconds,
+        )
+        """Every run's status and cancel requests, over replicas (`kernel.control`)."""
         self.hooks: list[RunHooks] = (
             list(hooks) if hooks is not None else [h for h in (self.runs.hooks,) if h is not None]
         )
@@ -106,10 +126,12 @@ class HarnessHost:
                     log.info(
                         "headless agent: no prompt loop, so the harness does not apply",
                         agent=spec.name,
+                        see=HEADLESS_DOCS,
                     )
                     continue
                 self._host(spec)
-            # Last: a resumed run needs its endpoint attached.
+            await self.control.open()
+            # Last: a resumed run needs its endpoint attached (and its run control open).
             await self.runs.open(self._resume)
             if self.settings.groups.backends.durable_runs:
                 name = self.runs.store_name
@@ -136,7 +158,9 @@ class HarnessHost:
         )
 
     async def stop(self) -> None:
+        self.control.stopping = True
         await self.runs.aclose()
+        await self.control.aclose()
         await self.drain()
         for primitive in reversed(self._started):
             try:
@@ -241,8 +265,21 @@ class HarnessHost:
         message: str,
         conversation_id: str,
         user_id: str | None,
+        session_id: str | None = None,
+        ticket: RunTicket | None = None,
+        background: bool = False,
     ) -> LiveRunHandle:
-        """Start one prompt run in its own task, its frames journalled (the HTTP entry point)."""
+        """Start one prompt run in its own task, its frames journalled (the HTTP entry point).
+
+        `session_id` names it in advance (an `Idempotency-Key` records it before it starts);
+        `ticket` is its run control (a new one when absent); a `background` run goes on to its
+        end whoever follows it and leaves (nobody has to)."""
+        if ticket is None:
+            ticket = self.control.ticket(
+                path=endpoint.path, conversation_id=conversation_id, user_id=user_id
+            )
+            ticket.changed()
+        run_ticket = ticket
 
         async def work(live: LiveRunHandle) -> RunContext:
             return await execute_prompt(
@@ -252,17 +289,71 @@ class HarnessHost:
                 conversation_id=conversation_id,
                 user_id=user_id,
                 sink=live.publish,
-                holder=live.hold,
+                holder=lambda: run_ticket.waiting(live.hold),
                 live=live,
+                ticket=run_ticket,
             )
 
-        return self.runs.start(
+        live = self.runs.start(
             work,
             path=endpoint.path,
             conversation_id=conversation_id,
             user_id=user_id,
+            session_id=session_id,
             message=message,
+            run_id=ticket.run_id,
         )
+        self._track(ticket, live, background)
+        return live
+
+    def _track(self, ticket: RunTicket, live: LiveRunHandle, background: bool) -> None:
+        self.control.track(ticket)
+        ticket.live = live
+        if background and isinstance(live, LiveRun):
+            live.detached = True  # no reader leaving stops it
+        if live.task is not None:
+            live.task.add_done_callback(ticket.ended)
+
+    async def submit(
+        self,
+        endpoint: HostedEndpoint,
+        *,
+        message: str,
+        conversation_id: str,
+        user_id: str | None,
+        multitask: str = "enqueue",
+        background: bool = False,
+        start: bool = True,
+    ) -> RunTicket:
+        """Apply the prompt's `multitask` strategy to the conversation's runs in flight, store
+        the new run's record, and (with `start`) start it.
+
+        `reject` raises `RunConflict` while the conversation has a run in flight; `interrupt`
+        and `rollback` cancel the caller's own runs in flight in it first (a run of someone
+        else is waited for, as `enqueue` does); `enqueue` runs it after them, in order.
+        """
+        ticket = self.control.ticket(
+            path=endpoint.path, conversation_id=conversation_id, user_id=user_id
+        )
+        if multitask in ("interrupt", "rollback"):
+            for record in await self.control.active(endpoint.path, conversation_id):
+                if record.user_id == user_id:
+                    await self.control.cancel(record.run_id, multitask)
+        if not await self.control.begin(ticket, exclusive=multitask == "reject"):
+            raise RunConflict(
+                f"conversation {conversation_id!r} already has a run in flight "
+                "(multitask: reject); wait for it, or send with multitask: enqueue"
+            )
+        if start:
+            self.start_run(
+                endpoint,
+                message=message,
+                conversation_id=conversation_id,
+                user_id=user_id,
+                ticket=ticket,
+                background=background,
+            )
+        return ticket
 
     async def _resume(self, live: LiveRunHandle, stored: StoredRun) -> RunContext | None:
         """Run again a durable run a dead process left unfinished (see `durable.journal`)."""
@@ -274,6 +365,15 @@ class HarnessHost:
                 conversation=stored.conversation_id,
             )
             return None
+        ticket = self.control.ticket(
+            path=stored.path,
+            conversation_id=stored.conversation_id,
+            user_id=stored.user_id,
+            run_id=stored.run_id,
+            status="running",
+        )
+        ticket.changed()
+        self._track(ticket, live, background=True)
         return await execute_prompt(
             self,
             endpoint,
@@ -281,8 +381,9 @@ class HarnessHost:
             conversation_id=stored.conversation_id,
             user_id=stored.user_id,
             sink=live.publish,
-            holder=live.hold,
+            holder=lambda: ticket.waiting(live.hold),
             live=live,
+            ticket=ticket,
         )
 
     async def prompt(

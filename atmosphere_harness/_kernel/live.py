@@ -284,6 +284,14 @@ class LiveRun:
             self.stopped_by_client()
         self.task.cancel()
 
+    def cancel(self) -> bool:
+        """`contracts.LiveRunHandle.cancel`: journal the end (durable), then cancel the task."""
+        if self.finished or self.task is None or self.task.done():
+            return False
+        self.stopped_by_client()
+        self.task.cancel()
+        return True
+
     def stopped_by_client(self) -> None:
         """Its last reader left and nothing holds it: it is cancelled right after this (a
         durable run journals first that it ended, so that a restart does not run it again)."""
@@ -356,18 +364,27 @@ class LiveRuns:
         user_id: str | None,
         session_id: str | None = None,
         message: str = "",
+        run_id: str | None = None,
     ) -> LiveRun:
         """Run `work(live)` in its own task, writing its frames into a new journal."""
-        live = self._new_run(path, conversation_id, user_id, session_id or None, message)
+        live = self._new_run(
+            path, conversation_id, user_id, session_id or None, message, run_id or uuid.uuid4().hex
+        )
         return self._launch(live, work)
 
     def _new_run(
-        self, path: str, conversation_id: str, user_id: str | None, session_id: str | None, _: str
+        self,
+        path: str,
+        conversation_id: str,
+        user_id: str | None,
+        session_id: str | None,
+        _: str,
+        run_id: str,
     ) -> LiveRun:
         feed = None
         if self.feed is not None:
             session_id = session_id or uuid.uuid4().hex
-            record = self._record(path, conversation_id, user_id, session_id, "")
+            record = self._record(path, conversation_id, user_id, session_id, "", run_id)
             feed = FeedWriter(
                 FeedStore(self.feed),
                 record.run_id,
@@ -379,10 +396,15 @@ class LiveRuns:
 
     @staticmethod
     def _record(
-        path: str, conversation_id: str, user_id: str | None, session_id: str, message: str
+        path: str,
+        conversation_id: str,
+        user_id: str | None,
+        session_id: str,
+        message: str,
+        run_id: str,
     ) -> StoredRun:
         return StoredRun(
-            run_id=uuid.uuid4().hex,
+            run_id=run_id,
             path=path,
             conversation_id=conversation_id,
             user_id=user_id,

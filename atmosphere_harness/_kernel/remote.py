@@ -91,6 +91,10 @@ class RemoteRun:
     def hold(self) -> Iterator[None]:
         yield
 
+    def cancel(self) -> bool:
+        """Nothing here to stop: its replica runs it (`kernel.control` reaches that one)."""
+        return False
+
     async def follow(self, after: int = 0) -> AsyncGenerator[Frame, None]:
         """The stored frames after `after`, then each new one, until the run ends."""
         while True:

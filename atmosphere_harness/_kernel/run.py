@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._contracts import Endpoint, FrameSink, LiveRunHandle, TypedMap
+from .._errors import RunCancelled
 from .._log import fault, get_logger
 from .._runtimes.base import Usage
 from .endpoint import HostedEndpoint
@@ -16,6 +17,7 @@ from .loop import call_run
 from .session import StreamingSession
 
 if TYPE_CHECKING:
+    from .control import RunTicket
     from .host import HarnessHost
 
 Holder = Callable[[], contextlib.AbstractContextManager[None]]
@@ -133,6 +135,7 @@ async def execute_prompt(
     parent: RunContext | None = None,
     holder: Holder | None = None,
     live: LiveRunHandle | None = None,
+    ticket: RunTicket | None = None,
 ) -> RunContext:
     """Call the endpoint's `@prompt` method for one message and finish its stream.
 
@@ -140,7 +143,9 @@ async def execute_prompt(
     does (unless a shutdown suspends a durable run: its next life ends it); prompts of one
     conversation run one at a time. `parent` makes the run part of another (a fleet member
     answering a coordinator); `holder` keeps it alive past its connection; `live` is its
-    journal (a durable one makes the run resumable, and replays a resumed run's first life).
+    journal (a durable one makes the run resumable, and replays a resumed run's first life);
+    `ticket` is its run control (`kernel.control`): told its status, and a cancel request
+    that stops the run ends its stream with a `RunCancelled` error instead of propagating.
     """
     run = RunContext(
         host=host,
@@ -157,8 +162,12 @@ async def execute_prompt(
     assert spec is not None
     assert spec.prompt_method is not None
     method_name = spec.prompt_method
+    if ticket is not None:
+        ticket.attach(run)
 
     async def work() -> None:
+        if ticket is not None and ticket.cancel_mode is not None:
+            raise asyncio.CancelledError  # cancelled before it started
         # The history's first read may ride on the round trip that takes the lock (a networked
         # backend's lock and history on one server); `read` is only passed when there is one,
         # so a `ConversationLocks` of the application's own needs no parameter for it.
@@ -170,6 +179,8 @@ async def execute_prompt(
             else host.locks.hold(endpoint.path, conversation_id, read)
         )
         async with holding:
+            if ticket is not None:
+                ticket.running()
             kwargs: dict[str, Any] = {}
             for name, kind in endpoint.prompt_parameters:
                 kwargs[name] = message if kind is None else run.resolve(kind)
@@ -182,13 +193,37 @@ async def execute_prompt(
     run.in_hooks = True
     try:
         await call_run(endpoint.hooks, run, work)
+        if ticket is not None:
+            await ticket.settle("completed")
         await session.complete()
     except asyncio.CancelledError:
-        raise
+        if ticket is None or ticket.cancel_mode is None or run.suspended:
+            raise
+        await _cancelled(run, ticket)
     except Exception as exc:
         if run.suspended:
             raise
         if not run.discarded:  # (that one is logged where it was decided, and is no failure)
             fault(log, "prompt run failed", exc, endpoint=endpoint.path)
+        if ticket is not None:
+            await ticket.settle("failed", exc)
         await session.error(exc)
     return run
+
+
+async def _cancelled(run: RunContext, ticket: RunTicket) -> None:
+    """End a run a cancel request stopped: its stream gets a `RunCancelled` error frame (the
+    loop already wrote its turn without a half tool pair, or nothing for a rollback)."""
+    task = asyncio.current_task()
+    if task is not None:
+        while task.cancelling():
+            task.uncancel()  # this cancellation was ours, and it is handled here
+    reason = {
+        "cancel": "the run was cancelled",
+        "interrupt": "the run was interrupted by a newer prompt in its conversation",
+        "rollback": "the run was rolled back by a newer prompt in its conversation",
+    }.get(ticket.cancel_mode or "", "the run was cancelled")
+    error = RunCancelled(reason)
+    log.info("run cancelled", endpoint=run.endpoint.path, run=ticket.run_id, how=ticket.cancel_mode)
+    await ticket.settle("cancelled", error)
+    await run.session.error(error)

@@ -12,6 +12,7 @@ keys beside it (the admin API's 401 adds a `hint`), never FastAPI's `{"detail": 
 | `FileNotFoundInWorkspace` | 404 |
 | `FileSystemError`, `PlanStoreError` (the caller's mistake) | 400 |
 | `ToolArgumentError` | 422 |
+| `RunConflict` (`multitask: reject` while a run is in flight) | 409 |
 | `PlanBusFull` | 503 |
 | `BackendUnavailable` (Redis or PostgreSQL is down right now) | 503 |
 | `ModelError`, `DelegationError` (something upstream failed) | 502 |
@@ -50,6 +51,7 @@ from .._errors import (
     ModelError,
     PlanBusFull,
     PlanStoreError,
+    RunConflict,
     ToolArgumentError,
 )
 from .._kernel.host import HarnessHost
@@ -68,6 +70,7 @@ STATUS_OF: Sequence[tuple[type[HarnessError], int]] = (
     (FileSystemError, 400),
     (PlanStoreError, 400),
     (ToolArgumentError, 422),
+    (RunConflict, 409),
     (PlanBusFull, 503),
     (BackendUnavailable, 503),
     (ModelError, 502),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -43,6 +43,18 @@ class PromptRequest(BaseModel):
         None,
         description="Continue this conversation; a new id is generated when absent.",
         json_schema_extra=CONVERSATION_ID_SCHEMA,
+    )
+
+    background: bool = Field(
+        False,
+        description="Answer 202 with the run's id at once; the run goes on with no client "
+        "connected (`GET P/runs/{runId}`, `GET P/conversations/{id}/events`).",
+    )
+    multitask: Literal["reject", "enqueue", "interrupt", "rollback"] = Field(
+        "enqueue",
+        description="What this prompt does when its conversation has a run in flight: reject "
+        "(409), enqueue (run after it), interrupt (cancel it, then run), rollback (cancel it, "
+        "keep its turn out of the history, then run).",
     )
 
     @field_validator("conversationId")

@@ -10,18 +10,22 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from .._ids import new_conversation_id
+from .._kernel.control import RunTicket
 from .._registry import AgentSpec
+from .._tracing import incoming
+from . import idempotency
 from .agui import agui_routes
 from .approvals import approval_routes
 from .deps import HarnessDep, get_user_id, hosted_endpoint
 from .memory import close_routes
 from .planning import plan_event_routes
 from .route_spec import SSE_RESPONSE, PromptRequest, RouteBuilder, RouteSpec
-from .runs import run_event_routes
+from .runs import ERROR, RUN_STARTED, run_control_routes, run_event_routes
 from .sse import stream_prompt
 from .websocket import websocket_routes
 
@@ -32,15 +36,67 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
         request: Request,
         host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
-    ) -> EventSourceResponse:
+        idempotency_key: Annotated[
+            str | None, Header(alias=idempotency.HEADER, description=idempotency.DESCRIPTION)
+        ] = None,
+    ) -> Response:
         endpoint = hosted_endpoint(host, spec.path)
         conversation_id = body.conversationId or new_conversation_id()
+        # A `traceparent` is the parent span of the run this request starts.
+        traced = incoming(request.headers, enabled=host.settings.groups.tracing.enabled)
+        if idempotency_key is not None:
+            if body.background or body.multitask != "enqueue":
+                raise HTTPException(
+                    400,
+                    f"{idempotency.HEADER} applies to a streamed prompt with multitask "
+                    "'enqueue'; send background or another multitask without it",
+                )
+            with traced:
+                return await idempotency.keyed_prompt(
+                    host,
+                    endpoint,
+                    idempotency_key,
+                    message=body.message,
+                    requested_id=body.conversationId,
+                    conversation_id=conversation_id,
+                    user_id=user_id,
+                )
+        if body.background:
+            with traced:
+                ticket = await host.submit(
+                    endpoint,
+                    message=body.message,
+                    conversation_id=conversation_id,
+                    user_id=user_id,
+                    multitask=body.multitask,
+                    background=True,
+                )
+            return JSONResponse(
+                {
+                    "runId": ticket.run_id,
+                    "conversationId": conversation_id,
+                    "status": ticket.status,
+                },
+                status_code=202,
+                headers={"X-Run-Id": ticket.run_id, "X-Conversation-Id": conversation_id},
+            )
+        held: RunTicket | None = None
+        if body.multitask != "enqueue":
+            held = await host.submit(
+                endpoint,
+                message=body.message,
+                conversation_id=conversation_id,
+                user_id=user_id,
+                multitask=body.multitask,
+                start=False,
+            )
         return stream_prompt(
             host,
             endpoint,
             message=body.message,
             conversation_id=conversation_id,
             user_id=user_id,
+            ticket=held,
             headers=request.headers,
         )
 
@@ -52,7 +108,22 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
             options={
                 "summary": f"Prompt {spec.owner}",
                 "response_class": EventSourceResponse,
-                "responses": SSE_RESPONSE,
+                "responses": {
+                    **SSE_RESPONSE,
+                    **idempotency.RESPONSES,
+                    202: {"description": "A background run was started", **RUN_STARTED},
+                    400: {
+                        "description": f"{idempotency.HEADER} is empty, too long or not "
+                        "printable ASCII, or sent with background or a multitask other than "
+                        "enqueue",
+                        **ERROR,
+                    },
+                    409: {
+                        "description": "multitask: reject, and a run is in flight; or "
+                        f"{idempotency.HEADER} already ran a prompt no longer kept to replay",
+                        **ERROR,
+                    },
+                },
             },
         )
     ]
@@ -66,5 +137,6 @@ ROUTE_BUILDERS: list[RouteBuilder] = [
     agui_routes,
     approval_routes,
     run_event_routes,
+    run_control_routes,
 ]
 """Every per-endpoint route builder, in declaration order."""

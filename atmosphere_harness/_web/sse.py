@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from .._contracts import LiveRunHandle
 from .._events import Frame
+from .._kernel.control import RunTicket
 from .._kernel.endpoint import HostedEndpoint
 from .._kernel.host import HarnessHost
 from .._kernel.live import RESTARTING, STOPPING
@@ -104,16 +105,12 @@ async def run_frames(
     Closing the iterator early cancels the run (and waits for it to unwind, so its turn is
     persisted before the caller goes on), unless the run is held by a pending approval: then it
     outlives the reader, as it does for SSE. `headers` are the request's: a `traceparent`
-    among them is the run's parent span.
+    among them is the run's parent span (the run's task takes the context it starts in).
     """
-    live = start_traced(
-        host,
-        endpoint,
-        message=message,
-        conversation_id=conversation_id,
-        user_id=user_id,
-        headers=headers,
-    )
+    with incoming(headers, enabled=host.settings.groups.tracing.enabled):
+        live = host.start_run(
+            endpoint, message=message, conversation_id=conversation_id, user_id=user_id
+        )
     follower = live.follow(0)
     try:
         async with contextlib.aclosing(follower):
@@ -132,38 +129,27 @@ def stream_prompt(
     message: str,
     conversation_id: str,
     user_id: str | None,
+    ticket: RunTicket | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> EventSourceResponse:
-    """Start one prompt run and stream it from its first frame (`headers`: as `run_frames`)."""
+    """Start one prompt run and stream it from its first frame (its id: `X-Run-Id`);
+    `headers` as `run_frames` takes them."""
+    run = ticket or host.control.ticket(
+        path=endpoint.path, conversation_id=conversation_id, user_id=user_id
+    )
 
     def start() -> LiveRunHandle:
-        return start_traced(
-            host,
-            endpoint,
-            message=message,
-            conversation_id=conversation_id,
-            user_id=user_id,
-            headers=headers,
-        )
+        run.changed()
+        with incoming(headers, enabled=host.settings.groups.tracing.enabled):
+            return host.start_run(
+                endpoint,
+                message=message,
+                conversation_id=conversation_id,
+                user_id=user_id,
+                ticket=run,
+            )
 
-    return _follow(start, 0, conversation_id)
-
-
-def start_traced(
-    host: HarnessHost,
-    endpoint: HostedEndpoint,
-    *,
-    message: str,
-    conversation_id: str,
-    user_id: str | None,
-    headers: Mapping[str, str] | None,
-) -> LiveRunHandle:
-    """`host.start_run`, the request's `traceparent` (if any) the run's parent span: the run's
-    task takes the context it is started in."""
-    with incoming(headers, enabled=host.settings.groups.tracing.enabled):
-        return host.start_run(
-            endpoint, message=message, conversation_id=conversation_id, user_id=user_id
-        )
+    return _follow(start, 0, conversation_id, run.run_id)
 
 
 def follow_run(live: LiveRunHandle, after: int) -> EventSourceResponse:
@@ -172,7 +158,10 @@ def follow_run(live: LiveRunHandle, after: int) -> EventSourceResponse:
 
 
 def _follow(
-    open_run: Callable[[], LiveRunHandle], after: int, conversation_id: str
+    open_run: Callable[[], LiveRunHandle],
+    after: int,
+    conversation_id: str,
+    run_id: str | None = None,
 ) -> EventSourceResponse:
     stopping = anyio.Event()
 
@@ -197,7 +186,7 @@ def _follow(
         events(),
         ping=PING_SECONDS,
         send_timeout=SEND_TIMEOUT,
-        headers={"X-Conversation-Id": conversation_id},
+        headers={"X-Conversation-Id": conversation_id} | ({"X-Run-Id": run_id} if run_id else {}),
         shutdown_event=stopping,
         shutdown_grace_period=SHUTDOWN_GRACE,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import httpx2
@@ -42,6 +43,21 @@ async def test_the_delegation_example_delegates_and_spawns(
         "/atmosphere/agent/lead",
         "/atmosphere/agent/writer",
     }
+
+
+async def test_the_headless_start_up_line_says_where_it_is_explained(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("ATMOSPHERE_WORKSPACE_ROOT", str(workspace))
+    app = doc_example(DOCS / "delegation.md", "team_app").app
+    with caplog.at_level(logging.INFO, logger="atmosphere_harness"):
+        async with client_for(app):
+            pass
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("headless")]
+    assert line.endswith(" see='docs/delegation.md#headless-agents'"), line
+    page = (DOCS / "delegation.md").read_text()
+    assert "\n## Headless agents\n" in page
+    assert f"INFO atmosphere_harness._kernel.host {line}\n" in page, "the docs quote it as logged"
 
 
 async def test_the_governance_example_policy_and_approval(

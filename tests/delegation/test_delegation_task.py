@@ -370,8 +370,70 @@ async def test_the_sub_agent_cannot_reach_the_parents_files(workspace: Path) -> 
     assert read_escape.startswith("Error:")
     assert globbed == "(no matches)"
     assert wrote == "Wrote leak.txt"
-    assert results(frames)[2] == "secret.txt (6 bytes)", "the sub-agent's write stayed inside"
-    assert not list(workspace.rglob("leak.txt"))
+    # Its write stayed inside while it ran; once it ended, its files are kept in their own
+    # folder, never over the parent's.
+    (start,) = of_type(frames, "subagent-start")
+    kept = f"subagents/{start['data']['agentId']}"
+    assert results(frames)[2] == "subagents/\nsecret.txt (6 bytes)"
+    [leak] = workspace.rglob("leak.txt")
+    assert leak.as_posix().endswith(f"/{kept}/leak.txt")
+
+
+async def test_a_sub_agents_files_are_kept_in_the_parent_conversation(workspace: Path) -> None:
+    spawned: list[str] = []
+
+    def parent(request: ModelRequest) -> Any:
+        after = since_user(request)
+        if not after:
+            return [ToolCall("task", {"description": "count the otters"})]
+        if len(after) == 2:
+            folder = f"subagents/subagent-{spawned[0][:8]}"
+            return [ToolCall("read_file", {"path": f"{folder}/notes.md"})]
+        return " | ".join(m.content for m in after if m.role == "tool")
+
+    def sub(request: ModelRequest) -> Any:
+        spawned.append(request.conversation_id)
+        return plan_write_report(request)
+
+    (frames,) = await run_boss(model(parent, sub), workspace)
+    (end,) = of_type(frames, "subagent-end")
+    folder = "subagents/subagent-" + end["data"]["subagentId"][:8]
+    assert end["data"]["files"] == folder
+    assert results(frames)[1] == "count the otters", "the parent reads what it wrote"
+    conversation = frames[0]["conversationId"]
+    [kept] = workspace.glob(f"*/*/files/{conversation}/{folder}/notes.md")
+    assert kept.read_text() == "count the otters"
+    assert leftovers(workspace) == [], "the per-spawn workspace is still removed"
+
+    # A sub-agent that wrote nothing leaves nothing, and its end frame names no folder.
+    runtime = model([ToolCall("task", {"description": "x"})], lambda request: "ok")
+    (frames,) = await run_boss(runtime, workspace)
+    (end,) = of_type(frames, "subagent-end")
+    assert "files" not in end["data"]
+    assert not list(workspace.glob(f"*/*/files/{frames[0]['conversationId']}/subagents"))
+
+
+async def test_a_nested_sub_agents_files_are_kept_inside_its_parents_folder(
+    workspace: Path,
+) -> None:
+    def sub(request: ModelRequest) -> Any:
+        after = since_user(request)
+        if request.messages[0].content == "outer":
+            return [ToolCall("task", {"description": "inner"})] if not after else "outer done"
+        if not after:
+            return [ToolCall("write_file", {"path": "deep.md", "content": "from below"})]
+        return "inner done"
+
+    (frames,) = await run_boss(model([ToolCall("task", {"description": "outer"})], sub), workspace)
+    starts = {f["data"]["description"]: f["data"] for f in of_type(frames, "subagent-start")}
+    ends = {f["data"]["subagentId"]: f["data"] for f in of_type(frames, "subagent-end")}
+    outer, inner = starts["outer"], starts["inner"]
+    assert ends[inner["subagentId"]]["files"] == f"subagents/{inner['agentId']}"
+    assert ends[outer["subagentId"]]["files"] == f"subagents/{outer['agentId']}"
+    conversation = frames[0]["conversationId"]
+    path = f"subagents/{outer['agentId']}/subagents/{inner['agentId']}/deep.md"
+    [kept] = workspace.glob(f"*/*/files/{conversation}/{path}")
+    assert kept.read_text() == "from below"
 
 
 async def test_cancelling_the_parent_cancels_the_sub_agent_and_removes_its_workspace(

@@ -4,15 +4,16 @@
 flags keep Chromium from dialling out, which this machine's closed network refuses. Without
 chromium or Playwright the tests skip on a laptop and fail in CI.
 
-Screenshots go to the test's temporary directory; with `UPDATE_SCREENSHOTS=1` they
-also replace the images of `docs/console.md` (`docs/images/console-*.png`).
+Screenshots go to the test's temporary directory; with `UPDATE_SCREENSHOTS=1` those that
+`docs/console.md` shows also replace its images (`docs/images/console-*.png`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,8 @@ CHROMIUM_ARGS = [
 ]
 TOKEN = "browser-test-token"
 DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+DOCS_SHOTS = {"chat", "cards", "workspace", "harness"}
+"""The screenshots `docs/console.md` shows; the others stay in the test's directory."""
 DEMO_PROMPT = "plan a short task and save the result to a file"
 
 # Records every state the live plan shows, so the test sees it tick (not only its end).
@@ -93,7 +96,7 @@ async def screenshot(page: Any, tmp_path: Path, name: str) -> None:
     target = tmp_path / f"console-{name}.png"
     await page.screenshot(path=str(target))
     assert target.stat().st_size > 10_000
-    if os.environ.get("UPDATE_SCREENSHOTS") == "1":
+    if os.environ.get("UPDATE_SCREENSHOTS") == "1" and name in DOCS_SHOTS:
         DOCS_IMAGES.mkdir(exist_ok=True)
         shutil.copyfile(target, DOCS_IMAGES / target.name)
 
@@ -378,7 +381,7 @@ async def test_at_1280_the_header_keeps_one_line_and_suggestions_stay(
     await page.set_viewport_size({"width": 1280, "height": 800})
     async with serve(create_app()) as base:
         await open_console(page, base)
-        await _header_on_one_line(page)  # "not connected"
+        await _header_on_one_line(page)  # "ready"
         chips = "#suggestion-list button"
         assert await page.is_visible(chips), "a new conversation shows its suggestions"
         offered = await page.eval_on_selector_all(chips, "bs => bs.map(b => b.textContent)")
@@ -403,3 +406,229 @@ async def test_at_1280_the_header_keeps_one_line_and_suggestions_stay(
             ".card.tool", "cards => cards.map(c => c.dataset.tool)"
         )
         assert tools == ["write_todos", "write_file", "write_todos"]
+
+
+# --- the console tells the truth: connection, conversation, files, runtime facts ----------------
+
+
+async def test_the_badge_reads_ready_before_the_first_message(
+    page: Any, tmp_path: Path, workspace: Path
+) -> None:
+    async with serve(clerk_app(workspace)) as base:
+        await open_console(page, base)
+        assert await page.inner_text("#status") == "ready"
+        assert await page.get_attribute("#status", "data-state") == "ready"
+        await screenshot(page, tmp_path, "ready")
+
+
+async def test_the_file_viewer_says_why_it_is_empty(
+    page: Any, tmp_path: Path, workspace: Path
+) -> None:
+    async with serve(clerk_app(workspace)) as base:
+        await open_console(page, base)
+        await page.click("[data-tab=workspace]")
+        await page.wait_for_selector("#files .empty >> text=No files in this conversation yet.")
+        assert await page.inner_text("#viewer") == "This conversation has no files yet."
+        await screenshot(page, tmp_path, "viewer-no-files")
+
+        await page.click("[data-tab=chat]")
+        await send(page, "report, research and email")
+        await (await page.wait_for_selector(".card.approval button.approve")).click()
+        await page.wait_for_selector(".run-end")
+        await page.click("[data-tab=workspace]")
+        await page.wait_for_selector("#files button[data-path='tool-output']")
+        assert await page.inner_text("#viewer") == "No file selected: pick one under Files."
+
+
+async def test_switching_the_conversation_box_moves_the_chat_and_says_what_it_cannot_show(
+    page: Any, tmp_path: Path, workspace: Path
+) -> None:
+    async with serve(clerk_app(workspace)) as base:
+        await open_console(page, base)
+        first = await page.input_value("#conversation")
+        assert await page.inner_text("#chat-conversation") == first
+        await page.click("#new-conversation")
+        second = await page.input_value("#conversation")
+        assert second != first
+        assert await page.inner_text("#chat-conversation") == second
+
+        await page.fill("#conversation", first)
+        await page.press("#conversation", "Enter")
+        await page.wait_for_selector("#history-hint")
+        assert await page.inner_text("#chat-conversation") == first
+        hint = await page.inner_text("#transcript")
+        assert "Earlier turns are not shown" in hint
+        assert first in hint
+        assert second not in hint
+        await screenshot(page, tmp_path, "switched")
+
+
+SUBAGENT_REPORT = "# Tides\n\nThree sources agree on two tides a day.\n"
+
+
+def writing_clerk_turn(request: ModelRequest) -> Any:
+    """The clerk spawns a `task` sub-agent that saves `report.md` in its own workspace."""
+    last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+    rounds = sum(1 for m in request.messages[last_user:] if m.role == "assistant")
+    if request.system_prompt == SUBAGENT_PROMPT:
+        if rounds == 0:
+            return [ToolCall("write_file", {"path": "report.md", "content": SUBAGENT_REPORT})]
+        return "Saved report.md."
+    return [ToolCall("task", {"description": "research tides"})] if rounds == 0 else "Done."
+
+
+def clerk_with(turn: Callable[[ModelRequest], Any], workspace: Path) -> FastAPI:
+    app = FastAPI()
+    app.include_router(
+        create_harness_router(
+            HarnessSettings(workspace_root=workspace, admin_token=TOKEN),
+            agents=[Clerk],
+            runtime=ScriptedRuntime((), default=turn),
+        )
+    )
+    return app
+
+
+async def test_a_subagents_files_are_browsable_after_it_ends(
+    page: Any, tmp_path: Path, workspace: Path
+) -> None:
+    async with serve(clerk_with(writing_clerk_turn, workspace)) as base:
+        await open_console(page, base)
+        await send(page, "research tides")
+        await page.wait_for_selector(".run-end")
+        link = page.locator(".card.subagent .offload button")
+        folder = await link.get_attribute("data-path")
+        assert folder is not None
+        assert folder.startswith("subagents/subagent-")
+        await screenshot(page, tmp_path, "subagent-files")
+        await link.click()
+        report = f"#files button[data-path='{folder}/report.md']"
+        await page.click(report)
+        await page.wait_for_selector(f"#viewer[data-path='{folder}/report.md']")
+        assert await page.text_content("#viewer") == SUBAGENT_REPORT
+        await screenshot(page, tmp_path, "subagent-report")
+
+
+def nesting_clerk_turn(request: ModelRequest) -> Any:
+    """The clerk spawns `outer`, which spawns `inner`, which saves `report.md`."""
+    if request.system_prompt == SUBAGENT_PROMPT and request.messages[0].content == "outer":
+        last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+        done = any(m.role == "assistant" for m in request.messages[last_user:])
+        return "outer done" if done else [ToolCall("task", {"description": "inner"})]
+    if request.system_prompt != SUBAGENT_PROMPT:
+        last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+        if not any(m.role == "assistant" for m in request.messages[last_user:]):
+            return [ToolCall("task", {"description": "outer"})]
+        return "Done."
+    return writing_clerk_turn(request)
+
+
+async def test_a_nested_subagents_link_opens_the_folder_inside_its_parents(
+    page: Any, workspace: Path
+) -> None:
+    async with serve(clerk_with(nesting_clerk_turn, workspace)) as base:
+        await open_console(page, base)
+        await send(page, "research tides")
+        await page.wait_for_selector(".run-end")
+        ids = await page.eval_on_selector_all(
+            ".card.subagent strong", "names => names.map(n => n.textContent)"
+        )
+        outer, inner = ids
+        folders = await page.eval_on_selector_all(
+            ".card.subagent .offload button", "links => links.map(l => l.dataset.path)"
+        )
+        assert folders == [f"subagents/{outer}", f"subagents/{outer}/subagents/{inner}"]
+        await page.locator(".card.subagent .offload button").nth(1).click()
+        await page.click(f"#files button[data-path='{folders[1]}/report.md']")
+        await page.wait_for_selector(f"#viewer[data-path='{folders[1]}/report.md']")
+        assert await page.text_content("#viewer") == SUBAGENT_REPORT
+
+
+async def test_the_harness_tab_shows_backends_mcp_skills_and_any_other_fact(
+    page: Any, tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from atmosphere_harness._web import console_info as module
+    from tests.mcp.support import http_server
+    from tests.skills.support import write_skill
+
+    reported = module.console_info
+
+    def with_later_facts(host: Any) -> dict[str, Any]:
+        # Facts the console does not know by name yet: they show without a console change.
+        info = reported(host)
+        info["tracing"] = "ACTIVE(otel)"
+        for endpoint in info["endpoints"]:
+            endpoint["harness"]["model"] = ["openai:gpt-4o", "anthropic:claude-sonnet-4"]
+            endpoint["limits"] = {"request_limit": "3"}
+        return info
+
+    monkeypatch.setattr(module, "console_info", with_later_facts)
+    skills = tmp_path / "skills"
+    write_skill(skills, "tides", "Explains tides")
+    async with http_server() as server:
+        Tidal = echo(agent("tidal", mcp_servers=[server], skills=[skills]), "Tidal")
+        app = FastAPI()
+        app.include_router(
+            create_harness_router(
+                HarnessSettings(workspace_root=workspace, admin_token=TOKEN, durable_runs=True),
+                agents=[Tidal],
+            )
+        )
+        async with serve(app) as base:
+            await open_console(page, base)
+            await page.click("[data-tab=harness]")
+            harness = await page.inner_text("#harness")
+            assert "Backends" in harness
+            assert "state\tsqlite" in harness, harness
+            assert "events\tlocal" in harness
+            assert "durable-runs" in harness
+            assert "tracing\tACTIVE(otel)" in harness
+            panel = "#harness .endpoint[data-path='/atmosphere/agent/tidal']"
+            chain = await page.eval_on_selector_all(
+                f"{panel} .values li", "items => items.map(i => i.textContent)"
+            )
+            assert chain == ["openai:gpt-4o", "anthropic:claude-sonnet-4"]
+            endpoint = await page.inner_text(panel)
+            assert "request_limit" in endpoint
+            assert "MCP servers: " in endpoint
+            assert "tides — Explains tides" in endpoint
+            await screenshot(page, tmp_path, "harness-truth")
+            await page.locator(f"{panel} .mcp-servers").scroll_into_view_if_needed()
+            await screenshot(page, tmp_path, "harness-endpoint")
+
+
+@tool
+async def slow_lookup(context: ToolContext) -> str:
+    """Look something up slowly."""
+    await asyncio.sleep(1.5)
+    return "found it"
+
+
+Slow = echo(agent(name="slow", harness=()), "Slow", tools=[slow_lookup])
+
+
+def slow_turn(request: ModelRequest) -> Any:
+    return [ToolCall("slow_lookup", {})] if request.messages[-1].role == "user" else "It is found."
+
+
+async def test_a_run_of_the_conversation_left_behind_is_not_drawn_into_the_next(
+    page: Any, workspace: Path
+) -> None:
+    app = FastAPI()
+    app.include_router(
+        create_harness_router(
+            HarnessSettings(workspace_root=workspace, admin_token=TOKEN),
+            agents=[Slow],
+            runtime=ScriptedRuntime((), default=slow_turn),
+        )
+    )
+    async with serve(app) as base:
+        await open_console(page, base)
+        await send(page, "look it up")
+        await page.wait_for_selector(".card.tool[data-tool=slow_lookup] .badge.running")
+        await page.fill("#conversation", "another-conversation")
+        await page.press("#conversation", "Enter")
+        await page.wait_for_selector("#history-hint")
+        await page.wait_for_selector("#send:not([disabled])", timeout=10_000)
+        assert await page.locator("#transcript .card, #transcript .bubble").count() == 0
+        assert await page.inner_text("#chat-conversation") == "another-conversation"

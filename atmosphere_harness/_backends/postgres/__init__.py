@@ -15,6 +15,7 @@ connection) serves every store; the host opens it before the primitives start.
 | long-term memory | `PostgresLongTermMemory` (`tsvector` search, unique facts) |
 | workspace files | `PostgresWorkspaceStores` (rows, `PostgresAgentFileSystem`) |
 | durable runs, or the frame feed | `PostgresRunStore` behind `durable.DurableRuns` |
+| run status, cancel requests | `PostgresRunRegistry` (a row per run, `LISTEN/NOTIFY`) |
 
 The workspace stores hold conversation workspaces and `/memories` when
 `ATMOSPHERE_AI_WORKSPACE_BACKEND=postgres`, and `prefix=postgres:` composite routes always.
@@ -32,11 +33,13 @@ from ..._settings import HarnessSettings, WorkspaceBackend
 from ..state import StateBackends, shared_runs
 from .approvals import PostgresApprovalStore
 from .bus import PostgresPlanBus
+from .control import PostgresRunRegistry
 from .database import PostgresDatabase, redact
 from .history import PostgresHistory
 from .locks import PostgresConversationLocks
 from .long_term import PostgresLongTermMemory
 from .plans import PROTECT_SECONDS, PostgresPlanStore
+from .prompt_keys import PostgresPromptKeys
 from .runs import PostgresRunStore
 from .stores import PostgresWorkspaceStores, owner_key
 from .workspace import PostgresAgentFileSystem
@@ -82,12 +85,14 @@ def postgres_backends(settings: HarnessSettings) -> StateBackends:
         plan_stores=plan_store,
         plan_bus=PostgresPlanBus(database),
         approvals=PostgresApprovalStore(database),
+        run_registry=PostgresRunRegistry(database),
         history=PostgresHistory(database),
         long_term_memory=PostgresLongTermMemory(
             database, max_facts_per_user=settings.groups.memory.max_facts
         ),
         workspaces=files if in_postgres else None,
         route_stores={files.name: files},
+        prompt_keys=PostgresPromptKeys(database),
         resources=[database, locks],
     )
     backends.runs = shared_runs(PostgresRunStore(database), settings)
@@ -105,6 +110,7 @@ __all__ = [
     "PostgresLongTermMemory",
     "PostgresPlanBus",
     "PostgresPlanStore",
+    "PostgresRunRegistry",
     "PostgresRunStore",
     "PostgresWorkspaceStores",
     "owner_key",

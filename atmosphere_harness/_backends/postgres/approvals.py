@@ -96,8 +96,16 @@ class PostgresApprovalStore:
             self._spawn_check(pending)
             return pending
 
+        attempts = 0
+
         async def work(connection: Any) -> bool:
+            nonlocal attempts
+            attempts += 1
             async with connection.transaction():
+                if attempts > 1 and await connection.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM atmosphere_approvals WHERE id = $1)", pending.id
+                ):
+                    return True  # the first attempt committed; its answer was lost
                 # Oldest first, a bounded batch: the index on `expires_at` whatever the plan.
                 await connection.execute(
                     "DELETE FROM atmosphere_approvals WHERE id = ANY(ARRAY(SELECT id FROM "
@@ -198,8 +206,12 @@ class PostgresApprovalStore:
         self, path: str, approval_id: str, answer: Answer, *, user_id: str | None
     ) -> AnswerStatus:
         now = time.time()
+        given = _answer_json(answer)
+        attempts = 0
 
         async def work(connection: Any) -> AnswerStatus:
+            nonlocal attempts
+            attempts += 1
             async with connection.transaction():
                 row = await connection.fetchrow(
                     "SELECT path, user_id, answer, closed, expires_at FROM atmosphere_approvals "
@@ -209,15 +221,15 @@ class PostgresApprovalStore:
                 if row is None or row["path"] != path:
                     return AnswerStatus.UNKNOWN
                 if row["answer"] is not None:
-                    return AnswerStatus.ALREADY_ANSWERED
+                    # A retry whose first attempt committed finds its own answer there.
+                    mine = attempts > 1 and row["answer"] == given
+                    return AnswerStatus.ACCEPTED if mine else AnswerStatus.ALREADY_ANSWERED
                 if row["closed"] or row["expires_at"] <= now:
                     return AnswerStatus.UNKNOWN
                 if row["user_id"] is not None and row["user_id"] != user_id:
                     return AnswerStatus.FORBIDDEN
                 await connection.execute(
-                    "UPDATE atmosphere_approvals SET answer = $2 WHERE id = $1",
-                    approval_id,
-                    _answer_json(answer),
+                    "UPDATE atmosphere_approvals SET answer = $2 WHERE id = $1", approval_id, given
                 )
                 await connection.execute("SELECT pg_notify($1, $2)", CHANNEL, approval_id)
                 return AnswerStatus.ACCEPTED

@@ -10,12 +10,15 @@ guarantees hold across processes:
   first load is made in the statement that takes the conversation's lock (`LOCK_NEWEST`);
 - payloads are the compact JSON of `memory.codec` (PostgreSQL's TOAST compresses large ones
   itself, so there is no packer here);
-- nothing is cached in the process: another replica's turn is visible to the next load.
+- nothing is cached in the process: another replica's turn is visible to the next load;
+- an append whose acknowledgement was lost (the connection died after the commit) and that
+  `PostgresDatabase.run` therefore sends again is not stored twice (`APPEND`'s key).
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,12 +36,15 @@ EXTRACTION_CLAIM = 300.0
 
 APPEND = """
 WITH conversation AS (
-    INSERT INTO atmosphere_conversations (endpoint, user_key, conversation_id, updated_at, last_seq)
-    VALUES ($1, $2, $3, $4, cardinality($5::text[]))
+    INSERT INTO atmosphere_conversations
+        (endpoint, user_key, conversation_id, updated_at, last_seq, last_write)
+    VALUES ($1, $2, $3, $4, cardinality($5::text[]), $6)
     ON CONFLICT (endpoint, user_key, conversation_id) DO UPDATE SET
         updated_at = excluded.updated_at,
         closed_at = NULL,
-        last_seq = atmosphere_conversations.last_seq + cardinality($5::text[])
+        last_seq = atmosphere_conversations.last_seq + cardinality($5::text[]),
+        last_write = excluded.last_write
+    WHERE atmosphere_conversations.last_write IS DISTINCT FROM excluded.last_write
     RETURNING id, last_seq - cardinality($5::text[]) AS base
 )
 INSERT INTO atmosphere_messages (conversation, seq, payload)
@@ -50,7 +56,13 @@ under the conversation row's lock, so concurrent appends from any replica never 
 The payloads (compact JSON) travel as `text[]`: asyncpg knows its codec, while a `bytea[]`
 parameter costs each new pool connection three extra round trips (type introspection) on its
 first append. They are ASCII (`codec.encode_ascii`), so `convert_to(..., 'UTF8')` stores the
-same bytes whatever the database's encoding (a LATIN1 database could not hold an emoji as text)."""
+same bytes whatever the database's encoding (a LATIN1 database could not hold an emoji as text).
+
+`$6` is the append's key, made once before its first attempt: when the connection dies before
+the answer comes back, `PostgresDatabase.run` sends the statement again, and the conversation
+row then already holds that key if the first attempt committed. The upsert's `WHERE` skips the
+row (it is still locked, so a first attempt the server has not finished yet is waited for), no
+base is returned and no message is inserted: the turn is stored once."""
 
 NEWEST = """
 SELECT c.summary, c.summary_covered, m.seq, m.payload
@@ -116,9 +128,10 @@ class PostgresHistory:
 
     async def append(self, key: ConversationKey, messages: Sequence[Message]) -> None:
         encoded = [codec.encode_ascii(message) for message in messages]
+        write = uuid.uuid4().hex  # one per turn, the same for its retry (see `APPEND`)
 
         async def work(connection: Any) -> None:
-            await connection.execute(APPEND, *_key_args(key), time.time(), encoded)
+            await connection.execute(APPEND, *_key_args(key), time.time(), encoded, write)
 
         await self.database.run(work)
 
@@ -206,16 +219,19 @@ class PostgresHistory:
         replica that died mid-extraction leaves it to expire.
         """
         now = time.time()
+        # The claim's deadline is also its token: a retry whose first attempt committed finds
+        # its own deadline there and goes on, instead of taking it for another replica's claim.
+        until = now + EXTRACTION_CLAIM
 
         async def work(connection: Any) -> tuple[list[Any], int]:
             async with connection.transaction(isolation="read_committed"):
                 row = await connection.fetchrow(
-                    "UPDATE atmosphere_conversations SET extracting_until = $4 + $5 "
-                    f"WHERE {_KEY} AND (extracting_until IS NULL OR extracting_until < $4) "
-                    "RETURNING id, extracted_seq, last_seq",
+                    "UPDATE atmosphere_conversations SET extracting_until = $5 "
+                    f"WHERE {_KEY} AND (extracting_until IS NULL OR extracting_until < $4 "
+                    "OR extracting_until = $5) RETURNING id, extracted_seq, last_seq",
                     *_key_args(key),
                     now,
-                    EXTRACTION_CLAIM,
+                    until,
                 )
                 if row is None:
                     return [], 0  # unknown, or another replica is extracting it

@@ -187,6 +187,48 @@ MIGRATIONS: tuple[str, ...] = (
     END
     $$;
     """,
+    # 6: writes survive a lost acknowledgement. A retried history append carries the key of its
+    # first attempt (`last_write`: the append is skipped when the row already holds it); a
+    # workspace change records its key and its answer (`atmosphere_file_changes`, kept a few
+    # minutes); a prompt's `Idempotency-Key` names the run it started (`atmosphere_prompt_keys`).
+    """
+    ALTER TABLE atmosphere_conversations ADD COLUMN last_write text;
+    CREATE TABLE atmosphere_file_changes (
+        store text NOT NULL,
+        key text NOT NULL,
+        result text NOT NULL,
+        at double precision NOT NULL,
+        PRIMARY KEY (store, key)
+    );
+    CREATE TABLE atmosphere_prompt_keys (
+        scope text PRIMARY KEY,
+        record text NOT NULL,
+        expires_at double precision NOT NULL
+    );
+    CREATE INDEX atmosphere_prompt_keys_age ON atmosphere_prompt_keys (expires_at);
+    """,
+    # 7: run control (`PostgresRunRegistry`): every run's status, usage, error and cancel request.
+    """
+    CREATE TABLE atmosphere_run_control (
+        run_id text PRIMARY KEY,
+        path text NOT NULL,
+        conversation_id text NOT NULL,
+        user_key text NOT NULL,
+        has_user boolean NOT NULL,
+        status text NOT NULL,
+        usage text,
+        error text,
+        cancel text,
+        owner text NOT NULL,
+        lease_until double precision NOT NULL,
+        started_at double precision NOT NULL,
+        updated_at double precision NOT NULL
+    );
+    CREATE INDEX atmosphere_run_control_active
+        ON atmosphere_run_control (path, conversation_id)
+        WHERE status IN ('queued', 'running', 'waiting-approval');
+    CREATE INDEX atmosphere_run_control_updated ON atmosphere_run_control (updated_at);
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 

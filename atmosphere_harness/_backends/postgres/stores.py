@@ -140,6 +140,7 @@ class PostgresWorkspaceStores:
             )
             if deleted == "DELETE 0":
                 continue  # written since the count
+            await connection.execute("DELETE FROM atmosphere_file_changes WHERE store = $1", store)
             excess -= 1
             remaining -= 1
             log.info(

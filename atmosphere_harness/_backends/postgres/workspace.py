@@ -11,6 +11,8 @@ in `atmosphere_files`, so replicas with no shared volume share a conversation's 
 - directories are implicit (a file's parents); a write under a path that is a file, or onto a
   path that is a directory, is refused as on disk;
 - contents are stored as UTF-8 bytes (`bytea`: text may hold NUL, which a `text` column cannot);
+- a change whose acknowledgement was lost (the connection died after its commit) is not
+  applied again by the retry, and answers what it did (`_change`);
 - `glob` and `grep` read the store's rows and match in Python with the files backend's own
   matchers (`filesystem.globbing`, `filesystem.search`), so a pattern means the same thing on
   both backends, including the grep deadline.
@@ -23,6 +25,7 @@ PostgreSQL outage reaches the model as a tool error it can act on ("PostgreSQL i
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from operator import itemgetter
 from typing import Any, TypeVar
@@ -67,6 +70,27 @@ _EDIT_STATE = (
     "count(*) AS files, coalesce(sum(size), 0) AS bytes FROM atmosphere_files WHERE store = $1"
 )
 """The file an edit changes and the store's usage, in one round trip."""
+
+
+CHANGE_KEY_SECONDS = 600.0
+"""How long a change's key is kept: far longer than the one retry that may look for it."""
+_APPLIED = "SELECT result FROM atmosphere_file_changes WHERE store = $1 AND key = $2"
+_RECORD = (
+    "WITH expired AS (DELETE FROM atmosphere_file_changes WHERE store = $1 "
+    "AND at < extract(epoch FROM clock_timestamp()) - $4) "
+    "INSERT INTO atmosphere_file_changes (store, key, result, at) "
+    "VALUES ($1, $2, $3, extract(epoch FROM clock_timestamp()))"
+)
+"""Record a change's key and answer, and forget this store's keys older than `$4` seconds."""
+_LOCK_AND_RECORD = (
+    "WITH expired AS (DELETE FROM atmosphere_file_changes WHERE store = $1 "
+    "AND at < extract(epoch FROM clock_timestamp()) - $4), "
+    "recorded AS (INSERT INTO atmosphere_file_changes (store, key, result, at) "
+    "VALUES ($1, $2, $3, extract(epoch FROM clock_timestamp()))) "
+    "SELECT pg_advisory_xact_lock(hashtextextended('atmosphere_files:' || $1, 0))"
+)
+"""`_RECORD` and `_LOCK` in one round trip, for a change whose answer is known beforehand: the
+record is part of the transaction, so a change that fails takes it back with it."""
 
 
 def _parents(rel: str) -> list[str]:
@@ -228,22 +252,21 @@ class PostgresAgentFileSystem:
         echo = shown(path)
         data = encode_content(content, echo, self.limits)
 
-        async def work(connection: Any) -> None:
-            async with connection.transaction():
-                await connection.execute(_LOCK, self.store)
-                state = await connection.fetchrow(_WRITE_STATE, self.store, rel, _parents(rel))
-                if state["is_dir"]:
-                    raise FileSystemError(f"Cannot write {echo}: it is a directory")
-                if state["parent_file"]:
-                    raise FileSystemError(f"Cannot write {echo}: a parent of it is a file")
-                old = None if state["old"] is None else int(state["old"])
-                held = int(state["files"])
-                self._check_bounds(echo, len(data), old, held, int(state["bytes"]))
-                if held == 0 and self.on_create is not None:
-                    await self.on_create(connection)
-                await self._put(connection, rel, data)
+        async def change(connection: Any) -> str:
+            state = await connection.fetchrow(_WRITE_STATE, self.store, rel, _parents(rel))
+            if state["is_dir"]:
+                raise FileSystemError(f"Cannot write {echo}: it is a directory")
+            if state["parent_file"]:
+                raise FileSystemError(f"Cannot write {echo}: a parent of it is a file")
+            old = None if state["old"] is None else int(state["old"])
+            held = int(state["files"])
+            self._check_bounds(echo, len(data), old, held, int(state["bytes"]))
+            if held == 0 and self.on_create is not None:
+                await self.on_create(connection)
+            await self._put(connection, rel, data)
+            return ""
 
-        await self._run(work)
+        await self._change(change)
 
     async def edit(
         self, path: str, old_text: str, new_text: str, *, replace_all: bool = False
@@ -255,79 +278,111 @@ class PostgresAgentFileSystem:
         if not isinstance(new_text, str):
             raise FileSystemError("new_text must be a string")
 
-        async def work(connection: Any) -> int:
-            async with connection.transaction():
-                await connection.execute(_LOCK, self.store)
-                state = await connection.fetchrow(_EDIT_STATE, self.store, rel)
-                found: bytes | None = state["content"]
-                if found is None:
-                    raise FileNotFoundInWorkspace(f"File not found: {echo}")
-                text = bytes(found).decode("utf-8")
-                count = text.count(old_text)
-                check_matches(echo, count, replace_all)
-                updated = (
-                    text.replace(old_text, new_text)
-                    if replace_all
-                    else text.replace(old_text, new_text, 1)
+        async def change(connection: Any) -> str:
+            state = await connection.fetchrow(_EDIT_STATE, self.store, rel)
+            found: bytes | None = state["content"]
+            if found is None:
+                raise FileNotFoundInWorkspace(f"File not found: {echo}")
+            text = bytes(found).decode("utf-8")
+            count = text.count(old_text)
+            check_matches(echo, count, replace_all)
+            updated = (
+                text.replace(old_text, new_text)
+                if replace_all
+                else text.replace(old_text, new_text, 1)
+            )
+            if updated != text:
+                data = updated.encode("utf-8")
+                check_file_size(echo, len(data), self.limits)
+                self._check_bounds(
+                    echo, len(data), len(found), int(state["files"]), int(state["bytes"])
                 )
-                if updated != text:
-                    data = updated.encode("utf-8")
-                    check_file_size(echo, len(data), self.limits)
-                    self._check_bounds(
-                        echo, len(data), len(found), int(state["files"]), int(state["bytes"])
-                    )
-                    await self._put(connection, rel, data)
-                return count if replace_all else 1
+                await self._put(connection, rel, data)
+            return str(count if replace_all else 1)
 
-        return await self._run(work)
+        return int(await self._change(change, None if replace_all else "1"))
 
     async def delete(self, path: str) -> None:
         rel = check_path(path)
         echo = shown(path)
 
-        async def work(connection: Any) -> None:
-            async with connection.transaction():
-                await connection.execute(_LOCK, self.store)
-                gone = await connection.fetch(
-                    "DELETE FROM atmosphere_files WHERE store = $1 AND "
-                    "(path = $2 OR starts_with(path, $2 || '/')) RETURNING 1",
-                    self.store,
-                    rel,
-                )
-                if not gone:
-                    raise FileNotFoundInWorkspace(f"Not found: {echo}")
+        async def change(connection: Any) -> str:
+            gone = await connection.fetch(
+                "DELETE FROM atmosphere_files WHERE store = $1 AND "
+                "(path = $2 OR starts_with(path, $2 || '/')) RETURNING 1",
+                self.store,
+                rel,
+            )
+            if not gone:
+                raise FileNotFoundInWorkspace(f"Not found: {echo}")
+            return ""
 
-        await self._run(work)
+        await self._change(change)
 
     async def rename(self, old_path: str, new_path: str) -> None:
         old_rel, new_rel = check_path(old_path), check_path(new_path)
         old_echo, new_echo = shown(old_path), shown(new_path)
 
-        async def work(connection: Any) -> None:
-            async with connection.transaction():
-                await connection.execute(_LOCK, self.store)
-                is_file = await self._is_file(connection, old_rel)
-                if not is_file and not await self._under(connection, old_rel):
-                    raise FileNotFoundInWorkspace(f"Not found: {old_echo}")
-                if await self._is_file(connection, new_rel) or await self._under(
-                    connection, new_rel
-                ):
-                    raise FileSystemError(
-                        f"Destination already exists: {new_echo} — delete it first if you want "
-                        "to replace it"
-                    )
-                if is_under(new_rel, old_rel):
-                    raise FileSystemError(f"Cannot move {old_echo} into itself ({new_echo})")
-                await self._check_parents(connection, new_rel, new_echo)
-                await connection.execute(
-                    "UPDATE atmosphere_files SET path = $3 || substr(path, length($2) + 1) "
-                    "WHERE store = $1 AND (path = $2 OR starts_with(path, $2 || '/'))",
-                    self.store,
-                    old_rel,
-                    new_rel,
+        async def change(connection: Any) -> str:
+            is_file = await self._is_file(connection, old_rel)
+            if not is_file and not await self._under(connection, old_rel):
+                raise FileNotFoundInWorkspace(f"Not found: {old_echo}")
+            if await self._is_file(connection, new_rel) or await self._under(connection, new_rel):
+                raise FileSystemError(
+                    f"Destination already exists: {new_echo} — delete it first if you want "
+                    "to replace it"
                 )
+            if is_under(new_rel, old_rel):
+                raise FileSystemError(f"Cannot move {old_echo} into itself ({new_echo})")
+            await self._check_parents(connection, new_rel, new_echo)
+            await connection.execute(
+                "UPDATE atmosphere_files SET path = $3 || substr(path, length($2) + 1) "
+                "WHERE store = $1 AND (path = $2 OR starts_with(path, $2 || '/'))",
+                self.store,
+                old_rel,
+                new_rel,
+            )
+            return ""
 
-        await self._run(work)
+        await self._change(change)
+
+    async def _change(
+        self, change: Callable[[Any], Awaitable[str]], answer: str | None = ""
+    ) -> str:
+        """Run `change(connection)` in one transaction under the store's lock, at most once.
+
+        The change gets a key before its first attempt, recorded with its answer in the same
+        transaction: with the lock, in one statement, when the answer is known beforehand
+        (`answer`: a write, a rename, a delete, an edit of one occurrence), so a change costs no
+        extra round trip; after the change otherwise (`None`: an edit of every occurrence
+        answers their count). When the connection dies before the commit's answer comes back,
+        `database.run` runs `work` again; that retry first looks for the key (after the lock, so
+        a first attempt the server is still finishing is waited for) and, when the first attempt
+        did commit, answers what it answered instead of applying the change again (an applied
+        edit is reported as applied, never as "old_text not found").
+        """
+        key = uuid.uuid4().hex
+        attempts = 0
+
+        async def work(connection: Any) -> str:
+            nonlocal attempts
+            attempts += 1
+            async with connection.transaction():
+                if attempts == 1 and answer is not None:
+                    await connection.execute(
+                        _LOCK_AND_RECORD, self.store, key, answer, CHANGE_KEY_SECONDS
+                    )
+                    return await change(connection)
+                await connection.execute(_LOCK, self.store)
+                if attempts > 1:
+                    done: str | None = await connection.fetchval(_APPLIED, self.store, key)
+                    if done is not None:
+                        return done
+                result = await change(connection)
+                await connection.execute(_RECORD, self.store, key, result, CHANGE_KEY_SECONDS)
+                return result
+
+        return await self._run(work)
 
     # --- helpers --------------------------------------------------------------------------
 

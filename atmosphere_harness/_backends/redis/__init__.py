@@ -26,10 +26,12 @@ from ..state import StateBackends, shared_runs
 from .approvals import RedisApprovalStore
 from .bus import RedisPlanBus
 from .connection import RedisConnection
+from .control import RedisRunRegistry
 from .history import RedisHistory
 from .locks import RedisConversationLocks
 from .long_term import RedisLongTermMemory
 from .plans import RedisPlanStore
+from .prompt_keys import RedisPromptKeys
 from .runs import RedisRunStore
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "RedisLongTermMemory",
     "RedisPlanBus",
     "RedisPlanStore",
+    "RedisRunRegistry",
     "RedisRunStore",
     "RedisUnavailable",
     "redis_backends",
@@ -69,10 +72,12 @@ def redis_backends(settings: HarnessSettings) -> StateBackends:
         plan_stores=lambda root: RedisPlanStore.for_root(connection, root),
         plan_bus=bus,
         approvals=RedisApprovalStore(connection),
+        run_registry=RedisRunRegistry(connection),
         history=RedisHistory(connection),
         long_term_memory=RedisLongTermMemory(
             connection, max_facts_per_user=settings.groups.memory.max_facts
         ),
+        prompt_keys=RedisPromptKeys(connection),
         resources=[connection],
     )
     backends.runs = shared_runs(RedisRunStore(connection), settings)

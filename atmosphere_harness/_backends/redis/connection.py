@@ -20,6 +20,8 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -37,6 +39,12 @@ POOL_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5.0
 SOCKET_TIMEOUT = 15.0
 """A command that gets no answer for this long fails (longer than every blocking read we do)."""
+
+
+def _never_resend() -> Retry:
+    """No automatic re-send: a command whose reply was lost may have run, and running it again
+    could apply it twice (a turn, a lock); its failure reaches the store as `RedisUnavailable`."""
+    return Retry(NoBackoff(), 0)
 
 
 def describe_url(url: str) -> str:
@@ -93,6 +101,7 @@ class RedisConnection:
             socket_connect_timeout=CONNECT_TIMEOUT,
             socket_timeout=SOCKET_TIMEOUT,
             decode_responses=True,
+            retry=_never_resend(),
         )
         self.client: Redis = Redis.from_pool(pool)
         self._closed = False
@@ -116,6 +125,7 @@ class RedisConnection:
             socket_connect_timeout=CONNECT_TIMEOUT,
             socket_timeout=SOCKET_TIMEOUT,
             decode_responses=True,
+            retry=_never_resend(),
         )
 
     def scrub(self, text: object) -> str:

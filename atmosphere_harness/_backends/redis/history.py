@@ -23,6 +23,7 @@ or lapses if the extracting replica dies, so a later close retries.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,17 +45,21 @@ EXTRACTION_CLAIM = 300
 """Seconds one replica's claim to extract a conversation holds if it never finishes."""
 
 _APPEND = """
+if redis.call('HGET', KEYS[1], 'write') == ARGV[8] then
+    return {tonumber(redis.call('HGET', KEYS[1], 'last')), redis.call('ZCARD', KEYS[4])}
+end
 local first = redis.call('HGET', KEYS[1], 'first')
 if not first then
     redis.call('HSET', KEYS[1], 'first', 1, 'last', 0, 'extracted', 0, 'summary_seq', 0)
 end
 local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
-local count = #ARGV - 7
-for i = 8, #ARGV, 500 do
+local count = #ARGV - 8
+for i = 9, #ARGV, 500 do
     redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 499, #ARGV)))
 end
 redis.call('HSET', KEYS[1], 'last', last + count, 'updated', ARGV[1], 'closed', 0,
-    'endpoint', ARGV[2], 'user', ARGV[3], 'conversation', ARGV[4], 'lock', ARGV[5])
+    'endpoint', ARGV[2], 'user', ARGV[3], 'conversation', ARGV[4], 'lock', ARGV[5],
+    'write', ARGV[8])
 redis.call('ZADD', KEYS[3], ARGV[1], ARGV[6])
 redis.call('ZADD', KEYS[4], ARGV[1], ARGV[6])
 local size = redis.call('LLEN', KEYS[2])
@@ -66,7 +71,9 @@ end
 return {last, redis.call('ZCARD', KEYS[4])}
 """
 # KEYS: meta, messages, open zset, all zset.
-# ARGV: now, endpoint, user, conversation, lock key, digest, max messages, message...
+# ARGV: now, endpoint, user, conversation, lock key, digest, max messages, write key, message...
+# The write key is made once per turn: the same script sent again (its reply was lost and
+# something re-sent it) finds it in the hash and stores nothing.
 
 _READ_FUNCTION = """
 local function read(meta, messages, after_arg, limit_arg)
@@ -233,6 +240,7 @@ class RedisHistory:
                     lock_key(self.connection, key.endpoint, key.conversation_id),
                     self._name(key),
                     self.max_messages,
+                    uuid.uuid4().hex,
                     *encoded,
                 ],
             )

@@ -102,10 +102,27 @@
     if (name === "workspace") refreshWorkspace();
   }
 
-  function setStatus(kind, text) {
+  function setStatus(kind, text, title) {
     const status = $("#status");
     status.dataset.state = kind;
     status.textContent = text;
+    status.title = title || "";
+  }
+
+  // The badge tells the truth before the first message too: the server answered the info
+  // endpoint ("ready"; the chat socket opens with the first message) or it did not.
+  async function probe() {
+    try {
+      const result = await getJson("/api/console/info");
+      if (result.status === 200) {
+        setStatus("ready", "ready", "The server answers; the chat connects when you send a message.");
+        return result.body;
+      }
+      setStatus("failed", `console info: HTTP ${result.status}`);
+    } catch (error) {
+      setStatus("failed", "server unreachable");
+    }
+    return null;
   }
 
   // --- endpoints and conversations ---------------------------------------------------------
@@ -118,12 +135,34 @@
 
   function newConversation() {
     setConversation(newId());
-    const transcript = $("#transcript");
-    transcript.replaceChildren(el("p", { class: "hint" }, "New conversation ", el("code", {}, state.conversation)));
+    clearTranscript(el("p", { class: "hint" }, "A new conversation: nothing said yet."));
+    renderSuggestions();
+  }
+
+  // A conversation typed into the header box: the chat follows it. Earlier turns cannot be
+  // shown (no route reads a conversation's history), so the chat says so rather than looking
+  // like a new conversation. A history route would be read here.
+  function openConversation(id) {
+    setConversation(id);
+    clearTranscript(
+      el(
+        "p",
+        { class: "hint", id: "history-hint" },
+        "Earlier turns are not shown: the console cannot read a conversation's history. " +
+          "Messages you send continue conversation ",
+        el("code", {}, id),
+        "; its plan and files are on the Workspace tab.",
+      ),
+    );
+    renderSuggestions();
+    $("#suggestions").open = false;
+  }
+
+  function clearTranscript(first) {
+    $("#transcript").replaceChildren(first);
     state.tools.clear();
     state.subagents.clear();
     state.bubble = null;
-    renderSuggestions();
   }
 
   // --- suggested prompts: open on a new conversation, collapsed under the input after that ---
@@ -165,11 +204,13 @@
   function setConversation(id) {
     state.conversation = id;
     $("#conversation").value = id;
+    // The chat header names the conversation the next message goes to. Run controls (a Stop
+    // button) belong in #chat-actions next to it.
+    $("#chat-conversation").textContent = id;
     state.filesPath = "";
     renderPlan($("#plan-live"), null, "No plan yet in this conversation.");
     $("#plan-stored").replaceChildren(el("p", { class: "empty" }, "Nothing loaded."));
-    $("#viewer").textContent = "";
-    $("#viewer-path").textContent = "";
+    viewerHint(NO_FILE_SELECTED);
     watchPlan();
     if (!$("#tab-workspace").hidden) refreshWorkspace();
   }
@@ -210,6 +251,7 @@
       state.socket = null;
       setStatus("idle", "disconnected");
       if (state.busy) finishRun("The connection closed before the run ended.", true);
+      probe();
     });
     return socket;
   }
@@ -241,6 +283,12 @@
 
   function onFrame(frame) {
     const data = frame.data || {};
+    if (frame.conversationId && frame.conversationId !== state.conversation) {
+      // A run of the conversation the chat has left (the box was switched while it ran): it is
+      // not drawn into the one now shown; its end frees the composer.
+      if (frame.event === "complete" || frame.event === "error") finishRun(null, false);
+      return;
+    }
     switch (frame.event) {
       case "heartbeat":
         setStatus("live", `connected · heartbeat ${new Date().toLocaleTimeString()}`);
@@ -379,6 +427,11 @@
     await showFile(path);
   }
 
+  function openFolder(path) {
+    state.filesPath = path;
+    showTab("workspace");
+  }
+
   function approvalRequired(data) {
     const outcome = el("span", { class: "badge running" }, "waiting");
     const buttons = el("div", { class: "actions" });
@@ -432,7 +485,7 @@
       report,
     );
     node.dataset.subagentId = data.subagentId;
-    state.subagents.set(data.subagentId, { node, status, plan, report });
+    state.subagents.set(data.subagentId, { node, status, plan, report, agentId: data.agentId, parent: data.parentSubagentId });
     $("#transcript").append(node);
   }
 
@@ -443,6 +496,20 @@
     entry.status.textContent = data.status || (failed ? "failed" : "completed");
     entry.status.className = `badge ${failed ? "failed" : "done"}`;
     entry.report.replaceChildren(el("pre", {}, data.error || data.report || ""));
+    if (data.files) {
+      // The sub-agent's files, kept in its parent's workspace when it ended: a nested one's
+      // folder is inside its parent sub-agent's, which is kept in this conversation in turn.
+      let folder = data.files;
+      for (let up = state.subagents.get(entry.parent); up; up = state.subagents.get(up.parent)) {
+        folder = `subagents/${up.agentId}/${folder}`;
+      }
+      // A fleet member's sub-agent keeps them in that member's own conversation, which this
+      // console does not browse: the folder is named, not linked.
+      const where = data.fleetAgent
+        ? [el("code", {}, `${folder}/`), ` in ${data.fleetAgent}'s workspace`]
+        : [el("button", { type: "button", class: "link", "data-path": folder, onclick: () => openFolder(folder) }, `${folder}/`)];
+      entry.node.append(el("p", { class: "offload" }, "Its files: ", ...where));
+    }
   }
 
   // --- plans -------------------------------------------------------------------------------
@@ -517,14 +584,27 @@
     box.textContent = text || "";
   }
 
+  const NO_FILE_SELECTED = "No file selected: pick one under Files.";
+
+  // The file viewer is never a blank box: it says why it shows nothing.
+  function viewerHint(text) {
+    const viewer = $("#viewer");
+    viewer.replaceChildren(el("span", { class: "empty" }, text));
+    viewer.dataset.empty = "true";
+    delete viewer.dataset.path;
+    $("#viewer-path").textContent = "";
+  }
+
   async function refreshWorkspace() {
     if (!state.endpoint || $("#tab-workspace").hidden) return;
     if (!state.token) {
       notice("Workspace reads need the admin token: open the console as /atmosphere/console/#token=<ATMOSPHERE_ADMIN_TOKEN>.");
+      viewerHint("Files can be read with the admin token only.");
       return;
     }
     if (!ownerHas("plan") && !ownerHas("filesystem")) {
       notice(`${state.endpoint.owner} has no plan store or filesystem attached.`);
+      viewerHint(`${state.endpoint.owner} has no filesystem attached.`);
       return;
     }
     notice("");
@@ -557,6 +637,7 @@
     $("#files-path").textContent = state.filesPath || ".";
     if (!ownerHas("filesystem")) {
       list.replaceChildren(el("li", { class: "empty" }, "No filesystem attached."));
+      viewerHint(`${state.endpoint.owner} has no filesystem attached.`);
       return;
     }
     const result = await getJson(
@@ -566,6 +647,7 @@
     );
     if (result.status === 404) {
       list.replaceChildren(el("li", { class: "empty" }, "No files in this conversation yet."));
+      if ($("#viewer").dataset.empty === "true") viewerHint("This conversation has no files yet.");
       return;
     }
     if (result.status !== 200) {
@@ -573,6 +655,7 @@
       return;
     }
     const entries = result.body.entries;
+    if ($("#viewer").dataset.empty === "true") viewerHint(NO_FILE_SELECTED);
     if (!entries.length) {
       list.replaceChildren(el("li", { class: "empty" }, "(empty directory)"));
       return;
@@ -607,6 +690,7 @@
     $("#viewer-path").textContent = path;
     const viewer = $("#viewer");
     viewer.textContent = "loading…";
+    viewer.dataset.empty = "false";
     const result = await getJson(
       `/api/admin/agents/${encodeURIComponent(state.endpoint.owner)}/files/content`,
       { conversationId: state.conversation, path },
@@ -618,15 +702,26 @@
 
   // --- the harness tab ---------------------------------------------------------------------
 
+  // Keys the tab lays out itself; any other key of the info (app-wide or per endpoint) is shown
+  // generically, so a new runtime fact appears without a console change.
+  const INFO_SHOWN = new Set(["version", "runtime", "harness", "backends", "endpoints"]);
+  const ENDPOINT_SHOWN = new Set(["path", "kind", "owner", "features", "harness", "tools", "skills", "toolServers"]);
+
+  function valueView(value) {
+    // A list (a model chain: first choice first) is an ordered row; a map (`mcp`: one state per
+    // server) is a nested table; anything else is one state.
+    if (Array.isArray(value)) {
+      if (!value.length) return el("span", { class: "muted" }, "none");
+      return el("ol", { class: "values" }, ...value.map((item) => el("li", {}, valueView(item))));
+    }
+    if (typeof value === "object" && value !== null) return truthTable(value);
+    return stateBadge(String(value));
+  }
+
   function truthTable(truth) {
     const rows = Object.keys(truth || {})
       .sort()
-      .map((key) => {
-        const value = truth[key];
-        // A map of states (`mcp`: one per server) is a nested table.
-        const cell = typeof value === "object" && value !== null ? truthTable(value) : stateBadge(String(value));
-        return el("tr", {}, el("th", { scope: "row" }, key), el("td", {}, cell));
-      });
+      .map((key) => el("tr", {}, el("th", { scope: "row" }, key), el("td", {}, valueView(truth[key]))));
     return el("table", { class: "truth" }, el("tbody", {}, ...rows));
   }
 
@@ -635,8 +730,13 @@
     return el("span", { class: `state ${kind}` }, value);
   }
 
+  function otherKeys(source, shown) {
+    const rest = Object.fromEntries(Object.entries(source).filter(([key]) => !shown.has(key)));
+    return Object.keys(rest).length ? rest : null;
+  }
+
   function skillList(skills) {
-    if (!skills || !skills.length) return null;
+    if (!skills || !skills.length) return el("p", { class: "muted" }, "skills: none");
     return el(
       "div",
       { class: "skills" },
@@ -645,21 +745,50 @@
     );
   }
 
+  function mcpServers(endpoint) {
+    // server -> its tools, from `toolServers`; the server's state is in the truth table (`mcp`).
+    const servers = new Map();
+    for (const [tool, server] of Object.entries(endpoint.toolServers || {})) {
+      servers.set(server, [...(servers.get(server) || []), tool]);
+    }
+    const states = (endpoint.harness && endpoint.harness.mcp) || {};
+    for (const server of Object.keys(states)) if (!servers.has(server)) servers.set(server, []);
+    if (!servers.size) return el("p", { class: "muted mcp-servers" }, "MCP servers: none");
+    return el(
+      "p",
+      { class: "muted mcp-servers" },
+      "MCP servers: ",
+      ...[...servers.keys()].sort().flatMap((server, index) => [
+        index ? "; " : "",
+        el("strong", {}, server),
+        ` (${servers.get(server).sort().join(", ") || "no tools"})`,
+      ]),
+    );
+  }
+
   function renderHarness(info) {
+    const runtime = info.runtime || { name: "?", capabilities: [] };
     const blocks = [
-      el("p", { class: "muted" }, `atmosphere-harness ${info.version} · runtime `, el("strong", {}, info.runtime.name), ` (${info.runtime.capabilities.join(", ")})`),
+      el("p", { class: "muted" }, `atmosphere-harness ${info.version} · runtime `, el("strong", {}, runtime.name), ` (${runtime.capabilities.join(", ")})`),
       el("h2", {}, "App-wide runtime truth"),
       info.harness ? truthTable(info.harness) : el("p", { class: "empty" }, "No endpoint resolved the harness."),
+      el("h2", {}, "Backends"),
+      info.backends ? truthTable(info.backends) : el("p", { class: "empty" }, "Not reported."),
     ];
+    const extra = otherKeys(info, INFO_SHOWN);
+    if (extra) blocks.push(el("h2", {}, "Other runtime facts"), truthTable(extra));
     for (const endpoint of info.endpoints) {
+      const more = otherKeys(endpoint, ENDPOINT_SHOWN);
       blocks.push(
         el(
           "div",
-          { class: "panel endpoint" },
+          { class: "panel endpoint", "data-path": endpoint.path },
           el("h2", {}, el("code", {}, endpoint.path), " ", el("span", { class: "badge" }, endpoint.kind)),
           el("p", {}, "owner ", el("strong", {}, endpoint.owner), " · features ", endpoint.features.length ? endpoint.features.join(", ") : "none"),
           truthTable(endpoint.harness),
+          more ? truthTable(more) : null,
           el("p", { class: "muted tools" }, `tools: ${endpoint.tools.join(", ") || "none"}`),
+          mcpServers(endpoint),
           skillList(endpoint.skills),
         ),
       );
@@ -688,7 +817,7 @@
     $("#new-conversation").addEventListener("click", newConversation);
     $("#conversation").addEventListener("change", (event) => {
       const value = event.target.value.trim();
-      if (value) setConversation(value);
+      if (value && value !== state.conversation) openConversation(value);
     });
     $("#plan-refresh").addEventListener("click", loadStoredPlan);
     $("#files-refresh").addEventListener("click", loadFiles);
@@ -696,12 +825,9 @@
       openDirectory(state.filesPath.includes("/") ? state.filesPath.slice(0, state.filesPath.lastIndexOf("/")) : "");
     });
 
-    const info = await getJson("/api/console/info");
-    if (info.status !== 200) {
-      setStatus("failed", `console info: HTTP ${info.status}`);
-      return;
-    }
-    state.info = info.body;
+    const info = await probe();
+    if (!info) return;
+    state.info = info;
     const owners = await getJson("/api/admin/workspace/owners", {}, true);
     state.owners = owners.status === 200 ? owners.body : [];
     renderHarness(state.info);
