@@ -45,8 +45,8 @@ docs: $(VENV)/.installed-dev
 # in its own venv so the test environment stays as users install it. `make bench` runs them all,
 # showing progress and an ETA, and writes benchmarks/results.json (headline figures),
 # benchmarks/results/*.json (each script's whole document) and benchmarks/charts/*.png, all
-# git-ignored. The committed reference run is benchmarks/reference/; `make bench-reference` makes
-# the last run the reference and redraws docs/images/bench-*.png (`make bench-charts` only
+# git-ignored. The committed run is benchmarks/reference/; `make bench-reference` makes the last
+# run the committed one and redraws docs/images/bench-*.png (`make bench-charts` only
 # redraws). docs/benchmarks.md explains the figures.
 BENCH_VENV := .venv-bench
 

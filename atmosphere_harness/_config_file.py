@@ -1,4 +1,4 @@
-"""`ATMOSPHERE_CONFIG_FILE`: the seed's configuration keys from a YAML, .properties or TOML file.
+"""`ATMOSPHERE_CONFIG_FILE`: Atmosphere's configuration keys from a YAML, .properties or TOML file.
 
 Users of the Java framework keep their settings in `application.yml`, `application.properties`
 or servlet init-params, under keys such as `atmosphere.ai.harness.enabled`,
@@ -57,7 +57,7 @@ SUFFIXES = {".yml": "YAML", ".yaml": "YAML", ".properties": "properties", ".toml
 
 @dataclass(frozen=True)
 class SeedKey:
-    """One setting as the seed spells it in each of its runtimes (`None`: that runtime has none)."""
+    """One setting as Atmosphere spells it in each runtime (`None`: that runtime has none)."""
 
     field: str
     spring: str | None = None
@@ -177,7 +177,7 @@ _UNSUPPORTED = [(rooted(normalize(key.removesuffix(".*"))), key, why) for key, w
 
 
 def unsupported_reason(root: str) -> tuple[str, str] | None:
-    """(the seed key as documented, why it is ignored) for a known key with no equivalent."""
+    """(the Atmosphere key as documented, why it is ignored) for a known key with no equivalent."""
     for prefix, key, why in _UNSUPPORTED:
         assert prefix is not None
         family = key.endswith(".*")

@@ -1,8 +1,10 @@
-"""`FileSystemLimits`: the bounds of one workspace store.
+"""The default bounds the settings carry: `FileSystemLimits` (one workspace store) and what one
+model message may ask of the executor.
 
-They live beside the settings (which carry them, `ATMOSPHERE_AI_FILESYSTEM_LIMITS`) rather than in
-the filesystem package, so configuration never depends on a primitive;
-`atmosphere_harness._filesystem` re-exports them.
+They live beside the settings (`ATMOSPHERE_AI_FILESYSTEM_LIMITS`,
+`ATMOSPHERE_AI_MAX_TOOL_CALLS_PER_MESSAGE`, `ATMOSPHERE_AI_MAX_TOOL_ARGUMENT_CHARS`) rather than in
+the filesystem package or the tools, so configuration depends on no layer above the foundations;
+`atmosphere_harness._filesystem` and `atmosphere_harness._tools.bounds` re-export them.
 """
 
 from __future__ import annotations
@@ -11,6 +13,12 @@ from dataclasses import dataclass
 
 KIB = 1024
 MIB = 1024 * KIB
+
+DEFAULT_MAX_TOOL_CALLS = 256
+"""Tool calls one model message may ask for (`ATMOSPHERE_AI_MAX_TOOL_CALLS_PER_MESSAGE`)."""
+DEFAULT_MAX_ARGUMENT_CHARS = 1024 * 1024
+"""Characters one call's arguments may hold (`ATMOSPHERE_AI_MAX_TOOL_ARGUMENT_CHARS`): twice the
+default per-file limit, so a maximal `write_file` or `edit_file` always fits."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Harness resolution (which features an endpoint gets) and runtime truth (what really attached).
 
-`HarnessPreset.features_for` applies the precedence of the reference exactly:
+`HarnessPreset.features_for` applies the precedence of Atmosphere's Java harness exactly:
 
 1. kill switch (the app-wide flag present and not `true`) -> nothing;
 2. an excluded path (exact match) -> nothing;
@@ -9,7 +9,7 @@
 5. otherwise nothing.
 
 `RuntimeTruth` holds the per-primitive state strings shown at `GET /api/console/info`: one
-app-wide map (seeded as the reference seeds it) and one map per endpoint. States only move up:
+app-wide map (seeded as Atmosphere seeds it) and one map per endpoint. States only move up:
 an attach engine reports what it really attached, and a later endpoint that attached nothing never
 overwrites an `ACTIVE` state another endpoint earned.
 """
@@ -36,7 +36,7 @@ MCP = "mcp"
 DURABLE_RUNS = "durable-runs"
 TRACING = "tracing"
 IDENTITY = "identity"
-"""Per endpoint only (the app-wide block keeps the seed's keys): where the user comes from."""
+"""Per endpoint only (the app-wide block keeps Atmosphere's keys): where the user comes from."""
 
 DISABLED = "INACTIVE(disabled)"
 NO_ENDPOINT = "INACTIVE(no-endpoint)"
@@ -216,7 +216,7 @@ def effective_cache_policy(
 ) -> PromptCache:
     """Effective prompt-cache policy: annotation -> setting (`none` suppresses) -> CACHE -> none.
 
-    The `prompt_cache_default` setting is independent of the kill switch, as in the reference.
+    The `prompt_cache_default` setting is independent of the kill switch, as in Atmosphere.
     """
     if annotation is not None and annotation is not PromptCache.NONE:
         return annotation

@@ -25,9 +25,8 @@ from pydantic_settings import (
 
 from ._cache import PromptCache, cache_key_host_allowed
 from ._config_file import CONFIG_FILE_ENV, ConfigFileSettingsSource
-from ._limits import FileSystemLimits
+from ._limits import DEFAULT_MAX_ARGUMENT_CHARS, DEFAULT_MAX_TOOL_CALLS, FileSystemLimits
 from ._log import get_logger
-from ._tools.bounds import DEFAULT_MAX_ARGUMENT_CHARS, DEFAULT_MAX_TOOL_CALLS
 
 log = get_logger(__name__)
 
@@ -339,7 +338,7 @@ class HarnessSettings(BaseSettings):
     proxy that removes the header from what clients send and sets it itself."""
 
     config_file: Path | None = Field(None, validation_alias=_env(CONFIG_FILE_ENV))
-    """A YAML (`.yml`, `.yaml`), `.properties` or TOML file of settings under the seed's keys
+    """A YAML (`.yml`, `.yaml`), `.properties` or TOML file of settings under Atmosphere's keys
     (`atmosphere.ai.harness.enabled`, ...), read below the environment (see `config_file`
     module). Only the constructor and the environment can name it; no part of the harness reads
     it afterwards, so it belongs to no group."""

@@ -4,7 +4,7 @@
 
 `--from` is a run's directory (`benchmarks/` after `make bench`, the default, or
 `benchmarks/reference/`, the committed run); `--out` is where the PNGs go (`benchmarks/charts/`,
-git-ignored, by default). The charts in `docs/images/` are the reference run's:
+git-ignored, by default). The charts in `docs/images/` are drawn from that committed run:
 `make bench-charts` redraws them.
 
 - `bench-headlines.png`: ours against deepagents, one panel per headline figure that has a peer;

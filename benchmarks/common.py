@@ -1,4 +1,4 @@
-"""Pieces several benchmarks share: the peer study's workload, the scripted deepagents model,
+"""Pieces several benchmarks share: deepagents' benchmark workload, the scripted deepagents model,
 and small measuring helpers.
 
 Scripts import it as `common` (they run as `python benchmarks/<name>.py`, which puts this
@@ -45,7 +45,7 @@ def _line(rng: random.Random, tag: str = "") -> str:
 def make_workload(
     n_files: int = 200, size_kib: int = 50, seed: int = 1234
 ) -> list[tuple[str, str]]:
-    """`(relative path, content)` pairs, byte for byte the deepagents peer study's workload.
+    """`(relative path, content)` pairs, byte for byte deepagents' benchmark workload.
 
     800 lines of exactly 64 bytes per 50 KiB file in `pkg{0..9}/sub{0,1}/`; `needle_token` on
     every 50th line, one `UNIQUE_SENTINEL_XYZ` line in the middle file, one `EDIT_ANCHOR_<i>`
@@ -153,7 +153,7 @@ def disk_bytes(root: Path) -> int:
 
 
 def checkpoint_bytes(value: Any, depth: int = 0) -> int:
-    """Serialized bytes a LangGraph `InMemorySaver` holds (the peer study's measure).
+    """Serialized bytes a LangGraph `InMemorySaver` holds (deepagents' own measure of its state).
 
     Pass the saver's `storage`, `blobs` and `writes` together: the sum of every `bytes` leaf.
     """

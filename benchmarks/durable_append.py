@@ -5,7 +5,7 @@
 The embedded journal writes a run's frames and checkpoints on the event loop
 (`SqliteRunStore.append_now`, see docs/durable-runs.md). This measures that on-loop time as a
 run of `--turns` model turns of the `turns` benchmark makes it: per turn one append with the
-model's answer (a `write_file` of 1 KiB or 50 KiB of the peer study's content) and its
+model's answer (a `write_file` of 1 KiB or 50 KiB of the shared workload's content) and its
 `tool-start` frame, then one with the call's `started` mark, its result and its `tool-result`
 frame, all on one store (whose WAL the database thread checkpoints meanwhile, every 1 MiB,
 when the run is written into SQLite rows, as before the run logs).

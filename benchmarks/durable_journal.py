@@ -5,7 +5,7 @@
 `turns.py --sections durable` measures a whole prompt with durable runs off and on; on a busy
 2-core machine its figure moves by tens of microseconds from run to run, more than what a
 change to the journal moves. This records the journal calls of one real durable `turns` prompt
-(`seq <turns> <KiB>`: each model turn one `write_file` of 1 KiB or 50 KiB of the peer study's
+(`seq <turns> <KiB>`: each model turn one `write_file` of 1 KiB or 50 KiB of the shared workload's
 content; every `LiveRun.publish` and `LiveRun.checkpoint` the kernel made, in order) and replays
 them on a live run with a reader attached, without a store (durable runs off) and with the
 embedded one (`SqliteRunStore`, durable runs on), alternated `--repeats` times in one process.

@@ -1,6 +1,6 @@
 """Filesystem benchmark: our files and PostgreSQL workspaces vs deepagents' backends, and `rg`.
 
-Workload (deterministic, seed 1234, the one of the deepagents peer study): 200 files of 50 KiB
+Workload (deterministic, seed 1234, deepagents' benchmark workload): 200 files of 50 KiB
 (800 lines of exactly 64 bytes) in `pkg{0..9}/sub{0,1}/`, even indices `mod_XXX.py`, odd
 `doc_XXX.md`; `needle_token` on every 50th line (3,200 hits), one `UNIQUE_SENTINEL_XYZ` line (a
 full scan, 1 hit), one `EDIT_ANCHOR_<i>` line per file.
@@ -226,7 +226,7 @@ class Peer:
     """One repeat on a fresh deepagents `FilesystemBackend(virtual_mode=True)`.
 
     `asynchronous` calls its `a*` methods (thread-hop wrappers, what an async server pays),
-    otherwise the sync ones the peer study timed; `ripgrep=False` forces its Python grep.
+    otherwise the sync ones deepagents' benchmark times; `ripgrep=False` forces its Python grep.
     """
 
     def __init__(

@@ -152,7 +152,7 @@ def turns_section(repeats: int) -> dict[str, Any]:
 
 
 def peer_turns(size_kib: int, checkpointer: bool) -> dict[str, Any]:
-    """deepagents: one invoke, 60 model turns each with one write_file (as in the peer study)."""
+    """deepagents: one invoke, 60 model turns each with one write_file (the shared workload)."""
     import uuid
 
     from deepagents import create_deep_agent

@@ -11,12 +11,12 @@ A figure whose benchmark was not run (`--only`) has `ours: null`.
 
 Everything a run writes is git-ignored (`make bench` never dirties the tree): the two above,
 `{out}/timings.json` (seconds per script, the next run's ETA) and `{out}/charts/*.png` (drawn
-by `charts.py` when matplotlib is installed). The committed reference run lives apart, in
-`benchmarks/reference/`; `make bench-reference` makes the last run the reference and redraws the
+by `charts.py` when matplotlib is installed). The committed run lives apart, in
+`benchmarks/reference/`; `make bench-reference` makes the last run the committed one and redraws the
 charts of `docs/images/`.
 
 Progress goes to stderr: which benchmark, i/N, elapsed, and an ETA from the previous run's
-seconds per script (`{out}/timings.json`, else the reference run's), redrawn every second on a
+seconds per script (`{out}/timings.json`, else the committed run's), redrawn every second on a
 terminal and one line per benchmark otherwise.
 
 `--quick` runs every script on a tiny workload (a check that everything runs, not figures).

@@ -18,7 +18,7 @@ Figures (one JSON document on stdout):
   (durable runs on: the run journalled in PostgreSQL) and `postgres_without_run_feed` (as
   before the run frame feed existed: `benchmarks/without_run_feed.py`), measured in rounds so
   background load hits all alike; `added_median_ms_*` is the difference to embedded
-  (the issue's goal: <= 1 ms), and `added_median_ms_run_feed` what the frame feed (each run's
+  (target: <= 1 ms), and `added_median_ms_run_feed` what the frame feed (each run's
   frames shared in PostgreSQL so other replicas can follow it) adds: postgres minus
   postgres_without_run_feed;
 - `turns_per_s`: 16 concurrent clients, for embedded (1 replica) and PostgreSQL with 1 and 2
@@ -29,7 +29,7 @@ Figures (one JSON document on stdout):
   `docs/scale-out-postgres.md` publishes;
 - `plan_update_ms`: from `write_todos` in the model to the `plan-update` bytes at a viewer,
   p50/p99: embedded (viewer on the same server) and PostgreSQL (writer on A, viewer on B,
-  through `LISTEN/NOTIFY`; the issue's goal: p99 < 50 ms).
+  through `LISTEN/NOTIFY`; target: p99 < 50 ms).
 
 When PostgreSQL is absent the document says so (`"skipped"`) instead of failing.
 """

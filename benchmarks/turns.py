@@ -4,7 +4,7 @@
                                [--sections turns,http,batch,storage,durable] > result.json
 
 The scripted model answers instantly on both sides, so every figure is the harness's own cost.
-Files are the deepagents peer study's workload (seed 1234, 64-byte lines).
+Files are the workload of deepagents' filesystem benchmark (seed 1234, 64-byte lines).
 
 - `turns`: one prompt of `--turns` model turns, each asking for one `write_file` (1 KiB or
   50 KiB), then a final answer. `per_turn_ms` = wall time / turns.
@@ -16,7 +16,7 @@ Files are the deepagents peer study's workload (seed 1234, 64-byte lines).
 - `storage`: one 60-turn 50 KiB run on a fresh `workspace_root`, then every byte under it (the
   SQLite file with its WAL, plans, workspace files) per byte the model wrote: right after the run,
   once the history packer has had its pause, and after shutdown. The peer's figure is the
-  serialized size of its `InMemorySaver` checkpoints (the peer study's measure). `durable` is the
+  serialized size of its `InMemorySaver` checkpoints (deepagents' measure). `durable` is the
   same run with durable runs on (the run journalled in the same SQLite file, then compacted).
 - `durable`: the `turns` prompts started as the HTTP routes start them (`HarnessHost.start_run`,
   the frames read back from the live-run journal), with durable runs off and on, and the peer
@@ -498,7 +498,7 @@ async def storage_run(
 
 
 async def storage_section(root: Path, turns: int, peer: bool) -> dict[str, Any]:
-    """The issue's figure is the 50 KiB run; the 1 KiB run shows the small-file case, whose
+    """The headline figure is the 50 KiB run; the 1 KiB run shows the small-file case, whose
     content the history keeps (it is under the offload threshold)."""
     section = {
         f"{size}k": await storage_run(root / f"storage-{size}k", turns, size, peer)

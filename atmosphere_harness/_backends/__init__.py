@@ -1,7 +1,8 @@
 """State backends: every piece of state N replicas would have to share, chosen in one place.
 
 `resolve_backends(settings)` is the only place that decides which implementation holds each kind
-of shared state; the kernel and the primitives only see the protocols:
+of shared state (for history and long-term memory, `None` is that decision: the embedded SQLite
+file, below); the kernel and the primitives only see the protocols:
 
 | state | protocol | embedded implementation (one process) |
 |---|---|---|

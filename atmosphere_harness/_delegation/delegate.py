@@ -1,6 +1,6 @@
 """The `delegate_task` tool: hand a subtask to a named member of the coordinator's fleet.
 
-Messages are the reference's: no fleet -> `delegate_task unavailable: ...`; a blank or unknown
+Messages are those of Atmosphere: no fleet -> `delegate_task unavailable: ...`; a blank or unknown
 agent lists the available ones; a member's failure reads `delegate_task to '<agent>' failed:
 <detail>`. Every dispatch passes the installed governance policies first (message = the delegated
 text, metadata `fleet.dispatch.agent` and `fleet.dispatch.skill`), fail-closed; a `Transform`

@@ -3,7 +3,7 @@
 DELEGATION resolved on a `@coordinator` registers both tools (a user tool of the same name wins)
 and reports `delegation` = `ACTIVE`, or `ACTIVE(user-tool)` when the user's `delegate_task` wins.
 On a plain `@agent` or `ai_endpoint` the feature has nothing to attach: its truth stays
-`INACTIVE(no-coordinator)` (seeded by the preset), as the reference reports it.
+`INACTIVE(no-coordinator)` (seeded by the preset), as Atmosphere's Java harness reports it.
 """
 
 from __future__ import annotations

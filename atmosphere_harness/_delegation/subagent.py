@@ -1,6 +1,6 @@
 """The `task` tool: an ephemeral, isolated general-purpose sub-agent, bounded and governed.
 
-One call, in order (the messages are the reference's, word for word):
+One call, in order (the messages are Atmosphere's Java harness's, word for word):
 
 1. a blank description, or a `subagent_type` other than `general-purpose`, is refused;
 2. the bounds: nesting depth (from the parent chain) and spawns per request (counted on the

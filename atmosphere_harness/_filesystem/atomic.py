@@ -4,7 +4,7 @@
 `paths.TEMP_SUFFIX`, so listings hide it and a walk sweeps it if a crash leaves it behind), then
 `os.replace` swaps it in: readers, which take no lock, see the old file or the new one, and a
 crash never leaves a torn one. `fsync=True` also flushes the file and its directory before
-returning (about 1 ms per write on the reference machine, ten times the write itself), for stores
+returning (about 1 ms per write on a cloud VM's disk, ten times the write itself), for stores
 that must survive a power cut; the default relies on the OS write-back.
 """
 

@@ -85,7 +85,7 @@ def check_dir(path: str | None) -> str:
 
 
 def normalize_route_prefix(prefix: object) -> str:
-    """A composite route key as the reference normalizes it (one trailing `/` stripped)."""
+    """A composite route key as Atmosphere normalizes it (one trailing `/` stripped)."""
     if not isinstance(prefix, str) or not prefix.strip():
         raise FileSystemError("route prefix must not be blank")
     text = prefix.strip()

@@ -44,6 +44,7 @@ from .._preset import FILESYSTEM
 from .._runtimes.base import AiCapability, NativeSurfaceRuntime
 from .._settings import SurfaceMode
 from .._tools.base import Tool, as_tool
+from . import spares, workers
 from .base import AgentFileSystem, UserFiles
 from .composite import CompositeAgentFileSystem, normalize_routes
 from .offload import MEMORY_VIEW, OUTPUT_DIR, READ_FILE, Reader, ToolOutputOffload
@@ -123,6 +124,11 @@ class FilesystemPrimitive(Primitive):
             shown[key] = str(local.root)
         if self.routes:
             log.info("filesystem routes", routes=shown)
+
+    async def stop(self, host: Host) -> None:
+        """Leave every conversation's folder holding only the user's files: the spare files
+        made ahead for writes, and their folders, are removed."""
+        await workers.run(spares.SPARES.release)
 
     def attach(self, endpoint: Endpoint, host: Host) -> None:
         if not endpoint.has(Harness.FILESYSTEM):

@@ -1,50 +1,38 @@
 """Spare files: made ahead of time, so an atomic write skips creating one.
 
 An atomic write (`atomic.write_atomic`) puts its data in a new temporary file and renames it
-over the target. Creating that file is the costly step on ext4: allocating an inode took 40 to
-540 us on the reference VM (the more the journal is busy), against 3-15 us for each other step of
-an edit (its read, the write of 50 KiB, each `stat`). Linux can make a file with no name
+over the target. Creating that file (an inode, a directory entry) is the costly step of a small
+write, and more so while the disk's journal is busy. Linux can make a file with no name
 (`O_TMPFILE`) and give it one later (`linkat` through `/proc/self/fd`), so a worker thread makes
-a few nameless files per filesystem ahead of time, and a write takes one.
+a few nameless files per filesystem ahead of time, and a write takes one. `benchmarks/on_loop.py`
+and `benchmarks/filesystem.py` show what they save (docs/filesystem-speed.md).
 
 A write over an existing file names the spare with the write's temporary name, fills it and
-renames it over the target, as a write that creates its file does. A write of a new file fills
-the nameless spare first and then links it under the target's own name, in one step: a reader
-finds no file, then the whole file, never a part of it (no rename is needed then; should the
-name exist by that time, the spare takes the temporary name and is renamed over it as above).
-What a crash leaves is what it left before: a nameless file vanishes with the process; a named
+renames it over the target. A write of a new file fills the nameless spare first and then links
+it under the target's own name: a reader finds no file, then the whole file, never a part of it
+(should the name exist by then, the spare takes the temporary name and is renamed over it). What
+a crash leaves is what it left before: a nameless file vanishes with the process; a named
 temporary one is swept by the next walk. Where the system cannot do it (another OS, a filesystem
 without `O_TMPFILE`, no `/proc`, a bind mount that refuses the link), the device is marked and
-its writes create their files as before. Spares are bounded (`PER_DEVICE` open files for each
-of at most `DEVICES` filesystems). They serve writes in a worker thread too: the caller waits
-for a worker's write as for the loop's, and right after a burst of writes creating the file took
-a worker about 1 ms (ext4's journal busy), which made an edit sent to a worker by the breaker's
-cool-down 1.6 ms instead of 0.6 (the refill a worker asks for runs in it after the operation,
-once the caller has its result). The last `RESERVED` of a filesystem's spares are left to writes
-that replace a file (an edit): a burst of new files, which is what empties the pool, stops
-taking spares there, so the edit that follows it still finds one.
+its writes create their files. Spares are bounded (`PER_DEVICE` open files for each of at most
+`DEVICES` filesystems). The last `RESERVED` of a filesystem's spares are left to writes that
+replace a file, so the edit that follows a burst of new files still finds one.
 
-**Named spares, for writes that replace a file.** Naming a nameless file (`linkat`) is itself a
-change of the directory and of the filesystem's list of nameless files: 20-50 us of an edit on
-the reference VM. A store also keeps `NAMED_PER_STORE` empty files made ahead *with* a name, in
-its hidden `SPARES_DIR` (walks, listings, searches and the usage count skip it; a path into it
-is refused), and a write that replaces a file fills one and renames it straight over the
-target: no `linkat`, no temporary name. In the benchmark's sequence (an edit right after a
-glob) that took 27-34 us off a 0.35 ms edit (docs/benchmarks.md, Round 6). The store makes the
-directory with its root (or at its next recount, for a store made before this process); the
-pool is kept for the `NAMED_STORES` stores whose spares were taken or made last. A named spare
-is only an empty file: one found unlinked (somebody removed it) is dropped, one older than
-`tally.ORPHAN_SECONDS` that no live pool holds is swept by the next refill, and a rename the
-system refuses (`EXDEV`, a mount inside the store) falls back to creating the file. An
-earlier attempt kept them in one directory per process and measured no gain in steady-state
-repeated edits (why was not traced; the refill then ran beside each edit); measured again,
-with spares made seconds ahead, named ones were 30 us faster, and the edit a model makes comes
-after such a pause.
+**Named spares, for writes that replace a file.** Naming a nameless file is itself a change of
+the directory. A store also keeps `NAMED_PER_STORE` empty files made ahead *with* a name, in its
+hidden `SPARES_DIR` (walks, listings, searches and the usage count skip it; a path into it is
+refused), and a write that replaces a file fills one and renames it straight over the target.
+The pool is kept for the `NAMED_STORES` stores whose spares were taken or made last. A named
+spare found unlinked is dropped, one older than `tally.ORPHAN_SECONDS` that no live pool holds
+is swept by the next refill, and a rename the system refuses (`EXDEV`, a mount inside the store)
+falls back to creating the file. `release` (the application's shutdown) removes every named
+spare and every `SPARES_DIR` this process made, so a conversation's folder then holds only the
+user's files; a process that exits without it removes its named spares at exit, and one killed
+leaves them to the next sweep.
 
-Also here: `retire(fd)`, for the descriptor a write kept open on the file it replaced. On ext4
-the last close of a replaced file frees its blocks and its inode (90 us for 50 KiB on the
-reference VM, and more the larger the old file was); holding it open across the rename leaves
-that work to a worker thread, after the write (`workers.later`).
+Also here: `retire(fd)`, for the descriptor a write kept open on the file it replaced. The last
+close of a replaced file frees its blocks and its inode; holding it open across the rename
+leaves that work to a worker thread, after the write (`workers.later`).
 """
 
 from __future__ import annotations
@@ -65,7 +53,7 @@ from .tally import ORPHAN_SECONDS
 
 PER_DEVICE = 68
 """Spare files kept ready per filesystem (open descriptors of nameless files). Making them is
-the same kernel work as creating the files (about 50 us each on the reference VM), and in a
+the same kernel work as creating the files (about 50 us each on a 2-core cloud VM), and in a
 burst of writes the kernel does it no faster from another thread: what a burst gains is the
 spares made before it, while the store was idle. 64 for any write (`RESERVED` more are kept for
 replacing writes) cover a typical message's `write_file` calls; a longer burst creates the rest
@@ -75,7 +63,7 @@ RESERVED = 4
 over an existing file) takes. A burst of new files is what empties the pool (a `write_file`
 batch, or 200 writes in a row), and the refill waits for the loop to pause; the next edit,
 often of a file just written, would then create its temporary file on the loop (110-140 us of a
-0.3 ms edit on the reference VM). New files keep the `PER_DEVICE - RESERVED` others."""
+0.3 ms edit on a 2-core cloud VM). New files keep the `PER_DEVICE - RESERVED` others."""
 NAMED_PER_STORE = 2
 """Named spares kept ready per store: a model edits one file at a time, and the refill makes the
 next one after each use."""
@@ -116,6 +104,8 @@ class SpareFiles:
         self._named: dict[str, list[tuple[int, str]] | None] = {}
         self._naming: set[str] = set()  # stores whose named spares are being made
         self._swept: set[str] = set()  # stores whose `SPARES_DIR` this process swept once
+        self._homes: set[str] = set()  # stores whose `SPARES_DIR` this process made
+        self._epoch = 0  # counts `release` calls: named spares made across one are dropped
         self.used = 0
         """Writes that took a spare instead of creating their file (tests, benchmarks)."""
         self.named_used = 0
@@ -232,6 +222,30 @@ class SpareFiles:
         self.named_used += 1
         return path
 
+    def made_directory(self, home: str) -> None:
+        """The store `home` made its `SPARES_DIR` (`release` removes it)."""
+        with self._lock:
+            self._homes.add(home)
+            if home in self._named and self._named[home] is None:
+                del self._named[home]  # (marked unusable while it was missing: usable again)
+
+    def release(self) -> None:
+        """Leave every store holding only its own files: close and remove every named spare,
+        then remove each `SPARES_DIR` this process made, if it is empty (another process's
+        spares keep theirs). Named spares made by a refill that was running meanwhile are
+        dropped when it ends. The application's shutdown calls it (`FilesystemPrimitive.stop`);
+        a store written to afterwards makes its spares again (nameless ones at once, named ones
+        after its next recount makes the directory)."""
+        with self._lock:
+            self._epoch += 1
+            named = self._all_named()
+            self._named.clear()
+            self._swept.clear()
+            homes, self._homes = self._homes, set()
+        _drop(named)
+        for home in homes:
+            _remove_directory(home)
+
     def _make_named(self, home: str) -> None:
         """Make the store `home`'s named spares up to `NAMED_PER_STORE` in its `SPARES_DIR`
         (in a worker thread); a store without that directory (or where it is not a plain
@@ -239,6 +253,8 @@ class SpareFiles:
         one written longest ago is closed and its files removed."""
         made: list[tuple[int, str]] = []
         usable = True
+        with self._lock:
+            epoch = self._epoch
         try:
             directory = os.open(
                 f"{home}/{SPARES_DIR}", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -263,9 +279,14 @@ class SpareFiles:
                 os.close(directory)
         with self._lock:
             self._naming.discard(home)
+            released = epoch != self._epoch
             pool = self._named.pop(home, None)
             evicted: list[tuple[int, str]] = []
-            if usable:
+            if released:  # the store was released while these were made: not kept
+                evicted += made
+                if pool is not None:
+                    self._named[home] = pool
+            elif usable:
                 self._named[home] = (pool or []) + made
             else:
                 self._named[home] = None
@@ -275,6 +296,8 @@ class SpareFiles:
                 evicted += self._named.pop(oldest) or ()
                 self._swept.discard(oldest)
         _drop(evicted)
+        if released:
+            _remove_directory(home)
 
     def _sweep(self, home: str, directory: int) -> None:
         """Remove the named spares another process left in `home`'s `SPARES_DIR` (not this
@@ -440,6 +463,14 @@ def _fill(fd: int, data: bytes, name: str) -> None:
         remove_quietly(name)
         raise
     os.close(fd)
+
+
+def _remove_directory(home: str) -> None:
+    """Remove the store `home`'s `SPARES_DIR` if it is empty."""
+    try:
+        os.rmdir(f"{home}/{SPARES_DIR}")
+    except OSError:
+        pass  # gone already, or another process's spares are in it
 
 
 def _drop(named: list[tuple[int, str]]) -> None:

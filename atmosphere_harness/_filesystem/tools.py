@@ -2,7 +2,7 @@
 `glob`, `grep`, `delete`, `rename`.
 
 Each tool works on the run's `AgentFileSystem` (already scoped to the conversation) and always
-returns text the model can act on: the reference's success lines (`Wrote notes/a.md`, `(empty)`,
+returns text the model can act on: Atmosphere's success lines (`Wrote notes/a.md`, `(empty)`,
 `(no matches)`), or `Error: <reason>` for anything the store rejects. Nothing raises into the run.
 
 `read_file` pages: without `offset`/`limit` it returns the whole file when it fits the tool-output
@@ -265,7 +265,7 @@ def _text(description: str) -> dict[str, str]:
 def file_tools(
     *, read_budget: int = DEFAULT_OFFLOAD_THRESHOLD, max_grep_hits: int = 500
 ) -> list[Tool]:
-    """The eight file tools, in the reference's registration order.
+    """The eight file tools, in Atmosphere's Java harness's registration order.
 
     Args:
         read_budget: Characters `read_file` returns before it pages a file read without

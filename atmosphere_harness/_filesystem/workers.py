@@ -1,50 +1,39 @@
-"""The worker threads the workspace's blocking work runs in: `asyncio.to_thread`, cheaper.
+"""The worker threads the workspace's blocking work runs in, and when a small operation may
+skip them and run on the event loop.
 
-Every store operation leaves the event loop for a worker thread (a slow disk must never stall
-the loop) and comes back. `asyncio.to_thread` spends about as long on its own machinery as a
-1 KiB write spends in the kernel: a context copy and a `functools.partial`, the executor's
-lock, semaphore and work item, and a `concurrent.futures.Future` chained to an asyncio one
-through two more callbacks. `run` keeps only what the hop needs: one `queue.SimpleQueue` put,
-the function run in a copy of the caller's context, and one `call_soon_threadsafe` that settles
-the asyncio future. On the benchmark VM a hop to a no-op went from 31 to 15 us, and a write of a
-new 50 KiB file from 123 to 98 us (80 us with no hop at all).
+Every store operation that could wait leaves the event loop for a worker thread (a slow disk
+must never stall the loop) and comes back. `run` is `asyncio.to_thread` with only what that hop
+needs: one `queue.SimpleQueue` put, the function run in a copy of the caller's context, and one
+`call_soon_threadsafe` that settles the asyncio future (no executor lock, semaphore, work item
+or chained `concurrent.futures.Future`); on the small writes and edits a turn is made of, that
+is a measurable part of each (docs/filesystem-speed.md). Semantics are `asyncio.to_thread`'s:
+the caller's context variables are seen by the function, its exception is raised in the caller,
+and a cancelled caller does not stop work already begun (it runs to its end; its result is
+dropped). Up to `MAX_WORKERS` daemon threads are started as work arrives, so a write still
+running when the interpreter exits may be cut short: that leaves at most a temporary file beside
+its target (the next walk sweeps it; the target is never torn).
 
-Semantics are `asyncio.to_thread`'s: the caller's context variables are seen by the function,
-its exception is raised in the caller, and a cancelled caller does not stop work already begun
-(it runs to its end; its result is dropped). Up to `MAX_WORKERS` threads (the default
-executor's number) are started as work arrives and then wait for more; they are daemon threads,
-so a write still running when the interpreter exits may be cut short, which leaves at most a
-temporary file beside its target (the next walk sweeps it; the target is never torn).
+`ON_LOOP` (`LoopBudget`) decides when a small operation (the workspace store's reads, writes and
+edits of at most `ON_LOOP_BYTES`) runs on the event loop instead: even this hop costs more than
+such an operation's own system calls. What runs on the loop is bounded work in the page cache
+that never waits for a lock nor walks a directory; what no rule can bound is the kernel itself
+(a busy journal, a page cache full of dirty pages). The budget notices that after the fact: an
+on-loop operation that took longer than `SLOW_SECONDS` sends every small operation through the
+worker for a cool-down (1 s, doubling up to `COOL_DOWN_SECONDS` while the disk stays slow), so a
+slow disk stalls the loop once per cool-down at most. A lone slow operation under
+`STALL_SECONDS` is a hiccup: counted, not punished. The time it judges is the wall time less the
+time the thread sat runnable waiting for a CPU (on Linux, `/proc/thread-self/schedstat`, read
+only after a slow operation): on a busy machine the scheduler preempts the loop's thread in the
+middle of any work, which says nothing about the disk.
 
-`ON_LOOP` decides when a small operation may skip the hop and run on the event loop instead
-(`LoopBudget`; the workspace store's reads, writes and edits of at most `ON_LOOP_BYTES`). Even
-the pool's hop costs more than such an operation's own system calls: 37 us when the worker ran
-within the last millisecond, 130 us after 10 ms idle (the idle vCPU halts and must be woken),
-against 23-82 us for an atomic write of up to 64 KiB on a quiet disk. It is the policy
-`SqliteDatabase.try_now` follows for the journal: what runs on the loop is bounded work in the
-page cache that never waits for a lock (a busy lock sends it to the worker) nor walks a
-directory. What the policy cannot bound is the kernel itself: a busy journal can make creating
-an inode wait, and a disk so slow that the page cache fills with dirty pages makes even a small
-`write()` wait. The budget notices that after the fact: an on-loop operation that took longer
-than `SLOW_SECONDS` sends every small operation through the worker for a cool-down (1 s, doubling
-up to `COOL_DOWN_SECONDS` while the disk stays slow), so a slow disk can stall the loop once per
-cool-down at most, not on every call. A lone hiccup is let pass: a slow operation under
-`STALL_SECONDS` with no other slow one in the `HICCUP_SECONDS` before it is counted, not
-punished (one journal commit that made one write wait 2.2 ms would otherwise cost a second of
-hops, 0.1-0.2 ms each). What it times is
-the wall time less the time the thread sat runnable waiting for a CPU (on Linux, from
-`/proc/thread-self/schedstat`): on a busy machine the scheduler preempts the loop's thread in
-the middle of any work, and that says nothing about the disk.
-
-`later(job)` is for the work an operation leaves behind (closing the file it replaced, whose
-last close frees its blocks; making spare files): it runs in a worker thread after the
-operation, never inside it. Asked from a worker thread, the job runs in that thread once the
-caller has its result; asked from the event loop, the jobs of the next `LATER_SECONDS` go to a
-worker together (waking an idle worker thread costs the loop 15-25 us on the reference VM: once
-per batch instead of once per operation), and a job asked while a batch is being run joins it
-(no timer at all: a refill of spare files waiting for the loop to pause is such a batch, after
-a burst of writes). Background work waits while the loop runs small operations back to back
-or is in the middle of one (`LoopBudget.busy`, `wait_for_idle`).
+`later(job)` is for the work an operation leaves behind (closing the file it replaced, making
+spare files): it runs in a worker thread after the operation, never inside it. Asked from a
+worker thread, the job runs in that thread once the caller has its result; asked from the event
+loop, the jobs of the next `LATER_SECONDS` go to one worker together (one wake-up of a thread
+per batch instead of one per operation), and a job asked while a batch is being run joins it.
+Background work waits while the loop runs small operations back to back or is in the middle of
+one (`LoopBudget.busy`, `wait_for_idle`): each system call a worker makes hands the GIL back and
+forth with the loop's thread.
 """
 
 from __future__ import annotations
@@ -70,10 +59,8 @@ MAX_WORKERS = min(32, (os.cpu_count() or 1) + 4)
 ON_LOOP_BYTES = 64 * 1024
 """Largest operation the workspace store runs on the event loop rather than in a worker: a
 write of at most this many bytes (a batch's total), a read or an edit of a file of at most this
-size. On the 2-core reference VM, on a quiet disk, an atomic write of a new file takes 23 us at
-1 KiB, 34 us at 64 KiB and 206 us at 1 MiB of system calls (replacing an existing one: 66, 82
-and 295 us): up to 64 KiB the size hardly matters and the cost stays under the hop's, so the
-usual tool call (the benchmark's 50 KiB files) fits; past it the loop would pay for the size."""
+size. Up to 64 KiB an atomic write's cost hardly depends on its size and stays under a hop's,
+so the usual tool call fits; past it the loop would pay for the size."""
 
 SLOW_SECONDS = 0.002
 """An on-loop operation that took longer than this (not counting waits for a CPU) trips the
@@ -89,15 +76,13 @@ of slowness costs a second of hops, not ten."""
 
 IDLE_SECONDS = 0.002
 """An event loop that ended a small operation within this long is busy (`LoopBudget.busy`):
-background work (`later` jobs that loop over system calls) waits for it to pause. Each system
-call a worker thread makes hands the GIL back and forth with the loop's thread, which on the
-reference VM costs the loop tens of microseconds a time: refilling 64 spare files right after a
-burst of writes made the 200 reads that followed take 11.5 ms instead of 5.3 ms."""
+background work (`later` jobs that loop over system calls) waits for it to pause: each system
+call a worker thread makes hands the GIL back and forth with the loop's thread."""
 
 SLICE_SECONDS = 0.001
 """The longest small operations run back to back on the event loop before other tasks get a turn
 (`LoopBudget.owes_turn`; a hop, which waits for a worker, is a turn). A turn is a pass of the
-event loop (its `epoll` and timers): 10-25 us run cold on the reference VM, as much as a small
+event loop (its `epoll` and timers): 10-25 us run cold on a 2-core cloud VM, as much as a small
 read, so a lone operation (an edit after a model's reply, or right after a grep) does not pay
 one, and a run of hundreds of them still lets other requests in every millisecond."""
 
@@ -115,14 +100,10 @@ are freed and spare files are made again at once."""
 
 HICCUP_SECONDS = 10.0
 """A slow on-loop operation (under `STALL_SECONDS`) that comes this long or more after the
-previous slow one is a hiccup: counted (`LoopBudget.hiccups`), logged, and no cool-down. The
-second within this long starts one. On the benchmark VM after 200 writes of 50 KiB, the ext4
-journal's commit made 0 to 2 writes of each 200 take 2.0 to 2.4 ms (all others under 0.6 ms):
-each tripped the breaker, and the edit that followed a second later hopped (0.60 ms against 0.40
-to 0.47 on the loop). A disk that stays slow trips it at its second slow operation instead of
-its first: the loop pays one stall more per slow spell, at most one every ten seconds (as long
-as the longest cool-down: a disk that stalls every few seconds, an ext4 journal committing every
-5 s, still trips it and is then probed less and less often)."""
+previous slow one is a hiccup: counted (`LoopBudget.hiccups`), logged, and no cool-down; the
+second within this long starts one. An ext4 journal commit makes an odd write take 2 ms every
+few seconds: without this, each would send the next second's operations through the worker.
+A disk that stays slow trips the breaker at its second slow operation instead of its first."""
 
 STALL_SECONDS = 0.01
 """An on-loop operation slower than this starts a cool-down even alone: five times the usual
@@ -445,10 +426,9 @@ class Later:
 
     def run(self) -> None:
         """Run the jobs gathered so far (in a worker thread), then those added meanwhile: a job
-        asked while a batch runs joins it (no timer on the loop, no other worker woken; on the
-        reference VM the timer alone cost a lone edit 20 us). Such jobs wait for a pause of
-        the loop anyway (`wait_for_idle`), so waiting for the batch's earlier jobs changes
-        little."""
+        asked while a batch runs joins it (no timer on the loop, no other worker woken). Such
+        jobs wait for a pause of the loop anyway (`wait_for_idle`), so waiting for the batch's
+        earlier jobs changes little."""
         with self._lock:
             self._running += 1
         try:

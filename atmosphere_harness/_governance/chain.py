@@ -4,7 +4,7 @@ One chain per app, built when the host starts from `create_harness_router(polici
 by the policies of the `atmosphere_harness.policies` entry-point group, de-duplicated by name
 (the first wins). Tool calls, `task` spawns and `delegate_task` dispatches all read this one
 chain when they run, so a policy installed later (`chain.install(policy)`) governs all three
-(the reference snapshots the list for `task` and the fleet when a coordinator registers).
+(Atmosphere snapshots the list for `task` and the fleet when a coordinator registers).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class Verdict:
     """The chain's answer: the request to run (maybe transformed), or who stopped it and why.
 
     `failure` is set instead of `reason` when the stopping policy raised, timed out or returned
-    something that is not a decision (each caller words that its own way, as the reference does).
+    something that is not a decision (each caller words that its own way, as Atmosphere does).
     """
 
     request: PolicyRequest

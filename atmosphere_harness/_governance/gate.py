@@ -11,7 +11,7 @@
   policy can release what it took at admission.
 - `ApprovalGate` (the approval hook, after `tool-start`): a call the `ToolApprovalPolicy` gates
   emits `approval-required` and waits for `POST P/approvals/{id}`; deny and timeout answer with
-  the reference's JSON, approve runs the tool (with the person's edited arguments, if any, once
+  Atmosphere's JSON, approve runs the tool (with the person's edited arguments, if any, once
   the executor has validated them and the admission hooks admitted them again).
   In a durable run (the run's `contracts.CALL_JOURNAL`) the approval is journalled
   (`approval`), and so is its answer (`answer`): a run resumed after a restart raises it again

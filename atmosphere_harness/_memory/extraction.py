@@ -1,8 +1,8 @@
 """Fact extraction at conversation close: the prompt, a lenient parser, a screen, reconciliation.
 
-The model is asked for a JSON array of short facts (the reference's prompt, word for word). Its
+The model is asked for a JSON array of short facts (Atmosphere's prompt, word for word). Its
 answer is parsed leniently (code fences, prose around the array, a truncated tail) but, unlike
-the reference, string escapes are decoded. Facts that read like instructions to a model are
+Atmosphere, string escapes are decoded. Facts that read like instructions to a model are
 dropped before anything is stored: a fact is replayed into every later prompt of that user, so a
 stored injection would outlive the conversation that planted it. What remains is reconciled
 against the user's existing facts so a fact learned twice is stored once.

@@ -7,7 +7,7 @@ workspace (`route.SkillsView`). Only the list goes into the prompt; the model re
 `SKILL.md`, and any file beside it, when a task calls for it. `task` sub-agents get the same list
 and route (the delegation primitive reads `SKILLS_SERVICE`).
 
-Truth `skills`: `ACTIVE(<count>)` for an endpoint with at least one skill, else the seed's
+Truth `skills`: `ACTIVE(<count>)` for an endpoint with at least one skill, else Atmosphere's
 `CONVENTION`; an endpoint that has skills but no workspace to read them from reports
 `INACTIVE(no-filesystem)` and gets nothing (WARN).
 

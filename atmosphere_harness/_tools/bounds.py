@@ -24,14 +24,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .._limits import DEFAULT_MAX_ARGUMENT_CHARS as DEFAULT_MAX_ARGUMENT_CHARS
+from .._limits import DEFAULT_MAX_TOOL_CALLS as DEFAULT_MAX_TOOL_CALLS
 from .._runtimes.base import ToolCall, new_call_id
 from .results import invalid_arguments, json_result
 
-DEFAULT_MAX_TOOL_CALLS = 256
-"""Tool calls one model message may ask for (`ATMOSPHERE_AI_MAX_TOOL_CALLS_PER_MESSAGE`)."""
-DEFAULT_MAX_ARGUMENT_CHARS = 1024 * 1024
-"""Characters one call's arguments may hold (`ATMOSPHERE_AI_MAX_TOOL_ARGUMENT_CHARS`): twice the
-default per-file limit, so a maximal `write_file` or `edit_file` always fits."""
 MAX_ARGUMENT_DEPTH = 64
 """Nesting of arguments beyond which a call is refused (JSON encoders recurse on it)."""
 MAX_NAME_CHARS = 128

@@ -9,7 +9,7 @@ from .._jsontext import compact_json
 
 
 def json_result(**fields: Any) -> str:
-    """A compact JSON tool result (the reference's error shapes are matched byte for byte)."""
+    """A compact JSON tool result (Atmosphere's error shapes are matched byte for byte)."""
     return _TEXT(fields)
 
 

@@ -2,7 +2,7 @@
 
 Models get arguments subtly wrong all the time: a number as a string, an array double-encoded as a
 JSON string, a required field sent as `null`. This check coerces the harmless cases and turns the
-rest into the reference's `invalid_arguments` result, so the model can fix its call instead of the
+rest into Atmosphere's `invalid_arguments` result, so the model can fix its call instead of the
 tool seeing garbage. Only the top level of the schema is checked here; tools validate nested
 structure themselves with messages that fit them.
 """

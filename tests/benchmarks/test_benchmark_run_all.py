@@ -1,4 +1,4 @@
-"""`make bench`'s aggregator writes results.json in the shape issue 9 fixes, shows progress,
+"""`make bench`'s aggregator writes results.json in its documented shape, shows progress,
 draws its charts, and never dirties the tree."""
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def test_the_charts_of_the_reference_run(tmp_path: Path) -> None:
     assert [path.name for path in written] == ["bench-headlines.png", "bench-scale.png"]
     for path in written:
         assert path.read_bytes().startswith(PNG)
-        # docs/images holds the same charts (`make bench-charts` draws them from the reference).
+        # docs/images holds the same charts (`make bench-charts` draws them from the committed run).
         assert (ROOT / "docs" / "images" / path.name).read_bytes().startswith(PNG)
 
 

@@ -112,9 +112,7 @@ def test_no_reference_to_documents_the_repository_does_not_ship(page: Path) -> N
         f"{_label(page)}:{number}: {match.group(0)!r}"
         for number, match in _lines_of(page.read_text(encoding="utf-8"), _DESIGN)
     ]
-    assert not found, "the design document and the seed are not in the repository:\n" + "\n".join(
-        found
-    )
+    assert not found, "the design documents are not in the repository:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_label)

@@ -1,6 +1,6 @@
 """Durable runs across real restarts: a uvicorn server in a subprocess, SIGKILLed mid-run.
 
-Each scenario runs a prompt to its end once (the reference), then runs it again in another
+Each scenario runs a prompt to its end once (the baseline), then runs it again in another
 conversation and kills the server (SIGKILL: no shutdown code runs) at the chosen moment:
 waiting for an approval, inside a sleeping user tool, with a model turn in flight after a tool
 result, in the middle of a streamed answer. A new server on the same workspace resumes the run;
@@ -363,7 +363,7 @@ def test_truth_reports_the_journal(harness: Harness) -> None:
 
 
 def test_a_run_whose_conversation_went_on_is_not_resumed(harness: Harness) -> None:
-    """Issue 16: the client gave up on a cut-off turn 2, re-sent it and sent turn 3 while the
+    """The client gave up on a cut-off turn 2, re-sent it and sent turn 3 while the
     run was not claimed (here: a server without durable runs on the same workspace stands in
     for another replica, or for a restart slower than the client); the run, claimed at last,
     is ended with a `RunSuperseded` error, not resumed: no model call, and turn 2 is not

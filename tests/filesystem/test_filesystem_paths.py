@@ -1,4 +1,4 @@
-"""Path validation and containment: the reference's attack list, generated paths, planted links."""
+"""Path validation and containment: Atmosphere's attack list, generated paths, planted links."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from atmosphere_harness._filesystem.paths import (
 from atmosphere_harness._filesystem.paths import shown as shown_path
 from tests.fs_support import tree
 
-# The reference's pinned attack strings (section 4.3) and the message each must give.
+# Atmosphere's Java harness's pinned attack strings and the message each must give.
 ATTACKS = [
     ("../secret.txt", "path contains an illegal segment ('..'): ../secret.txt"),
     ("..", "path contains an illegal segment ('..'): .."),
@@ -34,7 +34,7 @@ ATTACKS = [
     ("./a", "path contains an illegal segment ('.'): ./a"),
     ("a/./b", "path contains an illegal segment ('.'): a/./b"),
     ("a/", "path contains an illegal segment (''): a/"),
-    # Beyond the reference: what a POSIX port must reject explicitly.
+    # Beyond Atmosphere's Java harness: what a POSIX port must reject explicitly.
     ("a\x00b", "path must not contain NUL characters: a\\x00b"),
     ("a\nb", "path must not contain control characters: a\\x0ab"),
     ("x" * 1025, "path is too long: 1025 chars (limit 1024)"),

@@ -165,7 +165,7 @@ PIECES = [
 
 
 def naive_grep(pattern: str, text: str, limit: int, engine: object = re) -> list[tuple[int, str]]:
-    """The reference semantics: split into lines, search each one."""
+    """Atmosphere's Java harness's semantics: split into lines, search each one."""
     lines = re.split(r"\r\n|\r|\n", text)
     if lines and lines[-1] == "":
         lines.pop()

@@ -531,3 +531,38 @@ async def test_a_store_made_before_this_process_gets_its_spares_directory_at_its
     flushed = WorkspaceAgentFileSystem(tmp_path / "durable", fsync=True)
     await flushed.write("a.md", "a")
     assert os.listdir(tmp_path / "durable") == ["a.md"], "a flushing store takes no spares"
+
+
+async def test_release_leaves_each_store_with_only_its_files_and_writes_go_on(
+    tmp_path: Path, pool: spares.SpareFiles
+) -> None:
+    fs, _ = await started(tmp_path)
+    directory = await named_ready(pool, fs)
+    assert len(os.listdir(directory)) == spares.NAMED_PER_STORE
+    pool.release()
+    assert sorted(os.listdir(tmp_path / "store")) == ["first.md", "second.md"]
+    assert pool.named(fs._real()) == 0
+    await fs.write("first.md", "again")  # a write after the release still works
+    assert await fs.edit("second.md", "two", "2") == 1
+    assert tree(tmp_path / "store") == {"first.md": b"again", "second.md": b"2"}
+
+
+def test_named_spares_made_while_a_release_runs_are_not_kept(
+    tmp_path: Path, pool: spares.SpareFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "store"
+    (home / spares.SPARES_DIR).mkdir(parents=True)
+    pool.made_directory(str(home))
+    real_open = spares.os.open
+
+    def releasing_meanwhile(*args: Any, **options: Any) -> int:
+        fd = real_open(*args, **options)
+        if options.get("dir_fd") is not None:  # a named spare was just made: release now
+            monkeypatch.setattr(spares.os, "open", real_open)
+            pool.release()
+        return fd
+
+    monkeypatch.setattr(spares.os, "open", releasing_meanwhile)
+    pool._make_named(str(home))
+    assert pool.named(str(home)) == 0
+    assert os.listdir(home) == [], "the spares and their directory are gone"

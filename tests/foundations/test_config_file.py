@@ -1,4 +1,4 @@
-"""`ATMOSPHERE_CONFIG_FILE`: the seed's keys from YAML, .properties and TOML, below the env."""
+"""`ATMOSPHERE_CONFIG_FILE`: Atmosphere's keys from YAML, .properties and TOML, below the env."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from atmosphere_harness._settings import Compaction, PromptCacheKeyMode, Surface
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The seed's own examples (seed/harness.md, "Configuration Keys"), verbatim.
+# Atmosphere's own examples (its "Configuration Keys" documentation), verbatim.
 SPRING_YAML = """\
 atmosphere:
   ai:

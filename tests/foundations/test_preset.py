@@ -1,4 +1,4 @@
-"""HarnessPreset.features_for: the reference's precedence, cell by cell, and truth seeding."""
+"""HarnessPreset.features_for: Atmosphere's precedence, cell by cell, and truth seeding."""
 
 from __future__ import annotations
 

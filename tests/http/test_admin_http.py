@@ -1,6 +1,6 @@
 """The admin workspace REST over a real uvicorn server.
 
-Covers the reference suite's AtmosphereAgentWorkspaceEndpointTest (owners, plan, files, content:
+Covers Atmosphere's suite's AtmosphereAgentWorkspaceEndpointTest (owners, plan, files, content:
 shapes, 404s, 400 traversal), AdminApiAuthFilterReadGateTest (the read-gate matrix, workspace
 default-deny with owners open, the opt-in flag, token pass-through, fail-closed without a token),
 HarnessRuntimeTruthHttpE2eTest (console info + owners without a token),

@@ -24,8 +24,6 @@ from atmosphere_harness import (
     prompt,
     tool,
 )
-from atmosphere_harness._filesystem.paths import TEMP_SUFFIX
-from atmosphere_harness._filesystem.spares import SPARES_DIR
 from atmosphere_harness._filesystem.tools import FILE_TOOL_NAMES
 from tests.agents import echo
 from tests.fs_support import tree
@@ -60,9 +58,40 @@ async def test_file_tools_round_trip_and_the_per_file_bound(workspace: Path) -> 
     assert frames[-1]["event"] == "complete"
     store = workspace / "agents" / "writer" / "files" / "conv-1"
     assert tree(store) == {"notes/todo.md": b"- ship\n- rest\n"}, "no partial or temp file"
-    spares = store / SPARES_DIR  # (named spares: empty files made ahead, `filesystem.spares`)
-    temporary = [path for path in store.rglob(f"*{TEMP_SUFFIX}") if path != spares]
-    assert all(path.parent == spares and path.stat().st_size == 0 for path in temporary)
+    assert everything_in(store) == ["notes", "notes/todo.md"], "only the user's files are left"
+
+
+def everything_in(folder: Path) -> list[str]:
+    """Every entry below `folder` (hidden ones too, empty folders too), relative, sorted."""
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*"))
+
+
+async def test_once_the_app_has_shut_down_a_conversation_folder_holds_only_the_users_files(
+    workspace: Path,
+) -> None:
+    """Writes that replace files, edits, a delete: after the lifespan's shutdown nothing the
+    store made for itself (temporary files, files made ahead, hidden folders) is left."""
+    runtime = ScriptedRuntime(
+        [
+            [
+                ToolCall("write_file", {"path": "a.md", "content": "one"}),
+                ToolCall("write_file", {"path": "docs/b.md", "content": "two"}),
+            ],
+            [
+                ToolCall("write_file", {"path": "a.md", "content": "one, again"}),
+                ToolCall("edit_file", {"path": "docs/b.md", "old_text": "two", "new_text": "2"}),
+                ToolCall("write_file", {"path": "c.md", "content": "gone soon"}),
+            ],
+            [ToolCall("delete", {"path": "c.md"})],
+            "done",
+        ]
+    )
+    async with client_for(make_app([Writer], runtime=runtime, workspace=workspace)) as client:
+        frames = await post_prompt(client, WRITER, "take notes", conversation_id="conv-9")
+    assert frames[-1]["event"] == "complete", frames[-1]
+    store = workspace / "agents" / "writer" / "files" / "conv-9"
+    assert tree(store) == {"a.md": b"one, again", "docs/b.md": b"2"}
+    assert everything_in(store) == ["a.md", "docs", "docs/b.md"]
 
 
 async def test_a_prompt_that_writes_nothing_creates_no_directory(workspace: Path) -> None:

@@ -1,6 +1,6 @@
 """The prompt-cache primitive: hints, the key-mode gate, precedence, and a stable prefix.
 
-Covers the reference suite's CacheHintTest, PromptCacheKeyModeTest and the precedence rows of
+Covers Atmosphere's suite's CacheHintTest, PromptCacheKeyModeTest and the precedence rows of
 AiEndpointProcessorHarnessPresetTest for this API; the wire emission per provider is pinned in
 test_openai_runtime.py and test_anthropic_runtime.py.
 """

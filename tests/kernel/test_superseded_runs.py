@@ -1,4 +1,4 @@
-"""A resumed durable run whose conversation went on without it is ended, not resumed (issue 16).
+"""A resumed durable run whose conversation went on without it is ended, not resumed.
 
 Store-independent: the run's journal is a stand-in `LiveRunHandle` holding what a first life
 journalled, the history a real `InMemoryHistory` behind the memory primitive. The real-process

@@ -195,7 +195,7 @@ async def test_native_on_a_plain_runtime_attaches_no_surface_and_warns(
             assert "write_todos" not in endpoint.tools
             assert host.truth.endpoint(endpoint.path)["planning"] == "INACTIVE(native-unavailable)"
             assert host.truth.app_wide()["planning"] == "INACTIVE(native-unavailable)"
-            # The store is still bound, as the reference binds it before picking a surface.
+            # The store is still bound, as Atmosphere binds it before picking a surface.
             assert host.surface(SURFACE, "plain-planner") is not None
     assert "planning=native but the runtime has no native plan surface" in caplog.text
 

@@ -1,6 +1,6 @@
 """write_todos through the real executor: shape, persistence, frames, messages.
 
-Covers the reference's PlanningToolsTest point by point, plus the stricter rules we add.
+Covers Atmosphere's Java harness's PlanningToolsTest point by point, plus the stricter rules we add.
 """
 
 from __future__ import annotations

@@ -149,9 +149,9 @@ async def check_served(url: str, workspace: Path, convs: list[Conversation]) -> 
 
 
 # Not ACKS_PER_RUN // 2: with CONCURRENCY = CONVERSATIONS / 2 and every conversation sending the
-# same acknowledgements, the first wave can finish in lockstep exactly at the half (1,300), a
+# same acknowledgements, the first half can finish in lockstep exactly at the half (1,300), a
 # kill there lands between conversations, and the test flaked on a loaded machine. `+ 7` is
-# inside the second wave whatever the pacing.
+# inside the second half whatever the pacing.
 @pytest.mark.parametrize("kill_after", [ACKS_PER_RUN // 8, ACKS_PER_RUN // 2 + 7])
 async def test_sigkill_mid_load_loses_nothing_acknowledged(tmp_path: Path, kill_after: int) -> None:
     """Early (most conversations in their first turn) and half-way through."""

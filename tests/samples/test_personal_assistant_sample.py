@@ -1,4 +1,4 @@
-"""The reference sample end to end over loopback, on the scripted demo model: the coordinator
+"""The assistant sample end to end over loopback, on the scripted demo model: the coordinator
 delegates to both fleet members, spawns a sub-agent that plans and writes a file, and the
 opted-in ai_endpoint reports the full harness."""
 

@@ -140,7 +140,7 @@ def test_replica_b_takes_over_a_run_of_killed_replica_a(replicas: Replicas) -> N
             "events": replicas.backend,
             "workspace": "files",
         }
-    # The reference: the same prompt, undisturbed, on replica B.
+    # The baseline: the same prompt, undisturbed, on replica B.
     prompt(replicas.b, "ref", "sleep now")
     prompt(replicas.b, "ref", "followup")
 
@@ -208,7 +208,7 @@ def test_an_approval_answered_on_b_while_a_is_dead_is_taken_over_with_the_run(
     approval_id = before[-1]["data"]["approvalId"]
 
     # The approval is still pending (its row is shared): answered on B before any replica runs
-    # the run again, the answer is kept, and the run B resumes goes on with it.
+    # the run again, the answer is kept, and the run replica B resumes goes on with it.
     answer(replicas.b, approval_id)
     wait_for(lambda: replicas.calls("cut").get(1) == 1, "replica B to resume the run")
     after = follow(replicas.b, "cut", before[-1]["seq"])
@@ -300,7 +300,7 @@ def listed(server: ServerProcess, conversation: str) -> list[str]:
 
 
 def test_a_superseded_run_closes_its_shared_approval(shared: tuple[Path, str, str]) -> None:
-    """Issue 16 on a shared backend: A is SIGKILLed while its run waits for an approval; the
+    """A superseded run on a shared backend: A is SIGKILLed while its run waits for an approval; the
     client re-sends the prompt and goes on (on a replica without durable runs, so nothing claims
     the run meanwhile); B, once A's lease ran out, ends the run as superseded instead of
     resuming it, and closes its approval, which the shared store still listed."""

@@ -1,4 +1,4 @@
-"""`PostgresAgentFileSystem`: a workspace whose files are rows (issue 17).
+"""`PostgresAgentFileSystem`: a workspace whose files are rows.
 
 The same `AgentFileSystem` protocol, path rules, bounds and messages as the files backend
 (`filesystem.workspace.WorkspaceAgentFileSystem`), with files as `(store, path) -> bytes` rows
