@@ -30,6 +30,8 @@ from ._runtimes.fallback import FallbackRuntime
 from ._runtimes.resolve import runtime_from_ref
 from ._settings import HarnessSettings
 from ._skills.primitive import SkillsPrimitive
+from ._tracing import state as tracing_state
+from ._tracing import tracing_hooks
 
 
 def default_primitives(
@@ -90,7 +92,11 @@ def run_hooks(
         spec.fallback_models or isinstance(spec.model, FallbackRuntime) for spec in specs
     )
     daily = settings.groups.usage.user_daily_token_limit if settings is not None else None
+    tracing = (
+        tracing_hooks(settings, approvals=backends.approvals) if settings is not None else None
+    )
     hooks = (
+        tracing,
         UsageLimitsHook(app_limits) if limited else None,
         backends.runs.hooks,
         # Inside durable replay: a resumed run's replayed turns were counted in its first life.
@@ -137,4 +143,5 @@ def build_host(
         registry=backends.run_registry,
     )
     host.backends = backends.describe()
+    host.truth.set_tracing(tracing_state(settings))
     return host

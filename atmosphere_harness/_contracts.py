@@ -365,6 +365,8 @@ ProceedModel = Callable[[ModelStep], Awaitable["ModelResponse"]]
 """The rest of the chain: the next hook's `around_model`, or the runtime itself."""
 ProceedTool = Callable[[ToolStep], Awaitable[ToolOutcome]]
 """The rest of the chain: the next hook's `around_tool`, or the executor's gates and handler."""
+ProceedRun = Callable[[], Awaitable[None]]
+"""The rest of the chain: the next hook's `around_run`, or the run itself."""
 
 
 class RunHooks:
@@ -383,6 +385,17 @@ class RunHooks:
     with an `error` frame). Per-run state goes in `step.run.state` (or `step.run.root.state`
     for state shared with sub-agents and fleet members) under the hook's own `Key`s.
     """
+
+    async def around_run(self, run: Run, proceed: ProceedRun) -> None:
+        """One whole run: a prompt (its `@prompt` method, from taking the conversation's lock
+        to its `complete` frame), a fleet member's answer, or a `task` sub-agent's loop.
+
+        `proceed()` raises what ended the run, if anything (the kernel then sends the `error`
+        frame); its `complete` or `error` frame is sent once every hook returned. A hook that
+        needs the run's context (a tracing span) sets it around `proceed`: every model and tool
+        call of the run, and the runs inside it, happen within.
+        """
+        await proceed()
 
     async def around_model(self, step: ModelStep, proceed: ProceedModel) -> ModelResponse:
         """One model call: return its response (from `proceed(step)`, or not)."""
@@ -419,6 +432,26 @@ class CallJournal(Protocol):
 
 CALL_JOURNAL: Key[CallJournal] = Key("durable.calls")
 """Run state: the run's `CallJournal` (only in a durable top-level run)."""
+
+
+class RunCheckpoints(Protocol):
+    """A durable run's journal as a hook keeps its own notes in it, outside any tool call.
+
+    Present in a run's `state` (under `RUN_CHECKPOINTS`) only in a top-level run with durable
+    runs on; tracing keeps the run's span there, so a resumed run's span links to it.
+    """
+
+    def recall(self, key: str) -> Any | None:
+        """What this run's first life journalled under `key`; `None` in a first life."""
+        ...
+
+    async def record(self, key: str, value: Any) -> None:
+        """Journal `value` (JSON-serializable) under `key`, in order with the run's frames."""
+        ...
+
+
+RUN_CHECKPOINTS: Key[RunCheckpoints] = Key("durable.notes")
+"""Run state: the run's `RunCheckpoints` (only in a durable top-level run)."""
 
 
 class Endpoint(Protocol):

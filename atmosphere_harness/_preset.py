@@ -34,6 +34,7 @@ SKILLS = "skills"
 MCP = "mcp"
 """Per endpoint only: `{server: "ACTIVE(<n> tools)" | "INACTIVE(<reason>)"}`."""
 DURABLE_RUNS = "durable-runs"
+TRACING = "tracing"
 IDENTITY = "identity"
 """Per endpoint only (the app-wide block keeps Atmosphere's keys): where the user comes from."""
 MODEL = "model"
@@ -118,6 +119,8 @@ class RuntimeTruth:
             SKILLS: "CONVENTION",
             # The embedded journal; a scale-out backend reports its own store (`set_durable`).
             DURABLE_RUNS: "ACTIVE(sqlite)" if settings.groups.backends.durable_runs else DISABLED,
+            # What the assembly installed (`set_tracing`); a host built by hand has none.
+            TRACING: NOT_ATTACHED if settings.groups.tracing.enabled else DISABLED,
         }
         self._endpoints: dict[str, dict[str, str]] = {}
         self._details: dict[str, dict[str, dict[str, str]]] = {}
@@ -180,6 +183,11 @@ class RuntimeTruth:
         self._app[DURABLE_RUNS] = state
         for endpoint in self._endpoints.values():
             endpoint[DURABLE_RUNS] = state
+
+    def set_tracing(self, state: str) -> None:
+        """Whether runs are traced (`tracing`: `ACTIVE(otel)`, `INACTIVE(no-opentelemetry)`,
+        `INACTIVE(disabled)`); app-wide only: every endpoint of a host is traced alike."""
+        self._app[TRACING] = state
 
     def report(self, path: str, key: str, state: str) -> None:
         """An attach engine reports what it really attached for the endpoint at `path`."""

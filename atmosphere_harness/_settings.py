@@ -309,6 +309,14 @@ class HarnessSettings(BaseSettings):
     )
     """How long a process may go silent before another takes over its unfinished durable
     runs (a dead process on the same host is noticed at once)."""
+    tracing: bool = Field(True, validation_alias=_env("ATMOSPHERE_AI_TRACING"))
+    """Trace every run with OpenTelemetry when `opentelemetry-api` is installed (extra
+    `[otel]`); `false` turns it off (see `docs/tracing.md`)."""
+    tracing_capture_content: bool = Field(
+        False, validation_alias=_env("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT")
+    )
+    """Record messages and tool arguments and results on the spans (OpenTelemetry's own
+    switch; only `true` turns it on)."""
 
     llm_runtime: RuntimeChoice = Field(RuntimeChoice.AUTO, validation_alias=_env("LLM_RUNTIME"))
     llm_model: str | None = Field(None, validation_alias=_env("LLM_MODEL"))
@@ -402,6 +410,12 @@ class HarnessSettings(BaseSettings):
                 setting="ATMOSPHERE_AI_HARNESS_ENABLED",
             )
         return False
+
+    @field_validator("tracing_capture_content", mode="before")
+    @classmethod
+    def _parse_capture(cls, value: object) -> bool:
+        # OpenTelemetry's convention: only `true` (any case) turns it on; never a start-up error.
+        return value is True or (isinstance(value, str) and value.strip().lower() == "true")
 
     @field_validator("exclude_paths", "websocket_allowed_origins", mode="before")
     @classmethod
@@ -632,6 +646,9 @@ class HarnessSettings(BaseSettings):
                 durable_runs_keep_seconds=self.durable_runs_keep_seconds,
                 durable_runs_lease_seconds=self.durable_runs_lease_seconds,
             ),
+            tracing=TracingSettings(
+                enabled=self.tracing, capture_content=self.tracing_capture_content
+            ),
         )
 
     @property
@@ -785,6 +802,14 @@ class BackendSettings(BaseModel):
     durable_runs_lease_seconds: float
 
 
+class TracingSettings(BaseModel):
+    """OpenTelemetry tracing and metrics: on or off, and whether contents are recorded."""
+
+    model_config = _GROUP
+    enabled: bool
+    capture_content: bool
+
+
 class SettingsGroups(BaseModel):
     """`HarnessSettings.groups`: every setting, by the part of the harness that reads it."""
 
@@ -800,3 +825,4 @@ class SettingsGroups(BaseModel):
     usage: UsageSettings
     admin: AdminSettings
     backends: BackendSettings
+    tracing: TracingSettings

@@ -26,6 +26,14 @@ Files are the workload of deepagents' filesystem benchmark (seed 1234, 64-byte l
   from the process's CPU time (`cpu_per_turn_ms`, every thread, until the run's journal is
   compacted), which a busy machine blurs less than wall time.
 
+- `tracing`: the `turns` prompts with no tracing hook, with the tracing hook on OpenTelemetry's
+  global no-op providers (what an app that installed the API but configured nothing pays), and
+  on the SDK (a `TracerProvider` with a `BatchSpanProcessor` to an exporter that drops the
+  spans, and a `MeterProvider` aggregating every measurement), alternated in one process:
+  `per_turn_ms` and `cpu_per_turn_ms` each, and `noop_overhead_pct` / `sdk_overhead_pct`
+  against no tracing (goals: 1 % and 5 %). One host runs them all (only its endpoint's hooks
+  change), and `off_again_overhead_pct` compares no tracing with itself: the noise floor.
+
 `--sections` runs only the sections named (the figures of the others are `null`).
 
 Ours is the real harness in-process: an `@agent` with the default harness (conversation memory
@@ -204,18 +212,24 @@ def settings(root: Path, turns: int, durable: bool = False) -> HarnessSettings:
 class Ours:
     """A started `HarnessHost` with the default primitives, one `@agent`, the scripted model."""
 
-    def __init__(self, root: Path, turns: int, *, durable: bool = False) -> None:
+    def __init__(
+        self, root: Path, turns: int, *, durable: bool = False, tracing: Any = None
+    ) -> None:
         self.root = root
         self.model = BenchModel()
         self.stamps = self.model.stamps
         config = settings(root, turns, durable)
         backends = resolve_backends(config)
+        hooks = None
+        if tracing is not None:  # first, as `assembly.run_hooks` orders them
+            hooks = [tracing, *([backends.runs.hooks] if backends.runs.hooks else [])]
         self.host = HarnessHost(
             config,
             runtime=self.model,
             specs=[spec_of(Bench)],
             primitives=default_primitives(backends),
             runs=backends.runs,
+            hooks=hooks,
         )
 
     async def __aenter__(self) -> Ours:
@@ -550,6 +564,133 @@ async def durable_section(root: Path, turns: int, repeats: int, peer: bool) -> d
     return result
 
 
+def tracing_hooks() -> tuple[Any, Any] | str:
+    """The tracing hook on no-op providers and on the SDK's, or why there is none."""
+    try:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            SpanExporter,
+            SpanExportResult,
+        )
+    except ImportError as exc:
+        return f"the OpenTelemetry SDK is not installed ({exc.name})"
+    from atmosphere_harness._tracing import Tracing
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    # The global providers, which this process never sets: the API's no-op placeholders.
+    noop = Tracing()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    sdk = Tracing(
+        tracer_provider=provider,
+        meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]),
+    )
+    return noop, sdk
+
+
+async def tracing_section(root: Path, turns: int, repeats: int) -> dict[str, Any]:
+    """No tracing, the no-op providers and the SDK on one host (only its endpoint's hooks
+    change between prompts), alternated; `off_again` is no tracing once more, so the spread
+    between two identical sides shows how much of a difference is noise."""
+    made = tracing_hooks()
+    if isinstance(made, str):
+        return {"skipped": made}
+    noop, sdk = made
+    async with Ours(root / "tracing", turns) as ours:
+        endpoint = ours.host.endpoints[PATH]
+
+        def side(hooks: list[Any]) -> Side:
+            async def run(message: str) -> tuple[float, list[float]]:
+                endpoint.hooks = hooks
+                cpu = time.process_time()
+                started = time.perf_counter()
+                await ours.prompt(message)
+                elapsed = time.perf_counter() - started
+                cpu = time.process_time() - cpu
+                await ours.settle()
+                return elapsed, [cpu]
+
+            return run
+
+        sides = {
+            "off": side([]),
+            "noop": side([noop]),
+            "sdk": side([sdk]),
+            "off_again": side([]),
+        }
+        samples = await compare(sides, [f"seq {turns} {size}" for size in (1, 50)], repeats)
+        hooked = {"noop": await hook_cost(ours, noop), "sdk": await hook_cost(ours, sdk)}
+    result: dict[str, Any] = {"hook_us_per_turn": hooked}
+    for size in (1, 50):
+        entry: dict[str, Any] = {
+            name: {
+                "per_turn_ms": summary([wall * 1000 / turns for wall, _ in runs]),
+                "cpu_per_turn_ms": summary([cpu[0] * 1000 / turns for _, cpu in runs]),
+            }
+            for name, runs in samples[f"seq {turns} {size}"].items()
+        }
+        for key in ("per_turn_ms", "cpu_per_turn_ms"):
+            base = entry["off"][key]["median_ms"]
+            suffix = "" if key == "per_turn_ms" else "cpu_"
+            for name in ("noop", "sdk", "off_again"):
+                value = entry[name][key]["median_ms"]
+                entry[f"{suffix}{name}_overhead_pct"] = round((value / base - 1) * 100, 2)
+        result[f"{size}k"] = entry
+    return result
+
+
+async def hook_cost(ours: Ours, hook: Any, calls: int = 20_000) -> float:
+    """CPU microseconds the hook adds to one turn (a model call and a tool call, each answered
+    at once, through the hook and without it; best of 5), far less blurred by a busy machine
+    than a whole turn."""
+    from atmosphere_harness._contracts import ModelStep, ToolOutcome, ToolStep
+    from atmosphere_harness._kernel.run import RunContext
+
+    async def sink(frame: Frame) -> None:
+        return None
+
+    endpoint = ours.host.endpoints[PATH]
+    endpoint.hooks = []
+    run = RunContext(
+        host=ours.host, endpoint=endpoint, conversation_id="c", user_id=None, sink=sink
+    )
+    model_step = ModelStep(run, ModelRequest("", (), (), "c"), ours.model, 1)
+    tool_step = ToolStep(run, ToolCall("write_file", {}, "call"), None, 1)
+    answer = ModelResponse(text="done")
+    outcome = ToolOutcome("ok")
+
+    async def model(step: Any) -> ModelResponse:
+        return answer
+
+    async def tool(step: Any) -> ToolOutcome:
+        return outcome
+
+    async def direct() -> None:
+        for _ in range(calls):
+            await model(model_step)
+            await tool(tool_step)
+
+    async def through() -> None:
+        for _ in range(calls):
+            await hook.around_model(model_step, model)
+            await hook.around_tool(tool_step, tool)
+
+    best: dict[str, float] = {}
+    for _ in range(5):
+        for name, work in (("direct", direct), ("through", through)):
+            cpu = time.process_time()
+            await work()
+            taken = (time.process_time() - cpu) / calls
+            best[name] = min(best.get(name, taken), taken)
+    return round((best["through"] - best["direct"]) * 1e6, 2)
+
+
 # --- over HTTP ------------------------------------------------------------------------------
 
 
@@ -604,7 +745,7 @@ async def http_section(root: Path, turns: int, repeats: int) -> dict[str, Any]:
     return result
 
 
-SECTIONS = ("turns", "http", "batch", "storage", "durable")
+SECTIONS = ("turns", "http", "batch", "storage", "durable", "tracing")
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -618,6 +759,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     batch: dict[str, Any] = {}
     storage: dict[str, Any] = {}
     durable: dict[str, Any] = {}
+    tracing: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-turns-") as tmp:
         root = Path(tmp)
         if "turns" in wanted:
@@ -630,6 +772,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             storage = await storage_section(root, args.turns, peer)
         if "durable" in wanted:
             durable = await durable_section(root, args.turns, args.repeats, peer)
+        if "tracing" in wanted:
+            tracing = await tracing_section(root, args.turns, args.repeats)
 
     def median(section: dict[str, Any], side: str, key: str) -> float | None:
         entry = section.get(side)
@@ -682,6 +826,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "peer": None,
         "unit": "us",
     }
+    for name in ("noop", "sdk"):
+        # Per 1 KiB turn: the cheapest turn, so the largest share tracing can take.
+        figures[f"tracing_{name}_overhead"] = {
+            "ours": tracing.get("1k", {}).get(f"{name}_overhead_pct"),
+            "peer": None,
+            "unit": "%",
+        }
     for figure in figures.values():
         figure["ratio"] = ratio(figure["peer"], figure["ours"])
     return {
@@ -693,6 +844,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "batch": batch,
         "storage": storage,
         "durable": durable,
+        "tracing": tracing,
         "peer_reason": reason,
         "env": machine(),
     }

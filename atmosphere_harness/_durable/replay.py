@@ -17,6 +17,8 @@ What is journalled, by key (`<turn>` is the run's model turn, `<loop>` its `sess
 - `since:<loop>`: where the conversation's history stood as the loop loaded it;
   `history:<loop>`: that the loop's turn is in the history;
 - `ended`: the run was stopped (its client left) or superseded: it is not resumed.
+- `note:<key>`: a hook's own note on the run (`contracts.RUN_CHECKPOINTS`: tracing keeps the
+  run's span there); notes alone do not make a resumed run replay.
 
 A resumed run replays: a journalled model answer is returned without calling the runtime; a
 journalled result without running anything (its frames are not sent again); a call that had
@@ -36,6 +38,7 @@ from .. import _events as events
 from .._contracts import (
     CALL_JOURNAL,
     PENDING_APPROVALS,
+    RUN_CHECKPOINTS,
     FrameSink,
     HistoryMark,
     HistoryStore,
@@ -64,6 +67,7 @@ ENDED = "ended"
 """Checkpoint key: the run's client stopped it, or it was superseded (it is not resumed)."""
 STARTED = "started:"
 RESULT = "result:"
+NOTE = "note:"
 
 INTERRUPTED = json_result(
     status="interrupted",
@@ -100,7 +104,7 @@ class Replay:
         self.live = live
         self.checkpoints: Mapping[str, Any] = live.checkpoints
         """What the first life journalled (empty in a first life)."""
-        self.replaying = bool(self.checkpoints)
+        self.replaying = any(not key.startswith(NOTE) for key in self.checkpoints)
         """A resumed run replays its first life (its frames are not sent again) until it does
         the first thing that life had not finished (`go_live`)."""
         self.turn = 0
@@ -149,6 +153,21 @@ class Replay:
         await self.journal(f"{kind}:{self.turn}:{call.id}", value, wait=wait)
 
 
+class _Notes:
+    """A durable run's `contracts.RunCheckpoints`: hooks' notes, under `note:<key>`."""
+
+    __slots__ = ("replay",)
+
+    def __init__(self, replay: Replay) -> None:
+        self.replay = replay
+
+    def recall(self, key: str) -> Any | None:
+        return self.replay.recalled(NOTE + key)
+
+    async def record(self, key: str, value: Any) -> None:
+        await self.replay.journal(NOTE + key, value)
+
+
 _REPLAY: Key[Replay] = Key("durable.replay")
 
 
@@ -160,6 +179,7 @@ class DurableReplay(RunHooks):
         replay = Replay(run, live)
         run.state.set(_REPLAY, replay)
         run.state.set(CALL_JOURNAL, replay)
+        run.state.set(RUN_CHECKPOINTS, _Notes(replay))
         return replay.publish if replay.replaying else live.publish
 
     async def around_model(self, step: ModelStep, proceed: ProceedModel) -> ModelResponse:

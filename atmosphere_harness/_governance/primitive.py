@@ -50,11 +50,13 @@ class GovernancePrimitive(Primitive):
         self._approval_policy = approval_policy
         self._given_approvals = approvals
         self.chain = PolicyChain()
-        self.approvals: ApprovalStore = approvals or ApprovalRegistry()
+        # `is None`, not `or`: a store with a length (none waiting yet) is still the one given.
+        self.approvals: ApprovalStore = approvals if approvals is not None else ApprovalRegistry()
 
     async def start(self, host: Host) -> None:
         self.chain = load_policies(self._policies)
-        self.approvals = self._given_approvals or ApprovalRegistry()
+        given = self._given_approvals
+        self.approvals = given if given is not None else ApprovalRegistry()
         host.services.set(CHAIN_SERVICE, self.chain)
         host.services.set(APPROVALS_SERVICE, self.approvals)
         if self.chain:

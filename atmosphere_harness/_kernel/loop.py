@@ -22,7 +22,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from .._cache import CacheHint, PromptCache
-from .._contracts import Key, ModelStep, ProceedModel, Run, RunHooks
+from .._contracts import Key, ModelStep, ProceedModel, ProceedRun, Run, RunHooks
 from .._errors import LoopLimitExceeded
 from .._log import get_logger
 from .._runtimes.base import Message, ModelRequest, ModelResponse, ToolCall
@@ -85,6 +85,18 @@ async def run_loop(run: Run, message: str, *, cache_hint: CacheHint | None = Non
     finally:
         if not run.suspended and not run.discarded:
             await asyncio.shield(_finish_turn(run, complete_pairs(turn)))
+
+
+async def call_run(hooks: Sequence[RunHooks], run: Run, work: ProceedRun) -> None:
+    """`work` (the whole run) through every hook's `around_run`, outermost first."""
+    await _next_run(hooks, 0, run, work)
+
+
+async def _next_run(hooks: Sequence[RunHooks], index: int, run: Run, work: ProceedRun) -> None:
+    if index == len(hooks):
+        await work()
+        return
+    await hooks[index].around_run(run, partial(_next_run, hooks, index + 1, run, work))
 
 
 async def call_model(hooks: Sequence[RunHooks], step: ModelStep) -> ModelResponse:

@@ -13,6 +13,7 @@ from .._errors import RunCancelled
 from .._log import fault, get_logger
 from .._runtimes.base import Usage
 from .endpoint import HostedEndpoint
+from .loop import call_run
 from .session import StreamingSession
 
 if TYPE_CHECKING:
@@ -55,6 +56,9 @@ class RunContext:
         self.state = TypedMap()
         """Per-run scratch space for primitives and hooks (keyed by their own `Key`s)."""
         self._discarded = False
+        self.in_hooks = False
+        """Inside its `RunHooks.around_run` chain (a prompt run is, from its start; a `task`
+        sub-agent's run enters it as its loop starts)."""
         if self.live is not None:
             sink = self.live.bind(self)
         self.session = StreamingSession(self, sink)
@@ -157,9 +161,11 @@ async def execute_prompt(
     spec = endpoint.spec
     assert spec is not None
     assert spec.prompt_method is not None
+    method_name = spec.prompt_method
     if ticket is not None:
         ticket.attach(run)
-    try:
+
+    async def work() -> None:
         if ticket is not None and ticket.cancel_mode is not None:
             raise asyncio.CancelledError  # cancelled before it started
         # The history's first read may ride on the round trip that takes the lock (a networked
@@ -178,11 +184,15 @@ async def execute_prompt(
             kwargs: dict[str, Any] = {}
             for name, kind in endpoint.prompt_parameters:
                 kwargs[name] = message if kind is None else run.resolve(kind)
-            method = getattr(endpoint.instance, spec.prompt_method)
+            method = getattr(endpoint.instance, method_name)
             result = await method(**kwargs)
             if isinstance(result, str) and result and not session.closed:
                 await session.send(result)
                 session.last_text = result
+
+    run.in_hooks = True
+    try:
+        await call_run(endpoint.hooks, run, work)
         if ticket is not None:
             await ticket.settle("completed")
         await session.complete()

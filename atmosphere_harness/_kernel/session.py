@@ -10,7 +10,7 @@ from .._cache import CacheHint
 from .._contracts import FrameSink, Run
 from .._errors import UsageLimitExceeded
 from .._events import Event, Frame
-from .loop import run_loop
+from .loop import call_run, run_loop
 
 
 class StreamingSession:
@@ -52,7 +52,22 @@ class StreamingSession:
         `cache_hint` overrides the endpoint's prompt-cache policy for this prompt (its key, ttl,
         or `CacheHint.none()` to switch caching off).
         """
-        self.last_text = await run_loop(self._run, message, cache_hint=cache_hint)
+        run = self._run
+        if getattr(run, "in_hooks", True):
+            self.last_text = await run_loop(run, message, cache_hint=cache_hint)
+            return self.last_text
+        # A run no prompt method started (a `task` sub-agent's): its loop is the whole run.
+        answer: list[str] = []
+
+        async def loop() -> None:
+            answer.append(await run_loop(run, message, cache_hint=cache_hint))
+
+        run.in_hooks = True  # type: ignore[attr-defined]
+        try:
+            await call_run(run.endpoint.hooks, run, loop)
+        finally:
+            run.in_hooks = False  # type: ignore[attr-defined]
+        self.last_text = answer[0]
         return self.last_text
 
     async def send(self, text: str) -> None:

@@ -52,7 +52,7 @@ from ag_ui.core import (
     ToolCallStartEvent,
 )
 from ag_ui.encoder import EventEncoder
-from fastapi import Depends, HTTPException
+from fastapi import Depends, HTTPException, Request
 from pydantic import Field
 from pydantic_core import PydanticSerializationError
 from sse_starlette import EventSourceResponse
@@ -280,6 +280,7 @@ def agui_routes(spec: AgentSpec) -> list[RouteSpec]:
 
     async def post_agui(
         run_input: AguiRunInput,
+        request: Request,
         host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
     ) -> EventSourceResponse:
@@ -298,7 +299,12 @@ def agui_routes(spec: AgentSpec) -> list[RouteSpec]:
             for event in translator.start():
                 yield encode_event(encoder, event).encode()
             frames = run_frames(
-                host, endpoint, message=message, conversation_id=conversation_id, user_id=user_id
+                host,
+                endpoint,
+                message=message,
+                conversation_id=conversation_id,
+                user_id=user_id,
+                headers=request.headers,
             )
             async with contextlib.aclosing(frames):
                 async for frame in frames:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException
+from fastapi import Depends, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from .._ids import new_conversation_id
 from .._kernel.control import RunTicket
 from .._registry import AgentSpec
+from .._tracing import incoming
 from . import idempotency
 from .agui import agui_routes
 from .approvals import approval_routes
@@ -33,6 +34,7 @@ from .websocket import websocket_routes
 def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
     async def post_prompt(
         body: PromptRequest,
+        request: Request,
         host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
         idempotency_key: Annotated[
@@ -42,6 +44,8 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
         endpoint = hosted_endpoint(host, spec.path)
         conversation_id = body.conversationId or new_conversation_id()
         await require_conversation(host, spec.path, conversation_id, user_id, claim=True)
+        # A `traceparent` is the parent span of the run this request starts.
+        traced = incoming(request.headers, enabled=host.settings.groups.tracing.enabled)
         if idempotency_key is not None:
             if body.background or body.multitask != "enqueue":
                 raise HTTPException(
@@ -49,24 +53,26 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
                     f"{idempotency.HEADER} applies to a streamed prompt with multitask "
                     "'enqueue'; send background or another multitask without it",
                 )
-            return await idempotency.keyed_prompt(
-                host,
-                endpoint,
-                idempotency_key,
-                message=body.message,
-                requested_id=body.conversationId,
-                conversation_id=conversation_id,
-                user_id=user_id,
-            )
+            with traced:
+                return await idempotency.keyed_prompt(
+                    host,
+                    endpoint,
+                    idempotency_key,
+                    message=body.message,
+                    requested_id=body.conversationId,
+                    conversation_id=conversation_id,
+                    user_id=user_id,
+                )
         if body.background:
-            ticket = await host.submit(
-                endpoint,
-                message=body.message,
-                conversation_id=conversation_id,
-                user_id=user_id,
-                multitask=body.multitask,
-                background=True,
-            )
+            with traced:
+                ticket = await host.submit(
+                    endpoint,
+                    message=body.message,
+                    conversation_id=conversation_id,
+                    user_id=user_id,
+                    multitask=body.multitask,
+                    background=True,
+                )
             return JSONResponse(
                 {
                     "runId": ticket.run_id,
@@ -93,6 +99,7 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
             conversation_id=conversation_id,
             user_id=user_id,
             ticket=held,
+            headers=request.headers,
         )
 
     return [

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
 
 import anyio
@@ -30,6 +30,7 @@ from .._kernel.endpoint import HostedEndpoint
 from .._kernel.host import HarnessHost
 from .._kernel.live import RESTARTING, STOPPING
 from .._log import get_logger
+from .._tracing import incoming
 
 log = get_logger(__name__)
 
@@ -97,16 +98,19 @@ async def run_frames(
     message: str,
     conversation_id: str,
     user_id: str | None,
+    headers: Mapping[str, str] | None = None,
 ) -> AsyncGenerator[Frame, None]:
     """One prompt run as the frames it streams, read through its live-run journal.
 
     Closing the iterator early cancels the run (and waits for it to unwind, so its turn is
     persisted before the caller goes on), unless the run is held by a pending approval: then it
-    outlives the reader, as it does for SSE.
+    outlives the reader, as it does for SSE. `headers` are the request's: a `traceparent`
+    among them is the run's parent span (the run's task takes the context it starts in).
     """
-    live = host.start_run(
-        endpoint, message=message, conversation_id=conversation_id, user_id=user_id
-    )
+    with incoming(headers, enabled=host.settings.groups.tracing.enabled):
+        live = host.start_run(
+            endpoint, message=message, conversation_id=conversation_id, user_id=user_id
+        )
     follower = live.follow(0)
     try:
         async with contextlib.aclosing(follower):
@@ -126,21 +130,24 @@ def stream_prompt(
     conversation_id: str,
     user_id: str | None,
     ticket: RunTicket | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> EventSourceResponse:
-    """Start one prompt run and stream it from its first frame (its id: `X-Run-Id`)."""
+    """Start one prompt run and stream it from its first frame (its id: `X-Run-Id`);
+    `headers` as `run_frames` takes them."""
     run = ticket or host.control.ticket(
         path=endpoint.path, conversation_id=conversation_id, user_id=user_id
     )
 
     def start() -> LiveRunHandle:
         run.changed()
-        return host.start_run(
-            endpoint,
-            message=message,
-            conversation_id=conversation_id,
-            user_id=user_id,
-            ticket=run,
-        )
+        with incoming(headers, enabled=host.settings.groups.tracing.enabled):
+            return host.start_run(
+                endpoint,
+                message=message,
+                conversation_id=conversation_id,
+                user_id=user_id,
+                ticket=run,
+            )
 
     return _follow(start, 0, conversation_id, run.run_id)
 

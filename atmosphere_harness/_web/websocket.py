@@ -184,6 +184,7 @@ class _Socket:
                 message=message,
                 conversation_id=conversation_id,
                 user_id=self.user_id,
+                headers=self.websocket.headers,
             )
             async with contextlib.aclosing(frames):
                 async for frame in frames:

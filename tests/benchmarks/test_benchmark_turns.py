@@ -22,8 +22,16 @@ FIGURES = {
     "durable_turn_1k",
     "durable_turn_50k",
     "durable_added_50k",
+    "tracing_noop_overhead",
+    "tracing_sdk_overhead",
 }
-OVERHEADS = {"durable_overhead_1k", "durable_overhead_50k", "durable_added_50k"}
+OVERHEADS = {
+    "durable_overhead_1k",
+    "durable_overhead_50k",
+    "durable_added_50k",
+    "tracing_noop_overhead",
+    "tracing_sdk_overhead",
+}
 """Durable on vs off (percent, microseconds): noise can make it negative, so only its presence is
 checked."""
 
@@ -36,6 +44,9 @@ def test_the_benchmark_runs_and_says_whether_the_peer_was_measured() -> None:
         assert isinstance(figure["ours"], float)
         assert name in OVERHEADS or figure["ours"] > 0
     assert set(result["durable"]) == {"1k", "50k"}
+    assert set(result["tracing"]) == {"1k", "50k", "hook_us_per_turn"}
+    assert result["tracing"]["hook_us_per_turn"]["sdk"] > 0
+    assert set(result["tracing"]["1k"]) >= {"off", "noop", "sdk", "sdk_overhead_pct"}
     assert set(result["http"]) == {"1k", "50k"}
     for size, storage in result["storage"].items():
         assert storage["written_bytes"] == 3 * int(size.split("k")[0]) * 1024
@@ -57,6 +68,7 @@ def test_the_benchmark_runs_and_says_whether_the_peer_was_measured() -> None:
 def test_sections_runs_only_what_is_named_and_says_what_is_unknown() -> None:
     result = run_benchmark("turns.py", "--repeats", "1", "--turns", "2", "--sections", "durable")
     assert result["turns"] == result["http"] == result["batch"] == result["storage"] == {}
+    assert result["tracing"] == {}
     assert set(result["durable"]) == {"1k", "50k"}
     assert isinstance(result["figures"]["durable_turn_1k"]["ours"], float)
     assert result["figures"]["turn_overhead_1k"]["ours"] is None

@@ -100,6 +100,15 @@ KEYS = [
     ("durable_runs", "ATMOSPHERE_DURABLE_RUNS_ENABLED", None, "true", True, False),
     ("durable_runs_keep_seconds", "ATMOSPHERE_DURABLE_RUNS_KEEP_SECONDS", None, "60", 60.0, 5.0),
     ("durable_runs_lease_seconds", "ATMOSPHERE_DURABLE_RUNS_LEASE_SECONDS", None, "3", 3.0, 9.0),
+    ("tracing", "ATMOSPHERE_AI_TRACING", None, "false", False, True),
+    (
+        "tracing_capture_content",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+        None,
+        "TRUE",
+        True,
+        False,
+    ),
     ("llm_runtime", "LLM_RUNTIME", None, "scripted", RuntimeChoice.SCRIPTED, RuntimeChoice.AUTO),
     ("llm_model", "LLM_MODEL", None, "gpt-x", "gpt-x", "other"),
     (
@@ -483,3 +492,15 @@ def test_the_docs_list_each_group_as_it_is() -> None:
         if info.annotation is not None
     }
     assert documented == declared
+
+
+@pytest.mark.parametrize(
+    ("value", "captured"),
+    [("true", True), (" True ", True), ("1", False), ("yes", False), ("", False)],
+)
+def test_only_true_records_message_contents(
+    monkeypatch: pytest.MonkeyPatch, value: str, captured: bool
+) -> None:
+    """OpenTelemetry's own switch: anything but `true` leaves contents out, never fails start-up."""
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", value)
+    assert HarnessSettings().groups.tracing.capture_content is captured

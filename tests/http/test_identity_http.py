@@ -36,8 +36,10 @@ SEED_KEYS = {
     "filesystem",
     "skills",
     "durable-runs",
+    "tracing",
 }
-"""Atmosphere's Java harness's Runtime Truth table: the app-wide block has exactly these keys."""
+"""Atmosphere's Java harness's Runtime Truth table, and `tracing` (docs/runtime-truth.md): the
+app-wide block has exactly these keys."""
 
 
 def header_app(workspace: Path, runtime: ScriptedRuntime, **settings: Any) -> FastAPI:
@@ -95,7 +97,7 @@ async def test_by_default_no_identity_source_and_no_fact_is_kept(workspace: Path
     # the app has stopped, and stopping waits for pending extractions: none was even asked
     assert not [r for r in runtime.requests if r.metadata.get("purpose") == "memory-extraction"]
     assert await store.fact_count("alice") == 0
-    assert set(data["harness"]) == SEED_KEYS, "the app-wide block keeps Atmosphere's shape"
+    assert set(data["harness"]) == SEED_KEYS, "the app-wide block keeps its documented shape"
     endpoint = keeper_truth(data)
     assert endpoint[LONG_TERM_MEMORY].startswith("ACTIVE(")
     assert endpoint["identity"] == "NONE"

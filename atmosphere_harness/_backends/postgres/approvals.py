@@ -55,6 +55,10 @@ class PostgresApprovalStore:
         database.listen(CHANNEL, self._notified)
         database.on_reconnect(self._recheck_all)
 
+    def __len__(self) -> int:
+        """The approvals this replica's runs wait on (tracing's `atmosphere.approvals.waiting`)."""
+        return len(self._waiting)
+
     async def open(
         self,
         *,

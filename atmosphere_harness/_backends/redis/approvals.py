@@ -163,6 +163,10 @@ class RedisApprovalStore:
 
     # --- the protocol -------------------------------------------------------------------------
 
+    def __len__(self) -> int:
+        """The approvals this replica's runs wait on (tracing's `atmosphere.approvals.waiting`)."""
+        return len(self._local)
+
     async def open(
         self,
         *,
