@@ -419,38 +419,38 @@ class PostgresRunStore:
         return _stored(row), bool(row["finished"])
 
     async def frames_after(self, run_id: str, after: int, limit: int) -> tuple[list[Frame], bool]:
-        async def work(connection: Any) -> tuple[Any, list[Any]]:
-            async with connection.transaction(isolation="repeatable_read", readonly=True):
-                run = await connection.fetchrow(
-                    "SELECT id, session_id, conversation_id, finished_at IS NOT NULL AS finished "
-                    "FROM atmosphere_runs WHERE run_id = $1",
+        """One statement (one round trip, one snapshot): the run's row joined with its frames
+        after `after`; a run without such frames is one row whose frame columns are null."""
+
+        async def work(connection: Any) -> list[Any]:
+            return list(
+                await connection.fetch(
+                    "SELECT r.session_id, r.conversation_id, r.finished_at IS NOT NULL AS "
+                    "finished, f.seq, f.event, f.data FROM atmosphere_runs AS r "
+                    "LEFT JOIN LATERAL (SELECT seq, event, data FROM atmosphere_run_frames "
+                    "WHERE run = r.id AND seq > $2 ORDER BY seq LIMIT $3) AS f ON true "
+                    "WHERE r.run_id = $1 ORDER BY f.seq",
                     run_id,
-                )
-                if run is None:
-                    return None, []
-                frames = await connection.fetch(
-                    "SELECT seq, event, data FROM atmosphere_run_frames "
-                    "WHERE run = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-                    run["id"],
                     after,
                     limit,
                 )
-                return run, list(frames)
+            )
 
-        run, rows = await self.database.run(work)
-        if run is None:
+        rows = await self.database.run(work)
+        if not rows:
             return [], True  # expired: nothing more will come
         frames = [
             Frame(
                 row["event"],
                 json.loads(row["data"]),
-                run["session_id"],
-                run["conversation_id"],
+                row["session_id"],
+                row["conversation_id"],
                 int(row["seq"]),
             )
             for row in rows
+            if row["seq"] is not None
         ]
-        return frames, bool(run["finished"])
+        return frames, bool(rows[0]["finished"])
 
     def watch(self, run_id: str, wake: Callable[[int], None]) -> Callable[[], None]:
         """Wake a reader of `run_id` when any replica stored new frames of it (`NOTIFY`)."""
