@@ -987,7 +987,8 @@ class RunFeed(Protocol):
     """A `RunStore` other processes can follow a run from while it runs elsewhere.
 
     Optional: with it, `GET P/conversations/{id}/events` on one replica replays and follows a
-    run another replica executes (`kernel.remote.RemoteRun` polls it). A store without it
+    run another replica executes (`kernel.remote.RemoteRun` reads it whenever `watch` says
+    frames were stored, and polls it slowly in case a notice was lost). A store without it
     serves re-attaching only on the replica that runs the run. With durable runs off, the
     journal still writes a run's frames to it (the frame feed, owner `FEED_OWNER`...) so that
     other replicas can follow the run; see `kernel.feed`.
@@ -1003,6 +1004,12 @@ class RunFeed(Protocol):
     async def frames_after(self, run_id: str, after: int, limit: int) -> tuple[list[Frame], bool]:
         """Up to `limit` stored frames with a seq above `after`, oldest first, and whether the
         run is finished (read together, so "finished" covers every frame before it)."""
+        ...
+
+    def watch(self, run_id: str, wake: Callable[[int], None]) -> Callable[[], None]:
+        """Call `wake(seq)` whenever any process stored frames of `run_id` up to `seq` (after
+        they are committed), and `wake(0)` when notices may have been lost (a reconnect);
+        returns the call that stops watching. Best effort: a reader still polls."""
         ...
 
     async def abandon(self, message: str, limit: int) -> int:

@@ -27,9 +27,11 @@ log = get_logger(__name__)
 
 CLAIM_BATCH = 64
 """Runs one upkeep scan ends (or claims) at most (the next scan takes more)."""
-FEED_LINGER_SECONDS = 0.05
-"""The frame feed gathers a run's frames this long before each write (remote readers poll
-every `kernel.remote.POLL_SECONDS`, 0.25 s, so they do not notice)."""
+FEED_LINGER_SECONDS = 0.01
+"""The frame feed starts a run's writes at least this far apart: a frame after a quiet spell
+(a model's streamed token, at tens a second) is written at once, a burst is gathered into one
+write. So a run costs about 100 writes a second at most, and a remote reader (woken by each write's
+notice, `RunFeed.watch`) gets a frame at most this much later than it would unbatched."""
 FEED_FIRST_SECONDS = 0.01
 """The frame feed's first write (the run's record) waits this long, or until the run's terminal
 frame if that comes sooner: a run that ends within it (a scripted or cached answer, a refusal)
@@ -43,15 +45,16 @@ STOPPED = "the run was stopped before it finished"
 
 class FeedWriter(StoreWriter):
     """The frame feed's writer: a `StoreWriter` whose first write (the run's record, so that
-    other replicas find the run) goes after `FEED_FIRST_SECONDS`, and every later group after
-    gathering frames for `FEED_LINGER_SECONDS`; the terminal frame cuts either wait short. A
-    long run costs a write per linger at most, one that ends within the first wait one write
-    (with its terminal frame, which also finishes it: `RunStore`). Remote readers poll slower
-    than the linger anyway."""
+    other replicas find the run) goes after `FEED_FIRST_SECONDS`, and whose later writes start
+    at least `FEED_LINGER_SECONDS` apart (a frame that comes later than that after the last
+    write goes at once); the terminal frame cuts either wait short. A run that ends within the
+    first wait costs one write (with its terminal frame, which also finishes it: `RunStore`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._ended = asyncio.Event()
+        self._written_at = -FEED_LINGER_SECONDS
+        """When the last write started (the loop's clock)."""
 
     def frame(self, frame: Frame) -> None:
         if frame.terminal:
@@ -59,11 +62,16 @@ class FeedWriter(StoreWriter):
         super().frame(frame)
 
     async def _drain(self) -> None:
-        if not self._ended.is_set():
-            wait = FEED_FIRST_SECONDS if self._create is not None else FEED_LINGER_SECONDS
+        loop = asyncio.get_running_loop()
+        if self._create is not None:
+            wait = FEED_FIRST_SECONDS
+        else:
+            wait = self._written_at + FEED_LINGER_SECONDS - loop.time()
+        if wait > 0 and not self._ended.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._ended.wait()
+        self._written_at = loop.time()
         await super()._drain()
 
 

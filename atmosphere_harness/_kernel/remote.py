@@ -4,12 +4,15 @@ With a shared store that is a `contracts.RunFeed` (PostgreSQL, Redis), as the du
 or as the frame feed (durable runs off, `kernel.feed`), a client that
 re-attaches with `GET P/conversations/{id}/events` on a replica that does not run the
 conversation's run gets a `RemoteRun` from `LiveRuns.find`: it replays the stored frames after
-the client's `Last-Event-ID` and then polls the store every `POLL_SECONDS` for new ones until
-the run ends. Frames reach the store in the writer's groups, so a remote reader lags the
-replica that runs the run by up to one write plus one poll; a durable run taken over by a third
-replica (its owner died) goes on in the same rows, so the reader never notices the move. A
-frame-feed run whose replica died is never taken over: once its lease ran out, a replica's
-upkeep ends it with a terminal `error` frame (`RunFeed.abandon`), which ends the reader.
+the client's `Last-Event-ID` and then reads again each time the store says the run has new
+frames (`RunFeed.watch`: a notice the writing replica sends once they are committed, `NOTIFY`
+on PostgreSQL, pub/sub on Redis), so a remote reader lags the replica that runs the run by one
+write, one notice and one read: a few milliseconds. A notice lost (while the listening
+connection reconnects) costs at most `POLL_SECONDS`, the slow poll kept as a safety net. A
+durable run taken over by a third replica (its owner died) goes on in the same rows, so the
+reader never notices the move. A frame-feed run whose replica died is never taken over: once
+its lease ran out, a replica's upkeep ends it with a terminal `error` frame
+(`RunFeed.abandon`), which ends the reader.
 
 A `RemoteRun` only reads: it cannot publish, hold or cancel the run (a reader leaving never
 stops a run on another replica, unlike a local reader of an unheld run).
@@ -30,8 +33,9 @@ REFERENCE = "$model"
 """A stored `tool-start` frame's `arguments` as `{"$model": "<checkpoint key>"}`: the very
 arguments of that call in that model turn's checkpoint (a durable journal stores a large
 argument once, `durable.writer`)."""
-POLL_SECONDS = 0.25
-"""How often a remote reader asks the store for new frames while the run has none."""
+POLL_SECONDS = 1.0
+"""How often a remote reader asks the store for new frames when no notice came (the safety net
+for a notice lost: `RunFeed.watch` wakes it as soon as frames are stored)."""
 BATCH = 256
 """Frames read per query."""
 
@@ -61,7 +65,8 @@ class RemoteRun:
         self.task: asyncio.Task[Any] | None = None
         self._finished = False
         self._interrupt: str | None = None
-        self._wake = asyncio.Event()
+        self._wakes: set[asyncio.Event] = set()
+        """Each reader's wake-up (`interrupt` sets them all)."""
         self._durable = durable
         """Followed from a durable journal, or from the frame feed (durable runs off)."""
 
@@ -97,32 +102,47 @@ class RemoteRun:
 
     async def follow(self, after: int = 0) -> AsyncGenerator[Frame, None]:
         """The stored frames after `after`, then each new one, until the run ends."""
-        while True:
-            frames, finished = await self.feed.frames_after(self.run_id, after, BATCH)
-            frames = await self._as_sent(frames)
-            for frame in frames:
-                after = frame.seq
-                yield frame
-                if frame.terminal:
+        wake = asyncio.Event()
+
+        def woken(seq: int) -> None:
+            if seq == 0 or seq > after:  # not a notice of frames this reader already has
+                wake.set()
+
+        unwatch = self.feed.watch(self.run_id, woken)
+        self._wakes.add(wake)
+        try:
+            while True:
+                # Cleared before the read: a notice that comes during it makes the wait below
+                # return at once, so none is lost between reading and waiting.
+                wake.clear()
+                frames, finished = await self.feed.frames_after(self.run_id, after, BATCH)
+                frames = await self._as_sent(frames)
+                for frame in frames:
+                    after = frame.seq
+                    yield frame
+                    if frame.terminal:
+                        self._finished = True
+                        return
+                if len(frames) == BATCH:
+                    continue
+                if finished:
+                    # Ended (its last frames were read above, or compacted away already).
                     self._finished = True
                     return
-            if frames:
-                continue
-            if finished:
-                # Ended (its last frames were read above, or compacted away already).
-                self._finished = True
-                return
-            if self._interrupt is not None:
-                yield Frame(
-                    events.ERROR,
-                    {"message": self._interrupt, "type": "ServerShutdown"},
-                    self.session_id or "",
-                    self.conversation_id,
-                    after,
-                )
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
+                if self._interrupt is not None:
+                    yield Frame(
+                        events.ERROR,
+                        {"message": self._interrupt, "type": "ServerShutdown"},
+                        self.session_id or "",
+                        self.conversation_id,
+                        after,
+                    )
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), POLL_SECONDS)
+        finally:
+            self._wakes.discard(wake)
+            unwatch()
 
     async def _as_sent(self, frames: list[Frame]) -> list[Frame]:
         resolved = self._resolve(frames, self._checkpoints)
@@ -135,7 +155,8 @@ class RemoteRun:
     def interrupt(self, message: str) -> None:
         """This server stops: end the reader (the run goes on on its own replica)."""
         self._interrupt = message
-        self._wake.set()
+        for wake in self._wakes:
+            wake.set()
 
 
 def _refers(frame: Frame) -> bool:
@@ -169,3 +190,41 @@ def resolved(frames: list[Frame], checkpoints: Mapping[str, Any]) -> list[Frame]
                         break
         out.append(frame)
     return out
+
+
+class RunWatchers:
+    """The readers of this process waiting for new frames, by run: what a shared store's
+    `RunFeed.watch` keeps, and wakes on each notice that a run's frames were stored.
+
+    A notice's text is `"{seq} {run_id}"`: frames of `run_id` up to `seq` are stored."""
+
+    def __init__(self) -> None:
+        self._watching: dict[str, set[Callable[[int], None]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._watching)
+
+    def watch(self, run_id: str, wake: Callable[[int], None]) -> Callable[[], None]:
+        wakes = self._watching.setdefault(run_id, set())
+        wakes.add(wake)
+
+        def unwatch() -> None:
+            wakes.discard(wake)
+            if not wakes and self._watching.get(run_id) is wakes:
+                del self._watching[run_id]
+
+        return unwatch
+
+    def notified(self, text: str) -> None:
+        """Wake the readers of the run a notice names (one of another run costs a lookup)."""
+        seq, _, run_id = text.partition(" ")
+        wakes = self._watching.get(run_id)
+        if wakes and seq.isdigit():
+            for wake in list(wakes):
+                wake(int(seq))
+
+    def wake_all(self) -> None:
+        """Notices may have been lost (the listening connection was down): every reader reads."""
+        for wakes in list(self._watching.values()):
+            for wake in list(wakes):
+                wake(0)

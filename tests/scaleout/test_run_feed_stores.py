@@ -27,9 +27,10 @@ from atmosphere_harness._contracts import FEED_OWNER, LiveRunHandle, StoredRun
 from atmosphere_harness._errors import LeaseLost
 from atmosphere_harness._events import Frame
 from atmosphere_harness._kernel import feed as journal
+from atmosphere_harness._kernel import remote as remote_module
 from atmosphere_harness._kernel.feed import ABANDONED, STOPPED
 from atmosphere_harness._kernel.live import LiveRuns
-from atmosphere_harness._kernel.remote import RemoteRun
+from atmosphere_harness._kernel.remote import RemoteRun, resolved
 from atmosphere_harness._kernel.writer import encode
 
 from .postgres_service import create_database, drop_database
@@ -47,10 +48,12 @@ async def stores(request: pytest.FixtureRequest) -> AsyncIterator[list[Store]]:
     if request.param == "postgres":
         url = await asyncio.to_thread(create_database)
         databases = [PostgresDatabase(url, pool_max=4) for _ in range(2)]
+        # Made before the databases open, as the backend does (its `LISTEN` starts there).
+        made = [PostgresRunStore(database) for database in databases]
         try:
             for database in databases:
                 await database.open()
-            yield [PostgresRunStore(database) for database in databases]
+            yield made
         finally:
             for database in databases:
                 await database.aclose()
@@ -257,6 +260,30 @@ async def test_a_feed_run_stopped_before_its_end_tells_remote_readers(
         assert seen[-1].data == {"message": STOPPED, "type": "RunStopped"}
     finally:
         await runs_a.aclose()
+
+
+@pytest.mark.parametrize("owner", [FEED_OWNER + "a", "a"], ids=["feed", "durable"])
+async def test_a_write_wakes_the_followers_on_other_replicas_without_their_poll(
+    stores: list[Store], monkeypatch: pytest.MonkeyPatch, owner: str
+) -> None:
+    """Each write of frames sends a notice (`RunFeed.watch`): a reader on replica B gets a
+    frame A stores while it waits, long before its next poll (here 30 s, the guard 10 s)."""
+    monkeypatch.setattr(remote_module, "POLL_SECONDS", 30.0)
+    a, b = stores
+    await a.append("run", [frame(1)], [], create=stored("run"), owner=owner, lease_seconds=60)
+    follower = RemoteRun(b, stored("run"), resolved, b, durable=not owner.startswith(FEED_OWNER))
+    followed = follower.follow()
+    assert (await anext(followed)).seq == 1
+    second = asyncio.ensure_future(anext(followed))
+    await asyncio.sleep(0.3)  # the reader read again, found nothing and now waits
+    assert not second.done()
+    await a.append("run", [frame(2, "two")], [], owner=owner)
+    async with asyncio.timeout(10):
+        got = await second
+    assert (got.seq, got.data) == (2, {"text": "two"})
+    await followed.aclose()
+    # A reader that left is no longer woken (nothing is kept for it).
+    assert len(b._watchers) == 0
 
 
 class _Counted:

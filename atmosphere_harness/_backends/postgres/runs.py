@@ -26,18 +26,23 @@ compresses values past ~2 kB itself, TOAST). What makes it a multi-replica store
   wait for the WAL flush: the feed is not durability), finish the run when their last frame is
   terminal, and are refused once the run is finished; `abandon` ends those
   whose replica died (lease run out) with a terminal `error` frame.
+- Each write of frames also sends `NOTIFY atmosphere_run_frames, '{seq} {run_id}'` from the
+  same statement (no round trip of its own; PostgreSQL delivers it once the write commits),
+  and every replica `LISTEN`s: a reader following the run elsewhere (`watch`) reads the new
+  frames at once instead of at its next poll.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..._contracts import FEED_OWNER, StoredRun
 from ..._errors import LeaseLost
 from ..._events import TERMINAL, Frame
+from ..._kernel.remote import RunWatchers
 from .database import PostgresDatabase
 
 NOW = "extract(epoch FROM clock_timestamp())"
@@ -51,6 +56,15 @@ DROP_SLACK_SECONDS = 10.0
 room for replicas' clocks to disagree and for a run's `finish` to commit late. Frames a replica
 never got to in time (all replicas stopped for longer) go with their run's row, `keep_seconds`
 after it finished (`ON DELETE CASCADE`)."""
+
+CHANNEL = "atmosphere_run_frames"
+"""Where a write of frames says so (`RunFeed.watch`)."""
+NOTICE = (
+    f"notice AS (SELECT pg_notify('{CHANNEL}', "
+    "($2::text[])[cardinality($2::text[])] || ' ' || $1::text))"
+)
+"""A statement's `WITH` entry that announces its frames: `$1` the run id, `$2` the seqs (text,
+oldest first). Joined into the `INSERT`, it runs only when a frame is written."""
 
 RUN_COLUMNS = "id, run_id, path, conversation_id, user_key, session_id, message, started_at"
 
@@ -99,6 +113,9 @@ class PostgresRunStore:
         self.database = database
         self._dropped_upto: float | None = None
         """Where the last `expire` stopped dropping frames (a finish time)."""
+        self._watchers = RunWatchers()
+        database.listen(CHANNEL, self._watchers.notified)
+        database.on_reconnect(self._watchers.wake_all)
 
     def __repr__(self) -> str:
         return f"PostgresRunStore({self.database!r})"
@@ -156,15 +173,17 @@ class PostgresRunStore:
                     row = found["id"]
                 if frames:
                     await connection.execute(
+                        f"WITH {NOTICE} "
                         "INSERT INTO atmosphere_run_frames (run, seq, event, data) "
-                        "SELECT $1, f.seq::integer, f.event, f.data "
-                        "FROM unnest($2::text[], $3::text[], $4::text[]) AS f (seq, event, data) "
+                        "SELECT $5, f.seq::integer, f.event, f.data FROM notice, "
+                        "unnest($2::text[], $3::text[], $4::text[]) AS f (seq, event, data) "
                         "ON CONFLICT (run, seq) DO UPDATE "
                         "SET event = EXCLUDED.event, data = EXCLUDED.data",
-                        row,
+                        run_id,
                         _seqs(frames),
                         [entry[1] for entry in frames],
                         [entry[2] for entry in frames],
+                        row,
                     )
                 if checkpoints:
                     latest = dict(checkpoints)  # one statement may not set a key twice
@@ -220,9 +239,9 @@ class PostgresRunStore:
             args = (owner,)
         statement = (
             "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), "
-            f"run AS ({run}) "
+            f"run AS ({run}), {NOTICE} "
             "INSERT INTO atmosphere_run_frames (run, seq, event, data) "
-            "SELECT run.id, f.seq::integer, f.event, f.data FROM run, "
+            "SELECT run.id, f.seq::integer, f.event, f.data FROM run, notice, "
             "unnest($2::text[], $3::text[], $4::text[]) AS f (seq, event, data) "
             "ON CONFLICT (run, seq) DO UPDATE SET event = EXCLUDED.event, data = EXCLUDED.data"
         )
@@ -400,38 +419,42 @@ class PostgresRunStore:
         return _stored(row), bool(row["finished"])
 
     async def frames_after(self, run_id: str, after: int, limit: int) -> tuple[list[Frame], bool]:
-        async def work(connection: Any) -> tuple[Any, list[Any]]:
-            async with connection.transaction(isolation="repeatable_read", readonly=True):
-                run = await connection.fetchrow(
-                    "SELECT id, session_id, conversation_id, finished_at IS NOT NULL AS finished "
-                    "FROM atmosphere_runs WHERE run_id = $1",
+        """One statement (one round trip, one snapshot): the run's row joined with its frames
+        after `after`; a run without such frames is one row whose frame columns are null."""
+
+        async def work(connection: Any) -> list[Any]:
+            return list(
+                await connection.fetch(
+                    "SELECT r.session_id, r.conversation_id, r.finished_at IS NOT NULL AS "
+                    "finished, f.seq, f.event, f.data FROM atmosphere_runs AS r "
+                    "LEFT JOIN LATERAL (SELECT seq, event, data FROM atmosphere_run_frames "
+                    "WHERE run = r.id AND seq > $2 ORDER BY seq LIMIT $3) AS f ON true "
+                    "WHERE r.run_id = $1 ORDER BY f.seq",
                     run_id,
-                )
-                if run is None:
-                    return None, []
-                frames = await connection.fetch(
-                    "SELECT seq, event, data FROM atmosphere_run_frames "
-                    "WHERE run = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-                    run["id"],
                     after,
                     limit,
                 )
-                return run, list(frames)
+            )
 
-        run, rows = await self.database.run(work)
-        if run is None:
+        rows = await self.database.run(work)
+        if not rows:
             return [], True  # expired: nothing more will come
         frames = [
             Frame(
                 row["event"],
                 json.loads(row["data"]),
-                run["session_id"],
-                run["conversation_id"],
+                row["session_id"],
+                row["conversation_id"],
                 int(row["seq"]),
             )
             for row in rows
+            if row["seq"] is not None
         ]
-        return frames, bool(run["finished"])
+        return frames, bool(rows[0]["finished"])
+
+    def watch(self, run_id: str, wake: Callable[[int], None]) -> Callable[[], None]:
+        """Wake a reader of `run_id` when any replica stored new frames of it (`NOTIFY`)."""
+        return self._watchers.watch(run_id, wake)
 
     async def abandon(self, message: str, limit: int) -> int:
         """End the frame-feed runs whose replica died: a terminal `error` frame after the last

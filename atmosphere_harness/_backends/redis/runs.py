@@ -27,6 +27,10 @@ What makes it a multi-replica store, as `PostgresRunStore`:
   claimed, their appends are refused once the run is finished, an append whose last frame is
   terminal is pipelined with `finish` (one round trip for both), and `abandon` ends those whose
   replica died (lease run out) with a terminal `error` frame.
+- Each append of frames also `PUBLISH`es `'{seq} {run_id}'` on `runs:frames` from its
+  script (no round trip of its own; the frames are written when it is sent). A replica with
+  readers following runs from here (`watch`) listens on one pub/sub connection and wakes them
+  at once instead of at their next poll.
 - Every key also has a TTL (`SAFETY_TTL`, refreshed by writes and heartbeats; shorter once a
   run finished), so nothing outlives a Redis whose replicas all went away.
 
@@ -35,17 +39,24 @@ Needs a standalone Redis 7 or later (scripts touch keys they compute, as the oth
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
+from ..._cancel import reraise_cancellation
 from ..._contracts import FEED_OWNER, StoredRun
 from ..._errors import LeaseLost
 from ..._events import TERMINAL, Frame
+from ..._kernel.remote import RunWatchers
+from ..._log import get_logger
 from .connection import RedisConnection, as_str, digest
+
+log = get_logger(__name__)
 
 FOLLOW_GRACE_SECONDS = 30.0
 """How long a finished run's frames stay for readers on other replicas to catch up."""
@@ -60,6 +71,8 @@ EXPIRE_BATCH = 1000
 LATEST_SCAN = 200
 """A conversation's newest runs `latest` looks at."""
 SEP = "\x1f"
+BACKOFF = (0.1, 0.25, 0.5, 1.0, 2.0)
+"""Waits between attempts to listen for frame notices again after losing Redis."""
 
 _LIB = (
     """
@@ -104,13 +117,18 @@ else
         return {'ended'}
     end
 end
+local last
 for n = 1, nframes do
     local seq = ARGV[i]
     redis.call('ZREMRANGEBYSCORE', KEYS[2], seq, seq)
     redis.call('ZADD', KEYS[2], seq, ARGV[i + 1])
+    last = seq
     i = i + 2
 end
-if nframes > 0 then redis.call('EXPIRE', KEYS[2], ttl) end
+if nframes > 0 then
+    redis.call('EXPIRE', KEYS[2], ttl)
+    redis.call('PUBLISH', prefix .. 'runs:frames', last .. ' ' .. id)
+end
 for n = 1, nchecks do
     redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 1])
     i = i + 2
@@ -318,6 +336,9 @@ class RedisRunStore:
         self._finish = client.register_script(_FINISH)
         self._expire = client.register_script(_EXPIRE)
         self._abandon = client.register_script(_ABANDON)
+        self._watchers = RunWatchers()
+        self._listener: asyncio.Task[None] | None = None
+        connection.on_close(self._stop_listening)
 
     def __repr__(self) -> str:
         return f"RedisRunStore({self.connection!r})"
@@ -531,6 +552,56 @@ class RedisRunStore:
         if runs:
             return max(runs, key=lambda entry: entry[0].started_at)
         return None
+
+    def watch(self, run_id: str, wake: Callable[[int], None]) -> Callable[[], None]:
+        """Wake a reader of `run_id` when any replica stored new frames of it (pub/sub; the
+        listening connection opens with the first reader)."""
+        unwatch = self._watchers.watch(run_id, wake)
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.get_running_loop().create_task(
+                self._listen(), name="redis-run-frames"
+            )
+        return unwatch
+
+    async def _listen(self) -> None:
+        """Hand every frame notice to the readers here; after each (re)subscribe, wake them
+        all (what was published while not subscribed is read, not waited for)."""
+        failures = 0
+        channel = self.connection.key("runs", "frames")
+        while True:
+            client = self.connection.dedicated()
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(channel)
+                failures = 0
+                self._watchers.wake_all()
+                while True:
+                    message = await pubsub.get_message(timeout=5.0)
+                    reraise_cancellation()
+                    if message is not None:
+                        self._watchers.notified(as_str(message.get("data")) or "")
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning(
+                        "run frame listener lost Redis; remote readers poll meanwhile",
+                        error=self.connection.scrub(exc),
+                    )
+                await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF)) - 1])
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()
+                with contextlib.suppress(RedisError, OSError):
+                    await client.aclose()
+
+    async def _stop_listening(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
 
     async def frames_after(self, run_id: str, after: int, limit: int) -> tuple[list[Frame], bool]:
         run = self._run(run_id)
