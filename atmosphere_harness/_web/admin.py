@@ -190,7 +190,19 @@ AGENT_NAME_PATTERN = rf"^(?!.*\.\.){_NAME_CHAR}*[^\s\x85/\\\x00-\x1f\x7f]{_NAME_
 """What `check_agent_name` accepts, for the OpenAPI document only: no `..`, `/`, `\\` or control
 character, and not blank."""
 AgentName = Annotated[str, Path(json_schema_extra={"pattern": AGENT_NAME_PATTERN})]
-PathQuery = Annotated[str | None, Query(description="A path inside the conversation workspace")]
+_SEGMENT = "[A-Za-z0-9_-][A-Za-z0-9._-]{0,13}"
+WORKSPACE_PATH_PATTERN = f"^{_SEGMENT}(/{_SEGMENT}){{0,7}}$"
+"""Workspace paths every backend accepts, for the OpenAPI document of a file read (any other
+path is 400 or 404 there): relative, `/`-separated names of a few plain characters (no `.` or
+`..` segment, no reserved suffix). A directory listing takes any path the filesystem's rules
+allow (a missing directory lists empty), so its `path` has no pattern."""
+PATH_DESCRIPTION = "A path inside the conversation workspace"
+PathQuery = Annotated[
+    str | None, Query(description=f"{PATH_DESCRIPTION}; blank or `.` is its root")
+]
+FilePathQuery = Annotated[
+    str, Query(description=PATH_DESCRIPTION, json_schema_extra={"pattern": WORKSPACE_PATH_PATTERN})
+]
 
 
 def admin_router() -> APIRouter:
@@ -295,16 +307,16 @@ def admin_router() -> APIRouter:
     )
     async def file_content(
         name: AgentName,
+        path: FilePathQuery,
         host: HarnessDep,
         principal: AdminPrincipalDep,
         conversation_id: ConversationQuery = None,
         session_id: SessionQuery = None,
-        path: PathQuery = None,
     ) -> Any:
         name, conversation = workspace_read(host, principal, name, conversation_id, session_id)
         fs = await conversation_files(host, name, conversation)
         # FileNotFoundInWorkspace answers 404, any other FileSystemError 400 (web.errors).
-        content = await fs.read(path or "")
+        content = await fs.read(path)
         return {"agent": name, **conversation_keys(conversation), "path": path, "content": content}
 
     return router

@@ -25,8 +25,9 @@ STATE_KEY = "atmosphere_harness"
 CONVERSATION_ID_SCHEMA: dict[str, Any] = {"pattern": CONVERSATION_ID_PATTERN}
 """The shape of a conversation id, for the OpenAPI document only (`json_schema_extra`).
 
-Routes keep checking ids themselves, with their own status and message (400 for a path, 422
-for a query or body); documenting the shape lets clients and API fuzzers send valid ones.
+Routes keep checking ids themselves, with their own status and message (400 for a path or query
+parameter, 422 for a body field); documenting the shape lets clients and API fuzzers send valid
+ones.
 """
 
 
