@@ -662,23 +662,53 @@ def user_key(user_id: str | None) -> str:
     return user_id or ANONYMOUS
 
 
+TITLE_CHARS = 80
+"""A conversation's title: the first prompt's first characters (no model call)."""
+
+
+def conversation_title(message: str) -> str:
+    """The title a conversation's first prompt gives it: its first line-folded characters."""
+    return " ".join(message.split())[:TITLE_CHARS]
+
+
+@dataclass(frozen=True, slots=True)
+class OwnedConversation:
+    """One conversation of a user, as the conversation list shows it."""
+
+    conversation_id: str
+    updated_at: float
+    """When its last prompt was claimed (epoch seconds)."""
+    title: str = ""
+
+
 class ConversationOwners(Protocol):
     """Who owns each conversation: the user whose prompt first used its id, on every replica.
 
-    A record is `(path, conversation_id) -> user key` (`user_key`), written once by the first
-    prompt (`claim`) and never changed; `forget` drops it when the conversation is deleted.
-    The embedded implementation is a table of the SQLite file under `workspace_root`; a
-    scale-out backend keeps it in PostgreSQL or Redis, so every replica sees one owner.
+    A record is `(path, conversation_id) -> user key` (`user_key`), written by the first
+    prompt (`claim`), whose owner never changes; each later prompt of the owner moves its
+    `updated_at` forward, so a user's conversations list newest first (`page`). `forget` drops
+    it when the conversation is deleted. The embedded implementation is a table of the SQLite
+    file under `workspace_root`; a scale-out backend keeps it in PostgreSQL or Redis, so every
+    replica sees one owner.
     """
 
-    async def claim(self, path: str, conversation_id: str, user: str) -> str:
+    async def claim(self, path: str, conversation_id: str, user: str, title: str = "") -> str:
         """Make `user` the owner if the conversation has none, atomically; return the owner
-        (`user` when the claim won, or whoever's did before)."""
+        (`user` when the claim won, or whoever's did before). When the owner is `user`, the
+        conversation's `updated_at` becomes now; `title` is kept from the first claim only."""
         ...
 
     async def owner(self, path: str, conversation_id: str) -> str | None:
         """The owner's user key, or `None` when no prompt ever used the id (or it was
         forgotten)."""
+        ...
+
+    async def page(
+        self, path: str, user: str, limit: int, after: tuple[float, str] | None = None
+    ) -> list[OwnedConversation]:
+        """Up to `limit` conversations of `user` at `path`, newest `updated_at` first (ties:
+        conversation id descending), starting after the `(updated_at, conversation_id)` of the
+        last one a previous page returned."""
         ...
 
     async def forget(self, path: str, conversation_id: str) -> None:

@@ -141,10 +141,11 @@ class Viewer(asyncio.Protocol):
             self._buffer = buffer
             return
         complete, self._buffer = buffer[: end + 4], buffer[end + 4 :]
-        for match in ID_LINE.finditer(complete):
-            if match.group(2) == b"0":
+        for frame in complete.split(b"\r\n\r\n"):
+            if b"event: plan-snapshot" in frame:
                 self.snapshot.set()
-            else:
+                continue
+            for match in ID_LINE.finditer(b"\n" + frame + b"\r\n"):
                 self.received.setdefault(match.group(1).decode(), now)
 
     def close(self) -> None:
@@ -169,13 +170,15 @@ async def one_run(subscribers: int, updates: int, interval: float) -> dict[str, 
     try:
         async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
             await wait_until_serving(http, server)
-            # Warm every code path once (imports, first plan file, first stream).
+            # Warm every code path once (imports, first plan file, first stream). The first
+            # prompt also makes the conversation exist: a plan stream of a conversation no
+            # prompt used answers 404.
+            await http.post(
+                f"/atmosphere/agent/{AGENT}", json={"message": "0", "conversationId": CONVERSATION}
+            )
             warm = Viewer()
             await warm.connect(port)
             await asyncio.wait_for(warm.snapshot.wait(), 30)
-            await http.post(
-                f"/atmosphere/agent/{AGENT}", json={"message": "0", "conversationId": "warm-up"}
-            )
             warm.close()
             await asyncio.sleep(1.0)
             baseline = rss_kib(server.pid)

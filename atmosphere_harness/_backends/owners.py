@@ -4,7 +4,9 @@ One table of the harness's SQLite file under `workspace_root` (the file the hist
 journal use, through the process's one connection), so ownership survives a restart: a user's
 conversation stays theirs after the app comes back. A claim reads the row and, only when there
 is none, inserts it (`INSERT OR IGNORE`) and reads it again in one transaction: processes
-sharing the file settle on one owner because SQLite serializes writers.
+sharing the file settle on one owner because SQLite serializes writers. A later prompt of the
+owner moves the row's `updated_at` (one small indexed write); the index on `(path, user_key,
+updated_at)` serves a user's list, newest first.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+from .._contracts import OwnedConversation
 from .._memory.sqlite import DATABASE_FILE, SqliteDatabase, Transaction
 
 SCHEMA = """
@@ -24,6 +27,27 @@ CREATE TABLE IF NOT EXISTS conversation_owners (
     PRIMARY KEY (path, conversation_id)
 ) WITHOUT ROWID;
 """
+
+
+def _add_list_columns(connection: sqlite3.Connection) -> None:
+    """Give a file written before conversations were listed their `updated_at` and `title`
+    (idempotent), and the index a user's list reads."""
+    columns = {row[1] for row in connection.execute("PRAGMA table_info(conversation_owners)")}
+    with Transaction(connection):
+        if "updated_at" not in columns:
+            connection.execute(
+                "ALTER TABLE conversation_owners ADD COLUMN updated_at REAL NOT NULL DEFAULT 0"
+            )
+            connection.execute("UPDATE conversation_owners SET updated_at = claimed_at")
+        if "title" not in columns:
+            connection.execute(
+                "ALTER TABLE conversation_owners ADD COLUMN title TEXT NOT NULL DEFAULT ''"
+            )
+        connection.execute(
+            "CREATE INDEX IF NOT EXISTS conversation_owners_by_user "
+            "ON conversation_owners (path, user_key, updated_at, conversation_id)"
+        )
+
 
 _OWNER = "SELECT user_key FROM conversation_owners WHERE path = ? AND conversation_id = ?"
 
@@ -49,6 +73,7 @@ class SqliteConversationOwners:
         if self._database is None:
             self._database = SqliteDatabase.shared(self.path)
             self._database.add_schema(SCHEMA)
+            self._database.add_migration(_add_list_columns)
         await self._database.open()
 
     async def aclose(self) -> None:
@@ -56,17 +81,21 @@ class SqliteConversationOwners:
             database, self._database = self._database, None
             await database.aclose()
 
-    async def claim(self, path: str, conversation_id: str, user: str) -> str:
+    async def claim(self, path: str, conversation_id: str, user: str, title: str = "") -> str:
         def work(connection: sqlite3.Connection) -> str:
-            # Most claims are a conversation's later prompts: a read, no write.
-            row = connection.execute(_OWNER, (path, conversation_id)).fetchone()
-            if row is not None:
-                return str(row[0])
+            now = time.time()
             with Transaction(connection):
+                # Most claims are a conversation's later prompts: the owner's moves its time.
+                connection.execute(
+                    "UPDATE conversation_owners SET updated_at = ? "
+                    "WHERE path = ? AND conversation_id = ? AND user_key = ?",
+                    (now, path, conversation_id, user),
+                )
                 connection.execute(
                     "INSERT OR IGNORE INTO conversation_owners "
-                    "(path, conversation_id, user_key, claimed_at) VALUES (?, ?, ?, ?)",
-                    (path, conversation_id, user, time.time()),
+                    "(path, conversation_id, user_key, claimed_at, updated_at, title) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (path, conversation_id, user, now, now, title),
                 )
                 row = connection.execute(_OWNER, (path, conversation_id)).fetchone()
             return str(row[0])
@@ -77,6 +106,24 @@ class SqliteConversationOwners:
         def work(connection: sqlite3.Connection) -> str | None:
             row = connection.execute(_OWNER, (path, conversation_id)).fetchone()
             return None if row is None else str(row[0])
+
+        return await self.database.run_small(work)
+
+    async def page(
+        self, path: str, user: str, limit: int, after: tuple[float, str] | None = None
+    ) -> list[OwnedConversation]:
+        def work(connection: sqlite3.Connection) -> list[OwnedConversation]:
+            query = (
+                "SELECT conversation_id, updated_at, title FROM conversation_owners "
+                "WHERE path = ? AND user_key = ?"
+            )
+            args: tuple[object, ...] = (path, user)
+            if after is not None:
+                query += " AND (updated_at, conversation_id) < (?, ?)"
+                args += after
+            query += " ORDER BY updated_at DESC, conversation_id DESC LIMIT ?"
+            rows = connection.execute(query, (*args, limit)).fetchall()
+            return [OwnedConversation(str(a), float(b), str(c)) for a, b, c in rows]
 
         return await self.database.run_small(work)
 

@@ -443,7 +443,7 @@ class HarnessHost:
             raise TypeError(f"a parent run must be a kernel run, got {parent!r}")
         # A member's conversation is claimed for the user too: its id is derived from the
         # coordinator's, so without a claim another user could reach it at the member's path.
-        if not await self.access.claim(path, conversation_id, user_id):
+        if not await self.access.claim(path, conversation_id, user_id, message):
             raise PermissionError(f"conversation {conversation_id!r} of {path} is not this user's")
         return await execute_prompt(
             self,

@@ -11,20 +11,46 @@ never reachable without that user.
 
 from __future__ import annotations
 
-from .._contracts import ConversationOwners, user_key
+import time
+
+from .._contracts import ConversationOwners, OwnedConversation, conversation_title, user_key
+
+
+def newest_first(
+    rows: list[OwnedConversation], limit: int, after: tuple[float, str] | None
+) -> list[OwnedConversation]:
+    """One page of `rows` in list order (newest `updated_at` first, then id descending)."""
+    ordered = sorted(rows, key=lambda row: (row.updated_at, row.conversation_id), reverse=True)
+    if after is not None:
+        ordered = [row for row in ordered if (row.updated_at, row.conversation_id) < after]
+    return ordered[:limit]
 
 
 class InMemoryConversationOwners:
     """Owners kept in this process only (a host built without backends: tests, embedding)."""
 
     def __init__(self) -> None:
-        self._owners: dict[tuple[str, str], str] = {}
+        self._owners: dict[tuple[str, str], tuple[str, float, str]] = {}
 
-    async def claim(self, path: str, conversation_id: str, user: str) -> str:
-        return self._owners.setdefault((path, conversation_id), user)
+    async def claim(self, path: str, conversation_id: str, user: str, title: str = "") -> str:
+        owner, _updated, first_title = self._owners.get((path, conversation_id), (user, 0.0, title))
+        if owner == user:
+            self._owners[(path, conversation_id)] = (owner, time.time(), first_title)
+        return owner
 
     async def owner(self, path: str, conversation_id: str) -> str | None:
-        return self._owners.get((path, conversation_id))
+        found = self._owners.get((path, conversation_id))
+        return None if found is None else found[0]
+
+    async def page(
+        self, path: str, user: str, limit: int, after: tuple[float, str] | None = None
+    ) -> list[OwnedConversation]:
+        rows = [
+            OwnedConversation(conversation_id, updated, title)
+            for (at, conversation_id), (owner, updated, title) in self._owners.items()
+            if at == path and owner == user
+        ]
+        return newest_first(rows, limit, after)
 
     async def forget(self, path: str, conversation_id: str) -> None:
         self._owners.pop((path, conversation_id), None)
@@ -40,11 +66,15 @@ class ConversationAccess:
     def __init__(self, owners: ConversationOwners) -> None:
         self.owners = owners
 
-    async def claim(self, path: str, conversation_id: str, user_id: str | None) -> bool:
+    async def claim(
+        self, path: str, conversation_id: str, user_id: str | None, message: str = ""
+    ) -> bool:
         """A prompt's check: claim the id for the user if it is unused; whether the user owns
-        the conversation now."""
+        the conversation now. `message` (the prompt) titles a new conversation, and each
+        prompt of the owner makes it the newest of their list."""
         user = user_key(user_id)
-        return await self.owners.claim(path, conversation_id, user) == user
+        title = conversation_title(message)
+        return await self.owners.claim(path, conversation_id, user, title) == user
 
     async def allows(self, path: str, conversation_id: str, user_id: str | None) -> bool:
         """Every other request's check: whether the user owns the conversation (an id no

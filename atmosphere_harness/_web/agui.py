@@ -321,7 +321,9 @@ def agui_routes(spec: AgentSpec) -> list[RouteSpec]:
         message = prompt_of(run_input)
         if len(message) > MAX_MESSAGE_CHARS:
             raise HTTPException(422, f"the prompt is over {MAX_MESSAGE_CHARS} characters")
-        await require_conversation(host, spec.path, conversation_id, user_id, claim=True)
+        await require_conversation(
+            host, spec.path, conversation_id, user_id, claim=True, message=message
+        )
         translator = AguiTranslator(conversation_id, run_input.run_id, run_input.state)
 
         async def stream() -> AsyncIterator[bytes]:

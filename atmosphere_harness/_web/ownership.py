@@ -51,15 +51,20 @@ async def require_conversation(
     user_id: str | None,
     *,
     claim: bool = False,
+    message: str = "",
 ) -> None:
     """404 (`unknown_conversation`) unless `user_id` owns the conversation of endpoint `path`.
 
     `claim=True` is a prompt's check: an id nobody owns becomes the user's first (atomically,
-    on every replica). `conversation_id` must already be valid.
+    on every replica), titled by the prompt's `message`. `conversation_id` must already be
+    valid.
     """
     access = host.access
-    check = access.claim if claim else access.allows
-    if not await check(path, conversation_id, user_id):
+    if claim:
+        allowed = await access.claim(path, conversation_id, user_id, message)
+    else:
+        allowed = await access.allows(path, conversation_id, user_id)
+    if not allowed:
         raise unknown_conversation(conversation_id)
 
 

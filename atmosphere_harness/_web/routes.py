@@ -21,6 +21,7 @@ from .._tracing import incoming
 from . import idempotency
 from .agui import agui_routes
 from .approvals import approval_routes
+from .conversations import conversation_routes
 from .deps import HarnessDep, get_user_id, hosted_endpoint
 from .memory import close_routes
 from .ownership import require_conversation
@@ -48,7 +49,9 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
     ) -> Response:
         endpoint = hosted_endpoint(host, spec.path)
         conversation_id = body.conversationId or new_conversation_id()
-        await require_conversation(host, spec.path, conversation_id, user_id, claim=True)
+        await require_conversation(
+            host, spec.path, conversation_id, user_id, claim=True, message=body.message
+        )
         # A `traceparent` is the parent span of the run this request starts.
         traced = incoming(request.headers, enabled=host.settings.groups.tracing.enabled)
         if idempotency_key is not None:
@@ -146,5 +149,6 @@ ROUTE_BUILDERS: list[RouteBuilder] = [
     approval_routes,
     run_event_routes,
     run_control_routes,
+    conversation_routes,
 ]
 """Every per-endpoint route builder, in declaration order."""

@@ -174,7 +174,9 @@ class _Socket:
     async def _run_prompts(self) -> None:
         while True:
             message, conversation_id = await self.prompts.get()
-            if not await self.host.access.claim(self.endpoint.path, conversation_id, self.user_id):
+            if not await self.host.access.claim(
+                self.endpoint.path, conversation_id, self.user_id, message
+            ):
                 self._tell(_notice(f"unknown conversation {conversation_id!r}", "not_found"))
                 continue
             self.used.add(conversation_id)

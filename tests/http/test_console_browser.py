@@ -440,13 +440,43 @@ async def test_the_file_viewer_says_why_it_is_empty(
         assert await page.inner_text("#viewer") == "No file selected: pick one under Files."
 
 
-async def test_switching_the_conversation_box_moves_the_chat_and_says_what_it_cannot_show(
+@tool
+async def find_book(title: str) -> str:
+    """Find a book on the shelves.
+
+    Args:
+        title: The book's title.
+    """
+    return f"{title}: shelf 7"
+
+
+Librarian = echo(agent(name="librarian"), "Librarian", tools=[find_book])
+
+
+def librarian_turn(request: ModelRequest) -> Any:
+    last = request.messages[-1]
+    if last.role == "user":
+        return [ToolCall("find_book", {"title": last.content.removeprefix("where is ")})]
+    return f"It is on {last.content.partition(': ')[2]}."
+
+
+async def test_switching_the_conversation_box_moves_the_chat_and_shows_its_earlier_turns(
     page: Any, tmp_path: Path, workspace: Path
 ) -> None:
-    async with serve(clerk_app(workspace)) as base:
+    app = FastAPI()
+    app.include_router(
+        create_harness_router(
+            HarnessSettings(workspace_root=workspace, admin_token=TOKEN),
+            agents=[Librarian],
+            runtime=ScriptedRuntime((), default=librarian_turn),
+        )
+    )
+    async with serve(app) as base:
         await open_console(page, base)
         first = await page.input_value("#conversation")
         assert await page.inner_text("#chat-conversation") == first
+        await send(page, "where is dune")
+        await page.wait_for_selector(".run-end")
         await page.click("#new-conversation")
         second = await page.input_value("#conversation")
         assert second != first
@@ -454,13 +484,29 @@ async def test_switching_the_conversation_box_moves_the_chat_and_says_what_it_ca
 
         await page.fill("#conversation", first)
         await page.press("#conversation", "Enter")
-        await page.wait_for_selector("#history-hint")
+        await page.wait_for_selector("#history-hint:has-text('Earlier turns of')")
         assert await page.inner_text("#chat-conversation") == first
-        hint = await page.inner_text("#transcript")
-        assert "Earlier turns are not shown" in hint
-        assert first in hint
-        assert second not in hint
+        assert first in await page.inner_text("#history-hint")
+        bubbles = page.locator("#transcript .bubble")
+        assert await bubbles.all_inner_texts() == ["where is dune", "It is on shelf 7."]
+        assert (
+            await page.get_attribute("#transcript .bubble:first-of-type", "class") == "bubble user"
+        )
+        card = page.locator(".card.tool[data-tool=find_book]")
+        assert await card.locator(".result").inner_text() == "dune: shelf 7"
+        assert await card.get_attribute("data-outcome") == "done"
+        assert '"title": "dune"' in (await card.locator(".arguments pre").text_content() or "")
         await screenshot(page, tmp_path, "switched")
+
+        # The next message continues it, after the turns shown.
+        await send(page, "where is emma")
+        await page.wait_for_selector("#transcript .bubble:has-text('It is on shelf 7.') >> nth=1")
+        assert await bubbles.count() == 4
+
+        await page.fill("#conversation", "never-used")
+        await page.press("#conversation", "Enter")
+        await page.wait_for_selector("#history-hint:has-text('Nothing said yet')")
+        assert await page.locator("#transcript .card, #transcript .bubble").count() == 0
 
 
 SUBAGENT_REPORT = "# Tides\n\nThree sources agree on two tides a day.\n"

@@ -124,6 +124,9 @@ async def refused_everywhere(
         "GET P/conversations/{id}/events": await call(
             client, "GET", f"{path}/conversations/{conversation}/events", headers=headers
         ),
+        "GET P/conversations/{id}/messages": await call(
+            client, "GET", f"{path}/conversations/{conversation}/messages", headers=headers
+        ),
         "GET P/approvals": await call(
             client, "GET", path + "/approvals", params=query, headers=headers
         ),

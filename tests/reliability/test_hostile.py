@@ -189,7 +189,9 @@ async def test_wrong_types_and_unknown_tools_get_clear_results(server: ServerPro
     assert max(len(result) for result in unknown.results()) < 2000, "a long name is echoed cut"
     # The conversation goes on: its history (with the malformed calls) is intact.
     async with httpx2.AsyncClient(base_url=server.url, timeout=STREAM_TIMEOUT) as client:
-        after = await stream_frames(client, PATH, "still there?", typed.conversation_id)
+        after = await stream_frames(
+            client, PATH, "still there?", typed.conversation_id, {"X-User-Id": "mallory"}
+        )
     assert after[-1]["data"]["summary"] == "echo: still there?"
 
 

@@ -31,7 +31,7 @@ from tests.reliability.test_load import server_env
 from tests.reliability.verify import read_back
 
 from .postgres_service import create_database, drop_database, terminate_backends
-from .replicas import prompt, summary, two_replicas
+from .replicas import USER, prompt, summary, two_replicas
 
 pytestmark = pytest.mark.services
 
@@ -232,7 +232,7 @@ async def set_allow_connections(url: str, allowed: bool) -> None:
         await connection.close()
 
 
-async def test_an_outage_ends_the_run_with_an_error_frame_and_the_server_recovers(
+async def test_an_outage_refuses_the_prompt_with_503_and_the_server_recovers(
     tmp_path: Path, database_url: str
 ) -> None:
     workspace = tmp_path / "workspace"
@@ -246,9 +246,13 @@ async def test_an_outage_ends_the_run_with_an_error_frame_and_the_server_recover
             # PostgreSQL goes away for this database: open connections are cut, new ones refused.
             await set_allow_connections(database_url, False)
             await terminate_backends(database_url)
-            frames = await prompt(client, server.url, "during", "c1")
-            assert frames[-1]["event"] == "error", frames[-1]
-            message = str(frames[-1]["data"])
+            # The conversation's owner is read before the stream starts: the prompt is refused
+            # with 503 and nothing runs.
+            refused = await client.post(
+                server.url + PATH, json={"message": "during", "conversationId": "c1"}, headers=USER
+            )
+            assert refused.status_code == 503, refused.text
+            message = refused.json()["error"]
             assert "PostgreSQL is unavailable" in message
             assert "ATMOSPHERE_POSTGRES_URL" in message
             info = await client.get(server.url + "/api/console/info")

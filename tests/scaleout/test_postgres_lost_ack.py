@@ -198,6 +198,14 @@ async def test_over_http_the_next_turn_sees_a_turn_whose_acknowledgement_was_los
     assert sent[-1] == f"first | {marker} | third"
 
 
+def bound(value: str) -> bytes:
+    """`value` as a statement's parameter goes over the wire (its length, then its bytes): the
+    run's frames, shared through the same database, carry the same text inside JSON, never
+    behind a length, so only the workspace statement matches."""
+    data = value.encode()
+    return len(data).to_bytes(4, "big") + data
+
+
 async def test_over_http_the_model_is_told_that_changes_whose_acknowledgement_was_lost_applied(
     postgres_url: str, tmp_path: Path
 ) -> None:
@@ -206,16 +214,16 @@ async def test_over_http_the_model_is_told_that_changes_whose_acknowledgement_wa
     steps = [
         (b"", ToolCall("write_file", {"path": "notes.md", "content": "alpha beta"})),
         (
-            f"gamma-{tag}".encode(),
+            bound(f"gamma-{tag} beta"),
             ToolCall(
                 "edit_file", {"path": "notes.md", "old_text": "alpha", "new_text": f"gamma-{tag}"}
             ),
         ),
         (
-            f"moved-{tag}".encode(),
+            bound(f"moved-{tag}.md"),
             ToolCall("rename", {"old_path": "notes.md", "new_path": f"moved-{tag}.md"}),
         ),
-        (f"moved-{tag}".encode(), ToolCall("delete", {"path": f"moved-{tag}.md"})),
+        (bound(f"moved-{tag}.md"), ToolCall("delete", {"path": f"moved-{tag}.md"})),
     ]
 
     def turn(request: ModelRequest) -> str | list[ToolCall]:

@@ -39,10 +39,16 @@ BACKGROUND = ("SELECT 1", "PING")
 """The `LISTEN` connection's health probe, a pub/sub keep-alive: not the turn's."""
 
 FEED_WRITES_PER_TURN = (1, 2)
-ASIDE = ("feed", "upkeep")
-"""Not the turn's own round trips: the frame feed's background writes, the lease upkeep."""
+STATUS_WRITES_PER_TURN = 3
+"""The run's status record (`GET P/runs/{runId}`): queued, running, and its end, stored before
+the last frame is sent. They run beside the turn's own steps, in no fixed order among them."""
+ASIDE = ("feed", "upkeep", "run.status")
+"""Not the turn's own round trips: the frame feed's background writes, the lease upkeep, the run
+status writes (counted apart)."""
 
 POSTGRES_PURPOSES = {
+    "atmosphere_conversation_owners": "owner.claim",
+    "atmosphere_run_control": "run.status",
     "INSERT INTO atmosphere_run": "feed",
     "atmosphere_run": "upkeep",
     "atmosphere_lock_newest": "lock+history.load",
@@ -53,6 +59,9 @@ POSTGRES_PURPOSES = {
     "FROM atmosphere_facts": "facts.newest",
 }
 REDIS_PURPOSES = {
+    "owners._CLAIM": "owner.claim",
+    "control.": "run.status",
+    "MULTI ; HSET ; EXPIRE ; SADD ; EXPIRE ; EXEC": "run.status",
     "runs._APPEND": "feed",
     "runs._FINISH": "feed",
     "runs.": "upkeep",
@@ -75,9 +84,15 @@ def purpose(burst: Burst, names: Mapping[str, str]) -> str:
 def redis_scripts() -> dict[str, str]:
     from redis.asyncio.lock import Lock
 
-    from atmosphere_harness._backends.redis import history, long_term, runs
+    from atmosphere_harness._backends.redis import control, history, long_term, owners, runs
 
-    found = {**script_names(history), **script_names(long_term), **script_names(runs)}
+    found = {
+        **script_names(history),
+        **script_names(long_term),
+        **script_names(runs),
+        **script_names(owners),
+        **script_names(control),
+    }
     for name in ("LUA_RELEASE_SCRIPT", "LUA_REACQUIRE_SCRIPT", "LUA_EXTEND_SCRIPT"):
         script = getattr(Lock, name)
         found[hashlib.sha1(script.encode()).hexdigest()] = f"Lock.{name}"
@@ -107,7 +122,10 @@ async def turns_on_the_wire(
     # The last release runs after the `complete` frame: wait for it (hang guard), then a moment
     # more, so a round trip too many would be seen too.
     async with asyncio.timeout(10):
-        while len(counted(proxy)) < (expected + FEED_WRITES_PER_TURN[0]) * TURNS:
+        while (
+            len(counted(proxy))
+            < (expected + FEED_WRITES_PER_TURN[0] + STATUS_WRITES_PER_TURN) * TURNS
+        ):
             await asyncio.sleep(0.01)
     await settle(proxy)
     return counted(proxy)
@@ -149,6 +167,8 @@ def assert_turns(bursts: list[Burst], names: Mapping[str, str], expected: list[s
     assert [b.label for b in bursts if purpose(b, names) == b.label] == []
     fewest, most = FEED_WRITES_PER_TURN
     assert fewest * TURNS <= feed_writes(bursts, names) <= most * TURNS, [b.label for b in bursts]
+    statuses = sum(purpose(burst, names) == "run.status" for burst in bursts)
+    assert statuses == STATUS_WRITES_PER_TURN * TURNS, [b.label for b in bursts]
     turns = own(bursts, names)
     assert len(turns) == len(expected) * TURNS, [b.label for b in turns]
     assert per_turn(turns, names, len(expected)) == [expected] * TURNS
@@ -163,8 +183,8 @@ async def start(kind: str, workspace: Path, env: dict[str, str]) -> ServerProces
 @pytest.mark.parametrize(
     ("user", "expected"),
     [
-        (None, ["lock+history.load", "history.append", "unlock"]),
-        ("alice", ["facts.newest", "lock+history.load", "history.append", "unlock"]),
+        (None, ["lock+history.load", "owner.claim", "history.append", "unlock"]),
+        ("alice", ["facts.newest", "lock+history.load", "owner.claim", "history.append", "unlock"]),
     ],
 )
 async def test_a_postgres_turn_makes_one_round_trip_per_step(
@@ -190,8 +210,8 @@ async def test_a_postgres_turn_makes_one_round_trip_per_step(
 @pytest.mark.parametrize(
     ("user", "expected"),
     [
-        (None, ["lock+history.load", "history.append", "unlock"]),
-        ("alice", ["facts.newest", "lock+history.load", "history.append", "unlock"]),
+        (None, ["lock+history.load", "owner.claim", "history.append", "unlock"]),
+        ("alice", ["facts.newest", "lock+history.load", "owner.claim", "history.append", "unlock"]),
     ],
 )
 async def test_a_redis_turn_makes_one_round_trip_per_step(

@@ -249,6 +249,16 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (path, conversation_id)
     );
     """,
+    # 10: a user's conversations, newest first (`owners.PostgresConversationOwners.page`): the
+    # time of each conversation's last prompt and the first prompt's title.
+    """
+    ALTER TABLE atmosphere_conversation_owners
+        ADD COLUMN updated_at double precision NOT NULL DEFAULT 0,
+        ADD COLUMN title text NOT NULL DEFAULT '';
+    UPDATE atmosphere_conversation_owners SET updated_at = claimed_at;
+    CREATE INDEX atmosphere_conversation_owners_by_user
+        ON atmosphere_conversation_owners (path, user_key, updated_at DESC, conversation_id DESC);
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 

@@ -139,23 +139,66 @@
     renderSuggestions();
   }
 
-  // A conversation typed into the header box: the chat follows it. Earlier turns cannot be
-  // shown (no route reads a conversation's history), so the chat says so rather than looking
-  // like a new conversation. A history route would be read here.
-  function openConversation(id) {
+  // A conversation typed into the header box: the chat follows it, and its earlier turns are
+  // read from the history route (GET P/conversations/{id}/messages, page after page up to
+  // HISTORY_PAGES) and drawn as the live frames would have drawn them.
+  const HISTORY_PAGE = 100;
+  const HISTORY_PAGES = 20;
+
+  async function openConversation(id) {
     setConversation(id);
-    clearTranscript(
-      el(
-        "p",
-        { class: "hint", id: "history-hint" },
-        "Earlier turns are not shown: the console cannot read a conversation's history. " +
-          "Messages you send continue conversation ",
-        el("code", {}, id),
-        "; its plan and files are on the Workspace tab.",
-      ),
-    );
+    const hint = el("p", { class: "hint", id: "history-hint" }, "Loading earlier turns of ", el("code", {}, id), "…");
+    clearTranscript(hint);
     renderSuggestions();
     $("#suggestions").open = false;
+    if (!state.endpoint) return;
+    const messages = [];
+    let cursor = null;
+    let failure = null;
+    for (let page = 0; page < HISTORY_PAGES; page++) {
+      const result = await getJson(`${state.endpoint.path}/conversations/${encodeURIComponent(id)}/messages`, {
+        limit: HISTORY_PAGE,
+        cursor,
+      });
+      if (state.conversation !== id) return; // switched again while it loaded
+      if (result.status === 404) break; // nobody's yet (or another user's): a new conversation
+      if (result.status !== 200) {
+        failure = errorText(result);
+        break;
+      }
+      messages.push(...result.body.messages);
+      cursor = result.body.nextCursor;
+      if (!cursor) break;
+    }
+    if (failure) {
+      hint.replaceChildren(`Earlier turns of `, el("code", {}, id), ` could not be read: ${failure}`);
+    } else if (messages.length === 0) {
+      hint.replaceChildren("Nothing said yet in ", el("code", {}, id), ": the next message starts it.");
+    } else {
+      hint.replaceChildren(
+        `Earlier turns of `,
+        el("code", {}, id),
+        cursor ? ` (the first ${messages.length} messages):` : ":",
+      );
+      drawHistory(messages);
+    }
+  }
+
+  function drawHistory(messages) {
+    for (const message of messages) {
+      if (message.role === "user") {
+        addBubble("user", message.content);
+      } else if (message.role === "assistant") {
+        if (message.content) addBubble("assistant", message.content);
+        for (const call of message.toolCalls || []) {
+          toolStarted({ tool: call.name, toolCallId: call.id, arguments: call.arguments });
+        }
+      } else if (message.role === "tool") {
+        toolFinished({ tool: "tool", toolCallId: message.toolCallId, result: message.content });
+      }
+    }
+    state.bubble = null;
+    scrollTranscript();
   }
 
   function clearTranscript(first) {
