@@ -167,7 +167,8 @@ def honest(case: schemathesis.Case) -> schemathesis.Case:
     - an admin read names its conversation by `conversationId` or by its older name
       `sessionId`, one of the two, equal when both are sent (400 otherwise);
     - a directory listing's `path` follows the workspace's path rules (docs/filesystem.md),
-      too many to state as a pattern: a generated one is replaced by a plain path.
+      too many to state as a pattern: a generated one is replaced by a plain path;
+    - a page `cursor` is one a previous page gave (`nextCursor`), never made up: dropped.
     """
     headers = case.headers
     if headers and "Idempotency-Key" in headers:
@@ -177,6 +178,8 @@ def honest(case: schemathesis.Case) -> schemathesis.Case:
         else:
             del headers["Idempotency-Key"]
     query = case.query
+    if query is not None:
+        query.pop("cursor", None)
     if case.path.startswith("/api/admin/agents/") and query is not None:
         given = query.get("conversationId", query.get("sessionId", SEED))
         query["conversationId"] = given
