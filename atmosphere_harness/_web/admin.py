@@ -34,7 +34,7 @@ from __future__ import annotations
 import hmac
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, Header, Path, Query
 from fastapi.responses import Response
 from sse_starlette import EventSourceResponse
 from starlette.requests import HTTPConnection
@@ -51,9 +51,10 @@ from .._planning.bus import PlanEventBus
 from .._planning.store import PlanStore
 from .._planning.tools import BUS_SERVICE
 from .._settings import HarnessSettings
-from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_harness
+from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, answers, get_harness
 from .errors import HarnessRoute, Problem
 from .planning import plan_event_response
+from .route_spec import error_responses
 
 log = get_logger(__name__)
 
@@ -65,7 +66,16 @@ UNAUTHORIZED = "Admin read operations require authentication"
 HINT = f"Send the {AUTH_HEADER} header (or query parameter) with the ATMOSPHERE_ADMIN_TOKEN value"
 HINT_NO_TOKEN = "No ATMOSPHERE_ADMIN_TOKEN is configured, so admin reads are denied"
 
+READ_ANSWERS = error_responses(
+    {
+        400: "A blank or traversal-shaped agent name, conversation id or path",
+        404: "No such agent surface, conversation, plan or file",
+    }
+)
+"""The errors of an admin read of one conversation (401 comes with `get_admin_principal`)."""
 
+
+@answers({401: "An admin read without a valid token (ATMOSPHERE_ADMIN_TOKEN)"})
 async def get_admin_principal(connection: HTTPConnection) -> str | None:
     """Who is asking the admin API: `"admin-token"` for a valid token, `None` if anonymous.
 
@@ -175,7 +185,24 @@ SessionQuery = Annotated[
         json_schema_extra=CONVERSATION_ID_SCHEMA,
     ),
 ]
-PathQuery = Annotated[str | None, Query(description="A path inside the conversation workspace")]
+_NAME_CHAR = r"[^/\\\x00-\x1f\x7f]"
+AGENT_NAME_PATTERN = rf"^(?!.*\.\.){_NAME_CHAR}*[^\s\x85/\\\x00-\x1f\x7f]{_NAME_CHAR}*$"
+"""What `check_agent_name` accepts, for the OpenAPI document only: no `..`, `/`, `\\` or control
+character, and not blank."""
+AgentName = Annotated[str, Path(json_schema_extra={"pattern": AGENT_NAME_PATTERN})]
+_SEGMENT = "[A-Za-z0-9_-][A-Za-z0-9._-]{0,13}"
+WORKSPACE_PATH_PATTERN = f"^{_SEGMENT}(/{_SEGMENT}){{0,7}}$"
+"""Workspace paths every backend accepts, for the OpenAPI document of a file read (any other
+path is 400 or 404 there): relative, `/`-separated names of a few plain characters (no `.` or
+`..` segment, no reserved suffix). A directory listing takes any path the filesystem's rules
+allow (a missing directory lists empty), so its `path` has no pattern."""
+PATH_DESCRIPTION = "A path inside the conversation workspace"
+PathQuery = Annotated[
+    str | None, Query(description=f"{PATH_DESCRIPTION}; blank or `.` is its root")
+]
+FilePathQuery = Annotated[
+    str, Query(description=PATH_DESCRIPTION, json_schema_extra={"pattern": WORKSPACE_PATH_PATTERN})
+]
 
 
 def admin_router() -> APIRouter:
@@ -193,9 +220,13 @@ def admin_router() -> APIRouter:
             for owner in sorted(plans | files)
         ]
 
-    @router.get("/agents/{name}/plan", summary="The stored plan of one agent and conversation")
+    @router.get(
+        "/agents/{name}/plan",
+        summary="The stored plan of one agent and conversation",
+        responses=READ_ANSWERS,
+    )
     async def plan(
-        name: str,
+        name: AgentName,
         host: HarnessDep,
         principal: AdminPrincipalDep,
         conversation_id: ConversationQuery = None,
@@ -215,10 +246,14 @@ def admin_router() -> APIRouter:
         "/agents/{name}/plan/events",
         summary="The live plan of one agent and conversation (SSE)",
         response_class=EventSourceResponse,
-        responses={200: {"content": {"text/event-stream": {}}}},
+        responses={
+            200: {"content": {"text/event-stream": {}}},
+            **READ_ANSWERS,
+            **error_responses({503: "The plan event bus is not running"}),
+        },
     )
     async def plan_events(
-        name: str,
+        name: AgentName,
         host: HarnessDep,
         principal: AdminPrincipalDep,
         conversation_id: ConversationQuery = None,
@@ -239,9 +274,13 @@ def admin_router() -> APIRouter:
             last_event_id=last_event_id,
         )
 
-    @router.get("/agents/{name}/files", summary="A directory of a conversation workspace")
+    @router.get(
+        "/agents/{name}/files",
+        summary="A directory of a conversation workspace",
+        responses=READ_ANSWERS,
+    )
     async def files(
-        name: str,
+        name: AgentName,
         host: HarnessDep,
         principal: AdminPrincipalDep,
         conversation_id: ConversationQuery = None,
@@ -261,19 +300,23 @@ def admin_router() -> APIRouter:
             ],
         }
 
-    @router.get("/agents/{name}/files/content", summary="One file of a conversation workspace")
+    @router.get(
+        "/agents/{name}/files/content",
+        summary="One file of a conversation workspace",
+        responses=READ_ANSWERS,
+    )
     async def file_content(
-        name: str,
+        name: AgentName,
+        path: FilePathQuery,
         host: HarnessDep,
         principal: AdminPrincipalDep,
         conversation_id: ConversationQuery = None,
         session_id: SessionQuery = None,
-        path: PathQuery = None,
     ) -> Any:
         name, conversation = workspace_read(host, principal, name, conversation_id, session_id)
         fs = await conversation_files(host, name, conversation)
         # FileNotFoundInWorkspace answers 404, any other FileSystemError 400 (web.errors).
-        content = await fs.read(path or "")
+        content = await fs.read(path)
         return {"agent": name, **conversation_keys(conversation), "path": path, "content": content}
 
     return router

@@ -33,6 +33,7 @@ from typing import Annotated, Any
 from ag_ui.core import (
     BaseEvent,
     CustomEvent,
+    Message,
     RunAgentInput,
     RunErrorEvent,
     RunFinishedEvent,
@@ -256,10 +257,38 @@ def prompt_of(run_input: RunAgentInput) -> str:
     raise HTTPException(422, "the run input has no user message with text")
 
 
+HAS_TEXT = {"type": "string", "pattern": "\\S"}
+USER_TEXT_SCHEMA: dict[str, Any] = {
+    "contains": {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {
+            "role": {"const": "user"},
+            "content": {
+                "anyOf": [
+                    HAS_TEXT,
+                    {
+                        "type": "array",
+                        "contains": {
+                            "type": "object",
+                            "required": ["text"],
+                            "properties": {"text": HAS_TEXT},
+                        },
+                    },
+                ]
+            },
+        },
+    }
+}
+"""What `prompt_of` needs, for the OpenAPI document: a user message with some text."""
+
+
 class AguiRunInput(RunAgentInput):
-    """AG-UI's `RunAgentInput`, with the shape of `threadId` (a conversation id) documented."""
+    """AG-UI's `RunAgentInput`, with the shape of `threadId` (a conversation id) and the user
+    message a run needs (`prompt_of`) documented."""
 
     thread_id: str = Field(json_schema_extra=CONVERSATION_ID_SCHEMA)
+    messages: list[Message] = Field(json_schema_extra=USER_TEXT_SCHEMA)
 
 
 def encode_event(encoder: EventEncoder, event: BaseEvent) -> str:

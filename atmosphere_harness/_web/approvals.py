@@ -21,7 +21,7 @@ from .._kernel.host import HarnessHost
 from .._registry import AgentSpec
 from .deps import HarnessDep, get_user_id, hosted_endpoint
 from .ownership import owned_conversation
-from .route_spec import RouteSpec
+from .route_spec import RouteSpec, error_responses
 
 
 class ApprovalAnswer(BaseModel):
@@ -84,12 +84,27 @@ def approval_routes(spec: AgentSpec) -> list[RouteSpec]:
             spec.path + "/approvals/{approval_id}",
             answer,
             methods=("POST",),
-            options={"summary": f"Answer an approval-required frame of {spec.owner}"},
+            options={
+                "summary": f"Answer an approval-required frame of {spec.owner}",
+                "responses": error_responses(
+                    {
+                        404: "No such approval waiting for this user (none, expired or "
+                        "another user's)",
+                        409: "The approval was already answered",
+                        503: "Approvals are not running (no governance primitive)",
+                    }
+                ),
+            },
         ),
         RouteSpec(
             spec.path + "/approvals",
             pending,
             methods=("GET",),
-            options={"summary": f"Approvals waiting in a conversation of {spec.owner}"},
+            options={
+                "summary": f"Approvals waiting in a conversation of {spec.owner}",
+                "responses": error_responses(
+                    {503: "Approvals are not running (no governance primitive)"}
+                ),
+            },
         ),
     ]

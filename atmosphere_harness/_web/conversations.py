@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Query
@@ -32,8 +33,14 @@ MAX_LIMIT = 100
 WIRE_ROLES = ("user", "assistant", "tool")
 """The roles a history shows (a system message is the harness's own, never stored history)."""
 
+LIMIT_PATTERN = "^(100|[1-9][0-9]?)$"
+"""A `limit` as the OpenAPI document states it and `page_limit` checks it: 1 to `MAX_LIMIT`."""
 LimitQuery = Annotated[
-    str | None, Query(description=f"Entries per page, 1-{MAX_LIMIT} (default {DEFAULT_LIMIT}).")
+    str | None,
+    Query(
+        description=f"Entries per page, 1-{MAX_LIMIT} (default {DEFAULT_LIMIT}).",
+        json_schema_extra={"pattern": LIMIT_PATTERN},
+    ),
 ]
 CursorQuery = Annotated[
     str | None, Query(description="The `nextCursor` of the previous page; absent for the first.")
@@ -44,13 +51,9 @@ def page_limit(raw: str | None) -> int:
     """The `limit` query parameter, or 400 saying what it must be."""
     if raw is None:
         return DEFAULT_LIMIT
-    try:
-        limit = int(raw)
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= MAX_LIMIT:
+    if re.fullmatch(LIMIT_PATTERN[1:-1], raw) is None:
         raise HTTPException(400, f"limit must be an integer from 1 to {MAX_LIMIT}")
-    return limit
+    return int(raw)
 
 
 def encode_cursor(value: Any) -> str:

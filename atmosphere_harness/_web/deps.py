@@ -7,10 +7,11 @@ Override any of them in tests or to plug in your auth:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Annotated, Any
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, HTTPException, WebSocketException
+from fastapi.dependencies.models import Dependant
 from starlette.requests import HTTPConnection
 
 from .._ids import CONVERSATION_ID_PATTERN
@@ -24,9 +25,41 @@ STATE_KEY = "atmosphere_harness"
 CONVERSATION_ID_SCHEMA: dict[str, Any] = {"pattern": CONVERSATION_ID_PATTERN}
 """The shape of a conversation id, for the OpenAPI document only (`json_schema_extra`).
 
-Routes keep checking ids themselves, with their own status and message (400 for a path, 422
-for a query or body); documenting the shape lets clients and API fuzzers send valid ones.
+Routes keep checking ids themselves, with their own status and message (400 for a path or query
+parameter, 422 for a body field); documenting the shape lets clients and API fuzzers send valid
+ones.
 """
+
+
+ANSWERS_ATTRIBUTE = "__harness_answers__"
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def answers(responses: Mapping[int, str]) -> Callable[[_F], _F]:
+    """Mark a dependency with the error statuses it may answer (`{status: description}`).
+
+    Every `HarnessRoute` that depends on it, directly or through another dependency, lists them
+    in the OpenAPI document, so a route states each answer a shared check can give without
+    repeating it in its own `responses=`.
+    """
+
+    def mark(dependency: _F) -> _F:
+        setattr(dependency, ANSWERS_ATTRIBUTE, dict(responses))
+        return dependency
+
+    return mark
+
+
+def dependency_answers(dependant: Dependant) -> dict[int, str]:
+    """The statuses (`answers`) declared by `dependant`'s dependencies, all levels down."""
+    found: dict[int, str] = {}
+    pending = list(dependant.dependencies)
+    while pending:
+        dependency = pending.pop()
+        for status, description in getattr(dependency.call, ANSWERS_ATTRIBUTE, {}).items():
+            found.setdefault(status, description)
+        pending.extend(dependency.dependencies)
+    return found
 
 
 def get_harness(connection: HTTPConnection) -> HarnessHost:
@@ -64,6 +97,7 @@ def hosted_endpoint(host: HarnessHost, path: str) -> HostedEndpoint:
     return endpoint
 
 
+@answers({400: "A malformed or repeated user header (ATMOSPHERE_USER_ID_HEADER)"})
 async def get_user_id(connection: HTTPConnection) -> str | None:
     """Who is asking. By default nobody (`None`): anonymous requests keep no long-term memory.
 

@@ -56,7 +56,7 @@ from .._errors import (
 )
 from .._kernel.host import HarnessHost
 from .._settings import DEFAULT_MAX_REQUEST_BYTES
-from .deps import STATE_KEY
+from .deps import STATE_KEY, dependency_answers
 
 MAX_MESSAGE_CHARS = 2000
 """An error message is cut here (with `…`)."""
@@ -228,6 +228,8 @@ class HarnessRoute(APIRoute):
             self.responses.setdefault(422, {**error, "description": "Validation Error"})
         if self.methods and self.methods & BODY_METHODS:
             self.responses.setdefault(413, {**error, "description": "Request body too large"})
+        for status, description in sorted(dependency_answers(self.dependant).items()):
+            self.responses.setdefault(status, {**error, "description": description})
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()

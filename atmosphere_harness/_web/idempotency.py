@@ -24,6 +24,7 @@ import hashlib
 import json
 import time
 import uuid
+from typing import Any
 
 from fastapi import HTTPException
 from sse_starlette import EventSourceResponse
@@ -46,6 +47,9 @@ DESCRIPTION = (
     f"Makes a resent prompt run once: 1-{MAX_KEY_CHARS} printable ASCII characters, remembered "
     "for 24 hours per user and conversationId. A resend streams the first request's run."
 )
+KEY_SCHEMA: dict[str, Any] = {"pattern": f"^[!-~]([ -~]{{0,{MAX_KEY_CHARS - 2}}}[!-~])?$"}
+"""The shape `check_key` accepts, for the OpenAPI document only (a key that HTTP would strip to
+another, with spaces around it, is left out). The route checks the key itself (400)."""
 _ERROR = {"content": {"application/json": {"schema": ERROR_SCHEMA}}}
 RESPONSES: dict[int | str, dict[str, object]] = {
     400: {**_ERROR, "description": f"{HEADER} is empty, too long or not printable ASCII"},

@@ -31,7 +31,12 @@ from fastapi import Depends, HTTPException, Path, Query
 
 from .._ids import check_conversation_id
 from .._kernel.host import HarnessHost
-from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_user_id
+from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, answers, get_user_id
+
+OWNED_ANSWERS = {
+    400: "The conversation id is not an id",
+    404: "No such conversation for this user (none, or another user's)",
+}
 
 
 def unknown_conversation(conversation_id: str) -> HTTPException:
@@ -83,6 +88,7 @@ def owned_conversation(
     """
     if source == "path":
 
+        @answers(OWNED_ANSWERS)
         async def from_path(
             conversation_id: Annotated[str, Path(json_schema_extra=CONVERSATION_ID_SCHEMA)],
             host: HarnessDep,
@@ -94,6 +100,7 @@ def owned_conversation(
 
         return from_path
 
+    @answers(OWNED_ANSWERS)
     async def from_query(
         conversation_id: Annotated[
             str, Query(alias="conversationId", json_schema_extra=CONVERSATION_ID_SCHEMA)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from .._ids import check_conversation_id
 from .._registry import AgentSpec
 from .deps import CONVERSATION_ID_SCHEMA
+from .errors import ERROR_SCHEMA
 
 MAX_MESSAGE_CHARS = 1_000_000
 
@@ -47,6 +48,7 @@ class PromptRequest(BaseModel):
 
     background: bool = Field(
         False,
+        strict=True,
         description="Answer 202 with the run's id at once; the run goes on with no client "
         "connected (`GET P/runs/{runId}`, `GET P/conversations/{id}/events`).",
     )
@@ -68,3 +70,10 @@ SSE_RESPONSE = {200: {"content": {"text/event-stream": {}}, "description": "A st
 NOT_FOUND_RESPONSE: dict[int | str, dict[str, object]] = {
     404: {"description": "No such conversation for this user (none, or another user's)"}
 }
+
+
+def error_responses(described: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """`responses=` entries for the errors a route answers (`{status: description}`), each an
+    `{"error"}` JSON body."""
+    body = {"application/json": {"schema": ERROR_SCHEMA}}
+    return {status: {"description": text, "content": body} for status, text in described.items()}

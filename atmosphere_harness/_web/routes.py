@@ -39,7 +39,12 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
         host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
         idempotency_key: Annotated[
-            str | None, Header(alias=idempotency.HEADER, description=idempotency.DESCRIPTION)
+            str | None,
+            Header(
+                alias=idempotency.HEADER,
+                description=idempotency.DESCRIPTION,
+                json_schema_extra=idempotency.KEY_SCHEMA,
+            ),
         ] = None,
     ) -> Response:
         endpoint = hosted_endpoint(host, spec.path)

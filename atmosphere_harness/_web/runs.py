@@ -35,6 +35,10 @@ from .ownership import owned_conversation
 from .route_spec import SSE_RESPONSE, RouteSpec
 from .sse import follow_run
 
+SEQ_PATTERN = "^[0-9]{0,18}$"
+"""A frame's seq, as `Last-Event-ID` resumes after it (empty: from the start); anything else is
+a 422 like any malformed parameter."""
+
 
 def run_event_routes(spec: AgentSpec) -> list[RouteSpec]:
 
@@ -46,24 +50,27 @@ def run_event_routes(spec: AgentSpec) -> list[RouteSpec]:
         host: HarnessDep,
         user_id: Annotated[str | None, Depends(get_user_id)],
         session_id: Annotated[str | None, Query(alias="sessionId")] = None,
-        last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+        last_event_id: Annotated[
+            str,
+            Header(
+                alias="Last-Event-ID", pattern=SEQ_PATTERN, description="Resume after this seq."
+            ),
+        ] = "",
         resume_from: Annotated[
-            str | None,
+            str,
             Query(
                 alias="lastEventId",
+                pattern=SEQ_PATTERN,
                 description="Resume after this seq (for clients that cannot set the header).",
             ),
-        ] = None,
+        ] = "",
     ) -> EventSourceResponse:
         endpoint = hosted_endpoint(host, spec.path)
         live = await host.runs.find(endpoint.path, conversation_id, session_id=session_id)
         if live is None or (live.user_id is not None and live.user_id != user_id):
             raise HTTPException(404, f"no run to follow in conversation {conversation_id!r}")
-        raw = last_event_id if last_event_id is not None else resume_from
-        try:
-            after = max(0, int(raw)) if raw is not None and raw.strip() else 0
-        except ValueError:
-            raise HTTPException(400, "Last-Event-ID must be a frame seq (an integer)") from None
+        raw = last_event_id or resume_from
+        after = int(raw) if raw else 0
         if session_id is not None and live.session_id != session_id:
             after = 0
         return follow_run(live, after)

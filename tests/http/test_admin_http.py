@@ -457,8 +457,8 @@ async def test_file_content_200_404_and_400(workspace: Path) -> None:
     assert missing.status_code == 404
     assert missing.json() == {"error": "File not found: notes/missing.md"}
     assert directory.status_code == 404
-    assert blank.status_code == 400
-    assert blank.json() == {"error": "path must not be blank"}
+    assert blank.status_code == 422
+    assert blank.json() == {"error": "query.path: Field required"}
     assert latin.status_code == 400
     assert "not UTF-8" in latin.json()["error"]
     assert huge.status_code == 400

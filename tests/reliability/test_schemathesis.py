@@ -1,12 +1,15 @@
 """Schemathesis against the OpenAPI document of a running app with every primitive on.
 
 The server (a subprocess: the personal-assistant sample's coordinator, its fleet and the
-opted-in `ai_endpoint`, on the scripted demo model, admin token set) is fuzzed operation by
-operation with generated valid and invalid requests, the admin token sent along so the admin
-routes are reached past their gate. Every answer must be below 500, and every error (4xx) must
-be JSON `{"error": message}` (never FastAPI's `detail`). Streams are bounded: a prompt's stream
-is read to its terminal frame (the demo model always ends in a few rounds); an endless plan
-stream is read up to its first event, then closed.
+opted-in `ai_endpoint`, on the scripted demo model, admin token set, users named by
+`X-User-Id`) is fuzzed operation by operation with generated valid and invalid requests, as a
+user and with the admin token, so the admin routes are reached past their gate. Every answer
+must be below 500, every error (4xx) must be JSON `{"error": message}` (never FastAPI's
+`detail`), and the document must tell the truth (`CHECKS`): every status and content type a
+route answers is declared, bodies match their schemas, a request the schema allows is accepted
+and one it forbids is refused. Streams are bounded: a prompt's stream is read to its terminal
+frame (the demo model always ends in a few rounds); an endless plan stream is read up to its
+first event, then closed.
 
 The WebSocket route is not in the OpenAPI document; generated junk messages are sent to it
 below, and each must get an `error` notice while the socket stays usable.
@@ -16,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import itertools
 import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,12 +34,32 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
+from schemathesis.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    not_a_server_error,
+    positive_data_acceptance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+from schemathesis.core.failures import FailureGroup
 
 from atmosphere_harness._ids import CONVERSATION_ID_PATTERN
 
 from .apps import OWNER, PATH
 from .server import ServerProcess, running
 from .verify import ADMIN_TOKEN, AUTH
+
+USER = {"X-User-Id": "fuzzer"}
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+    positive_data_acceptance,
+]
+"""Schemathesis' checks, each on every generated request (`except_for` lists the one gap)."""
 
 READ_GUARD = 30.0
 """Hang guard for one response (the demo model answers in milliseconds)."""
@@ -57,7 +82,7 @@ def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
             "message": "plan a short task and save the result to a file",
             "conversationId": SEED,
         }
-        seed = httpx2.post(server.url + PATH, json=body, timeout=READ_GUARD)
+        seed = httpx2.post(server.url + PATH, json=body, headers=USER, timeout=READ_GUARD)
         assert '"event":"complete"' in seed.text, seed.text[-500:]
         yield server
 
@@ -90,7 +115,9 @@ def sse_data(text: str) -> list[dict[str, Any]]:
 
 def send(case: schemathesis.Case, client: httpx2.Client) -> tuple[httpx2.Response, str]:
     """Send `case` and read its body, bounded: `(response, text read)`."""
-    kwargs = case.as_transport_kwargs(base_url=str(client.base_url).rstrip("/"), headers=AUTH)
+    kwargs = case.as_transport_kwargs(
+        base_url=str(client.base_url).rstrip("/"), headers={**USER, **AUTH}
+    )
     request: dict[str, Any] = {
         "method": kwargs["method"],
         "url": kwargs["url"],
@@ -117,10 +144,68 @@ def send(case: schemathesis.Case, client: httpx2.Client) -> tuple[httpx2.Respons
         return response, response.read().decode("utf-8")
 
 
+def except_for(case: schemathesis.Case) -> list[Any]:
+    """The checks a request is exempt from, each for a reason the document cannot state.
+
+    AG-UI's run input is the protocol's own schema (`ag_ui.core`), whose messages and content
+    parts leave the `role` / `type` discriminator optional although the union needs it: a
+    generated "valid" run input may lack it. `test_ag_ui_runs_end_with_a_finish_or_an_error`
+    generates valid run inputs and requires each to be accepted instead.
+    """
+    if case.path.endswith("/ag-ui"):
+        return [positive_data_acceptance]
+    return []
+
+
+def honest(case: schemathesis.Case) -> schemathesis.Case:
+    """A valid request made to follow the rules that span two parameters, which OpenAPI
+    cannot express and the document states in words (so `positive_data_acceptance` holds it
+    to them):
+
+    - `Idempotency-Key` names one request (a reused key with another message is 422) and
+      applies to a streamed prompt with `multitask: enqueue` only (400 otherwise);
+    - an admin read names its conversation by `conversationId` or by its older name
+      `sessionId`, one of the two, equal when both are sent (400 otherwise);
+    - a directory listing's `path` follows the workspace's path rules (docs/filesystem.md),
+      too many to state as a pattern: a generated one is replaced by a plain path;
+    - a page `cursor` is one a previous page gave (`nextCursor`), never made up: dropped.
+    """
+    headers = case.headers
+    if headers and "Idempotency-Key" in headers:
+        body = case.body if isinstance(case.body, dict) else {}
+        if body.get("background", False) is False and body.get("multitask", "enqueue") == "enqueue":
+            headers["Idempotency-Key"] = uuid.uuid4().hex
+        else:
+            del headers["Idempotency-Key"]
+    query = case.query
+    if query is not None:
+        query.pop("cursor", None)
+    if case.path.startswith("/api/admin/agents/") and query is not None:
+        given = query.get("conversationId", query.get("sessionId", SEED))
+        query["conversationId"] = given
+        query.pop("sessionId", None)
+        if case.path.endswith("/files") and "path" in query:
+            query["path"] = "notes"
+    return case
+
+
 def check(case: schemathesis.Case, client: httpx2.Client) -> None:
-    """One generated request: no 5xx; an error is JSON with a message; a stream is whole."""
+    """One generated request: schemathesis' `CHECKS`; an error is JSON with a message; a
+    stream is whole."""
+    if case.meta is not None and case.meta.generation.mode is GenerationMode.POSITIVE:
+        case = honest(case)
     response, text = send(case, client)
     where = f"{case.method} {case.formatted_path} -> {response.status_code}: {text[:300]!r}"
+    read = httpx2.Response(
+        response.status_code,
+        headers=response.headers,
+        content=text.encode("utf-8"),
+        request=response.request,
+    )
+    read.elapsed = datetime.timedelta(0)  # a stream's time is the run's, not the API's
+    case.validate_response(
+        read, checks=CHECKS, excluded_checks=except_for(case), headers={**USER, **AUTH}
+    )
     assert response.status_code < 500, where
     if response.status_code >= 400:
         assert response.headers.get("content-type", "").startswith("application/json"), where
@@ -190,7 +275,7 @@ def fuzz(api: schemathesis.BaseSchema, base_url: str, examples: int, *, every: b
                 one()
             except Unsatisfiable:
                 pass  # nothing of this operation can be sent invalid (no parameter, no body)
-            except Exception as exc:
+            except (Exception, FailureGroup) as exc:  # FailureGroup: schemathesis' checks
                 failures.append(f"{operation.label} ({label}, {mode.value}): {exc}")
     client.close()
     assert not failures, "\n\n".join(failures)
