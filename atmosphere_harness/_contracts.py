@@ -667,8 +667,10 @@ TITLE_CHARS = 80
 
 
 def conversation_title(message: str) -> str:
-    """The title a conversation's first prompt gives it: its first line-folded characters."""
-    return " ".join(message.split())[:TITLE_CHARS]
+    """The title a conversation's first prompt gives it: its first line-folded characters,
+    without control characters (PostgreSQL's text refuses NUL; a title is for display)."""
+    printable = "".join(ch if ch.isprintable() else " " for ch in message[: TITLE_CHARS * 4])
+    return " ".join(printable.split())[:TITLE_CHARS]
 
 
 @dataclass(frozen=True, slots=True)

@@ -374,7 +374,9 @@ async def test_a_redis_restart_mid_load_ends_runs_cleanly_and_the_replicas_recov
             await asyncio.sleep(1.0)
             redis_server.start()
             await asyncio.wait_for(load, 300)
-            assert ledger.errors, "the outage was felt: some runs ended with an error frame"
+            # The outage was felt: runs ended with an error frame, or prompts were refused with
+            # 503 before their stream (the conversation's owner is read from Redis first).
+            assert ledger.errors or ledger.statuses, "the outage was felt"
             assert ledger.broken == 0, "every stream ended with a frame, none was cut"
             assert all("Redis" in error for error in ledger.errors), ledger.errors
             assert set(ledger.statuses) <= {503}, ledger.statuses
