@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 from ..._cancel import reraise_cancellation
 from ..._governance.approvals import MAX_PENDING, Answer, AnswerStatus, PendingApproval
 from ..._log import get_logger
-from .connection import RedisConnection, as_str, digest
+from .connection import RedisConnection, as_str, digest, listen
 
 log = get_logger(__name__)
 
@@ -40,7 +40,6 @@ GRACE = 60
 """Seconds an approval's keys outlive its expiry (clock skew between replicas)."""
 RECHECK = 5.0
 """A waiting run also reads its approval's state this often (a missed wake-up costs this)."""
-BACKOFF = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 _OPEN = """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
@@ -375,40 +374,24 @@ class RedisApprovalStore:
             )
 
     async def _listen(self) -> None:
-        channel = self._channel_prefix() + self.replica
-        failures = 0
-        while True:
-            client = self.connection.dedicated()
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(channel)
-                if failures:
-                    log.info("approval listener reconnected to Redis")
-                failures = 0
-                await self._recheck_local()
-                while True:
-                    message = await pubsub.get_message(timeout=RECHECK)
-                    reraise_cancellation()
-                    if message is None:
-                        continue
-                    approval_id, _, text = str(as_str(message.get("data")) or "").partition(" ")
-                    with contextlib.suppress(ValueError):
-                        self._resolve(approval_id, _answer_from(text))
-            except asyncio.CancelledError:
-                raise
-            except (RedisError, OSError) as exc:
-                failures += 1
-                if failures == 1:
-                    log.warning(
-                        "approval listener lost Redis; waiting runs re-read their approvals",
-                        error=self.connection.scrub(exc),
-                    )
-                await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF)) - 1])
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()
-                with contextlib.suppress(RedisError, OSError):
-                    await client.aclose()
+        async def subscribed(reconnected: bool) -> None:
+            if reconnected:
+                log.info("approval listener reconnected to Redis")
+            await self._recheck_local()
+
+        await listen(
+            self.connection,
+            self._channel_prefix() + self.replica,
+            self._deliver,
+            lost="approval listener lost Redis; waiting runs re-read their approvals",
+            subscribed=subscribed,
+            wait=RECHECK,
+        )
+
+    def _deliver(self, data: str) -> None:
+        approval_id, _, text = data.partition(" ")
+        with contextlib.suppress(ValueError):
+            self._resolve(approval_id, _answer_from(text))
 
     async def _recheck_local(self) -> None:
         for pending in list(self._local.values()):

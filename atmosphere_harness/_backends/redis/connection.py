@@ -13,6 +13,7 @@ prefix, so two apps (or two test runs) can share one database.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable, Iterator
@@ -26,6 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..._cancel import reraise_cancellation
 from ..._errors import HarnessError, RedisUnavailable
 from ..._log import get_logger
 
@@ -174,3 +176,52 @@ def as_str(value: Any) -> str | None:
     if value is None:
         return None
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+LISTEN_BACKOFF = (0.1, 0.25, 0.5, 1.0, 2.0)
+"""Pauses before a lost pub/sub connection is reopened (the last one repeats)."""
+
+
+async def listen(
+    connection: RedisConnection,
+    channel: str,
+    deliver: Callable[[str], None],
+    *,
+    lost: str,
+    subscribed: Callable[[bool], Awaitable[None]] | None = None,
+    wait: float = 5.0,
+) -> None:
+    """Hand every message published on `channel` to `deliver`, until cancelled.
+
+    A lost connection is reopened after a growing pause (`LISTEN_BACKOFF`) and logged once per
+    outage (`lost`, a WARN). Messages published while not subscribed are never delivered, so
+    `subscribed(reconnected)` runs after each (re)subscribe: that is where a caller re-reads
+    what it may have missed. `wait` bounds each read, so a cancellation swallowed by the driver
+    is still noticed (`reraise_cancellation`).
+    """
+    failures = 0
+    while True:
+        client = connection.dedicated()
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(channel)
+            reconnected, failures = failures > 0, 0
+            if subscribed is not None:
+                await subscribed(reconnected)
+            while True:
+                message = await pubsub.get_message(timeout=wait)
+                reraise_cancellation()
+                if message is not None:
+                    deliver(as_str(message.get("data")) or "")
+        except asyncio.CancelledError:
+            raise
+        except (RedisError, OSError) as exc:
+            failures += 1
+            if failures == 1:
+                log.warning(lost, error=connection.scrub(exc))
+            await asyncio.sleep(LISTEN_BACKOFF[min(failures, len(LISTEN_BACKOFF)) - 1])
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()
+            with contextlib.suppress(RedisError, OSError):
+                await client.aclose()

@@ -20,18 +20,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from ..._cancel import reraise_cancellation
 from ..._contracts import ACTIVE_STATUSES, CancelListener, RunRecord
 from ..._log import get_logger
-from .connection import RedisConnection, as_str, digest
+from .connection import RedisConnection, as_str, digest, listen
 
 log = get_logger(__name__)
 
 KEEP_SECONDS = 24 * 3600
 """How long a run's record answers `GET P/runs/{runId}` after its last change."""
-BACKOFF = (0.1, 0.25, 0.5, 1.0, 2.0)
 ACTIVE = " ".join(sorted(ACTIVE_STATUSES))
 
 _BEGIN = """
@@ -138,38 +134,22 @@ class RedisRunRegistry:
             self._task = None
 
     async def _listen(self, ready: asyncio.Event) -> None:
-        failures = 0
-        while True:
-            client = self.connection.dedicated()
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self._channel)
-                ready.set()
-                failures = 0
-                while True:
-                    message = await pubsub.get_message(timeout=5.0)
-                    reraise_cancellation()
-                    if message is None:
-                        continue
-                    with contextlib.suppress(ValueError, TypeError):
-                        run_id, mode = json.loads(as_str(message.get("data")) or "")
-                        if self._listener is not None:
-                            self._listener(str(run_id), str(mode))
-            except asyncio.CancelledError:
-                raise
-            except (RedisError, OSError) as exc:
-                failures += 1
-                if failures == 1:
-                    log.warning(
-                        "run cancel listener lost Redis; cancel requests are read on heartbeat",
-                        error=self.connection.scrub(exc),
-                    )
-                await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF)) - 1])
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()
-                with contextlib.suppress(RedisError, OSError):
-                    await client.aclose()
+        async def subscribed(_reconnected: bool) -> None:
+            ready.set()
+
+        await listen(
+            self.connection,
+            self._channel,
+            self._deliver,
+            lost="run cancel listener lost Redis; cancel requests are read on heartbeat",
+            subscribed=subscribed,
+        )
+
+    def _deliver(self, data: str) -> None:
+        with contextlib.suppress(ValueError, TypeError):
+            run_id, mode = json.loads(data)
+            if self._listener is not None:
+                self._listener(str(run_id), str(mode))
 
     async def put(self, record: RunRecord) -> None:
         key = self._run_key(record.run_id)

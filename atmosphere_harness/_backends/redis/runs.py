@@ -46,15 +46,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError
 
-from ..._cancel import reraise_cancellation
 from ..._contracts import FEED_OWNER, StoredRun
 from ..._errors import LeaseLost
 from ..._events import TERMINAL, Frame
 from ..._kernel.remote import RunWatchers
 from ..._log import get_logger
-from .connection import RedisConnection, as_str, digest
+from .connection import RedisConnection, as_str, digest, listen
 
 log = get_logger(__name__)
 
@@ -71,8 +70,6 @@ EXPIRE_BATCH = 1000
 LATEST_SCAN = 200
 """A conversation's newest runs `latest` looks at."""
 SEP = "\x1f"
-BACKOFF = (0.1, 0.25, 0.5, 1.0, 2.0)
-"""Waits between attempts to listen for frame notices again after losing Redis."""
 
 _LIB = (
     """
@@ -566,35 +563,17 @@ class RedisRunStore:
     async def _listen(self) -> None:
         """Hand every frame notice to the readers here; after each (re)subscribe, wake them
         all (what was published while not subscribed is read, not waited for)."""
-        failures = 0
-        channel = self.connection.key("runs", "frames")
-        while True:
-            client = self.connection.dedicated()
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(channel)
-                failures = 0
-                self._watchers.wake_all()
-                while True:
-                    message = await pubsub.get_message(timeout=5.0)
-                    reraise_cancellation()
-                    if message is not None:
-                        self._watchers.notified(as_str(message.get("data")) or "")
-            except asyncio.CancelledError:
-                raise
-            except (RedisError, OSError) as exc:
-                failures += 1
-                if failures == 1:
-                    log.warning(
-                        "run frame listener lost Redis; remote readers poll meanwhile",
-                        error=self.connection.scrub(exc),
-                    )
-                await asyncio.sleep(BACKOFF[min(failures, len(BACKOFF)) - 1])
-            finally:
-                with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()
-                with contextlib.suppress(RedisError, OSError):
-                    await client.aclose()
+
+        async def subscribed(_reconnected: bool) -> None:
+            self._watchers.wake_all()
+
+        await listen(
+            self.connection,
+            self.connection.key("runs", "frames"),
+            self._watchers.notified,
+            lost="run frame listener lost Redis; remote readers poll meanwhile",
+            subscribed=subscribed,
+        )
 
     async def _stop_listening(self) -> None:
         listener, self._listener = self._listener, None
