@@ -1,10 +1,10 @@
 """`HarnessSettings`: every configuration key, with its environment names and defaults.
 
-Precedence is programmatic argument > environment variable > default (the Python form of the
-reference's "system property wins over the environment variable"). Where a key has an `LLM_`
-fallback, the `ATMOSPHERE_` name is read first. The settings never read a `.env` file on their own:
-the host owns its `.env` (pass `_env_file=...` to opt in). Nothing here is instantiated at import
-time; the router resolves settings inside its lifespan.
+Precedence is programmatic argument > environment variable > default (the Python form of
+Atmosphere's Java rule "system property wins over the environment variable"). Where a key has an
+`LLM_` fallback, the `ATMOSPHERE_` name is read first. The settings never read a `.env` file on
+their own: the host owns its `.env` (pass `_env_file=...` to opt in). Nothing here is instantiated
+at import time; the router resolves settings inside its lifespan.
 """
 
 from __future__ import annotations

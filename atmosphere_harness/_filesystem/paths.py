@@ -1,11 +1,11 @@
 """Validation of the paths a model passes to the file tools.
 
-Every path argument goes through `check_path` before it touches the disk. The rules are the
-reference's (blank, backslash, absolute, empty/`.`/`..` segments), plus what a POSIX port needs:
-NUL and other control characters, text that is not valid Unicode, over-long paths and names, and
-the name suffix reserved for in-flight atomic writes. Only whole segments are checked, so a name
-such as `report..final.md` is allowed. Containment on the resolved real path (symlinks) needs the
-disk: it is `containment.resolve`'s job.
+Every path argument goes through `check_path` before it touches the disk. The rules are those of
+Atmosphere's Java harness (blank, backslash, absolute, empty/`.`/`..` segments), plus what POSIX
+needs: NUL and other control characters, text that is not valid Unicode, over-long paths and names,
+and the name suffix reserved for in-flight atomic writes. Only whole segments are checked, so a
+name such as `report..final.md` is allowed. Containment on the resolved real path (symlinks) needs
+the disk: it is `containment.resolve`'s job.
 
 Also here: `store_key`, the absolute path that names a store directory, and
 `conversation_dir_name`, a conversation id checked for use as a directory name.
