@@ -25,8 +25,7 @@ from .._registry import AgentSpec
 from .._runtimes.base import Message
 from .deps import HarnessDep, get_user_id, hosted_endpoint
 from .ownership import owned_conversation
-from .route_spec import RouteSpec
-from .runs import ERROR
+from .route_spec import ERROR, RouteSpec
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100

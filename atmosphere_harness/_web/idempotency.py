@@ -32,7 +32,7 @@ from sse_starlette import EventSourceResponse
 from .._contracts import LiveRunHandle
 from .._kernel.endpoint import HostedEndpoint
 from .._kernel.host import HarnessHost
-from .errors import ERROR_SCHEMA
+from .route_spec import ERROR
 from .sse import follow_run
 
 HEADER = "Idempotency-Key"
@@ -50,12 +50,11 @@ DESCRIPTION = (
 KEY_SCHEMA: dict[str, Any] = {"pattern": f"^[!-~]([ -~]{{0,{MAX_KEY_CHARS - 2}}}[!-~])?$"}
 """The shape `check_key` accepts, for the OpenAPI document only (a key that HTTP would strip to
 another, with spaces around it, is left out). The route checks the key itself (400)."""
-_ERROR = {"content": {"application/json": {"schema": ERROR_SCHEMA}}}
 RESPONSES: dict[int | str, dict[str, object]] = {
-    400: {**_ERROR, "description": f"{HEADER} is empty, too long or not printable ASCII"},
-    409: {**_ERROR, "description": f"{HEADER} already ran a prompt no longer kept to replay"},
+    400: {**ERROR, "description": f"{HEADER} is empty, too long or not printable ASCII"},
+    409: {**ERROR, "description": f"{HEADER} already ran a prompt no longer kept to replay"},
     422: {
-        **_ERROR,
+        **ERROR,
         "description": f"Validation Error, or {HEADER} already used with another message",
     },
 }

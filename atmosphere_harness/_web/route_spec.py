@@ -72,8 +72,11 @@ NOT_FOUND_RESPONSE: dict[int | str, dict[str, object]] = {
 }
 
 
+ERROR: dict[str, Any] = {"content": {"application/json": {"schema": ERROR_SCHEMA}}}
+"""An `{"error"}` JSON body, to spread into a `responses=` entry beside its description."""
+
+
 def error_responses(described: dict[int, str]) -> dict[int | str, dict[str, Any]]:
     """`responses=` entries for the errors a route answers (`{status: description}`), each an
     `{"error"}` JSON body."""
-    body = {"application/json": {"schema": ERROR_SCHEMA}}
-    return {status: {"description": text, "content": body} for status, text in described.items()}
+    return {status: {"description": text, **ERROR} for status, text in described.items()}

@@ -26,8 +26,15 @@ from .deps import HarnessDep, get_user_id, hosted_endpoint
 from .memory import close_routes
 from .ownership import require_conversation
 from .planning import plan_event_routes
-from .route_spec import NOT_FOUND_RESPONSE, SSE_RESPONSE, PromptRequest, RouteBuilder, RouteSpec
-from .runs import ERROR, RUN_STARTED, run_control_routes, run_event_routes
+from .route_spec import (
+    ERROR,
+    NOT_FOUND_RESPONSE,
+    SSE_RESPONSE,
+    PromptRequest,
+    RouteBuilder,
+    RouteSpec,
+)
+from .runs import RUN_STARTED, run_control_routes, run_event_routes
 from .sse import stream_prompt
 from .websocket import websocket_routes
 

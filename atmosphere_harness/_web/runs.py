@@ -30,9 +30,8 @@ from sse_starlette import EventSourceResponse
 from .._contracts import RUN_STATUSES, RunRecord
 from .._registry import AgentSpec
 from .deps import HarnessDep, get_user_id, hosted_endpoint
-from .errors import ERROR_SCHEMA
 from .ownership import owned_conversation
-from .route_spec import SSE_RESPONSE, RouteSpec
+from .route_spec import ERROR, SSE_RESPONSE, RouteSpec
 from .sse import follow_run
 
 SEQ_PATTERN = "^[0-9]{0,18}$"
@@ -91,7 +90,6 @@ def run_event_routes(spec: AgentSpec) -> list[RouteSpec]:
 
 RUN_ID_PATTERN = "^[0-9a-f]{32}$"
 _RUN_ID = re.compile("[0-9a-f]{32}")
-ERROR = {"content": {"application/json": {"schema": ERROR_SCHEMA}}}
 RUN_STARTED = {
     "content": {
         "application/json": {
