@@ -445,6 +445,14 @@ def stream(store: Store, model: Model, args: argparse.Namespace, root: Path, run
     database = delta(database_after, database_before)
     per_run_xacts = runs_cost.get("postgres_per_run", {}).get("xact_commit", 0.0)
     feed_xacts = database.get("xact_commit", 0) - per_run_xacts * args.stream_runs
+    # The frame feed's writes: a transaction each on PostgreSQL, a script each on Redis.
+    if store.postgres is not None:
+        writes_per_token = feed_xacts / max(tokens_total, 1)
+        write_cpu = cpu["postgres"]
+    else:
+        writes_per_token = commands.get("evalsha", 0) / max(tokens, 1)
+        write_cpu = cpu["redis"]
+    writes_in_window = writes_per_token * tokens
     outcomes: dict[str, int] = {}
     for outcome in results:
         outcomes[outcome.split(":")[0]] = outcomes.get(outcome.split(":")[0], 0) + 1
@@ -462,7 +470,17 @@ def stream(store: Store, model: Model, args: argparse.Namespace, root: Path, run
         "load_average": [round(v, 2) for v in load_before],
         "rss_kib_per_run": round((held - rss_before) / 1024 / args.stream_runs, 1),
         "rss_mib_server_idle": round(rss_before / 2**20, 1),
+        "feed_writes_per_token": round(writes_per_token, 3),
+        "feed_write_cpu_us": round(write_cpu * 1e6 / max(writes_in_window, 1), 1),
+        "redis_commands_per_feed_write": round(
+            sum(commands.values()) / max(commands.get("evalsha", 0), 1), 1
+        ),
         "postgres_xacts_per_token": round(feed_xacts / max(tokens_total, 1), 3),
+        "postgres_rows_written_per_token": round(
+            sum(database.get(f"tup_{key}", 0) for key in ("inserted", "updated", "deleted"))
+            / max(tokens_total, 1),
+            3,
+        ),
         "postgres_wal_bytes_per_token_cluster": round(
             database.get("wal_bytes_cluster", 0) / max(tokens_total, 1), 1
         ),
@@ -537,7 +555,8 @@ def sizing(document: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
     for kind, measured in document["backends"].items():
         if "stream_1" not in measured:
             continue
-        per_token = measured["stream_1"]["cpu_us_per_token"]
+        stream = measured["stream_1"]
+        per_token = stream["cpu_us_per_token"]
         per_run = measured["turns_1"]["cpu_ms_per_run"]
         xacts_run = measured["turns_1"]["postgres_per_run"].get("xact_commit", 0.0)
         commands_run = measured["turns_1"]["redis_commands_per_run"]
@@ -567,6 +586,13 @@ def sizing(document: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
                     + starts_s * xacts_run
                 )
                 entry["postgres_cores"] = round(cores("postgres"), 1)
+                entry["postgres_xacts_per_s_one_write_a_token"] = round(
+                    tokens_s + starts_s * xacts_run
+                )
+                entry["postgres_cores_one_write_a_token"] = round(
+                    cores_for(tokens_s, starts_s, stream["feed_write_cpu_us"], per_run["postgres"]),
+                    1,
+                )
                 entry["postgres_connections"] = replicas * (POOL_MAX + PG_EXTRA)
             else:
                 entry["redis_commands_per_s"] = round(
@@ -574,6 +600,13 @@ def sizing(document: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
                     + starts_s * commands_run
                 )
                 entry["redis_cores"] = round(cores("redis"), 2)
+                entry["redis_commands_per_s_one_write_a_token"] = round(
+                    tokens_s * stream["redis_commands_per_feed_write"] + starts_s * commands_run
+                )
+                entry["redis_cores_one_write_a_token"] = round(
+                    cores_for(tokens_s, starts_s, stream["feed_write_cpu_us"], per_run["redis"]),
+                    2,
+                )
                 entry["redis_connections_max"] = replicas * REDIS_MAX
             found.setdefault(kind, {})[str(size)] = entry
     return found
