@@ -14,8 +14,8 @@ server of their own (`redis-server` started here on a free port, so its CPU and 
   load generator (this process); PostgreSQL transactions and rows (`pg_stat_database` of the
   database: every statement of a turn is its own transaction, so commits count statements) and
   WAL bytes (`pg_stat_wal`, which counts the whole cluster); Redis commands by name;
-- `stream_1`: `--stream-runs` runs at once on one replica, each streaming `--tokens-per-s` for
-  `--stream-seconds`. Per streamed token, over a steady window: CPU µs of the server, of
+- `stream_1`, `stream_2`: `--stream-runs` runs at once over 1 or 2 replicas, each streaming
+  `--tokens-per-s` for `--stream-seconds`. Per streamed token, over a steady window: CPU µs of the server, of
   PostgreSQL and of Redis, Redis commands; PostgreSQL transactions a token (the phase's total
   less the runs' own cost from `turns_1`); resident memory added per run in flight;
 - `connections`: in each phase's middle, per replica: open file descriptors and TCP sockets by
@@ -401,14 +401,20 @@ def turns(store: Store, model: Model, replicas: int, args: argparse.Namespace, r
     }
 
 
-def stream(store: Store, model: Model, args: argparse.Namespace, root: Path, runs_cost: Any) -> Any:
-    """`--stream-runs` long runs at once on one replica: costs per streamed token and per run."""
-    phase = Phase(store, model, 1, root, args.settle)
-    server = phase.servers[0]
+def stream(
+    store: Store, model: Model, replicas: int, args: argparse.Namespace, root: Path, runs_cost: Any
+) -> Any:
+    """`--stream-runs` long runs at once over `replicas`: costs per streamed token and per run."""
+    phase = Phase(store, model, replicas, root, args.settle)
+    servers = phase.servers
+
+    def resident() -> int:
+        return sum(rss(pid) for server in servers for pid in server.pids())
+
     try:
         time.sleep(args.settle)
         database_before = store.database_stats()
-        rss_before = sum(rss(pid) for pid in server.pids())
+        rss_before = resident()
         load_before = os.getloadavg()
 
         async def load() -> Any:
@@ -416,23 +422,24 @@ def stream(store: Store, model: Model, args: argparse.Namespace, root: Path, run
             streams: list[Stream] = []
             firsts: list[float] = []
             finished: list[asyncio.Future[str]] = []
-            for _ in range(args.stream_runs):
+            for index in range(args.stream_runs):
+                port = servers[index % len(servers)].port
                 done: asyncio.Future[str] = loop.create_future()
-                data = request_bytes(server.port, PATH, "stream please", f"cap-{uuid.uuid4().hex}")
+                data = request_bytes(port, PATH, "stream please", f"cap-{uuid.uuid4().hex}")
                 streams.append(Counted(data, done, firsts))
                 finished.append(done)
-                await loop.create_connection(lambda s=streams[-1]: s, "127.0.0.1", server.port)
+                await loop.create_connection(lambda s=streams[-1]: s, "127.0.0.1", port)
             # The steady window: from every run streaming to 1 s before the first one ends.
             give_up = time.monotonic() + args.stream_seconds / 2
             while len(firsts) < args.stream_runs and time.monotonic() < give_up:
                 await asyncio.sleep(0.05)
             end = min(firsts, default=time.monotonic()) + args.stream_seconds - 1.0
-            before, frames_before = Snapshot([server], store), sum(s.frames for s in streams)
+            before, frames_before = Snapshot(servers, store), sum(s.frames for s in streams)
             await asyncio.sleep(max(0.25, (end - time.monotonic()) / 2))
             middle = phase.connections()
-            held = sum(rss(pid) for pid in server.pids())
+            held = resident()
             await asyncio.sleep(max(0.25, end - time.monotonic()))
-            after, frames_after = Snapshot([server], store), sum(s.frames for s in streams)
+            after, frames_after = Snapshot(servers, store), sum(s.frames for s in streams)
             results = [await asyncio.wait_for(done, 300) for done in finished]
             return results, frames_after - frames_before, before, after, middle, held
 
@@ -457,6 +464,7 @@ def stream(store: Store, model: Model, args: argparse.Namespace, root: Path, run
     for outcome in results:
         outcomes[outcome.split(":")[0]] = outcomes.get(outcome.split(":")[0], 0) + 1
     return {
+        "replicas": replicas,
         "runs": args.stream_runs,
         "outcomes": outcomes,
         "tokens_in_window": tokens,
@@ -665,7 +673,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                         measured = found[f"turns_{replicas}"]["runs_per_s"]
                         print(f"capacity {kind} {replicas}: {measured} runs/s", file=sys.stderr)
                     if args.stream_runs:
-                        found["stream_1"] = stream(store, model, args, root, found["turns_1"])
+                        for replicas in (1, 2):
+                            found[f"stream_{replicas}"] = stream(
+                                store, model, replicas, args, root, found["turns_1"]
+                            )
                     found["model"] = check(found)
                     document["backends"][kind] = found
     finally:
