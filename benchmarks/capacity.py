@@ -15,9 +15,13 @@ server of their own (`redis-server` started here on a free port, so its CPU and 
   database: every statement of a turn is its own transaction, so commits count statements) and
   WAL bytes (`pg_stat_wal`, which counts the whole cluster); Redis commands by name;
 - `stream_1`, `stream_2`: `--stream-runs` runs at once over 1 or 2 replicas, each streaming
-  `--tokens-per-s` for `--stream-seconds`. Per streamed token, over a steady window: CPU µs of the server, of
-  PostgreSQL and of Redis, Redis commands; PostgreSQL transactions a token (the phase's total
-  less the runs' own cost from `turns_1`); resident memory added per run in flight;
+  `--tokens-per-s` for `--stream-seconds`. Per streamed token, over a steady window: CPU µs
+  of the servers, of PostgreSQL and of Redis, Redis commands; PostgreSQL transactions a token
+  (the phase's total less the runs' own cost from `turns_1`); the frame feed's writes a token
+  and CPU a write; resident memory added per run in flight;
+- `stream_2_one_busy`: the same runs all on one of two replicas: the idle one's CPU per feed
+  write of the busy one (`idle_replica_cpu_us_per_feed_write`: what a replica spends on the
+  notices of writes it has no reader for);
 - `connections`: in each phase's middle, per replica: open file descriptors and TCP sockets by
   peer (clients, PostgreSQL, Redis, the model), and the database's backends
   (`pg_stat_activity`).
@@ -257,7 +261,8 @@ class Snapshot:
 
     def __init__(self, servers: list[Server], store: Store) -> None:
         self.at = time.monotonic()
-        self.server = sum(server.cpu() for server in servers) / TICKS
+        self.each = [server.cpu() / TICKS for server in servers]
+        self.server = sum(self.each)
         self.postgres, self.redis = store.cpu()
         self.client = cpu_ticks(os.getpid()) / TICKS
         idle, total = machine_idle()
@@ -402,9 +407,16 @@ def turns(store: Store, model: Model, replicas: int, args: argparse.Namespace, r
 
 
 def stream(
-    store: Store, model: Model, replicas: int, args: argparse.Namespace, root: Path, runs_cost: Any
+    store: Store,
+    model: Model,
+    replicas: int,
+    args: argparse.Namespace,
+    root: Path,
+    runs_cost: Any,
+    busy: int | None = None,
 ) -> Any:
-    """`--stream-runs` long runs at once over `replicas`: costs per streamed token and per run."""
+    """`--stream-runs` long runs at once over `replicas` (or all on replica `busy`, the others
+    idle): costs per streamed token and per run."""
     phase = Phase(store, model, replicas, root, args.settle)
     servers = phase.servers
 
@@ -423,7 +435,7 @@ def stream(
             firsts: list[float] = []
             finished: list[asyncio.Future[str]] = []
             for index in range(args.stream_runs):
-                port = servers[index % len(servers)].port
+                port = servers[index % len(servers) if busy is None else busy].port
                 done: asyncio.Future[str] = loop.create_future()
                 data = request_bytes(port, PATH, "stream please", f"cap-{uuid.uuid4().hex}")
                 streams.append(Counted(data, done, firsts))
@@ -460,12 +472,18 @@ def stream(
         writes_per_token = commands.get("evalsha", 0) / max(tokens, 1)
         write_cpu = cpu["redis"]
     writes_in_window = writes_per_token * tokens
+    idle = [
+        round((a - b) * 1e6 / max(writes_in_window, 1), 2)
+        for index, (a, b) in enumerate(zip(after.each, before.each, strict=True))
+        if busy is not None and index != busy
+    ]
     outcomes: dict[str, int] = {}
     for outcome in results:
         outcomes[outcome.split(":")[0]] = outcomes.get(outcome.split(":")[0], 0) + 1
     return {
         "replicas": replicas,
         "runs": args.stream_runs,
+        **({"idle_replica_cpu_us_per_feed_write": idle} if idle else {}),
         "outcomes": outcomes,
         "tokens_in_window": tokens,
         "window_seconds": round(cpu["seconds"], 2),
@@ -677,6 +695,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                             found[f"stream_{replicas}"] = stream(
                                 store, model, replicas, args, root, found["turns_1"]
                             )
+                        found["stream_2_one_busy"] = stream(
+                            store, model, 2, args, root, found["turns_1"], busy=0
+                        )
                     found["model"] = check(found)
                     document["backends"][kind] = found
     finally:
