@@ -424,7 +424,12 @@ def stream(
         return sum(rss(pid) for server in servers for pid in server.pids())
 
     try:
+        rest_before, rest_started = [server.cpu() for server in servers], time.monotonic()
         time.sleep(args.settle)
+        rest = [
+            (server.cpu() - cpu) / TICKS / max(time.monotonic() - rest_started, 0.1)
+            for server, cpu in zip(servers, rest_before, strict=True)
+        ]
         database_before = store.database_stats()
         rss_before = resident()
         load_before = os.getloadavg()
@@ -472,8 +477,9 @@ def stream(
         writes_per_token = commands.get("evalsha", 0) / max(tokens, 1)
         write_cpu = cpu["redis"]
     writes_in_window = writes_per_token * tokens
+    # The idle replica's CPU beyond what it spends at rest (its timers), per write of the other.
     idle = [
-        round((a - b) * 1e6 / max(writes_in_window, 1), 2)
+        round((a - b - rest[index] * cpu["seconds"]) * 1e6 / max(writes_in_window, 1), 2)
         for index, (a, b) in enumerate(zip(after.each, before.each, strict=True))
         if busy is not None and index != busy
     ]
@@ -484,6 +490,7 @@ def stream(
         "replicas": replicas,
         "runs": args.stream_runs,
         **({"idle_replica_cpu_us_per_feed_write": idle} if idle else {}),
+        "server_cores_at_rest": [round(value, 4) for value in rest],
         "outcomes": outcomes,
         "tokens_in_window": tokens,
         "window_seconds": round(cpu["seconds"], 2),
@@ -581,7 +588,10 @@ def sizing(document: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
     for kind, measured in document["backends"].items():
         if "stream_1" not in measured:
             continue
-        stream = measured["stream_1"]
+        # The phase closest to one feed write a token (what a store that keeps up receives).
+        streams = [measured[name] for name in ("stream_1", "stream_2") if name in measured]
+        stream = max(streams, key=lambda phase: float(phase["feed_writes_per_token"]))
+        notice = measured.get("stream_2_one_busy", {}).get("idle_replica_cpu_us_per_feed_write")
         per_token = stream["cpu_us_per_token"]
         per_run = measured["turns_1"]["cpu_ms_per_run"]
         xacts_run = measured["turns_1"]["postgres_per_run"].get("xact_commit", 0.0)
@@ -597,6 +607,7 @@ def sizing(document: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
             replicas = max(1, math.ceil(server / BUSY))
             runs_per_replica = math.ceil(size / replicas)
             entry = {
+                "from": f"stream_{stream['replicas']}",
                 "tokens_per_s": round(tokens_s),
                 "runs_started_per_s": round(starts_s, 1),
                 "server_cores": round(server, 1),
@@ -620,6 +631,10 @@ def sizing(document: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
                     1,
                 )
                 entry["postgres_connections"] = replicas * (POOL_MAX + PG_EXTRA)
+                if notice:
+                    # Every replica LISTENs: each receives every feed write's notice.
+                    entry["notices_per_replica_per_s_one_write_a_token"] = round(tokens_s)
+                    entry["notice_cores_per_replica"] = round(tokens_s * notice[0] / 1e6, 2)
             else:
                 entry["redis_commands_per_s"] = round(
                     tokens_s * measured["stream_1"]["redis_commands_per_token"]
