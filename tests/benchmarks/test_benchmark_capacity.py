@@ -7,7 +7,7 @@ from tests.support import require_service
 
 
 def test_per_run_and_per_token_costs_at_one_and_two_replicas_and_the_model_checked() -> None:
-    # Ten phases, each starting its own servers: longer than the other smoke runs.
+    # Eight phases, each starting its own servers: longer than the other smoke runs.
     result = run_benchmark("capacity.py", "--smoke", timeout=600)
     for kind, why in result["skipped"].items():
         require_service(kind, why)
