@@ -52,10 +52,11 @@ from typing import Any
 import asyncpg
 
 from ..._cancel import reraise_cancellation
-from ..._contracts import LockedRead
+from ..._contracts import LockedRead, LockedStatus
 from ..._errors import BackendUnavailable
 from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead
+from .control import PostgresRunRegistry, lock_run_args
 from .database import (
     CLIENT_ERRORS,
     CONNECT_TIMEOUT,
@@ -92,6 +93,13 @@ def lock_session(lease_seconds: float = LEASE_SECONDS) -> dict[str, str]:
         "tcp_keepalives_count": str(KEEPALIVE_PROBES),
     }
 
+
+LOCK_RUN = (
+    "SELECT * FROM atmosphere_lock_run($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, "
+    "$14, $15, $16)"
+)
+"""`LOCK_NEWEST` that also stores the run's status (`contracts.LockedStatus`; schema migration
+11): `running` once the lock is taken, `queued` on the first try that finds it taken."""
 
 MARK = "SELECT pg_advisory_lock_shared($1, $2)"
 """A waiter's mark on a conversation's lock, held while it waits: a shared advisory lock on the
@@ -198,6 +206,14 @@ class PostgresConversationLocks:
             and read.backend.database is self.database
         )
 
+    def _carries(self, status: LockedStatus | None) -> bool:
+        """Whether the lock's statement can store `status` (its registry is this database's)."""
+        return (
+            isinstance(status, LockedStatus)
+            and isinstance(status.registry, PostgresRunRegistry)
+            and status.registry.database is self.database
+        )
+
     async def _acquire(self, key: int, read: LockedRead | None) -> Any:
         """Take the advisory lock (and make `read`, a `HistoryRead` this lock serves, once it
         is taken); returns the session the lock is held on."""
@@ -210,10 +226,20 @@ class PostgresConversationLocks:
                 released.clear()
                 try:
                     if isinstance(read, HistoryRead):
-                        rows, session = await self._statement(
-                            LOCK_NEWEST, *lock_newest_args(key, read), retry=True, rows=True
-                        )
+                        status = read.status if self._carries(read.status) else None
+                        if status is None:
+                            query, args = LOCK_NEWEST, lock_newest_args(key, read)
+                        else:
+                            queue = status.stored is None
+                            query = LOCK_RUN
+                            args = (
+                                *lock_newest_args(key, read),
+                                *lock_run_args(status.record("running"), queue),
+                            )
+                        rows, session = await self._statement(query, *args, retry=True, rows=True)
                         got = bool(rows[0]["locked"])
+                        if status is not None and (got or queue):
+                            status.stored = "running" if got else "queued"
                         if got:
                             deliver(read, rows)
                     else:

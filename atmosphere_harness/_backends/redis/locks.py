@@ -56,10 +56,11 @@ from redis.exceptions import LockError, LockNotOwnedError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._cancel import reraise_cancellation
-from ..._contracts import LockedRead
+from ..._contracts import LockedRead, LockedStatus
 from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead
 from .connection import RedisConnection, lock_key
+from .control import RedisRunRegistry
 from .history import RedisHistory
 
 log = get_logger(__name__)
@@ -138,6 +139,14 @@ class RedisConversationLocks:
         """Whether `read` reads a history on this lock's Redis (one script can make both)."""
         return isinstance(read.backend, RedisHistory) and read.backend.connection is self.connection
 
+    def _carries(self, status: LockedStatus | None) -> bool:
+        """Whether the lock's script can store `status` (its registry is on this Redis)."""
+        return (
+            isinstance(status, LockedStatus)
+            and isinstance(status.registry, RedisRunRegistry)
+            and status.registry.connection is self.connection
+        )
+
     async def _acquire(self, key: str, lock: Lock, read: HistoryRead | None) -> None:
         """Take `lock` with a random token (`SET NX PX`, a retry every `poll` seconds, as
         `Lock.acquire` does), each try also making `read` if it takes the lock."""
@@ -147,7 +156,8 @@ class RedisConversationLocks:
             try:
                 if read is not None:
                     assert isinstance(read.backend, RedisHistory)
-                    got = await read.backend.lock_and_read(key, token, ttl_ms, read)
+                    status = self._carries(read.status)
+                    got = await read.backend.lock_and_read(key, token, ttl_ms, read, status)
                 else:
                     got = await lock.do_acquire(token)
                 reraise_cancellation()
