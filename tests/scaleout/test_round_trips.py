@@ -4,9 +4,9 @@ A real uvicorn server (`tests.reliability.server`) talks to PostgreSQL or Redis 
 `WireCounter` proxy; the client sends turns one after another on one conversation and the proxy
 counts every round trip the server made, with its purpose. The list is the one
 `docs/scale-out-postgres.md` and `docs/scale-out-redis.md` publish: a change that adds a round
-trip to a turn fails here. The lock and the history's first read are one round trip
-(`lock+history.load`: the read is made once the lock is taken, inside that statement or
-script). The run frame feed's writes (durable runs off) are counted apart: they go in the
+trip to a turn fails here. The lock, the run's status and the history's first read are one
+round trip (`lock+status+history.load`: the status says `running` and the read is made once
+the lock is taken, inside that statement or script). The run frame feed's writes (durable runs off) are counted apart: they go in the
 background, never on the turn's path, one per scripted turn (the run's record, its frames and
 its end: the run ends within the feed's first wait, `journal.FEED_FIRST_SECONDS`), or two if
 the machine was slow enough that the wait ran out first.
@@ -187,7 +187,10 @@ async def start(kind: str, workspace: Path, env: dict[str, str]) -> ServerProces
     ("user", "expected"),
     [
         (None, ["lock+status+history.load", "owner.claim", "history.append", "unlock"]),
-        ("alice", ["facts.newest", "lock+status+history.load", "owner.claim", "history.append", "unlock"]),
+        (
+            "alice",
+            ["facts.newest", "lock+status+history.load", "owner.claim", "history.append", "unlock"],
+        ),
     ],
 )
 async def test_a_postgres_turn_makes_one_round_trip_per_step(
@@ -214,7 +217,10 @@ async def test_a_postgres_turn_makes_one_round_trip_per_step(
     ("user", "expected"),
     [
         (None, ["lock+status+history.load", "owner.claim", "history.append", "unlock"]),
-        ("alice", ["facts.newest", "lock+status+history.load", "owner.claim", "history.append", "unlock"]),
+        (
+            "alice",
+            ["facts.newest", "lock+status+history.load", "owner.claim", "history.append", "unlock"],
+        ),
     ],
 )
 async def test_a_redis_turn_makes_one_round_trip_per_step(

@@ -17,7 +17,10 @@ and not one connection per held lock, which would exhaust the pool under load):
    lock and, only once it has, reads the history with a fresh snapshot (a PL/pgSQL function,
    schema migration 5), so the turn saves the history load's round trip and the read still
    happens under the lock. The lock connection runs in READ COMMITTED whatever the server's
-   default, which that fresh snapshot needs;
+   default, which that fresh snapshot needs. When the run's status is offered with the read
+   (`contracts.LockedStatus`, of this database's `PostgresRunRegistry`), each try is `LOCK_RUN`,
+   which stores it too (`running`, or `queued` on the first try that finds the lock taken;
+   schema migration 11), so the run's status costs the turn no round trip of its own;
 3. release: `pg_advisory_unlock` and, if the lock is marked, the `NOTIFY` (`RELEASE`, one
    statement), on the same connection, in a task of its own: the run does not wait for it (its
    `complete` frame leaves one round trip sooner). The next prompt of that conversation on

@@ -20,8 +20,10 @@ the driver's way).
 When the run offers its first history read (`memory.history.HistoryRead` on a `RedisHistory`
 of this connection), each try is one script that takes the lock and, if it got it, reads the
 history (`RedisHistory.lock_and_read`): the turn saves the history read's round trip, and the
-read still happens under the lock (a script runs alone). Either way the token is the driver's
-kind, so renewal and release stay redis-py's `Lock` scripts.
+read still happens under the lock (a script runs alone). When the run's status is offered with
+the read (`contracts.LockedStatus`, of this connection's `RedisRunRegistry`), the same script
+stores it (`running`, or `queued` on the first try that finds the lock taken). Either way the
+token is the driver's kind, so renewal and release stay redis-py's `Lock` scripts.
 
 The release runs in a task of its own: the run does not wait for that round trip (its
 `complete` frame leaves sooner). A release that cannot reach Redis is tried again (backing off
