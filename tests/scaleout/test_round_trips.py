@@ -6,10 +6,11 @@ counts every round trip the server made, with its purpose. The list is the one
 `docs/scale-out-postgres.md` and `docs/scale-out-redis.md` publish: a change that adds a round
 trip to a turn fails here. The lock, the run's status and the history's first read are one
 round trip (`lock+status+history.load`: the status says `running` and the read is made once
-the lock is taken, inside that statement or script). The run frame feed's writes (durable runs off) are counted apart: they go in the
-background, never on the turn's path, one per scripted turn (the run's record, its frames and
-its end: the run ends within the feed's first wait, `journal.FEED_FIRST_SECONDS`), or two if
-the machine was slow enough that the wait ran out first.
+the lock is taken, inside that statement or script). The run frame feed's writes (durable
+runs off) are counted apart: they go in the background, never on the turn's path, one per
+scripted turn (the run's record, its frames and its end: the run ends within the feed's first
+wait, `journal.FEED_FIRST_SECONDS`), or two if the machine was slow enough that the wait ran
+out first.
 """
 
 from __future__ import annotations

@@ -158,8 +158,12 @@ class RedisConversationLocks:
             try:
                 if read is not None:
                     assert isinstance(read.backend, RedisHistory)
-                    status = self._carries(read.status)
-                    got = await read.backend.lock_and_read(key, token, ttl_ms, read, status)
+                    if self._carries(read.status):
+                        got = await read.backend.lock_and_read(
+                            key, token, ttl_ms, read, status=True
+                        )
+                    else:
+                        got = await read.backend.lock_and_read(key, token, ttl_ms, read)
                 else:
                     got = await lock.do_acquire(token)
                 reraise_cancellation()
