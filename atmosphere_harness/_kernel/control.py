@@ -152,6 +152,9 @@ class RunTicket:
             return
         pending.cancel()
         if self._offered is None or self._offered.stored is None:
+            # Written by this ticket from now on: its writes are ordered, the lock's are not
+            # (`running` then writes again, after this one).
+            self._offered = None
             self.changed()
 
     def running(self) -> None:
