@@ -146,7 +146,8 @@ async def test_a_user_at_the_cap_gets_no_extraction_call(workspace: Path) -> Non
     app = app_for(workspace, runtime, user_daily_token_limit=10)
     async with client_for(app) as client:
         assert (await say(client, "I count numbers", "alice"))["event"] == "complete"
-        closed = await client.post(f"{PATH}/conversations/c-alice/close", headers={"X-User-Id": "alice"})
+        headers = {"X-User-Id": "alice"}
+        closed = await client.post(f"{PATH}/conversations/c-alice/close", headers=headers)
         assert closed.status_code == 200
         assert (await say(client, "hello", "bob"))["event"] == "complete"
         total = await spent(client, "alice")
