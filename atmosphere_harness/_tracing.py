@@ -90,8 +90,6 @@ CONTENT_CHARS = 64 * 1024
 """At most this much of one recorded content (a message list, a tool's arguments or result)."""
 LOOK_AGAIN_SECONDS = 1.0
 """How often a hook with no provider yet looks whether the application set one."""
-MAX_LABEL_SETS = 1024
-"""At most this many tool-and-outcome attribute sets are kept built."""
 FINE = frozenset({"ok", "replayed"})
 """Tool outcomes that are no error (every other `ToolStatus` sets the span's error status)."""
 
@@ -175,8 +173,6 @@ class Tracing(RunHooks):
         self._error = StatusCode.ERROR
         self._status = Status
         self.capture_content = capture_content
-        self._labels: dict[int, tuple[Any, _ModelLabels]] = {}
-        self._outcomes: dict[tuple[str, str], dict[str, Any]] = {}
         self._tracer = trace.get_tracer(
             "atmosphere_harness", __version__, tracer_provider=tracer_provider
         )
@@ -310,36 +306,33 @@ class Tracing(RunHooks):
             return []
         return [self._link(carried, {"atmosphere.link": "resumed-from"})]
 
-    # --- model calls ---------------------------------------------------------------------
-
-    def _model_labels(self, runtime: Any) -> _ModelLabels:
-        """What every chat span and measurement of `runtime` carries, built once per runtime."""
-        kept = self._labels.get(id(runtime))
-        if kept is not None and kept[0] is runtime:
-            return kept[1]
-        labels = _ModelLabels(runtime.name, model_of(runtime))
-        if len(self._labels) < MAX_LABEL_SETS:
-            self._labels[id(runtime)] = (runtime, labels)  # held: its id is not reused
-        return labels
+    # --- model calls ------------------------------------------------------------------------
 
     async def around_model(self, step: ModelStep, proceed: ProceedModel) -> ModelResponse:
         if not self.live():
             return await proceed(step)
         run = step.run
-        labels = self._model_labels(step.runtime)
-        attributes = {
-            **labels.span,
+        runtime = step.runtime
+        requested = model_of(runtime)
+        attributes: dict[str, Any] = {
+            OPERATION: "chat",
+            PROVIDER: runtime.name,
             AGENT_NAME: agent_name(run),
             CONVERSATION: run.conversation_id,
         }
+        if requested:
+            attributes[REQUEST_MODEL] = requested
         if self.capture_content:
             attributes[SYSTEM_INSTRUCTIONS] = bounded(step.request.system_prompt)
             attributes[INPUT_MESSAGES] = bounded(messages_json(step.request.messages))
-        span = self._tracer.start_span(labels.name, kind=self._client, attributes=attributes)
-        # Current while the model is called: an instrumented HTTP client's spans nest under it.
+        span = self._tracer.start_span(
+            f"chat {requested or runtime.name}", kind=self._client, attributes=attributes
+        )
         token = self._context.attach(self._trace.set_span_in_context(span))
         started = time.perf_counter()
-        measured = labels.measured
+        measured = {OPERATION: "chat", PROVIDER: runtime.name}
+        if requested:
+            measured[REQUEST_MODEL] = requested
         try:
             response = await proceed(step)
         except BaseException as exc:
@@ -350,14 +343,14 @@ class Tracing(RunHooks):
                 span.record_exception(exc)
                 span.set_status(self._status(self._error, f"{type(exc).__name__}: {exc}"))
             span.set_attribute(ERROR_TYPE, kind)
-            measured = {**labels.asked, ERROR_TYPE: kind}
+            measured[ERROR_TYPE] = kind
             raise
         else:
             usage = response.usage
-            answered = response.model or labels.requested
-            if answered != labels.requested:
-                measured = {**measured, RESPONSE_MODEL: answered}
-            if span.is_recording():
+            answered = response.model or requested
+            if answered:
+                measured[RESPONSE_MODEL] = answered
+            if span.is_recording():  # a sampled-out span takes no attributes: build none
                 answered_with: dict[str, Any] = {
                     INPUT_TOKENS: usage.input_tokens,
                     OUTPUT_TOKENS: usage.output_tokens,
@@ -373,12 +366,8 @@ class Tracing(RunHooks):
                 if self.capture_content:
                     answered_with[OUTPUT_MESSAGES] = bounded(output_json(response))
                 span.set_attributes(answered_with)
-            if measured is labels.measured:
-                self._tokens.record(usage.input_tokens, labels.input_tokens)
-                self._tokens.record(usage.output_tokens, labels.output_tokens)
-            else:
-                self._tokens.record(usage.input_tokens, {**measured, TOKEN_TYPE: "input"})
-                self._tokens.record(usage.output_tokens, {**measured, TOKEN_TYPE: "output"})
+            self._tokens.record(usage.input_tokens, {**measured, TOKEN_TYPE: "input"})
+            self._tokens.record(usage.output_tokens, {**measured, TOKEN_TYPE: "output"})
             return response
         finally:
             self._context.detach(token)
@@ -405,18 +394,18 @@ class Tracing(RunHooks):
         span = self._tracer.start_span(
             f"execute_tool {call.name}", kind=self._internal, attributes=attributes
         )
-        # Current while the tool runs: a sub-agent or fleet member started by it nests under it.
         token = self._context.attach(self._trace.set_span_in_context(span))
         outcome_name = "cancelled"
         try:
             outcome = await proceed(step)
             outcome_name = outcome.status
+            ended: dict[str, Any] = {TOOL_OUTCOME: outcome.status}
             if outcome.status not in FINE:
                 span.set_status(self._status(self._error, outcome.status))
-                span.set_attribute(ERROR_TYPE, outcome.status)
+                ended[ERROR_TYPE] = outcome.status
             if self.capture_content and span.is_recording():
-                span.set_attribute(TOOL_RESULT, bounded(outcome.result))
-            span.set_attribute(TOOL_OUTCOME, outcome.status)
+                ended[TOOL_RESULT] = bounded(outcome.result)
+            span.set_attributes(ended)
             return outcome
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
@@ -428,47 +417,7 @@ class Tracing(RunHooks):
         finally:
             self._context.detach(token)
             span.end()
-            self._tool_calls.add(1, self._outcome_labels(call.name, outcome_name))
-
-    def _outcome_labels(self, tool: str, outcome: str) -> dict[str, Any]:
-        """The `atmosphere.tool.calls` attributes of one tool and outcome, built once (bounded:
-        a process has few tools and outcomes)."""
-        key = (tool, outcome)
-        labels = self._outcomes.get(key)
-        if labels is None:
-            labels = {TOOL_NAME: tool, TOOL_OUTCOME: outcome}
-            if len(self._outcomes) < MAX_LABEL_SETS:
-                self._outcomes[key] = labels
-        return labels
-
-
-class _ModelLabels:
-    """One runtime's span name and attributes, and its measurements' attributes."""
-
-    __slots__ = (
-        "asked",
-        "input_tokens",
-        "measured",
-        "name",
-        "output_tokens",
-        "requested",
-        "span",
-    )
-
-    def __init__(self, provider: str, requested: str | None) -> None:
-        self.requested = requested
-        self.name = f"chat {requested or provider}"
-        self.span: dict[str, Any] = {OPERATION: "chat", PROVIDER: provider}
-        if requested:
-            self.span[REQUEST_MODEL] = requested
-        self.asked = dict(self.span)
-        """A failed call's measurement attributes (no response model)."""
-        self.measured = dict(self.span)
-        """An answered call's, when the response names the model asked for."""
-        if requested:
-            self.measured[RESPONSE_MODEL] = requested
-        self.input_tokens = {**self.measured, TOKEN_TYPE: "input"}
-        self.output_tokens = {**self.measured, TOKEN_TYPE: "output"}
+            self._tool_calls.add(1, {TOOL_NAME: call.name, TOOL_OUTCOME: outcome_name})
 
 
 _WATCHED: weakref.WeakSet[Any] = weakref.WeakSet()
