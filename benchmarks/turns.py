@@ -32,8 +32,9 @@ Files are the workload of deepagents' filesystem benchmark (seed 1234, 64-byte l
   spans, and a `MeterProvider` aggregating every measurement), alternated in one process:
   `per_turn_ms` and `cpu_per_turn_ms` each, and `noop_overhead_pct` / `sdk_overhead_pct`
   against no tracing (goals: 1 % and 5 %); `hook_us_per_turn` times the hook alone, and
-  `sdk_calls_only` the SDK calls it makes with nothing of the hook around them. One host runs them all (only its endpoint's hooks
-  change), and `off_again_overhead_pct` compares no tracing with itself: the noise floor.
+  `sdk_calls_only` the SDK calls it makes with nothing of the hook around them. One host runs
+  them all (only its endpoint's hooks change), and `off_again_overhead_pct` compares no tracing
+  with itself: the noise floor.
 
 `--sections` runs only the sections named (the figures of the others are `null`).
 
