@@ -62,6 +62,10 @@ log = get_logger(__name__)
 JOURNAL_FRAMES = 2048
 JOURNAL_BYTES = 2 * 1024 * 1024
 """Roughly (the frames' text, not their JSON) what one journal keeps of frames already read."""
+BATCH_FRAMES = 64
+BATCH_BYTES = 64 * 1024
+"""A batch a reader takes at once (`LiveRun.follow_batches`): at most this many frames, and
+about this much of their text."""
 KEPT_FINISHED_RUNS = 32
 KEEP_FINISHED_SECONDS = 600.0
 RUNS_PER_CONVERSATION = 4
@@ -225,29 +229,39 @@ class LiveRun:
         Frames that fell out of the journal are skipped. When the reader leaves (it is closed
         or cancelled) and it was the last one, the run is cancelled unless it is held.
         """
+        async with contextlib.aclosing(self.follow_batches(after)) as batches:
+            async for batch in batches:
+                for frame in batch:
+                    yield frame
+
+    async def follow_batches(self, after: int = 0) -> AsyncGenerator[list[Frame], None]:
+        """`follow`, the frames ready at each wake-up in one list (never waiting to fill one).
+
+        A reader stalled inside a batch keeps holding the writer back (bounded memory per slow
+        client): its position moves past a batch only once it asks for the next one.
+        """
         token = next(self._tokens)
         self._readers[token] = after
         try:
             while True:
                 batch = self._after(self._readers[token])
                 if batch:
-                    for frame in batch:
-                        # Advance per frame, not per batch: a reader stalled inside a batch
-                        # must keep holding the writer back (bounded memory per slow client).
-                        self._readers[token] = frame.seq
-                        if self._writer_waiting:
-                            self._signal()
-                        yield frame
+                    yield batch
+                    self._readers[token] = batch[-1].seq
+                    if self._writer_waiting:
+                        self._signal()
                     continue
                 if self._interrupt is not None and not self.finished:
                     # Not journalled: the run goes on (in its next life, when durable).
-                    yield Frame(
-                        events.ERROR,
-                        {"message": self._interrupt, "type": "ServerShutdown"},
-                        self.session_id or "",
-                        self.conversation_id,
-                        self._readers[token],
-                    )
+                    yield [
+                        Frame(
+                            events.ERROR,
+                            {"message": self._interrupt, "type": "ServerShutdown"},
+                            self.session_id or "",
+                            self.conversation_id,
+                            self._readers[token],
+                        )
+                    ]
                     return
                 if self.finished:
                     return
@@ -259,14 +273,24 @@ class LiveRun:
             self._reader_left()
 
     def _after(self, seq: int) -> list[Frame]:
+        """The next batch after `seq`: at most `BATCH_FRAMES` frames and about `BATCH_BYTES`
+        (always one), so a reader stalled in a send holds at most one batch in its buffers."""
         # Seqs are contiguous within the journal, so the first one after `seq` is found by index.
         if not self._frames:
             return []
         start = max(0, seq - self._frames[0].seq + 1)
-        if self._writer is None:
-            return list(itertools.islice(self._frames, start, None))
-        stop = self._stored_seq - self._frames[0].seq + 1
-        return list(itertools.islice(self._frames, start, max(start, stop)))
+        stop = len(self._frames)
+        if self._writer is not None:
+            stop = max(start, self._stored_seq - self._frames[0].seq + 1)
+        stop = min(stop, start + BATCH_FRAMES)
+        if stop - start > 1:
+            size = 0
+            for index, frame_size in enumerate(itertools.islice(self._sizes, start, stop)):
+                size += frame_size
+                if size > BATCH_BYTES and index:
+                    stop = start + index
+                    break
+        return list(itertools.islice(self._frames, start, stop))
 
     def _reader_left(self) -> None:
         if self._readers or self.finished or self.task is None or self.task.done():
