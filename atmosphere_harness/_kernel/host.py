@@ -35,6 +35,7 @@ from .._registry import AgentSpec, EndpointKind
 from .._runtimes.base import AgentRuntime
 from .._runtimes.fallback import FallbackRuntime, model_chain
 from .._settings import HarnessSettings
+from .collector import tune_collector
 from .control import InProcessRunRegistry, RunControl, RunTicket, new_run_id
 from .endpoint import HostedEndpoint
 from .live import LiveRun, LiveRuns
@@ -159,6 +160,7 @@ class HarnessHost:
             # directory); `stop` closes the resources last.
             await self.stop()
             raise
+        tune_collector(self.settings.groups.process)
         mode = (
             "kill switch"
             if self.preset.kill_switch

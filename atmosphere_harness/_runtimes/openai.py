@@ -44,6 +44,7 @@ from .provider import (
     context_text,
     paired,
     parse_arguments,
+    pooled_client,
 )
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
@@ -69,6 +70,10 @@ class OpenAIRuntime(SdkRuntime):
         max_tokens: Output cap per turn (`max_completion_tokens`); `None` leaves the server's.
         prompt_cache_key: When requests carry `prompt_cache_key` (`auto`, `true`, `false`).
         parallel_tool_calls: Sent as is when not `None` (OpenAI's default is on).
+        max_connections: Connections kept to the server (the HTTP client's pool, all of them
+            kept alive between calls): the model calls this runtime streams at once; a call
+            beyond it waits for a free one. `None` keeps the SDK's pool (1,000 connections,
+            100 kept alive). Ignored with `http_client` or `client`.
         http_client: An `httpx2.AsyncClient` for proxies, custom TLS or tests.
         client: A ready `openai.AsyncOpenAI`; the other connection arguments are then ignored
             and the caller closes it.
@@ -89,6 +94,7 @@ class OpenAIRuntime(SdkRuntime):
         max_tokens: int | None = None,
         prompt_cache_key: PromptCacheKeyMode | str | bool = PromptCacheKeyMode.AUTO,
         parallel_tool_calls: bool | None = None,
+        max_connections: int | None = None,
         http_client: httpx2.AsyncClient | None = None,
         client: openai.AsyncOpenAI | None = None,
     ) -> None:
@@ -107,6 +113,8 @@ class OpenAIRuntime(SdkRuntime):
                         "(or OPENAI_API_KEY), or point LLM_BASE_URL at your own server"
                     )
                 key = LOCAL_API_KEY
+            if http_client is None and max_connections is not None:
+                http_client = pooled_client(openai, max_connections)
             client = openai.AsyncOpenAI(
                 api_key=key,
                 base_url=target,
@@ -142,6 +150,7 @@ class OpenAIRuntime(SdkRuntime):
             timeout=settings.groups.runtime.timeout,
             max_tokens=settings.groups.runtime.max_tokens,
             prompt_cache_key=settings.groups.runtime.prompt_cache_key,
+            max_connections=settings.groups.runtime.max_connections,
         )
 
     def wire_request(self, request: ModelRequest) -> dict[str, Any]:

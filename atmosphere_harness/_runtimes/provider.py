@@ -141,6 +141,19 @@ class SdkRuntime:
             await self.client.close()
 
 
+def pooled_client(sdk: Any, max_connections: int) -> httpx2.AsyncClient:
+    """The SDK's own HTTP client (its timeouts, redirects) with a pool of `max_connections`,
+    every one kept alive: a replica streaming thousands of runs reuses its connections instead
+    of opening one per model call past the SDKs' 100 kept alive."""
+    limits = httpx2.Limits(
+        max_connections=max_connections,
+        max_keepalive_connections=max_connections,
+        keepalive_expiry=sdk.DEFAULT_CONNECTION_LIMITS.keepalive_expiry,
+    )
+    client: httpx2.AsyncClient = sdk.DefaultAsyncHttpxClient(limits=limits)
+    return client
+
+
 def start_deadline(timeout: object, retries: int) -> float:
     """How long a call may take to *start* streaming, every try and retry wait included.
 
