@@ -130,3 +130,34 @@ async def test_the_last_reader_leaving_cancels_the_run_unless_it_is_held() -> No
             await follower.aclose()
             await asyncio.sleep(0.01)
             assert task.cancelled()
+
+
+async def test_a_reader_takes_the_frames_ready_together_in_bounded_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    live = LiveRun("/p", "conv", None)
+    for seq in range(1, 101):
+        await live.publish(frame(seq))
+    batches = live.follow_batches(0)
+    assert [f.seq for f in await batches.__anext__()] == list(range(1, journal.BATCH_FRAMES + 1))
+    assert [f.seq for f in await batches.__anext__()] == list(range(journal.BATCH_FRAMES + 1, 101))
+    await batches.aclose()
+    # About BATCH_BYTES of text a batch, and never less than one frame.
+    monkeypatch.setattr(journal, "BATCH_BYTES", 1000)
+    big = LiveRun("/p", "conv", None)
+    for seq in range(1, 6):
+        await big.publish(Frame("text", {"text": "x" * 400}, "s", "conv", seq))
+    await big.publish(Frame("text", {"text": "x" * 5000}, "s", "conv", 6))
+    big.finish()
+    sizes = [len(batch) async for batch in big.follow_batches(0)]
+    assert sizes == [2, 2, 1, 1]
+
+
+async def test_a_lone_frame_reaches_a_waiting_batch_reader_at_once() -> None:
+    live = LiveRun("/p", "conv", None)
+    batches = live.follow_batches(0)
+    waiting = asyncio.create_task(batches.__anext__())
+    await asyncio.sleep(0)
+    await live.publish(frame(1))
+    assert [f.seq for f in await asyncio.wait_for(waiting, 5)] == [1]
+    await batches.aclose()
