@@ -283,14 +283,15 @@ class LiveRun:
         if self._writer is not None:
             stop = max(start, self._stored_seq - self._frames[0].seq + 1)
         stop = min(stop, start + BATCH_FRAMES)
-        if stop - start > 1:
-            size = 0
-            for index, frame_size in enumerate(itertools.islice(self._sizes, start, stop)):
-                size += frame_size
-                if size > BATCH_BYTES and index:
-                    stop = start + index
-                    break
-        return list(itertools.islice(self._frames, start, stop))
+        # By index, not `islice`: a live reader's batch is at the journal's end, and a deque
+        # is indexed from its nearer end (`islice` would walk the whole journal each time).
+        size = 0
+        for index in range(start, stop):
+            size += self._sizes[index]
+            if size > BATCH_BYTES and index > start:
+                stop = index
+                break
+        return [self._frames[index] for index in range(start, stop)]
 
     def _reader_left(self) -> None:
         if self._readers or self.finished or self.task is None or self.task.done():
