@@ -122,6 +122,7 @@ def _env(*names: str) -> Any:
 DEFAULT_OFFLOAD_THRESHOLD = 8000
 DEFAULT_TOOL_TIMEOUT = 120.0
 DEFAULT_LLM_TIMEOUT = 120.0
+DEFAULT_MAX_CONNECTIONS = 1000
 
 
 class HarnessSettings(BaseSettings):
@@ -334,7 +335,7 @@ class HarnessSettings(BaseSettings):
     """Output-token cap per model turn (Anthropic requires one: 8192 when unset)."""
 
     llm_max_connections: int = Field(
-        1000, ge=1, le=100_000, validation_alias=_env("LLM_MAX_CONNECTIONS")
+        DEFAULT_MAX_CONNECTIONS, ge=1, le=100_000, validation_alias=_env("LLM_MAX_CONNECTIONS")
     )
     """Connections one process keeps to the model server (its HTTP client's pool, every one
     kept alive between calls): each streaming model call holds one, so this bounds the model

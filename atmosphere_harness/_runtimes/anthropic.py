@@ -30,7 +30,7 @@ import anthropic
 import httpx2
 
 from .._cache import CacheHint, PromptCache
-from .._settings import DEFAULT_LLM_TIMEOUT, HarnessSettings
+from .._settings import DEFAULT_LLM_TIMEOUT, DEFAULT_MAX_CONNECTIONS, HarnessSettings
 from .._tools.base import Tool
 from .base import (
     AiCapability,
@@ -81,8 +81,8 @@ class AnthropicRuntime(SdkRuntime):
         max_tokens: Output cap per turn (the API requires one).
         max_connections: Connections kept to the server (the HTTP client's pool, all of them
             kept alive between calls): the model calls this runtime streams at once; a call
-            beyond it waits for a free one. `None` keeps the SDK's pool (1,000 connections,
-            100 kept alive). Ignored with `http_client` or `client`.
+            beyond it waits for a free one (the SDKs' own pool keeps only 100 alive). Ignored
+            with `http_client` or `client`.
         http_client: An `httpx2.AsyncClient` for proxies, custom TLS or tests.
         client: A ready `anthropic.AsyncAnthropic`; the other connection arguments are then
             ignored and the caller closes it.
@@ -112,7 +112,7 @@ class AnthropicRuntime(SdkRuntime):
         max_retries: int = 2,
         timeout: float = DEFAULT_LLM_TIMEOUT,
         max_tokens: int = DEFAULT_MAX_TOKENS,
-        max_connections: int | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         http_client: httpx2.AsyncClient | None = None,
         client: anthropic.AsyncAnthropic | None = None,
     ) -> None:
@@ -130,7 +130,7 @@ class AnthropicRuntime(SdkRuntime):
             api_key = api_key or None
             if api_key is None and not has_env_key and not _is_anthropic(target):
                 api_key = LOCAL_API_KEY
-            if http_client is None and max_connections is not None:
+            if http_client is None:
                 http_client = pooled_client(anthropic, max_connections)
             client = anthropic.AsyncAnthropic(
                 api_key=api_key,

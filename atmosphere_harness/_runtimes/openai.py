@@ -27,7 +27,12 @@ from urllib.parse import urlsplit
 import httpx2
 import openai
 
-from .._settings import DEFAULT_LLM_TIMEOUT, HarnessSettings, PromptCacheKeyMode
+from .._settings import (
+    DEFAULT_LLM_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    HarnessSettings,
+    PromptCacheKeyMode,
+)
 from .base import (
     AiCapability,
     Message,
@@ -72,8 +77,8 @@ class OpenAIRuntime(SdkRuntime):
         parallel_tool_calls: Sent as is when not `None` (OpenAI's default is on).
         max_connections: Connections kept to the server (the HTTP client's pool, all of them
             kept alive between calls): the model calls this runtime streams at once; a call
-            beyond it waits for a free one. `None` keeps the SDK's pool (1,000 connections,
-            100 kept alive). Ignored with `http_client` or `client`.
+            beyond it waits for a free one (the SDKs' own pool keeps only 100 alive). Ignored
+            with `http_client` or `client`.
         http_client: An `httpx2.AsyncClient` for proxies, custom TLS or tests.
         client: A ready `openai.AsyncOpenAI`; the other connection arguments are then ignored
             and the caller closes it.
@@ -94,7 +99,7 @@ class OpenAIRuntime(SdkRuntime):
         max_tokens: int | None = None,
         prompt_cache_key: PromptCacheKeyMode | str | bool = PromptCacheKeyMode.AUTO,
         parallel_tool_calls: bool | None = None,
-        max_connections: int | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         http_client: httpx2.AsyncClient | None = None,
         client: openai.AsyncOpenAI | None = None,
     ) -> None:
@@ -113,7 +118,7 @@ class OpenAIRuntime(SdkRuntime):
                         "(or OPENAI_API_KEY), or point LLM_BASE_URL at your own server"
                     )
                 key = LOCAL_API_KEY
-            if http_client is None and max_connections is not None:
+            if http_client is None:
                 http_client = pooled_client(openai, max_connections)
             client = openai.AsyncOpenAI(
                 api_key=key,
