@@ -650,7 +650,11 @@ class LiveRuns:
 
 
 def _size(frame: Frame) -> int:
-    return 64 + sum(_text_size(value) for value in frame.data.values())
+    size = 64
+    for value in frame.data.values():
+        # A text frame's value is a `str`: measured here, without a call (one per token).
+        size += len(value) if type(value) is str else _text_size(value)
+    return size
 
 
 def _text_size(value: Any, depth: int = 0) -> int:
