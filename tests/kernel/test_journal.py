@@ -161,3 +161,23 @@ async def test_a_lone_frame_reaches_a_waiting_batch_reader_at_once() -> None:
     await live.publish(frame(1))
     assert [f.seq for f in await asyncio.wait_for(waiting, 5)] == [1]
     await batches.aclose()
+
+
+async def test_journalled_text_frames_leave_the_collectors_view() -> None:
+    """A long run's text frames are not walked by every full garbage collection."""
+    import gc
+
+    live = LiveRun("/p", "conv", None)
+    for seq in range(1, 201):
+        await live.publish(Frame("text", {"text": f"token {seq} "}, "s", "conv", seq))
+    await live.publish(
+        Frame("tool-start", {"name": "ls", "arguments": {"path": "/"}}, "s", "conv", 201)
+    )
+    gc.collect()
+    journalled = list(live._frames)
+    assert sum(gc.is_tracked(item) for item in journalled) <= 1, "only the tool frame's dict"
+    live.finish()
+    frames = [f async for f in live.follow(0)]
+    assert frames[0] == Frame("text", {"text": "token 1 "}, "s", "conv", 1)
+    assert frames[-1].data == {"name": "ls", "arguments": {"path": "/"}}
+    assert [f.seq for f in frames] == list(range(1, 202))
