@@ -16,13 +16,13 @@ from .._settings import ProcessSettings
 _frozen = False
 
 
-def tune_collector(settings: ProcessSettings) -> None:
-    """Apply `settings` to this process's collector (the freeze happens once per process)."""
+def tune_collector(process: ProcessSettings) -> None:
+    """Apply `process` to this process's collector (the freeze happens once per process)."""
     global _frozen
-    if settings.gc_full_threshold is not None:
+    if process.gc_full_threshold is not None:
         young, middle, _ = gc.get_threshold()
-        gc.set_threshold(young, middle, settings.gc_full_threshold)
-    if settings.gc_freeze and not _frozen:
+        gc.set_threshold(young, middle, process.gc_full_threshold)
+    if process.gc_freeze and not _frozen:
         _frozen = True
         gc.collect()  # start-up's garbage goes now, not into the permanent generation
         gc.freeze()
