@@ -240,11 +240,15 @@ def _follow(
         # durable run is suspended, to resume on restart) instead of just being cut.
         watcher = asyncio.get_running_loop().create_task(_interrupt_on(stopping, live))
         try:
-            # The frames ready together go out in one send (a replay is one write, so a client
-            # gone after its first frame gets nothing more written into its dead socket); a
-            # lone frame is sent at once.
+            # The frames ready together go out in one send; a lone frame is sent at once.
             async for batch in live.follow_batches(after):
                 yield frames_chunk(batch)
+                if len(batch) > 1:
+                    # A backlog (a replay) comes batch after batch without the loop ever
+                    # running in between, so a client gone after its first frame would not be
+                    # noticed until all were written into the dead socket (one asyncio WARNING
+                    # each). One turn of the loop per batch lets the server see the disconnect.
+                    await asyncio.sleep(0)
         finally:
             watcher.cancel()
 
