@@ -207,7 +207,8 @@ def stream_prompt(
     )
 
     def start() -> LiveRunHandle:
-        run.changed()
+        if ticket is None:
+            run.announce()  # (a held ticket's record is stored already: `HarnessHost.submit`)
         with incoming(headers, enabled=host.settings.groups.tracing.enabled):
             return host.start_run(
                 endpoint,
