@@ -857,6 +857,11 @@ class LiveRunHandle(Protocol):
         """Every frame with a seq above `after`, then each new one, until the run ends."""
         ...
 
+    def follow_batches(self, after: int = 0) -> AsyncGenerator[list[Frame], None]:
+        """`follow`, the frames ready together in one list (an SSE stream writes each list in
+        one send): a lone frame comes alone, at once."""
+        ...
+
     def interrupt(self, message: str) -> None:
         """Server shutdown: end every reader with an `error` frame carrying `message` (not
         journalled), and, when durable, mark the run suspended so it resumes on restart."""

@@ -122,6 +122,7 @@ def _env(*names: str) -> Any:
 DEFAULT_OFFLOAD_THRESHOLD = 8000
 DEFAULT_TOOL_TIMEOUT = 120.0
 DEFAULT_LLM_TIMEOUT = 120.0
+DEFAULT_MAX_CONNECTIONS = 1000
 
 
 class HarnessSettings(BaseSettings):
@@ -337,6 +338,25 @@ class HarnessSettings(BaseSettings):
 
     llm_max_tokens: int | None = Field(None, ge=1, validation_alias=_env("LLM_MAX_TOKENS"))
     """Output-token cap per model turn (Anthropic requires one: 8192 when unset)."""
+
+    llm_max_connections: int = Field(
+        DEFAULT_MAX_CONNECTIONS, ge=1, le=100_000, validation_alias=_env("LLM_MAX_CONNECTIONS")
+    )
+    """Connections one process keeps to the model server (its HTTP client's pool, every one
+    kept alive between calls): each streaming model call holds one, so this bounds the model
+    calls in flight per process; a call beyond it waits for a free connection."""
+
+    gc_freeze: bool = Field(True, validation_alias=_env("ATMOSPHERE_GC_FREEZE"))
+    """Once the first harness of the process has started, move every object alive then (the
+    imported code, the app) out of the garbage collector's view (`gc.freeze()`), so a full
+    collection walks only what runs create: shorter pauses of every stream."""
+
+    gc_full_threshold: int | None = Field(
+        None, ge=1, le=10_000, validation_alias=_env("ATMOSPHERE_GC_FULL_THRESHOLD")
+    )
+    """Generation-1 collections between two full (generation-2) collections, Python's third
+    `gc.set_threshold` value (unset: Python's own, 10). Raised, full collections, whose pause
+    grows with the runs in flight, come that many times less often."""
 
     admin_token: str | None = Field(
         None, validation_alias=_env("ATMOSPHERE_ADMIN_TOKEN"), repr=False
@@ -627,6 +647,7 @@ class HarnessSettings(BaseSettings):
                 max_retries=self.llm_max_retries,
                 timeout=self.llm_timeout,
                 max_tokens=self.llm_max_tokens,
+                max_connections=self.llm_max_connections,
                 prompt_cache_key=self.prompt_cache_key,
                 tool_execution_timeout=self.tool_execution_timeout,
                 max_tool_rounds=self.max_tool_rounds,
@@ -654,6 +675,9 @@ class HarnessSettings(BaseSettings):
             ),
             tracing=TracingSettings(
                 enabled=self.tracing, capture_content=self.tracing_capture_content
+            ),
+            process=ProcessSettings(
+                gc_freeze=self.gc_freeze, gc_full_threshold=self.gc_full_threshold
             ),
         )
 
@@ -770,6 +794,7 @@ class RuntimeSettings(BaseModel):
     max_retries: int
     timeout: float
     max_tokens: int | None
+    max_connections: int
     prompt_cache_key: PromptCacheKeyMode
     tool_execution_timeout: float
     max_tool_rounds: int
@@ -818,6 +843,14 @@ class TracingSettings(BaseModel):
     capture_content: bool
 
 
+class ProcessSettings(BaseModel):
+    """How the server process's garbage collector is set when the harness starts."""
+
+    model_config = _GROUP
+    gc_freeze: bool
+    gc_full_threshold: int | None
+
+
 class SettingsGroups(BaseModel):
     """`HarnessSettings.groups`: every setting, by the part of the harness that reads it."""
 
@@ -834,3 +867,4 @@ class SettingsGroups(BaseModel):
     admin: AdminSettings
     backends: BackendSettings
     tracing: TracingSettings
+    process: ProcessSettings

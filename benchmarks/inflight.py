@@ -2,7 +2,7 @@
 
     python benchmarks/inflight.py [--levels 100,200,400,...] [--variants embedded,postgres,...]
         [--tokens-per-s 20] [--seconds 30] [--tool-call] [--threshold-ms 100]
-        [--profile-at N] [--smoke]
+        [--profile-at N] [--server-env KEY=VALUE ...] [--smoke]
 
 Three kinds of process on loopback, so no side's CPU is counted as another's:
 
@@ -663,6 +663,9 @@ VARIANTS = {
         Variant("postgres_2_workers", "postgres", workers=2),
         Variant("redis_2_workers", "redis", workers=2),
         Variant("embedded_uvloop_httptools", fast=True),
+        # The recommended serving: uvloop + httptools, a worker per core, the state shared.
+        Variant("postgres_2_workers_uvloop_httptools", "postgres", workers=2, fast=True),
+        Variant("redis_2_workers_uvloop_httptools", "redis", workers=2, fast=True),
         Variant("embedded_tool_call", tool_call=True),
         # The peer on the same workload: Aegra on PostgreSQL, and with its Redis broker.
         Variant("aegra", "aegra"),
@@ -829,6 +832,7 @@ class Settings:
     clients: int
     per_client: int
     root: Path
+    server_env: dict[str, str] = field(default_factory=dict)
 
 
 def measure_level(
@@ -1093,7 +1097,8 @@ def ramp(
                         backend.name + ":",
                     )
                 else:
-                    server = Server(variant, model_port, backend.env, root)
+                    server_env = {**backend.env, **settings.server_env}
+                    server = Server(variant, model_port, server_env, root)
                 try:
                     warm_up(server.port, server.protocol)
                     profile = profile_out if profile_at == n else None
@@ -1156,6 +1161,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         clients=args.clients,
         per_client=args.per_client,
         root=root,
+        server_env=dict(item.split("=", 1) for item in args.server_env),
     )
     document: dict[str, Any] = {
         "benchmark": "inflight",
@@ -1166,6 +1172,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             "ramp_seconds": args.ramp_seconds,
             "threshold_ms": args.threshold_ms,
             "levels": levels,
+            "server_env": args.server_env,
         },
         "variants": {},
         "machine": machine(),
@@ -1229,6 +1236,13 @@ if __name__ == "__main__":
     parser.add_argument("--clients", type=int, default=4, help="client processes at most")
     parser.add_argument("--per-client", type=int, default=400, help="runs per client process")
     parser.add_argument("--profile-at", type=int, default=None, help="py-spy at this level")
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set in our server's environment, e.g. ATMOSPHERE_GC_FULL_THRESHOLD=100",
+    )
     parser.add_argument(
         "--profile-out", type=Path, default=HERE / "results" / "inflight-profile.txt"
     )

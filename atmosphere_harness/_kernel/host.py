@@ -37,6 +37,7 @@ from .._registry import AgentSpec, EndpointKind
 from .._runtimes.base import AgentRuntime
 from .._runtimes.fallback import FallbackRuntime, model_chain
 from .._settings import HarnessSettings
+from .collector import tune_collector
 from .control import InProcessRunRegistry, RunControl, RunTicket, new_run_id
 from .endpoint import HostedEndpoint
 from .forget import ForgottenUser, forget_conversation, forget_user
@@ -172,6 +173,7 @@ class HarnessHost:
             # directory); `stop` closes the resources last.
             await self.stop()
             raise
+        tune_collector(self.settings.groups.process)
         mode = (
             "kill switch"
             if self.preset.kill_switch

@@ -102,6 +102,13 @@ class RemoteRun:
 
     async def follow(self, after: int = 0) -> AsyncGenerator[Frame, None]:
         """The stored frames after `after`, then each new one, until the run ends."""
+        async with contextlib.aclosing(self.follow_batches(after)) as batches:
+            async for batch in batches:
+                for frame in batch:
+                    yield frame
+
+    async def follow_batches(self, after: int = 0) -> AsyncGenerator[list[Frame], None]:
+        """`follow`, each read of the feed in one list."""
         wake = asyncio.Event()
 
         def woken(seq: int) -> None:
@@ -116,27 +123,33 @@ class RemoteRun:
                 # return at once, so none is lost between reading and waiting.
                 wake.clear()
                 frames, finished = await self.feed.frames_after(self.run_id, after, BATCH)
+                read = len(frames)
                 frames = await self._as_sent(frames)
-                for frame in frames:
-                    after = frame.seq
-                    yield frame
-                    if frame.terminal:
-                        self._finished = True
-                        return
-                if len(frames) == BATCH:
+                end = next((i for i, frame in enumerate(frames) if frame.terminal), None)
+                if end is not None:
+                    frames = frames[: end + 1]
+                if frames:
+                    after = frames[-1].seq
+                    yield frames
+                if end is not None:
+                    self._finished = True
+                    return
+                if read == BATCH:
                     continue
                 if finished:
                     # Ended (its last frames were read above, or compacted away already).
                     self._finished = True
                     return
                 if self._interrupt is not None:
-                    yield Frame(
-                        events.ERROR,
-                        {"message": self._interrupt, "type": "ServerShutdown"},
-                        self.session_id or "",
-                        self.conversation_id,
-                        after,
-                    )
+                    yield [
+                        Frame(
+                            events.ERROR,
+                            {"message": self._interrupt, "type": "ServerShutdown"},
+                            self.session_id or "",
+                            self.conversation_id,
+                            after,
+                        )
+                    ]
                     return
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), POLL_SECONDS)

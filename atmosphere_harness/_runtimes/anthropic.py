@@ -30,7 +30,7 @@ import anthropic
 import httpx2
 
 from .._cache import CacheHint, PromptCache
-from .._settings import DEFAULT_LLM_TIMEOUT, HarnessSettings
+from .._settings import DEFAULT_LLM_TIMEOUT, DEFAULT_MAX_CONNECTIONS, HarnessSettings
 from .._tools.base import Tool
 from .base import (
     AiCapability,
@@ -43,7 +43,14 @@ from .base import (
     new_call_id,
 )
 from .memory_tool import memory_tool
-from .provider import RawResponse, SdkRuntime, context_text, paired, parse_arguments
+from .provider import (
+    RawResponse,
+    SdkRuntime,
+    context_text,
+    paired,
+    parse_arguments,
+    pooled_client,
+)
 
 DEFAULT_MAX_TOKENS = 8192
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
@@ -72,6 +79,10 @@ class AnthropicRuntime(SdkRuntime):
         max_retries: Retries of one call on 408/409/429/5xx and connection errors.
         timeout: Seconds to connect, or to wait between two streamed events.
         max_tokens: Output cap per turn (the API requires one).
+        max_connections: Connections kept to the server (the HTTP client's pool, all of them
+            kept alive between calls): the model calls this runtime streams at once; a call
+            beyond it waits for a free one (the SDKs' own pool keeps only 100 alive). Ignored
+            with `http_client` or `client`.
         http_client: An `httpx2.AsyncClient` for proxies, custom TLS or tests.
         client: A ready `anthropic.AsyncAnthropic`; the other connection arguments are then
             ignored and the caller closes it.
@@ -101,6 +112,7 @@ class AnthropicRuntime(SdkRuntime):
         max_retries: int = 2,
         timeout: float = DEFAULT_LLM_TIMEOUT,
         max_tokens: int = DEFAULT_MAX_TOKENS,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         http_client: httpx2.AsyncClient | None = None,
         client: anthropic.AsyncAnthropic | None = None,
     ) -> None:
@@ -118,6 +130,8 @@ class AnthropicRuntime(SdkRuntime):
             api_key = api_key or None
             if api_key is None and not has_env_key and not _is_anthropic(target):
                 api_key = LOCAL_API_KEY
+            if http_client is None:
+                http_client = pooled_client(anthropic, max_connections)
             client = anthropic.AsyncAnthropic(
                 api_key=api_key,
                 base_url=root,
@@ -146,6 +160,7 @@ class AnthropicRuntime(SdkRuntime):
             max_retries=settings.groups.runtime.max_retries,
             timeout=settings.groups.runtime.timeout,
             max_tokens=settings.groups.runtime.max_tokens or DEFAULT_MAX_TOKENS,
+            max_connections=settings.groups.runtime.max_connections,
         )
 
     def native_tools(self, capability: AiCapability) -> Sequence[Tool]:

@@ -27,7 +27,12 @@ from urllib.parse import urlsplit
 import httpx2
 import openai
 
-from .._settings import DEFAULT_LLM_TIMEOUT, HarnessSettings, PromptCacheKeyMode
+from .._settings import (
+    DEFAULT_LLM_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    HarnessSettings,
+    PromptCacheKeyMode,
+)
 from .base import (
     AiCapability,
     Message,
@@ -44,6 +49,7 @@ from .provider import (
     context_text,
     paired,
     parse_arguments,
+    pooled_client,
 )
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
@@ -69,6 +75,10 @@ class OpenAIRuntime(SdkRuntime):
         max_tokens: Output cap per turn (`max_completion_tokens`); `None` leaves the server's.
         prompt_cache_key: When requests carry `prompt_cache_key` (`auto`, `true`, `false`).
         parallel_tool_calls: Sent as is when not `None` (OpenAI's default is on).
+        max_connections: Connections kept to the server (the HTTP client's pool, all of them
+            kept alive between calls): the model calls this runtime streams at once; a call
+            beyond it waits for a free one (the SDKs' own pool keeps only 100 alive). Ignored
+            with `http_client` or `client`.
         http_client: An `httpx2.AsyncClient` for proxies, custom TLS or tests.
         client: A ready `openai.AsyncOpenAI`; the other connection arguments are then ignored
             and the caller closes it.
@@ -89,6 +99,7 @@ class OpenAIRuntime(SdkRuntime):
         max_tokens: int | None = None,
         prompt_cache_key: PromptCacheKeyMode | str | bool = PromptCacheKeyMode.AUTO,
         parallel_tool_calls: bool | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         http_client: httpx2.AsyncClient | None = None,
         client: openai.AsyncOpenAI | None = None,
     ) -> None:
@@ -107,6 +118,8 @@ class OpenAIRuntime(SdkRuntime):
                         "(or OPENAI_API_KEY), or point LLM_BASE_URL at your own server"
                     )
                 key = LOCAL_API_KEY
+            if http_client is None:
+                http_client = pooled_client(openai, max_connections)
             client = openai.AsyncOpenAI(
                 api_key=key,
                 base_url=target,
@@ -142,6 +155,7 @@ class OpenAIRuntime(SdkRuntime):
             timeout=settings.groups.runtime.timeout,
             max_tokens=settings.groups.runtime.max_tokens,
             prompt_cache_key=settings.groups.runtime.prompt_cache_key,
+            max_connections=settings.groups.runtime.max_connections,
         )
 
     def wire_request(self, request: ModelRequest) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Protocol
@@ -19,6 +20,7 @@ import httpx2
 from .._errors import ModelError
 from .._jsontext import compact_json
 from .base import Message, ModelRequest, ModelResponse, TextSink
+from .loop_transport import LoopTransport
 from .windows import model_context_window
 
 RETRY_WAIT_SECONDS = 120.0
@@ -139,6 +141,22 @@ class SdkRuntime:
         """Close the SDK client, unless the caller passed it in (then it is theirs)."""
         if self._owns_client:
             await self.client.close()
+
+
+def pooled_client(sdk: Any, max_connections: int) -> httpx2.AsyncClient:
+    """The SDK's own HTTP client (its timeouts, redirects) with a pool of `max_connections`,
+    every one kept alive: a replica streaming thousands of runs reuses its connections instead
+    of opening one per model call past the SDKs' 100 kept alive. Its connections read on the
+    loop directly (`loop_transport`), unless a proxy is configured in the environment (the
+    client's default transport then takes the proxy, as it always did)."""
+    limits = httpx2.Limits(
+        max_connections=max_connections,
+        max_keepalive_connections=max_connections,
+        keepalive_expiry=sdk.DEFAULT_CONNECTION_LIMITS.keepalive_expiry,
+    )
+    transport = None if urllib.request.getproxies() else LoopTransport(limits)
+    client: httpx2.AsyncClient = sdk.DefaultAsyncHttpxClient(limits=limits, transport=transport)
+    return client
 
 
 def start_deadline(timeout: object, retries: int) -> float:

@@ -111,6 +111,7 @@ def runtime_from_ref(ref: AgentRuntime | str, settings: HarnessSettings) -> Agen
             timeout=group.timeout,
             max_tokens=group.max_tokens,
             prompt_cache_key=group.prompt_cache_key,
+            max_connections=group.max_connections,
         )
     from .anthropic import DEFAULT_MAX_TOKENS, AnthropicRuntime
 
@@ -121,4 +122,5 @@ def runtime_from_ref(ref: AgentRuntime | str, settings: HarnessSettings) -> Agen
         max_retries=group.max_retries,
         timeout=group.timeout,
         max_tokens=group.max_tokens or DEFAULT_MAX_TOKENS,
+        max_connections=group.max_connections,
     )

@@ -14,20 +14,18 @@ Every event's `data:` is the plan in its wire shape
 Fan-out cost: one update reaches every viewer of a conversation, so what a viewer costs per
 update is paid a thousand times for a thousand viewers. Each update's SSE event is encoded once
 (`update_frame`) and the same bytes object is handed to every viewer, and a viewer's sends carry
-no cancel scope of their own: `FanOutResponse` bounds them with one watchdog per viewer instead
+no cancel scope of their own: `sse.EventStream` bounds them with one watchdog per viewer instead
 (see `docs/planning.md`, The live plan stream).
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import AsyncIterator, Sequence
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Query
 from sse_starlette import EventSourceResponse
-from sse_starlette.sse import SendTimeoutError
 
 from .._errors import BackendUnavailable, PlanBusFull
 from .._log import get_logger
@@ -40,7 +38,7 @@ from .._registry import AgentSpec
 from .deps import HarnessDep, hosted_endpoint
 from .ownership import owned_conversation
 from .route_spec import BACKEND_DOWN, RouteSpec, error_responses
-from .sse import PING_SECONDS, SEND_TIMEOUT, HarnessEventSource
+from .sse import PING_SECONDS, SEND_TIMEOUT, EventStream
 
 log = get_logger(__name__)
 
@@ -86,66 +84,6 @@ def updates_chunk(batch: Sequence[PlanEvent]) -> bytes:
     return b"".join(update_frame(event.id, event.json) for event in batch)
 
 
-class FanOutResponse(HarnessEventSource):
-    """`HarnessEventSource` (a reader cut off is one INFO line) whose sends carry no per-send
-    cancel scope.
-
-    sse-starlette bounds each send with `anyio.move_on_after` (about 11 us a send on the
-    benchmark VM): fine for one client, but paid once per viewer per update it was the largest
-    pure-Python cost of a 1,000-viewer fan-out. Here a send only records when it began, and the
-    response's ping task, which already wakes every `ping` seconds, also checks that record: a
-    viewer whose current send has not returned after `send_timeout` seconds is disconnected
-    (the ping task fails and the task group tears the response down, as a per-send timeout
-    did). No task is added per viewer.
-
-    It overrides two of sse-starlette's private methods (`_send_with_timeout`, `_ping`; written
-    against 3.7); `tests/http/test_planning_http.py` holds the behaviour (pings, a stalled
-    viewer cut off) so a change in the library shows up as a failing test, not a silent one.
-    """
-
-    def __init__(self, content: AsyncIterator[bytes], *, send_timeout: float, **kw: Any) -> None:
-        self._sending_since: float | None = None
-        super().__init__(content, send_timeout=send_timeout, **kw)
-
-    async def _send_with_timeout(self, send: Any, message: Any) -> None:
-        self._sending_since = asyncio.get_running_loop().time()
-        try:
-            await send(message)
-        except BaseException:
-            self._send_interrupted = True
-            raise
-        finally:
-            self._sending_since = None
-
-    async def _ping(self, send: Any) -> None:
-        loop = asyncio.get_running_loop()
-        limit = float(self.send_timeout or 0)
-        next_ping = loop.time() + self.ping_interval
-        while self.active:
-            since = self._sending_since
-            now = loop.time()
-            if limit and since is not None and now - since >= limit:
-                # The same send is still pending: the viewer stopped reading.
-                self._send_interrupted = True
-                raise SendTimeoutError()
-            if now >= next_ping:
-                next_ping = now + self.ping_interval
-                if since is None:
-                    await self._send_with_timeout(send, _PING)
-                continue
-            # Idle, wake for the ping, or after `limit` to look at a send begun meanwhile (with
-            # the defaults the ping comes first: no extra wake-ups); sending, at its deadline.
-            wake = (
-                next_ping
-                if not limit
-                else min(next_ping, (now if since is None else since) + limit)
-            )
-            await asyncio.sleep(max(wake - now, 0.0))
-
-
-_PING = {"type": "http.response.body", "body": b": ping\r\n\r\n", "more_body": True}
-
-
 def plan_event_response(
     bus: PlanEventBus,
     store: PlanStore,
@@ -179,7 +117,7 @@ def plan_event_response(
             # Too many viewers, or the shared backend is away: say so, the client retries.
             yield sse_event("error", None, encode({"message": str(exc)}))
 
-    return FanOutResponse(stream(), ping=PING_SECONDS, send_timeout=SEND_TIMEOUT)
+    return EventStream(stream(), ping=PING_SECONDS, send_timeout=SEND_TIMEOUT)
 
 
 def plan_event_routes(spec: AgentSpec) -> list[RouteSpec]:

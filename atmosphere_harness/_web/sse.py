@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextvars import ContextVar
+from typing import Any
 
 import anyio
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 from sse_starlette.sse import SendTimeoutError
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from .._contracts import LiveRunHandle
 from .._events import Frame
@@ -86,9 +87,76 @@ def _client(scope: Scope) -> str | None:
     return f"{client[0]}:{client[1]}" if client else None
 
 
-def frame_event(frame: Frame) -> ServerSentEvent:
-    """One frame as one SSE event: `event:` its type, `id:` its seq, `data:` the JSON frame."""
-    return ServerSentEvent(data=frame.to_json(), event=frame.event, id=str(frame.seq))
+class EventStream(HarnessEventSource):
+    """`HarnessEventSource` whose sends carry no per-send cancel scope.
+
+    sse-starlette bounds each send with `anyio.move_on_after` (about 11 us a send on the
+    benchmark VM), paid once per frame per reader. Here a send only records when it began, and
+    the response's ping task, which already wakes every `ping` seconds, also checks that
+    record: a reader whose current send has not returned after `send_timeout` seconds is
+    disconnected (the ping task fails and the task group tears the response down, as a
+    per-send timeout did). No task is added per reader.
+
+    It overrides two of sse-starlette's private methods (`_send_with_timeout`, `_ping`; written
+    against 3.7); `tests/http/test_planning_http.py` and `tests/http/test_hosting_http.py` hold
+    the behaviour (pings, a stalled reader cut off) so a change in the library shows up as a
+    failing test, not a silent one.
+    """
+
+    def __init__(self, content: AsyncIterator[bytes], *, send_timeout: float, **kw: Any) -> None:
+        self._sending_since: float | None = None
+        super().__init__(content, send_timeout=send_timeout, **kw)
+
+    async def _send_with_timeout(self, send: Send, message: Message) -> None:
+        self._sending_since = asyncio.get_running_loop().time()
+        try:
+            await send(message)
+        except BaseException:
+            self._send_interrupted = True
+            raise
+        finally:
+            self._sending_since = None
+
+    async def _ping(self, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        limit = float(self.send_timeout or 0)
+        next_ping = loop.time() + self.ping_interval
+        while self.active:
+            since = self._sending_since
+            now = loop.time()
+            if limit and since is not None and now - since >= limit:
+                # The same send is still pending: the reader stopped reading.
+                self._send_interrupted = True
+                raise SendTimeoutError()
+            if now >= next_ping:
+                next_ping = now + self.ping_interval
+                if since is None:
+                    await self._send_with_timeout(send, _PING)
+                continue
+            # Idle, wake for the ping, or after `limit` to look at a send begun meanwhile (with
+            # the defaults the ping comes first: no extra wake-ups); sending, at its deadline.
+            wake = (
+                next_ping
+                if not limit
+                else min(next_ping, (now if since is None else since) + limit)
+            )
+            await asyncio.sleep(max(wake - now, 0.0))
+
+
+_PING: Message = {"type": "http.response.body", "body": b": ping\r\n\r\n", "more_body": True}
+
+
+def frame_bytes(frame: Frame) -> bytes:
+    """One frame as one SSE event: `id:` its seq, `event:` its type, `data:` the JSON frame
+    (one line: `Frame.to_json` escapes line breaks)."""
+    return f"id: {frame.seq}\r\nevent: {frame.event}\r\ndata: {frame.to_json()}\r\n\r\n".encode()
+
+
+def frames_chunk(batch: Sequence[Frame]) -> bytes:
+    """The frames ready together, as the one chunk written for them."""
+    if len(batch) == 1:
+        return frame_bytes(batch[0])
+    return b"".join(frame_bytes(frame) for frame in batch)
 
 
 async def run_frames(
@@ -167,23 +235,25 @@ def _follow(
     stopping = anyio.Event()
 
     # The run starts inside the generator: a response that never streams never starts one.
-    async def events() -> AsyncIterator[ServerSentEvent]:
+    async def events() -> AsyncIterator[bytes]:
         live = open_run()
         # When the server stops, the stream ends with an `error` frame saying so (and a
         # durable run is suspended, to resume on restart) instead of just being cut.
         watcher = asyncio.get_running_loop().create_task(_interrupt_on(stopping, live))
         try:
-            async for frame in live.follow(after):
-                yield frame_event(frame)
-                # A replay (or a burst) is written without the loop ever running in between, so
-                # a client gone after its first frame would not be noticed until all were
-                # written into the dead socket (one asyncio WARNING each). One turn of the loop
-                # per frame lets the server see the disconnect and drop the rest.
-                await asyncio.sleep(0)
+            # The frames ready together go out in one send; a lone frame is sent at once.
+            async for batch in live.follow_batches(after):
+                yield frames_chunk(batch)
+                if len(batch) > 1:
+                    # A backlog (a replay) comes batch after batch without the loop ever
+                    # running in between, so a client gone after its first frame would not be
+                    # noticed until all were written into the dead socket (one asyncio WARNING
+                    # each). One turn of the loop per batch lets the server see the disconnect.
+                    await asyncio.sleep(0)
         finally:
             watcher.cancel()
 
-    return HarnessEventSource(
+    return EventStream(
         events(),
         ping=PING_SECONDS,
         send_timeout=SEND_TIMEOUT,

@@ -198,6 +198,9 @@ KEYS = [
     ("llm_max_retries", "LLM_MAX_RETRIES", None, "5", 5, 0),
     ("llm_timeout", "LLM_TIMEOUT", None, "15", 15.0, 40.0),
     ("llm_max_tokens", "LLM_MAX_TOKENS", None, "1024", 1024, 2048),
+    ("llm_max_connections", "LLM_MAX_CONNECTIONS", None, "3000", 3000, 50),
+    ("gc_freeze", "ATMOSPHERE_GC_FREEZE", None, "false", False, True),
+    ("gc_full_threshold", "ATMOSPHERE_GC_FULL_THRESHOLD", None, "100", 100, 20),
     (
         "user_id_header",
         "ATMOSPHERE_USER_ID_HEADER",

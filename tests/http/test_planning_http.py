@@ -357,7 +357,7 @@ async def test_an_idle_plan_stream_is_kept_alive_with_pings(
 async def test_a_viewer_that_stops_reading_is_disconnected_after_the_send_timeout(
     workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The fan-out's sends carry no per-send timeout of their own (`FanOutResponse`): the ping
+    """The fan-out's sends carry no per-send timeout of their own (`EventStream`): the ping
     task notices a send that has not returned after `SEND_TIMEOUT` and ends the response, so a
     stalled viewer is unsubscribed while the others keep getting every update."""
     from atmosphere_harness._planning import InProcessPlanBus, PlanningPrimitive
@@ -416,15 +416,15 @@ async def test_an_update_is_encoded_once_for_all_its_viewers() -> None:
     assert updates_chunk([event, later]) == first + updates_chunk([later])
 
 
-def test_the_fan_out_response_overrides_methods_sse_starlette_still_calls() -> None:
-    """`FanOutResponse` replaces two private methods; if sse-starlette renames them, fail here."""
+def test_the_event_stream_overrides_methods_sse_starlette_still_calls() -> None:
+    """`EventStream` replaces two private methods; if sse-starlette renames them, fail here."""
     import inspect
 
     from sse_starlette import EventSourceResponse
 
-    from atmosphere_harness._web.planning import FanOutResponse
+    from atmosphere_harness._web.sse import EventStream
 
     source = inspect.getsource(EventSourceResponse)
     for name in ("_send_with_timeout", "_ping"):
-        assert name in FanOutResponse.__dict__
+        assert name in EventStream.__dict__
         assert f"self.{name}(" in source, f"sse-starlette no longer calls {name}"

@@ -130,3 +130,54 @@ async def test_the_last_reader_leaving_cancels_the_run_unless_it_is_held() -> No
             await follower.aclose()
             await asyncio.sleep(0.01)
             assert task.cancelled()
+
+
+async def test_a_reader_takes_the_frames_ready_together_in_bounded_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    live = LiveRun("/p", "conv", None)
+    for seq in range(1, 101):
+        await live.publish(frame(seq))
+    batches = live.follow_batches(0)
+    assert [f.seq for f in await batches.__anext__()] == list(range(1, journal.BATCH_FRAMES + 1))
+    assert [f.seq for f in await batches.__anext__()] == list(range(journal.BATCH_FRAMES + 1, 101))
+    await batches.aclose()
+    # About BATCH_BYTES of text a batch, and never less than one frame.
+    monkeypatch.setattr(journal, "BATCH_BYTES", 1000)
+    big = LiveRun("/p", "conv", None)
+    for seq in range(1, 6):
+        await big.publish(Frame("text", {"text": "x" * 400}, "s", "conv", seq))
+    await big.publish(Frame("text", {"text": "x" * 5000}, "s", "conv", 6))
+    big.finish()
+    sizes = [len(batch) async for batch in big.follow_batches(0)]
+    assert sizes == [2, 2, 1, 1]
+
+
+async def test_a_lone_frame_reaches_a_waiting_batch_reader_at_once() -> None:
+    live = LiveRun("/p", "conv", None)
+    batches = live.follow_batches(0)
+    waiting = asyncio.create_task(batches.__anext__())
+    await asyncio.sleep(0)
+    await live.publish(frame(1))
+    assert [f.seq for f in await asyncio.wait_for(waiting, 5)] == [1]
+    await batches.aclose()
+
+
+async def test_journalled_text_frames_leave_the_collectors_view() -> None:
+    """A long run's text frames are not walked by every full garbage collection."""
+    import gc
+
+    live = LiveRun("/p", "conv", None)
+    for seq in range(1, 201):
+        await live.publish(Frame("text", {"text": f"token {seq} "}, "s", "conv", seq))
+    await live.publish(
+        Frame("tool-start", {"name": "ls", "arguments": {"path": "/"}}, "s", "conv", 201)
+    )
+    gc.collect()
+    journalled = list(live._frames)
+    assert sum(gc.is_tracked(item) for item in journalled) <= 1, "only the tool frame's dict"
+    live.finish()
+    frames = [f async for f in live.follow(0)]
+    assert frames[0] == Frame("text", {"text": "token 1 "}, "s", "conv", 1)
+    assert frames[-1].data == {"name": "ls", "arguments": {"path": "/"}}
+    assert [f.seq for f in frames] == list(range(1, 202))

@@ -443,3 +443,33 @@ async def test_max_tokens_and_parallel_tool_calls_are_sent_when_set() -> None:
     assert {"max_completion_tokens", "parallel_tool_calls"}.isdisjoint(
         bare.wire_request(ModelRequest("", (Message.user("x"),), tools=(ADD,)))
     )
+
+
+async def test_llm_max_connections_bounds_the_calls_in_flight_and_keeps_them_alive() -> None:
+    """With `LLM_MAX_CONNECTIONS=2` a third concurrent call waits for one of the two
+    connections and then reuses it (the SDK's own pool would open a third at once)."""
+    from atmosphere_harness import HarnessSettings
+
+    release = asyncio.Event()
+    fake = fake_openai().script(
+        Stream(openai_text("a", "b"), hold=release),
+        Stream(openai_text("c", "d"), hold=release),
+        Stream(openai_text("e")),
+    )
+    async with serve(fake.app) as base:
+        settings = HarnessSettings(
+            llm_model="fake-model", llm_base_url=f"{base}/v1", llm_max_connections=2
+        )
+        runtime = OpenAIRuntime.from_settings(settings)
+        calls = [
+            asyncio.create_task(runtime.complete(ModelRequest("", (Message.user(str(n)),))))
+            for n in range(3)
+        ]
+        while len(fake.requests) < 2:
+            await asyncio.sleep(0.01)
+        release.set()
+        answers = await asyncio.wait_for(asyncio.gather(*calls), 20)
+        await runtime.aclose()
+    assert sorted(answer.text for answer in answers) == ["ab", "cd", "e"]
+    ports = [request.client_port for request in fake.requests]
+    assert ports[2] in ports[:2], "the third call waited for a pooled connection and reused it"
