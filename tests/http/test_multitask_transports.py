@@ -117,41 +117,47 @@ def agui_events(response: httpx2.Response) -> list[dict[str, Any]]:
 
 
 async def test_over_agui_reject_is_a_run_error_and_the_run_goes_on(workspace: Path) -> None:
-    async with serve(app_for(workspace)) as base:
-        async with httpx2.AsyncClient(base_url=base, timeout=60) as client:
-            first = await start(client, "nap 30", "a-rej")
-            await until_status(client, first["runId"], {"running"})
-            events = agui_events(await agui(client, "a-rej", "reject"))
-            assert [event["type"] for event in events] == ["RUN_STARTED", "RUN_ERROR"]
-            assert events[-1]["code"] == "RunConflict"
-            assert (await status(client, first["runId"]))["status"] == "running"
-            await client.post(f"{PATH}/runs/{first['runId']}/cancel", headers=ALICE)
-            await until_status(client, first["runId"], {"cancelled"})
+    async with (
+        serve(app_for(workspace)) as base,
+        httpx2.AsyncClient(base_url=base, timeout=60) as client,
+    ):
+        first = await start(client, "nap 30", "a-rej")
+        await until_status(client, first["runId"], {"running"})
+        events = agui_events(await agui(client, "a-rej", "reject"))
+        assert [event["type"] for event in events] == ["RUN_STARTED", "RUN_ERROR"]
+        assert events[-1]["code"] == "RunConflict"
+        assert (await status(client, first["runId"]))["status"] == "running"
+        await client.post(f"{PATH}/runs/{first['runId']}/cancel", headers=ALICE)
+        await until_status(client, first["runId"], {"cancelled"})
 
 
 @pytest.mark.parametrize(("multitask", "kept"), [("interrupt", KEPT), ("rollback", ROLLED_BACK)])
 async def test_over_agui_interrupt_and_rollback_cancel_the_run_in_flight(
     workspace: Path, multitask: str, kept: list[tuple[str, str]]
 ) -> None:
-    async with serve(app_for(workspace)) as base:
-        async with httpx2.AsyncClient(base_url=base, timeout=60) as client:
-            conversation = f"a-{multitask}"
-            first = await start(client, "nap 30", conversation)
-            await until_status(client, first["runId"], {"running"})
-            events = agui_events(await agui(client, conversation, multitask))
-            assert events[-1]["type"] == "RUN_FINISHED", events
-            assert events[-1]["result"] == "echo hello"
-            cancelled = await status(client, first["runId"])
-            assert cancelled["status"] == "cancelled"
-            assert cancelled["error"]["type"] == "RunCancelled"
-            assert await history(client, conversation) == kept
+    async with (
+        serve(app_for(workspace)) as base,
+        httpx2.AsyncClient(base_url=base, timeout=60) as client,
+    ):
+        conversation = f"a-{multitask}"
+        first = await start(client, "nap 30", conversation)
+        await until_status(client, first["runId"], {"running"})
+        events = agui_events(await agui(client, conversation, multitask))
+        assert events[-1]["type"] == "RUN_FINISHED", events
+        assert events[-1]["result"] == "echo hello"
+        cancelled = await status(client, first["runId"])
+        assert cancelled["status"] == "cancelled"
+        assert cancelled["error"]["type"] == "RunCancelled"
+        assert await history(client, conversation) == kept
 
 
 async def test_over_agui_a_bad_multitask_is_a_422_and_runs_nothing(workspace: Path) -> None:
-    async with serve(app_for(workspace)) as base:
-        async with httpx2.AsyncClient(base_url=base, timeout=60) as client:
-            refused = await agui(client, "a-bad", "shove")
-            assert refused.status_code == 422
-            assert "multitask" in json.dumps(refused.json()["error"])
-            unknown = await client.get(f"{PATH}/conversations/a-bad/messages", headers=ALICE)
-            assert unknown.status_code == 404  # nothing claimed it
+    async with (
+        serve(app_for(workspace)) as base,
+        httpx2.AsyncClient(base_url=base, timeout=60) as client,
+    ):
+        refused = await agui(client, "a-bad", "shove")
+        assert refused.status_code == 422
+        assert "multitask" in json.dumps(refused.json()["error"])
+        unknown = await client.get(f"{PATH}/conversations/a-bad/messages", headers=ALICE)
+        assert unknown.status_code == 404  # nothing claimed it
