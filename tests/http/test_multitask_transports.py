@@ -89,21 +89,6 @@ async def test_over_websocket_rollback_leaves_the_cut_off_turn_out(workspace: Pa
             assert await history(client, "w-rb") == ROLLED_BACK
 
 
-async def test_over_websocket_a_bad_multitask_is_refused_and_the_socket_stays(
-    workspace: Path,
-) -> None:
-    async with serve(app_for(workspace)) as base:
-        url = ws_url(base, PATH, conversationId="w-bad")
-        async with connect(url, additional_headers=ALICE) as socket:
-            await socket.send(json.dumps({"message": "hello", "multitask": "shove"}))
-            refused = await next_message(socket)
-            assert refused["data"]["type"] == "invalid_request", refused
-            assert "multitask" in refused["data"]["message"]
-            await socket.send(json.dumps({"message": "hello", "multitask": "reject"}))
-            done = await until_event(socket, "complete")
-            assert done[-1]["data"]["summary"] == "echo hello"
-
-
 async def agui(client: httpx2.AsyncClient, conversation: str, multitask: Any) -> httpx2.Response:
     body = run_input(conversation, "hello")
     body["forwardedProps"] = {"multitask": multitask}
