@@ -135,7 +135,7 @@ async def test_the_demo_agent_plans_saves_a_file_and_the_workspace_shows_it(
         assert tools == ["write_todos", "write_file", "write_todos"]
         answer = await page.inner_text(".bubble.assistant")
         assert answer.startswith("Done: I planned the task in three steps")
-        assert await page.inner_text("#status") == "connected"
+        assert await page.inner_text("#status") == "ready"
         await screenshot(page, tmp_path, "chat")
 
         await page.click("[data-tab=workspace]")
