@@ -216,13 +216,19 @@
 
   // GET P/conversations: the caller's conversations, newest first, a page at a time ("More"
   // follows nextCursor). Each opens on a click and has a delete control behind a confirmation.
+  // A reload (after a prompt: its conversation moves to the top, or joins the list) asks for
+  // one more than are shown, so the entries loaded with "More" stay.
   const LIST_PAGE = 20;
+  const CONVERSATION_ITEMS = "#conversations li[data-conversation-id]";
+  const LIST_MAX = 100;
 
   async function loadConversations(more) {
     if (!state.endpoint) return;
     const load = ++state.listLoads;
     const path = state.endpoint.path;
-    const result = await getJson(`${path}/conversations`, { limit: LIST_PAGE, cursor: more ? state.listCursor : null });
+    const shown = document.querySelectorAll(CONVERSATION_ITEMS).length;
+    const limit = more ? LIST_PAGE : Math.min(LIST_MAX, Math.max(LIST_PAGE, shown + 1));
+    const result = await getJson(`${path}/conversations`, { limit, cursor: more ? state.listCursor : null });
     if (load !== state.listLoads || !state.endpoint || state.endpoint.path !== path) return; // a newer load
     if (result.status !== 200) {
       listNote(`Conversations could not be listed: ${errorText(result)}`);
@@ -232,8 +238,11 @@
     const list = $("#conversations");
     const items = result.body.conversations.map(conversationItem);
     if (more) list.append(...items);
-    else list.replaceChildren(...items);
-    if (!list.querySelector("li[data-conversation-id]")) {
+    else {
+      list.replaceChildren(...items);
+      list.scrollTop = 0;
+    }
+    if (!list.querySelector(CONVERSATION_ITEMS)) {
       list.replaceChildren(el("li", { class: "empty" }, "No conversations yet."));
     }
     state.listCursor = result.body.nextCursor;
@@ -258,7 +267,7 @@
   }
 
   function markCurrent() {
-    for (const item of document.querySelectorAll("#conversations li[data-conversation-id]")) {
+    for (const item of document.querySelectorAll(CONVERSATION_ITEMS)) {
       if (item.dataset.conversationId === state.conversation) item.setAttribute("aria-current", "true");
       else item.removeAttribute("aria-current");
     }
@@ -306,7 +315,7 @@
     dialog.close();
     const item = document.querySelector(`#conversations li[data-conversation-id="${CSS.escape(id)}"]`);
     if (item) item.remove();
-    if (!$("#conversations").querySelector("li[data-conversation-id]")) loadConversations(false);
+    if (!document.querySelector(CONVERSATION_ITEMS)) loadConversations(false);
     if (state.conversation === id) {
       if (state.spoke && state.spoke.conversation === id) state.spoke = null; // nothing left to close
       newConversation();
