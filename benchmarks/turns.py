@@ -42,10 +42,10 @@ driven by `execute_prompt`, a fresh conversation per repeat (`max_tool_rounds` r
 60 turns); its model is `BenchModel`, which answers by call count as the peer's scripted model
 does (the HTTP server's is a `ScriptedRuntime`). The peer is `create_deep_agent` (StateBackend
 files) with a scripted chat model and an
-`InMemorySaver` (it keeps the conversation as ours does), driven by `invoke` as in the peer
-study; `peer_variants` has it without a checkpointer. Each repeat runs both, alternating which
-goes first. Prints one JSON document: medians, `ratio` = peer / ours (> 1: we take less), and
-`peer: null` with the reason when deepagents is not installed.
+`InMemorySaver` (it keeps the conversation as ours does), driven by `invoke` as deepagents'
+users drive it; `peer_variants` has it without a checkpointer. Each repeat runs both,
+alternating which goes first. Prints one JSON document: medians, `ratio` = peer / ours (> 1: we
+take less), and `peer: null` with the reason when deepagents is not installed.
 """
 
 from __future__ import annotations

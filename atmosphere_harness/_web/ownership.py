@@ -32,10 +32,12 @@ from fastapi import Depends, HTTPException, Path, Query
 from .._ids import check_conversation_id
 from .._kernel.host import HarnessHost
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, answers, get_user_id
+from .route_spec import BACKEND_DOWN
 
 OWNED_ANSWERS = {
     400: "The conversation id is not an id",
     404: "No such conversation for this user (none, or another user's)",
+    503: BACKEND_DOWN,
 }
 
 

@@ -39,7 +39,7 @@ from .._planning.tools import BUS_SERVICE, STORE_SERVICE, agent_id_for
 from .._registry import AgentSpec
 from .deps import HarnessDep, hosted_endpoint
 from .ownership import owned_conversation
-from .route_spec import RouteSpec
+from .route_spec import BACKEND_DOWN, RouteSpec, error_responses
 from .sse import PING_SECONDS, SEND_TIMEOUT, HarnessEventSource
 
 log = get_logger(__name__)
@@ -229,10 +229,13 @@ def plan_event_routes(spec: AgentSpec) -> list[RouteSpec]:
                         "content": {"text/event-stream": {}},
                         "description": "plan-snapshot, then plan-update events",
                     },
-                    404: {
-                        "description": "planning is not attached to this endpoint, or the "
-                        "conversation is not this user's"
-                    },
+                    **error_responses(
+                        {
+                            404: "Planning is not attached to this endpoint, or the "
+                            "conversation is not this user's",
+                            503: BACKEND_DOWN,
+                        }
+                    ),
                 },
             },
         )

@@ -71,11 +71,6 @@ class PromptRequest(BaseModel):
 
 SSE_RESPONSE = {200: {"content": {"text/event-stream": {}}, "description": "A stream of frames"}}
 
-NOT_FOUND_RESPONSE: dict[int | str, dict[str, object]] = {
-    404: {"description": "No such conversation for this user (none, or another user's)"}
-}
-
-
 ERROR: dict[str, Any] = {"content": {"application/json": {"schema": ERROR_SCHEMA}}}
 """An `{"error"}` JSON body, to spread into a `responses=` entry beside its description."""
 
@@ -84,3 +79,11 @@ def error_responses(described: dict[int, str]) -> dict[int | str, dict[str, Any]
     """`responses=` entries for the errors a route answers (`{status: description}`), each an
     `{"error"}` JSON body."""
     return {status: {"description": text, **ERROR} for status, text in described.items()}
+
+
+BACKEND_DOWN = "The state backend (PostgreSQL or Redis) cannot be reached right now; retry later"
+"""The 503 of every route that reads a conversation's owner or state from the backend."""
+
+NOT_FOUND_RESPONSE = error_responses(
+    {404: "No such conversation for this user (none, or another user's)", 503: BACKEND_DOWN}
+)

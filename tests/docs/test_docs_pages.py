@@ -27,7 +27,7 @@ VOCABULARY: dict[str, re.Pattern[str]] = {
     "a work phase": re.compile(r"\bwaves?\b", re.IGNORECASE),
     "a numbered stop": re.compile(
         r"\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|last|this|next"
-        r"|previous|earlier) stop(?:'s)?\b|\bstop's\b",
+        r"|previous|earlier)\s+stop(?:'s)?\b|\bstop's\b",
         re.IGNORECASE,
     ),
     "an issue number": re.compile(r"\bissues? #?\d+|(?<![\w&/])#\d+\b", re.IGNORECASE),
@@ -35,7 +35,7 @@ VOCABULARY: dict[str, re.Pattern[str]] = {
     "a numbered round": re.compile(r"\b[Rr]ound \d+\b"),
     "a run letter": re.compile(r"\b[Rr]uns? [A-Z](?:-[A-Z])?(?![\w-])"),
     "the documents the work started from": re.compile(
-        r"\bthe (?:reference|seed)(?:'s)?\b|\bpeer study\b", re.IGNORECASE
+        r"\bthe\s+(?:reference|seed)(?:'s)?\b|\bpeer\s+study\b", re.IGNORECASE
     ),
     "a commit hash in prose": re.compile(r"\b(?:main|commit)`? at `?[0-9a-f]{7,}\b"),
 }
@@ -46,12 +46,13 @@ def _label(page: Path) -> str:
 
 
 def _diary_words(text: str) -> list[str]:
+    """Each match as `line: 'words' (habit)`; a phrase may run over a line break."""
     found = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        for habit, pattern in VOCABULARY.items():
-            for match in pattern.finditer(line):
-                found.append(f"{number}: {match.group(0)!r} ({habit})")
-    return found
+    for habit, pattern in VOCABULARY.items():
+        for match in pattern.finditer(text):
+            number = text.count("\n", 0, match.start()) + 1
+            found.append(f"{number}: {match.group(0)!r} ({habit})")
+    return sorted(found, key=lambda where: int(where.split(":", 1)[0]))
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_label)
@@ -98,10 +99,10 @@ def test_code_speaks_to_users_not_of_how_the_work_went(source: Path) -> None:
 def test_the_code_check_reads_comments_and_docstrings(tmp_path: Path) -> None:
     module = tmp_path / "module.py"
     module.write_text(
-        '"""A module.\n\nIts messages are the reference\'s."""\n\nX = 1  # see issue 16\n',
+        '"""A module.\n\nIts messages are the\nreference\'s."""\n\nX = 1  # see issue 16\n',
         encoding="utf-8",
     )
-    assert [(first, text[:5]) for first, text in _prose_of(module)] == [(1, '"""A '), (5, "# see")]
+    assert [(first, text[:5]) for first, text in _prose_of(module)] == [(1, '"""A '), (6, "# see")]
     found = [where for _, text in _prose_of(module) for where in _diary_words(text)]
     assert len(found) == 2, found
 

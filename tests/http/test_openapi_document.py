@@ -58,3 +58,21 @@ def test_the_documented_pattern_is_exactly_the_check(value: str) -> None:
     except ValueError:
         accepted = False
     assert bool(re.search(CONVERSATION_ID_PATTERN, value)) == accepted
+
+
+async def test_every_route_of_a_conversation_documents_its_refusals(workspace: Path) -> None:
+    """A route that names a conversation reads its owner from the state backend: it may answer
+    404 (not this user's) and 503 (the backend is down), each with an `{"error"}` body."""
+    async with client_for(make_app([Assistant], workspace=workspace)) as client:
+        document = (await client.get("/openapi.json")).json()
+    undocumented = []
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            names = {parameter["name"] for parameter in operation.get("parameters", [])}
+            if not names & {"conversationId", "conversation_id"} or path.startswith("/api/admin"):
+                continue
+            for status in ("404", "503"):
+                answer = operation["responses"].get(status, {})
+                if "application/json" not in answer.get("content", {}):
+                    undocumented.append(f"{method.upper()} {path} {status}")
+    assert not undocumented, undocumented
