@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: demo test lint typecheck pytest docs bench bench-servers bench-charts bench-reference clean
+.PHONY: demo test lint typecheck pytest docs bench bench-servers bench-capacity bench-charts bench-reference clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,12 @@ bench-servers: $(BENCH_VENV)/.installed
 	mv benchmarks/results/inflight.json.tmp benchmarks/results/inflight.json
 	$(BENCH_VENV)/bin/python benchmarks/kept_data.py > benchmarks/results/kept_data.json.tmp
 	mv benchmarks/results/kept_data.json.tmp benchmarks/results/kept_data.json
+
+# capacity.py: per-run and per-token costs for sizing a deployment (docs/capacity.md).
+bench-capacity: $(BENCH_VENV)/.installed
+	mkdir -p benchmarks/results
+	$(BENCH_VENV)/bin/python benchmarks/capacity.py > benchmarks/results/capacity.json.tmp
+	mv benchmarks/results/capacity.json.tmp benchmarks/results/capacity.json
 
 bench-charts: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python benchmarks/charts.py --from benchmarks/reference --out docs/images

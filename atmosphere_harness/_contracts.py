@@ -603,11 +603,13 @@ class LockedRead:
     the reader, finding nothing delivered, reads as it would have.
     """
 
-    __slots__ = ("__weakref__", "delivered", "result")
+    __slots__ = ("__weakref__", "delivered", "result", "status")
 
     def __init__(self) -> None:
         self.delivered = False
         self.result: Any = None
+        self.status: LockedStatus | None = None
+        """The run's status record, offered with the read (set by the kernel)."""
 
     def deliver(self, result: Any) -> None:
         self.delivered = True
@@ -618,6 +620,25 @@ class LockedRead:
         delivered, result = self.delivered, self.result
         self.delivered, self.result = False, None
         return delivered, result
+
+
+class LockedStatus:
+    """A run's status record, offered to its conversation's lock with the run's `LockedRead`
+    (its `status`), so that the lock's round trip stores it too.
+
+    A lock whose store also holds `registry`'s records (the PostgreSQL and Redis backends)
+    stores `record("running")` in the round trip that takes the lock, or `record("queued")`
+    in the first one that finds the lock taken (the run waits), and sets `stored` to that
+    status; it never replaces a status that is neither (a run cancelled meanwhile stays
+    cancelled). Any other lock ignores it, and the run writes its status itself.
+    """
+
+    __slots__ = ("record", "registry", "stored")
+
+    def __init__(self, registry: RunRegistry, record: Callable[[str], RunRecord]) -> None:
+        self.registry = registry
+        self.record = record
+        self.stored: str | None = None
 
 
 class PromptKeys(Protocol):

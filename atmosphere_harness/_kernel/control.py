@@ -7,6 +7,13 @@ and its error. The ticket writes each change to the `contracts.RunRegistry` in t
 newest state first (a burst of changes costs one write), so any replica answers
 `GET P/runs/{runId}`.
 
+A run's first states ride on its conversation lock's round trip where the lock's store also
+holds the registry (`contracts.LockedStatus`, offered with the run's history read): `running`
+once the lock is taken, `queued` only if the lock was taken by another run (the run really
+waits). A streamed run announces itself (`announce`) instead of writing `queued` at once; if
+nothing stored its record within `QUEUED_AFTER` (a lock that carries no status, or none
+offered), the ticket writes it. The end is written by the ticket, before the last frame.
+
 Cancelling goes through the run's own task, not a hook: `RunControl.cancel` asks the registry,
 which wakes the replica that runs it (in this process: at once); that replica's ticket cancels
 the task. The cancellation unwinds the loop the way a client that left does (the turn is
@@ -32,6 +39,8 @@ from .._contracts import (
     ACTIVE_STATUSES,
     CancelListener,
     LiveRunHandle,
+    LockedRead,
+    LockedStatus,
     Run,
     RunRecord,
     RunRegistry,
@@ -45,6 +54,9 @@ Holder = Callable[[], contextlib.AbstractContextManager[None]]
 KEEP_RECORDS = 4096
 """Run records the embedded registry keeps (the oldest finished ones go first)."""
 LEASE_SECONDS = 15.0
+QUEUED_AFTER = 0.1
+"""How long an announced run may go without a stored record (`RunTicket.announce`): its lock
+stores it in its first round trip, or the ticket writes it then."""
 SETTLE_SECONDS = 2.0
 """How long a run's end waits for the registry to hold its final status before its last frame
 (a slow store delays the frame this much at most; the status is written all the same)."""
@@ -83,6 +95,9 @@ class RunTicket:
         self._version = 0
         self._written = 0
         self._writer: asyncio.Task[None] | None = None
+        self._pending: asyncio.TimerHandle | None = None
+        """Set while an announced run's first record is not stored yet (`announce`)."""
+        self._offered: LockedStatus | None = None
 
     @property
     def active(self) -> bool:
@@ -111,8 +126,50 @@ class RunTicket:
         if self.cancel_mode == "rollback":
             run.discard()
 
+    def announce(self) -> None:
+        """The run starts: its first record is stored by its lock's round trip (`offer`), else
+        by this ticket, at the latest `QUEUED_AFTER` from now."""
+        self._pending = asyncio.get_running_loop().call_later(QUEUED_AFTER, self._store_pending)
+
+    def offer(self, read: LockedRead | None) -> None:
+        """The run is about to take its conversation's lock, offered `read`: the run's status
+        rides with it (`contracts.LockedStatus`); without a read, an announced run's record is
+        written now."""
+        if read is None:
+            self._store_pending()
+            return
+        if self.status == "queued":
+            self._offered = read.status = LockedStatus(self.control.registry, self._as)
+        else:
+            self._store_pending()
+
+    def _as(self, status: str) -> RunRecord:
+        return replace(self.record(), status=status)
+
+    def _store_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        pending.cancel()
+        if self._offered is None or self._offered.stored is None:
+            # Written by this ticket from now on: its writes are ordered, the lock's are not
+            # (`running` then writes again, after this one).
+            self._offered = None
+            self.changed()
+
     def running(self) -> None:
         """The run took its conversation's lock."""
+        offered, self._offered = self._offered, None
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
+        idle = self._writer is None or self._writer.done()
+        if offered is not None and offered.stored == "running" and idle:
+            # The lock's round trip stored it: nothing to write.
+            self.status = "running"
+            self._version += 1
+            self._written = self._version
+            return
         self._set("running")
 
     @contextlib.contextmanager
@@ -132,6 +189,9 @@ class RunTicket:
     def finish(self, status: str, error: BaseException | None = None) -> None:
         if not self.active:
             return
+        if self._pending is not None:
+            self._pending.cancel()  # (the end is written instead)
+            self._pending = None
         if error is not None:
             self.error = {"type": type(error).__name__, "message": str(error)}
         self._set(status)

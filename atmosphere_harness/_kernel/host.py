@@ -317,7 +317,7 @@ class HarnessHost:
             ticket = self.control.ticket(
                 path=endpoint.path, conversation_id=conversation_id, user_id=user_id
             )
-            ticket.changed()
+            ticket.announce()
         run_ticket = ticket
 
         async def work(live: LiveRunHandle) -> RunContext:

@@ -173,6 +173,8 @@ async def execute_prompt(
         # so a `ConversationLocks` of the application's own needs no parameter for it.
         reader = endpoint.locked_reader
         read = reader.locked_read(run) if reader is not None else None
+        if ticket is not None:
+            ticket.offer(read)  # (the run's status may ride with the read)
         holding = (
             host.locks.hold(endpoint.path, conversation_id)
             if read is None

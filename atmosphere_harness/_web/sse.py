@@ -129,20 +129,16 @@ def start_prompt(
     ticket: RunTicket | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> LiveRunHandle:
-    """Start one prompt run under `ticket` (from `admit`, or a new one); a `traceparent` among
-    the request's `headers` is the run's parent span (the run's task takes the context it
-    starts in)."""
-    run = ticket or host.control.ticket(
-        path=endpoint.path, conversation_id=conversation_id, user_id=user_id
-    )
-    run.changed()
+    """Start one prompt run under `ticket` (from `admit`: its record is stored already; `None`:
+    a new one); a `traceparent` among the request's `headers` is the run's parent span (the
+    run's task takes the context it starts in)."""
     with incoming(headers, enabled=host.settings.groups.tracing.enabled):
         return host.start_run(
             endpoint,
             message=message,
             conversation_id=conversation_id,
             user_id=user_id,
-            ticket=run,
+            ticket=ticket,
         )
 
 
@@ -199,6 +195,8 @@ def stream_prompt(
     )
 
     def start() -> LiveRunHandle:
+        if ticket is None:
+            run.announce()  # (a held ticket's record is stored already: `HarnessHost.submit`)
         return start_prompt(
             host,
             endpoint,

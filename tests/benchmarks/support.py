@@ -12,13 +12,15 @@ from typing import Any
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def run_benchmark(script: str, *arguments: str, env: Mapping[str, str] | None = None) -> Any:
+def run_benchmark(
+    script: str, *arguments: str, env: Mapping[str, str] | None = None, timeout: float = 300
+) -> Any:
     """The JSON document `benchmarks/{script}` prints with `arguments` (it must exit 0)."""
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), *arguments],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         check=True,
         env=env,
     )

@@ -4,12 +4,13 @@ A real uvicorn server (`tests.reliability.server`) talks to PostgreSQL or Redis 
 `WireCounter` proxy; the client sends turns one after another on one conversation and the proxy
 counts every round trip the server made, with its purpose. The list is the one
 `docs/scale-out-postgres.md` and `docs/scale-out-redis.md` publish: a change that adds a round
-trip to a turn fails here. The lock and the history's first read are one round trip
-(`lock+history.load`: the read is made once the lock is taken, inside that statement or
-script). The run frame feed's writes (durable runs off) are counted apart: they go in the
-background, never on the turn's path, one per scripted turn (the run's record, its frames and
-its end: the run ends within the feed's first wait, `journal.FEED_FIRST_SECONDS`), or two if
-the machine was slow enough that the wait ran out first.
+trip to a turn fails here. The lock, the run's status and the history's first read are one
+round trip (`lock+status+history.load`: the status says `running` and the read is made once
+the lock is taken, inside that statement or script). The run frame feed's writes (durable
+runs off) are counted apart: they go in the background, never on the turn's path, one per
+scripted turn (the run's record, its frames and its end: the run ends within the feed's first
+wait, `journal.FEED_FIRST_SECONDS`), or two if the machine was slow enough that the wait ran
+out first.
 """
 
 from __future__ import annotations
@@ -39,14 +40,16 @@ BACKGROUND = ("SELECT 1", "PING")
 """The `LISTEN` connection's health probe, a pub/sub keep-alive: not the turn's."""
 
 FEED_WRITES_PER_TURN = (1, 2)
-STATUS_WRITES_PER_TURN = 3
-"""The run's status record (`GET P/runs/{runId}`): queued, running, and its end, stored before
-the last frame is sent. They run beside the turn's own steps, in no fixed order among them."""
+STATUS_WRITES_PER_TURN = 1
+"""The run's status record (`GET P/runs/{runId}`): its end, stored before the last frame is
+sent (`running` rides on the lock's round trip; `queued` is stored only for a run that waits).
+It runs beside the turn's own steps, in no fixed order among them."""
 ASIDE = ("feed", "upkeep", "run.status")
 """Not the turn's own round trips: the frame feed's background writes, the lease upkeep, the run
 status writes (counted apart)."""
 
 POSTGRES_PURPOSES = {
+    "atmosphere_lock_run": "lock+status+history.load",
     "atmosphere_conversation_owners": "owner.claim",
     "atmosphere_run_control": "run.status",
     "INSERT INTO atmosphere_run": "feed",
@@ -66,6 +69,7 @@ REDIS_PURPOSES = {
     "runs._FINISH": "feed",
     "runs.": "upkeep",
     "Lock.LUA_RELEASE_SCRIPT": "unlock",
+    "history._LOCK_READ_RUN": "lock+status+history.load",
     "history._LOCK_READ": "lock+history.load",
     "history._READ": "history.load",
     "history._APPEND": "history.append",
@@ -183,8 +187,11 @@ async def start(kind: str, workspace: Path, env: dict[str, str]) -> ServerProces
 @pytest.mark.parametrize(
     ("user", "expected"),
     [
-        (None, ["lock+history.load", "owner.claim", "history.append", "unlock"]),
-        ("alice", ["facts.newest", "lock+history.load", "owner.claim", "history.append", "unlock"]),
+        (None, ["lock+status+history.load", "owner.claim", "history.append", "unlock"]),
+        (
+            "alice",
+            ["facts.newest", "lock+status+history.load", "owner.claim", "history.append", "unlock"],
+        ),
     ],
 )
 async def test_a_postgres_turn_makes_one_round_trip_per_step(
@@ -210,8 +217,11 @@ async def test_a_postgres_turn_makes_one_round_trip_per_step(
 @pytest.mark.parametrize(
     ("user", "expected"),
     [
-        (None, ["lock+history.load", "owner.claim", "history.append", "unlock"]),
-        ("alice", ["facts.newest", "lock+history.load", "owner.claim", "history.append", "unlock"]),
+        (None, ["lock+status+history.load", "owner.claim", "history.append", "unlock"]),
+        (
+            "alice",
+            ["facts.newest", "lock+status+history.load", "owner.claim", "history.append", "unlock"],
+        ),
     ],
 )
 async def test_a_redis_turn_makes_one_round_trip_per_step(

@@ -139,3 +139,60 @@ def test_a_run_on_a_is_read_and_cancelled_on_b_within_a_second(replicas: Replica
     finally:
         a.close()
         b.close()
+
+
+def test_a_prompt_waiting_for_its_conversation_reads_queued_on_b_and_is_cancelled_there(
+    replicas: Replicas,
+) -> None:
+    """A streamed prompt on A that waits behind a run of its conversation: its status record is
+    stored by its lock's first try (`queued`), so B reads it and cancels it; the lock's later
+    tries never turn the cancelled run back into `running`, and it never runs."""
+    conversation = "c-queued"
+    replicas.hold(f"{conversation}-tool")
+    a = httpx2.Client(base_url=replicas.a.url, timeout=30)
+    b = httpx2.Client(base_url=replicas.b.url, timeout=30)
+    try:
+        first = b.post(
+            PATH,
+            json={"message": "sleep now", "conversationId": conversation, "background": True},
+            headers=USER,
+            timeout=10,
+        )
+        assert first.status_code == 202, first.text
+        wait_for(lambda: replicas.tool_runs(conversation) == ["sleepy"], "the tool to start")
+
+        seen: list[dict[str, Any]] = []
+        started: dict[str, str] = {}
+
+        def waiting_prompt() -> None:
+            body = {"message": "after", "conversationId": conversation}
+            with a.stream("POST", PATH, json=body, headers=USER) as response:
+                started["run"] = response.headers["X-Run-Id"]
+                read(sse_frames(response), terminal, seen)
+
+        prompt = threading.Thread(target=waiting_prompt)
+        prompt.start()
+        wait_for(lambda: "run" in started, "the waiting prompt's run id")
+        run_id = started["run"]
+        wait_for(
+            lambda: b.get(f"{PATH}/runs/{run_id}", headers=USER).json().get("status") == "queued",
+            "the waiting run's queued status on B",
+        )
+        assert b.post(f"{PATH}/runs/{run_id}/cancel", headers=USER).status_code == 202
+        prompt.join(30)
+        assert seen[-1]["event"] == "error", seen
+        assert seen[-1]["data"]["type"] == "RunCancelled"
+
+        replicas.release(f"{conversation}-tool")
+        first_id = first.json()["runId"]
+        wait_for(
+            lambda: b.get(f"{PATH}/runs/{first_id}", headers=USER).json()["status"] == "completed",
+            "the first run to complete",
+        )
+        assert b.get(f"{PATH}/runs/{run_id}", headers=USER).json()["status"] == "cancelled"
+        calls = [e for e in replicas.log("calls.jsonl") if e["conversation"] == conversation]
+        assert calls, "the first run's model calls are logged"
+        assert "'after'" not in str(calls)  # the cancelled run never reached the model
+    finally:
+        a.close()
+        b.close()

@@ -17,7 +17,10 @@ and not one connection per held lock, which would exhaust the pool under load):
    lock and, only once it has, reads the history with a fresh snapshot (a PL/pgSQL function,
    schema migration 5), so the turn saves the history load's round trip and the read still
    happens under the lock. The lock connection runs in READ COMMITTED whatever the server's
-   default, which that fresh snapshot needs;
+   default, which that fresh snapshot needs. When the run's status is offered with the read
+   (`contracts.LockedStatus`, of this database's `PostgresRunRegistry`), each try is `LOCK_RUN`,
+   which stores it too (`running`, or `queued` on the first try that finds the lock taken;
+   schema migration 11), so the run's status costs the turn no round trip of its own;
 3. release: `pg_advisory_unlock` and, if the lock is marked, the `NOTIFY` (`RELEASE`, one
    statement), on the same connection, in a task of its own: the run does not wait for it (its
    `complete` frame leaves one round trip sooner). The next prompt of that conversation on
@@ -52,10 +55,11 @@ from typing import Any
 import asyncpg
 
 from ..._cancel import reraise_cancellation
-from ..._contracts import LockedRead
+from ..._contracts import LockedRead, LockedStatus
 from ..._errors import BackendUnavailable
 from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead
+from .control import PostgresRunRegistry, lock_run_args
 from .database import (
     CLIENT_ERRORS,
     CONNECT_TIMEOUT,
@@ -92,6 +96,13 @@ def lock_session(lease_seconds: float = LEASE_SECONDS) -> dict[str, str]:
         "tcp_keepalives_count": str(KEEPALIVE_PROBES),
     }
 
+
+LOCK_RUN = (
+    "SELECT * FROM atmosphere_lock_run($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, "
+    "$14, $15, $16)"
+)
+"""`LOCK_NEWEST` that also stores the run's status (`contracts.LockedStatus`; schema migration
+11): `running` once the lock is taken, `queued` on the first try that finds it taken."""
 
 MARK = "SELECT pg_advisory_lock_shared($1, $2)"
 """A waiter's mark on a conversation's lock, held while it waits: a shared advisory lock on the
@@ -198,6 +209,14 @@ class PostgresConversationLocks:
             and read.backend.database is self.database
         )
 
+    def _carries(self, status: LockedStatus | None) -> bool:
+        """Whether the lock's statement can store `status` (its registry is this database's)."""
+        return (
+            isinstance(status, LockedStatus)
+            and isinstance(status.registry, PostgresRunRegistry)
+            and status.registry.database is self.database
+        )
+
     async def _acquire(self, key: int, read: LockedRead | None) -> Any:
         """Take the advisory lock (and make `read`, a `HistoryRead` this lock serves, once it
         is taken); returns the session the lock is held on."""
@@ -210,10 +229,20 @@ class PostgresConversationLocks:
                 released.clear()
                 try:
                     if isinstance(read, HistoryRead):
-                        rows, session = await self._statement(
-                            LOCK_NEWEST, *lock_newest_args(key, read), retry=True, rows=True
-                        )
+                        status = read.status if self._carries(read.status) else None
+                        if status is None:
+                            query, args = LOCK_NEWEST, lock_newest_args(key, read)
+                        else:
+                            queue = status.stored is None
+                            query = LOCK_RUN
+                            args = (
+                                *lock_newest_args(key, read),
+                                *lock_run_args(status.record("running"), queue),
+                            )
+                        rows, session = await self._statement(query, *args, retry=True, rows=True)
                         got = bool(rows[0]["locked"])
+                        if status is not None and (got or queue):
+                            status.stored = "running" if got else "queued"
                         if got:
                             deliver(read, rows)
                     else:

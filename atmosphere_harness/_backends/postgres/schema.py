@@ -259,6 +259,56 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX atmosphere_conversation_owners_by_user
         ON atmosphere_conversation_owners (path, user_key, updated_at DESC, conversation_id DESC);
     """,
+    # 11: `atmosphere_lock_newest` that also stores the run's status (`locks.LOCK_RUN`): the
+    # run's `atmosphere_run_control` row says `running` once the lock is taken, or `queued`
+    # when `r_queue` and the lock is another run's; a status other than these two is never
+    # replaced (a run cancelled meanwhile). The row is committed without waiting for the WAL
+    # flush, like every run status write (`control.UPSERT`).
+    """
+    CREATE FUNCTION atmosphere_lock_run(
+        lock_key bigint, p_endpoint text, p_user_key text, p_conversation text,
+        after_seq integer, max_rows integer,
+        r_id text, r_path text, r_conversation text, r_user_key text, r_has_user boolean,
+        r_owner text, r_lease double precision, r_started double precision,
+        r_updated double precision, r_queue boolean
+    ) RETURNS TABLE (locked boolean, summary text, summary_covered integer, seq integer,
+                     payload bytea)
+    LANGUAGE plpgsql VOLATILE AS $$
+    #variable_conflict use_column
+    DECLARE
+        got boolean := pg_try_advisory_lock(lock_key);
+    BEGIN
+        IF got OR r_queue THEN
+            PERFORM set_config('synchronous_commit', 'off', true);
+            INSERT INTO atmosphere_run_control AS r (run_id, path, conversation_id, user_key,
+                has_user, status, owner, lease_until, started_at, updated_at)
+            VALUES (r_id, r_path, r_conversation, r_user_key, r_has_user,
+                CASE WHEN got THEN 'running' ELSE 'queued' END, r_owner, r_lease, r_started,
+                r_updated)
+            ON CONFLICT (run_id) DO UPDATE SET status = EXCLUDED.status,
+                owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until,
+                updated_at = EXCLUDED.updated_at
+            WHERE r.status IN ('queued', 'running');
+        END IF;
+        IF NOT got THEN
+            RETURN QUERY SELECT false, NULL::text, NULL::integer, NULL::integer, NULL::bytea;
+            RETURN;
+        END IF;
+        RETURN QUERY
+        SELECT true, c.summary, c.summary_covered, m.seq, m.payload
+        FROM (SELECT 1) AS one
+        LEFT JOIN atmosphere_conversations AS c
+            ON c.endpoint = p_endpoint AND c.user_key = p_user_key
+            AND c.conversation_id = p_conversation
+        LEFT JOIN LATERAL (
+            SELECT seq, payload FROM atmosphere_messages
+            WHERE conversation = c.id AND seq > coalesce(after_seq, c.summary_seq)
+            ORDER BY seq DESC LIMIT max_rows
+        ) AS m ON true
+        ORDER BY m.seq DESC;
+    END
+    $$;
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 

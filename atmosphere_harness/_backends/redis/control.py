@@ -61,6 +61,35 @@ return 1
 # KEYS: run hash, channel. ARGV: mode, payload, active statuses.
 
 
+STORE_STATUS = """
+local function store_status(run, conversation, fields, keep, run_id, status)
+    local now = redis.call('HGET', run, 'status')
+    if now and now ~= 'queued' and now ~= 'running' then return end
+    redis.call('HSET', run, unpack(cjson.decode(fields)))
+    redis.call('HSET', run, 'status', status)
+    redis.call('EXPIRE', run, keep)
+    redis.call('SADD', conversation, run_id)
+    redis.call('EXPIRE', conversation, keep)
+end
+"""
+"""A Lua function another script includes to store a run's record as `put` does, with
+`status` (`queued` or `running`), unless the run's status is already another one (a run
+cancelled meanwhile stays cancelled): the conversation lock's script stores the run's status
+in the round trip that takes the lock (`contracts.LockedStatus`)."""
+
+
+def status_keys_args(
+    connection: RedisConnection, record: RunRecord
+) -> tuple[list[str], list[str | int]]:
+    """`STORE_STATUS`'s keys (the run's hash, its conversation's set) and arguments (the
+    record's fields, how long they are kept, the run id) for `record`."""
+    keys = [
+        connection.key("rc", "run", record.run_id),
+        connection.key("rc", "conversation", digest(record.path, record.conversation_id)),
+    ]
+    return keys, [json.dumps(_fields(record)), KEEP_SECONDS, record.run_id]
+
+
 def _fields(record: RunRecord) -> list[str]:
     values = {
         "path": record.path,
@@ -111,6 +140,8 @@ class RedisRunRegistry:
 
     def _conversation_key(self, path: str, conversation_id: str) -> str:
         return self.connection.key("rc", "conversation", digest(path, conversation_id))
+
+    # (`status_keys_args` names the same two keys.)
 
     @property
     def _channel(self) -> str:

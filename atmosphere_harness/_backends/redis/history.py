@@ -33,6 +33,7 @@ from ..._memory.compaction import Summary
 from ..._memory.history import ConversationKey, HistoryRead
 from ..._runtimes.base import Message
 from .connection import RedisConnection, as_str, digest, lock_key
+from .control import STORE_STATUS, status_keys_args
 
 log = get_logger(__name__)
 
@@ -109,6 +110,26 @@ return {read(KEYS[2], KEYS[3], ARGV[3], ARGV[4])}
 read its history as `_READ` does, in one script: one round trip, the read made under the lock
 (a script runs alone). `false`: not taken; else a one-item array holding `_READ`'s reply."""
 # KEYS: lock, meta, messages. ARGV: token, ttl (ms), after, limit.
+
+_LOCK_READ_RUN = (
+    _READ_FUNCTION
+    + STORE_STATUS
+    + """
+local got = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+if got then
+    store_status(KEYS[4], KEYS[5], ARGV[5], ARGV[6], ARGV[7], 'running')
+elseif ARGV[8] == '1' then
+    store_status(KEYS[4], KEYS[5], ARGV[5], ARGV[6], ARGV[7], 'queued')
+end
+if not got then return false end
+return {read(KEYS[2], KEYS[3], ARGV[3], ARGV[4])}
+"""
+)
+"""`_LOCK_READ` that also stores the run's status record (`contracts.LockedStatus`, with
+`control.STORE_STATUS`): `running` once the lock is taken, `queued` (when `ARGV[8]` is `1`)
+when it is another run's."""
+# KEYS: lock, meta, messages, run hash, conversation's runs. ARGV: token, ttl (ms), after,
+# limit, the run's fields (JSON), keep seconds, run id, queue.
 
 _SAVE_SUMMARY = """
 if not redis.call('HGET', KEYS[1], 'last') then return 0 end
@@ -191,6 +212,7 @@ class RedisHistory:
         self._append = client.register_script(_APPEND)
         self._read = client.register_script(_READ)
         self._lock_read = client.register_script(_LOCK_READ)
+        self._lock_read_run = client.register_script(_LOCK_READ_RUN)
         self._save_summary = client.register_script(_SAVE_SUMMARY)
         self._close = client.register_script(_CLOSE)
         self._mark = client.register_script(_MARK)
@@ -292,18 +314,31 @@ class RedisHistory:
         ]
         return summary, decoded, int(last)
 
-    async def lock_and_read(self, lock: str, token: bytes, ttl_ms: int, read: HistoryRead) -> bool:
+    async def lock_and_read(
+        self, lock: str, token: bytes, ttl_ms: int, read: HistoryRead, status: bool = False
+    ) -> bool:
         """Take lock key `lock` with `token` for `ttl_ms` if it is free and, if so, make `read`
-        (`HistoryRead.deliver`) in the same script; whether the lock was taken.
+        (`HistoryRead.deliver`) in the same script; whether the lock was taken. With `status`,
+        the same script stores the run's status offered with the read (`read.status`, a
+        `contracts.LockedStatus` of this Redis's `RedisRunRegistry`) and notes it stored.
 
         `RedisConversationLocks` calls it for each try of a lock whose run offered its first
         read; connection failures are the caller's to report."""
         key = read.key
         after = "summary" if read.after_seq is None else str(read.after_seq)
-        found: Any = await self._lock_read(
-            keys=[lock, self._meta(key), self._messages(key)],
-            args=[token, ttl_ms, after, read.limit],
-        )
+        keys: list[Any] = [lock, self._meta(key), self._messages(key)]
+        args: list[Any] = [token, ttl_ms, after, read.limit]
+        offered = read.status if status else None
+        if offered is None:
+            found: Any = await self._lock_read(keys=keys, args=args)
+        else:
+            queue = offered.stored is None
+            more_keys, more_args = status_keys_args(self.connection, offered.record("running"))
+            found = await self._lock_read_run(
+                keys=keys + more_keys, args=[*args, *more_args, "1" if queue else "0"]
+            )
+            if found or queue:
+                offered.stored = "running" if found else "queued"
         if not found:
             return False
         try:

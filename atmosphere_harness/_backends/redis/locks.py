@@ -20,8 +20,10 @@ the driver's way).
 When the run offers its first history read (`memory.history.HistoryRead` on a `RedisHistory`
 of this connection), each try is one script that takes the lock and, if it got it, reads the
 history (`RedisHistory.lock_and_read`): the turn saves the history read's round trip, and the
-read still happens under the lock (a script runs alone). Either way the token is the driver's
-kind, so renewal and release stay redis-py's `Lock` scripts.
+read still happens under the lock (a script runs alone). When the run's status is offered with
+the read (`contracts.LockedStatus`, of this connection's `RedisRunRegistry`), the same script
+stores it (`running`, or `queued` on the first try that finds the lock taken). Either way the
+token is the driver's kind, so renewal and release stay redis-py's `Lock` scripts.
 
 The release runs in a task of its own: the run does not wait for that round trip (its
 `complete` frame leaves sooner). A release that cannot reach Redis is tried again (backing off
@@ -56,10 +58,11 @@ from redis.exceptions import LockError, LockNotOwnedError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._cancel import reraise_cancellation
-from ..._contracts import LockedRead
+from ..._contracts import LockedRead, LockedStatus
 from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead
 from .connection import RedisConnection, lock_key
+from .control import RedisRunRegistry
 from .history import RedisHistory
 
 log = get_logger(__name__)
@@ -138,6 +141,14 @@ class RedisConversationLocks:
         """Whether `read` reads a history on this lock's Redis (one script can make both)."""
         return isinstance(read.backend, RedisHistory) and read.backend.connection is self.connection
 
+    def _carries(self, status: LockedStatus | None) -> bool:
+        """Whether the lock's script can store `status` (its registry is on this Redis)."""
+        return (
+            isinstance(status, LockedStatus)
+            and isinstance(status.registry, RedisRunRegistry)
+            and status.registry.connection is self.connection
+        )
+
     async def _acquire(self, key: str, lock: Lock, read: HistoryRead | None) -> None:
         """Take `lock` with a random token (`SET NX PX`, a retry every `poll` seconds, as
         `Lock.acquire` does), each try also making `read` if it takes the lock."""
@@ -147,7 +158,12 @@ class RedisConversationLocks:
             try:
                 if read is not None:
                     assert isinstance(read.backend, RedisHistory)
-                    got = await read.backend.lock_and_read(key, token, ttl_ms, read)
+                    if self._carries(read.status):
+                        got = await read.backend.lock_and_read(
+                            key, token, ttl_ms, read, status=True
+                        )
+                    else:
+                        got = await read.backend.lock_and_read(key, token, ttl_ms, read)
                 else:
                     got = await lock.do_acquire(token)
                 reraise_cancellation()
