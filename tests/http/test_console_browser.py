@@ -484,7 +484,7 @@ async def test_switching_the_conversation_box_moves_the_chat_and_shows_its_earli
 
         await page.fill("#conversation", first)
         await page.press("#conversation", "Enter")
-        await page.wait_for_selector("#history-hint:has-text('Earlier turns of')")
+        await page.wait_for_selector("#history-hint:text-matches('^Earlier turns of')")
         assert await page.inner_text("#chat-conversation") == first
         assert first in await page.inner_text("#history-hint")
         bubbles = page.locator("#transcript .bubble")

@@ -92,7 +92,7 @@ async def test_the_sidebar_lists_conversations_newest_first_pages_and_opens_one(
         assert await page.is_hidden("#conversations-more")
 
         await page.click(f"{CONVERSATIONS}[data-conversation-id=conv-03] .open")
-        await page.wait_for_selector("#history-hint:has-text('Earlier turns of')")
+        await page.wait_for_selector("#history-hint:text-matches('^Earlier turns of')")
         assert await page.inner_text("#chat-conversation") == "conv-03"
         bubbles = await page.locator("#transcript .bubble").all_inner_texts()
         assert bubbles == ["topic 03", "echo topic 03"]
