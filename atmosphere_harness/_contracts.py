@@ -258,6 +258,22 @@ class CloseHook(Protocol):
     async def __call__(self, conversation_id: str, user_id: str | None) -> bool: ...
 
 
+class ForgetHook(Protocol):
+    """Deletes everything one primitive keeps of a conversation of its endpoint (a deleted
+    conversation, `kernel.forget`): `user_id` is its owner (`None`: anonymous). It must leave
+    nothing of the conversation in its stores, and may raise (the deletion then fails, and
+    may be asked again: every hook is idempotent)."""
+
+    async def __call__(self, conversation_id: str, user_id: str | None) -> None: ...
+
+
+class UserForgetHook(Protocol):
+    """Deletes everything one primitive keeps of a user outside their conversations (a
+    forgotten user); idempotent, may raise."""
+
+    async def __call__(self, user_id: str) -> None: ...
+
+
 class AdmissionHook(Protocol):
     """Runs before a call runs: a string answers the call instead of the tool, a mapping
     replaces its arguments, `None` admits it as it is."""
@@ -481,6 +497,12 @@ class Endpoint(Protocol):
     hooks: list[RunHooks]
     """Around every model and tool call, outermost first (the host installs them)."""
     close_hooks: list[CloseHook]
+    forget_hooks: list[ForgetHook]
+    """Called when a conversation of the endpoint is deleted (`kernel.forget`)."""
+    expire_hooks: list[ForgetHook]
+    """Called before a conversation idle past `conversation_ttl` is deleted (`kernel.retention`):
+    what must outlive it is saved here (the memory primitive extracts its facts); a hook that
+    raises keeps the conversation for a later sweep."""
     admission_hooks: list[AdmissionHook]
     approval_hook: ApprovalHook | None
     result_hooks: list[ResultHook]
@@ -529,6 +551,9 @@ class Host(Protocol):
     specs: list[AgentSpec]
     agents: dict[str, AgentSpec]
     """Every declared agent/coordinator by name, headless ones included (fleet members)."""
+    user_forget_hooks: list[UserForgetHook]
+    """What each primitive keeps of a user beyond their conversations (long-term facts, the
+    `/memories` files), forgotten with the user (`kernel.forget.forget_user`)."""
 
     def endpoint(self, path: str) -> Endpoint | None: ...
 
@@ -648,11 +673,18 @@ class PromptKeys(Protocol):
     with PostgreSQL or Redis, so a resend reaching another replica finds the first request's run.
     """
 
-    async def claim(self, scope: str, record: str, ttl: float) -> str | None:
+    async def claim(
+        self, scope: str, record: str, ttl: float, *, path: str = "", conversation_id: str = ""
+    ) -> str | None:
         """Remember `record` under `scope` for `ttl` seconds unless a live record is there.
 
         `None` when this call stored `record`; else the record stored first (a resend). One
-        atomic step: of two requests with one key, exactly one gets `None`."""
+        atomic step: of two requests with one key, exactly one gets `None`. `path` and
+        `conversation_id` name the conversation the record belongs to (`forget` drops it)."""
+        ...
+
+    async def forget(self, path: str, conversation_id: str) -> None:
+        """Drop every record of the conversation (a deleted conversation)."""
         ...
 
 
@@ -704,6 +736,17 @@ class OwnedConversation:
     title: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ExpiredConversation:
+    """A conversation idle past the retention time, claimed for deletion (`expired`)."""
+
+    path: str
+    conversation_id: str
+    user: str
+    """The owner's user key (`ANONYMOUS` for an anonymous conversation)."""
+    updated_at: float
+
+
 class ConversationOwners(Protocol):
     """Who owns each conversation: the user whose prompt first used its id, on every replica.
 
@@ -734,8 +777,23 @@ class ConversationOwners(Protocol):
         last one a previous page returned."""
         ...
 
-    async def forget(self, path: str, conversation_id: str) -> None:
-        """Drop the record: the id is unused again (a deleted conversation)."""
+    async def forget(
+        self, path: str, conversation_id: str, *, idle_before: float | None = None
+    ) -> bool:
+        """Drop the record: the id is unused again (a deleted conversation). With
+        `idle_before`, only if its `updated_at` is older (a prompt since keeps it), in one
+        atomic step. Whether a record was dropped."""
+        ...
+
+    async def expired(self, before: float, limit: int, lease: float) -> list[ExpiredConversation]:
+        """Claim up to `limit` conversations whose `updated_at` is older than `before`, oldest
+        first, for `lease` seconds: no other call, on any replica, gets one of them until the
+        lease ran out (retention deletes each once)."""
+        ...
+
+    async def release(self, path: str, conversation_id: str) -> None:
+        """End the claim `expired` took on the conversation (it was in use: the next sweep
+        looks at it again)."""
         ...
 
 
@@ -867,6 +925,11 @@ class RunJournal(Protocol):
         leaves them unfinished in its store, to resume on the next start."""
         ...
 
+    async def forget(self, path: str, conversation_id: str) -> None:
+        """Drop the conversation's finished runs and their frames, here and in the store (a
+        deleted conversation; its runs in flight are refused first, `kernel.forget`)."""
+        ...
+
 
 class UserTokens(Protocol):
     """The tokens each user's runs spent per UTC day, where every replica reads and adds to
@@ -968,6 +1031,11 @@ class RunStore(Protocol):
     async def finish(self, run_id: str) -> None: ...
 
     async def expire(self, before: float) -> int: ...
+
+    async def forget(self, path: str, conversation_id: str) -> None:
+        """Drop every finished run of the conversation: records, frames and checkpoints (a
+        deleted conversation; a run still unfinished is left to its owner)."""
+        ...
 
 
 FEED_OWNER = "feed:"
@@ -1111,6 +1179,8 @@ class RunRegistry(Protocol):
       first.
     - `cancel(run_id, mode)` records the request and wakes the run's replica, whose `open`
       listener is then called.
+    - `forget(path, conversation_id)` drops the records of the conversation's finished runs (a
+      deleted conversation).
     - `heartbeat(owner, run_ids, lease_seconds)` renews the leases of this process's runs in
       flight and returns the cancel requests among them (a wake-up lost in an outage is found
       here), as `{run_id: mode}`; it may also drop records older than the store keeps.
@@ -1131,6 +1201,8 @@ class RunRegistry(Protocol):
     async def active(self, path: str, conversation_id: str) -> list[RunRecord]: ...
 
     async def cancel(self, run_id: str, mode: str) -> None: ...
+
+    async def forget(self, path: str, conversation_id: str) -> None: ...
 
     async def heartbeat(
         self, owner: str, run_ids: Sequence[str], lease_seconds: float

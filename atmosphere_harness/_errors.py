@@ -28,7 +28,7 @@ HarnessError
 ├── MCPServerError (RuntimeError)         an MCP server is unavailable (its tool calls say why)
 ├── RunSuperseded                         a resumed run whose conversation went on without it
 ├── RunCancelled                          a run stopped by a cancel request or a newer prompt
-├── RunConflict                           `multitask: reject` while the conversation has a run
+├── RunConflict                           a `multitask: reject` prompt or a deletion during a run
 └── LeaseLost (RuntimeError)              another process took over this durable run
 ```
 
@@ -171,8 +171,9 @@ class RunSuperseded(HarnessError):
 
 
 class RunConflict(HarnessError):
-    """A prompt sent with `multitask: reject` to a conversation that has a run in flight
-    (answered 409)."""
+    """A prompt sent with `multitask: reject`, or a deletion of the conversation
+    (`DELETE P/conversations/{id}`), while the conversation has a run in flight (answered
+    409)."""
 
 
 class RunCancelled(HarnessError):

@@ -170,6 +170,11 @@ class HarnessSettings(BaseSettings):
         1800.0, validation_alias=_env("ATMOSPHERE_AI_CONVERSATION_IDLE_TIMEOUT")
     )
     """Seconds without a prompt after which a conversation closes; `<= 0` disables the reaper."""
+    conversation_ttl: float | None = Field(
+        None, gt=0, validation_alias=_env("ATMOSPHERE_AI_CONVERSATION_TTL")
+    )
+    """Seconds without a prompt after which a conversation is deleted, its facts extracted
+    first (`kernel.retention`); unset keeps conversations."""
     memory_model_timeout: float = Field(
         30.0, gt=0, validation_alias=_env("ATMOSPHERE_AI_MEMORY_MODEL_TIMEOUT")
     )
@@ -604,6 +609,7 @@ class HarnessSettings(BaseSettings):
                 recent_window=self.compaction_recent_window,
                 context_window_tokens=self.context_window_tokens,
                 idle_timeout=self.conversation_idle_timeout,
+                conversation_ttl=self.conversation_ttl,
                 model_timeout=self.memory_model_timeout,
                 max_facts=self.memory_max_facts,
             ),
@@ -730,13 +736,15 @@ class FilesystemSettings(BaseModel):
 
 
 class MemorySettings(BaseModel):
-    """Conversation memory (compaction, idle close) and long-term memory extraction."""
+    """Conversation memory (compaction, idle close, retention) and long-term memory
+    extraction."""
 
     model_config = _GROUP
     compaction: Compaction
     recent_window: int
     context_window_tokens: int
     idle_timeout: float
+    conversation_ttl: float | None
     model_timeout: float
     max_facts: int
 

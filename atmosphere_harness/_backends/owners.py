@@ -15,7 +15,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from .._contracts import OwnedConversation
+from .._contracts import ExpiredConversation, OwnedConversation
 from .._memory.sqlite import DATABASE_FILE, SqliteDatabase, Transaction
 
 SCHEMA = """
@@ -30,8 +30,9 @@ CREATE TABLE IF NOT EXISTS conversation_owners (
 
 
 def _add_list_columns(connection: sqlite3.Connection) -> None:
-    """Give a file written before conversations were listed their `updated_at` and `title`
-    (idempotent), and the index a user's list reads."""
+    """Give a file written before conversations were listed their `updated_at` and `title`,
+    and before retention the `sweep_until` claim (idempotent); and the indexes a user's list
+    and the retention sweep read."""
     columns = {row[1] for row in connection.execute("PRAGMA table_info(conversation_owners)")}
     with Transaction(connection):
         if "updated_at" not in columns:
@@ -46,6 +47,12 @@ def _add_list_columns(connection: sqlite3.Connection) -> None:
         connection.execute(
             "CREATE INDEX IF NOT EXISTS conversation_owners_by_user "
             "ON conversation_owners (path, user_key, updated_at, conversation_id)"
+        )
+        if "sweep_until" not in columns:
+            connection.execute("ALTER TABLE conversation_owners ADD COLUMN sweep_until REAL")
+        connection.execute(
+            "CREATE INDEX IF NOT EXISTS conversation_owners_idle "
+            "ON conversation_owners (updated_at)"
         )
 
 
@@ -127,11 +134,44 @@ class SqliteConversationOwners:
 
         return await self.database.run_small(work)
 
-    async def forget(self, path: str, conversation_id: str) -> None:
+    async def forget(
+        self, path: str, conversation_id: str, *, idle_before: float | None = None
+    ) -> bool:
+        def work(connection: sqlite3.Connection) -> bool:
+            cursor = connection.execute(
+                "DELETE FROM conversation_owners WHERE path = ? AND conversation_id = ? "
+                "AND (? IS NULL OR updated_at < ?)",
+                (path, conversation_id, idle_before, idle_before),
+            )
+            return cursor.rowcount > 0
+
+        return await self.database.run_small(work)
+
+    async def release(self, path: str, conversation_id: str) -> None:
         def work(connection: sqlite3.Connection) -> None:
             connection.execute(
-                "DELETE FROM conversation_owners WHERE path = ? AND conversation_id = ?",
+                "UPDATE conversation_owners SET sweep_until = NULL "
+                "WHERE path = ? AND conversation_id = ?",
                 (path, conversation_id),
             )
 
         await self.database.run_small(work)
+
+    async def expired(self, before: float, limit: int, lease: float) -> list[ExpiredConversation]:
+        def work(connection: sqlite3.Connection) -> list[ExpiredConversation]:
+            now = time.time()
+            with Transaction(connection):
+                rows = connection.execute(
+                    "SELECT path, conversation_id, user_key, updated_at FROM conversation_owners "
+                    "WHERE updated_at < ? AND (sweep_until IS NULL OR sweep_until < ?) "
+                    "ORDER BY updated_at LIMIT ?",
+                    (before, now, limit),
+                ).fetchall()
+                connection.executemany(
+                    "UPDATE conversation_owners SET sweep_until = ? "
+                    "WHERE path = ? AND conversation_id = ?",
+                    [(now + lease, row[0], row[1]) for row in rows],
+                )
+            return [ExpiredConversation(str(a), str(b), str(c), float(d)) for a, b, c, d in rows]
+
+        return await self.database.run_small(work)

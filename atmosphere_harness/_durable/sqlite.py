@@ -451,6 +451,28 @@ class SqliteRunStore:
         self._rows.pop(run_id, None)
         await self.database.run(work)
 
+    async def forget(self, path: str, conversation_id: str) -> None:
+        """Drop the conversation's finished runs, their frames, checkpoints and logs."""
+
+        def work(connection: sqlite3.Connection) -> list[Any]:
+            with Transaction(connection):
+                rows = connection.execute(
+                    "SELECT id, run_id FROM durable_runs WHERE path = ? AND conversation_id = ? "
+                    "AND finished_at IS NOT NULL",
+                    (path, conversation_id),
+                ).fetchall()
+                for row in rows:
+                    connection.execute("DELETE FROM durable_frames WHERE run = ?", (row[0],))
+                    connection.execute("DELETE FROM durable_checkpoints WHERE run = ?", (row[0],))
+                    connection.execute("DELETE FROM durable_runs WHERE id = ?", (row[0],))
+            with self._logs.lock:
+                for row in rows:
+                    self._logs.remove(int(row[0]))
+            return rows
+
+        for _row, run_id in await self.database.run(work):
+            self._rows.pop(run_id, None)
+
     async def expire(self, before: float) -> int:
         def work(connection: sqlite3.Connection) -> int:
             cursor = connection.execute(

@@ -145,6 +145,7 @@ class FilesystemPrimitive(Primitive):
                 stores=self.workspaces,
             )
             self.providers[endpoint.root] = provider
+            host.user_forget_hooks.append(provider.forget_user)
 
         def scoped(run: Run) -> AgentFileSystem | None:
             try:
@@ -165,6 +166,10 @@ class FilesystemPrimitive(Primitive):
             routed = CompositeAgentFileSystem(memories, {OUTPUT_DIR: conversation})
             return UserFiles(routed, run.user_id)
 
+        async def forget(conversation_id: str, user_id: str | None) -> None:
+            await provider.forget(conversation_id)
+
+        endpoint.forget_hooks.append(forget)
         endpoint.provide(AgentFileSystem, scoped)
         endpoint.provide(UserFiles, user_files)
         endpoint.services.set(SURFACE, provider)

@@ -24,6 +24,8 @@ the API below stay the same.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import hashlib
 import os
 import re
@@ -167,6 +169,56 @@ class AgentFileSystemProvider:
             return self.has_conversation(conversation_id)
         name = conversation_dir_name(conversation_id)
         return await self.stores.has_conversation(self.agent_root, name)
+
+    async def forget(self, conversation_id: str) -> None:
+        """Delete the conversation's workspace, every file in it (a deleted conversation).
+
+        Raises `FileSystemError` when a process still uses the folder (a run of the
+        conversation somewhere: the caller refuses those first)."""
+        name = conversation_dir_name(conversation_id)
+        with self._lock:
+            self._live.pop(name, None)
+        if self.stores is not None:
+            await self.stores.forget(self.agent_root, name)
+            return
+        if not await asyncio.to_thread(self._remove, name):
+            raise FileSystemError(
+                f"the workspace of conversation {conversation_id!r} is in use; try again"
+            )
+
+    async def forget_user(self, user_id: str) -> None:
+        """Delete the user's `/memories` store with this owner (a forgotten user)."""
+        name = user_dir_name(user_id)
+        with self._lock:
+            self._memories.pop(name, None)
+        if self.stores is not None:
+            await self.stores.forget_memories(self.agent_root, name)
+            return
+        path = self.agent_root / "memories" / name
+        if not await asyncio.to_thread(self._retire, path):
+            raise FileSystemError("the user's /memories store is in use; try again")
+
+    def _remove(self, name: str) -> bool:
+        """Remove `{files}/{name}` unless a store of some process is live on it (under the cap's
+        section, so the count is taken again by the next creation)."""
+        path = self.files_root / name
+        if not path.is_dir():
+            return True
+        with self._evicting, self._section:
+            self._count = None
+            return self._retire(path)
+
+    def _retire(self, path: Path) -> bool:
+        """Remove the store directory `path` unless some process uses it."""
+        if not path.is_dir():
+            return True
+        remove = partial(shutil.rmtree, path, ignore_errors=True)
+        if self.usage.retire(store_key(path), remove):
+            return True
+        # A finished run may still reference the store (a cycle the collector has not reached
+        # yet): collect once, then try again.
+        gc.collect()
+        return self.usage.retire(store_key(path), remove)
 
     def conversations(self) -> list[str]:
         """Conversation ids with a directory, sorted. Never creates. Files backend only

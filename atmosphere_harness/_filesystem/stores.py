@@ -49,3 +49,12 @@ class WorkspaceStores(Protocol):
     async def conversations(self, owner_root: Path) -> list[str]:
         """The owner's conversations that hold files, sorted."""
         ...
+
+    async def forget(self, owner_root: Path, conversation: str) -> None:
+        """Delete the conversation's workspace: its files and every record of changes to it
+        (a deleted conversation)."""
+        ...
+
+    async def forget_memories(self, owner_root: Path, user: str) -> None:
+        """Delete the user's `/memories` store of the owner (a forgotten user)."""
+        ...

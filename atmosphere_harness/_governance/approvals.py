@@ -148,6 +148,11 @@ class ApprovalStore(Protocol):
         conversation's owner, who ran the prompt; an anonymous run's only anonymously)."""
         ...
 
+    async def forget(self, path: str, conversation_id: str) -> None:
+        """Drop every approval of the conversation, waiting or answered (a deleted
+        conversation: it has no run in flight)."""
+        ...
+
 
 class ApprovalRegistry:
     """Every pending approval of the app, by id, in this process (an `ApprovalStore`)."""
@@ -245,6 +250,13 @@ class ApprovalRegistry:
             and not entry.future.done()
             and entry.user_id == user_id
         ]
+
+    async def forget(self, path: str, conversation_id: str) -> None:
+        for approval_id, entry in list(self._pending.items()):
+            if entry.path == path and entry.conversation_id == conversation_id:
+                del self._pending[approval_id]
+                if not entry.future.done():
+                    entry.future.cancel()
 
     def __len__(self) -> int:
         return len(self._pending)

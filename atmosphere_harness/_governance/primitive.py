@@ -75,6 +75,12 @@ class GovernancePrimitive(Primitive):
         gate = ApprovalGate(policy, self.approvals, host.settings.groups.runtime.approval_timeout)
         endpoint.approval_hook = gate
         endpoint.services.set(PENDING_APPROVALS, gate)
+        approvals, path = self.approvals, endpoint.path
+
+        async def forget(conversation_id: str, user_id: str | None) -> None:
+            await approvals.forget(path, conversation_id)
+
+        endpoint.forget_hooks.append(forget)
 
     async def stop(self, host: Host) -> None:
         host.services.pop(CHAIN_SERVICE)

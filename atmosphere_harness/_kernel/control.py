@@ -317,6 +317,11 @@ class RunControl:
         records = [r.seen_at(now) for r in await self.registry.active(path, conversation_id)]
         return [record for record in records if record.active]
 
+    async def forget(self, path: str, conversation_id: str) -> None:
+        """Drop the records of the conversation's runs no longer in flight (a deleted
+        conversation)."""
+        await self.registry.forget(path, conversation_id)
+
     async def cancel(self, run_id: str, mode: str) -> None:
         ticket = self._tickets.get(run_id)
         if ticket is not None:
@@ -410,6 +415,17 @@ class InProcessRunRegistry:
             for record in self._records.values()
             if record.active and record.path == path and record.conversation_id == conversation_id
         ]
+
+    async def forget(self, path: str, conversation_id: str) -> None:
+        now = time.time()
+        for run_id, record in list(self._records.items()):
+            if (
+                record.path == path
+                and record.conversation_id == conversation_id
+                and not record.seen_at(now).active
+            ):
+                del self._records[run_id]
+                self._cancels.pop(run_id, None)
 
     async def cancel(self, run_id: str, mode: str) -> None:
         record = self._records.get(run_id)

@@ -17,6 +17,7 @@ from .._contracts import (
     AdmissionHook,
     ApprovalHook,
     CloseHook,
+    ForgetHook,
     HistoryMark,
     HistoryStore,
     LockedReader,
@@ -99,6 +100,10 @@ class HostedEndpoint:
         self.hooks: list[RunHooks] = list(hooks)
         """Around every model and tool call (`contracts.RunHooks`), outermost first."""
         self.close_hooks: list[CloseHook] = []
+        self.forget_hooks: list[ForgetHook] = []
+        """Each primitive's deletion of a conversation of this endpoint (`kernel.forget`)."""
+        self.expire_hooks: list[ForgetHook] = []
+        """What runs before retention deletes a conversation (fact extraction)."""
         self.admission_hooks: list[AdmissionHook] = []
         self.approval_hook: ApprovalHook | None = None
         self.result_hooks: list[ResultHook] = []

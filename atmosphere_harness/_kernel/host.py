@@ -8,6 +8,7 @@ can drain it. It never imports FastAPI: the web layer is a thin client of it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from .._contracts import (
     RunRegistry,
     StoredRun,
     TypedMap,
+    UserForgetHook,
 )
 from .._errors import RunConflict
 from .._harness import Harness
@@ -37,10 +39,12 @@ from .._runtimes.fallback import FallbackRuntime, model_chain
 from .._settings import HarnessSettings
 from .control import InProcessRunRegistry, RunControl, RunTicket, new_run_id
 from .endpoint import HostedEndpoint
+from .forget import ForgottenUser, forget_conversation, forget_user
 from .live import LiveRun, LiveRuns
 from .locks import InProcessConversationLocks
 from .owners import ConversationAccess, InMemoryConversationOwners
 from .prompt_keys import InProcessPromptKeys
+from .retention import sweep_forever
 from .run import RunContext, execute_prompt
 from .session import StreamingSession
 
@@ -106,10 +110,14 @@ class HarnessHost:
         )
         """Around every model and tool call of every endpoint, outermost first (`RunHooks`);
         by default the journal's own (durable replay, when runs are durable)."""
+        self.user_forget_hooks: list[UserForgetHook] = []
+        """What primitives keep of a user beyond their conversations (`kernel.forget`)."""
         self.backends: dict[str, str] = {"state": "sqlite", "events": "local"}
         """What holds shared state and carries fan-out (`backends.StateBackends.describe`)."""
         self._surfaces: dict[Key[Any], dict[str, Any]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._retention: asyncio.Task[None] | None = None
+        """The retention sweep (`kernel.retention`), with a `conversation_ttl`."""
         self._started: list[Primitive] = []
         self.resources = list(resources)
         """Opened before the primitives start, closed after they stop (backend pools)."""
@@ -148,6 +156,11 @@ class HarnessHost:
             await self.control.open()
             # Last: a resumed run needs its endpoint attached (and its run control open).
             await self.runs.open(self._resume)
+            ttl = self.settings.groups.memory.conversation_ttl
+            if ttl is not None:
+                self._retention = asyncio.get_running_loop().create_task(
+                    sweep_forever(self, ttl), name="conversation-retention"
+                )
             if self.settings.groups.backends.durable_runs:
                 name = self.runs.store_name
                 self.truth.set_durable(
@@ -173,6 +186,11 @@ class HarnessHost:
         )
 
     async def stop(self) -> None:
+        if self._retention is not None:
+            self._retention.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention
+            self._retention = None
         self.control.stopping = True
         await self.runs.aclose()
         await self.control.aclose()
@@ -500,6 +518,17 @@ class HarnessHost:
             except Exception:
                 log.exception("close hook failed", endpoint=path, conversation=conversation_id)
         return known
+
+    async def forget_conversation(self, path: str, conversation_id: str) -> None:
+        """Delete everything every store holds of the conversation (`kernel.forget`); raises
+        `RunConflict` while it has a run in flight."""
+        await forget_conversation(self, path, conversation_id)
+
+    async def forget_user(self, user_id: str) -> ForgottenUser:
+        """Delete every conversation the user owns, their facts and `/memories` files
+        (`kernel.forget`); raises `RunConflict` (deleting nothing) while one of their
+        conversations has a run in flight."""
+        return await forget_user(self, user_id)
 
     # --- lookups --------------------------------------------------------------------------
 

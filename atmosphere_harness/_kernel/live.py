@@ -506,6 +506,22 @@ class LiveRuns:
                 fault(log, "run feed upkeep failed; retrying", exc, every=False)
             reraise_cancellation()
 
+    # --- deleting a conversation ------------------------------------------------------------
+
+    async def forget(self, path: str, conversation_id: str) -> None:
+        """Drop the conversation's finished runs and their frames, here and in the shared store
+        (`contracts.RunJournal.forget`). The last writes of runs that just ended are waited for
+        first (bounded), so none of them lands after the deletion."""
+        if self._closers:
+            await asyncio.wait(set(self._closers), timeout=10)
+        for live in list(self._runs.get((path, conversation_id), [])):
+            if live.finished:
+                self._finished.pop(id(live), None)
+                self._forget(live)
+        shared = self.shared
+        if shared is not None:
+            await shared.forget(path, conversation_id)
+
     # --- shutdown -------------------------------------------------------------------------
 
     async def aclose(self) -> None:

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 import time
 
-from .._contracts import ConversationOwners, OwnedConversation, conversation_title, user_key
+from .._contracts import (
+    ConversationOwners,
+    ExpiredConversation,
+    OwnedConversation,
+    conversation_title,
+    user_key,
+)
 
 
 def newest_first(
@@ -31,6 +37,7 @@ class InMemoryConversationOwners:
 
     def __init__(self) -> None:
         self._owners: dict[tuple[str, str], tuple[str, float, str]] = {}
+        self._sweeps: dict[tuple[str, str], float] = {}
 
     async def claim(self, path: str, conversation_id: str, user: str, title: str = "") -> str:
         owner, _updated, first_title = self._owners.get((path, conversation_id), (user, 0.0, title))
@@ -52,8 +59,31 @@ class InMemoryConversationOwners:
         ]
         return newest_first(rows, limit, after)
 
-    async def forget(self, path: str, conversation_id: str) -> None:
-        self._owners.pop((path, conversation_id), None)
+    async def forget(
+        self, path: str, conversation_id: str, *, idle_before: float | None = None
+    ) -> bool:
+        found = self._owners.get((path, conversation_id))
+        if found is None or (idle_before is not None and found[1] >= idle_before):
+            return False
+        del self._owners[(path, conversation_id)]
+        self._sweeps.pop((path, conversation_id), None)
+        return True
+
+    async def release(self, path: str, conversation_id: str) -> None:
+        self._sweeps.pop((path, conversation_id), None)
+
+    async def expired(self, before: float, limit: int, lease: float) -> list[ExpiredConversation]:
+        now = time.time()
+        rows = sorted(
+            (updated, path, conversation_id, owner)
+            for (path, conversation_id), (owner, updated, _title) in self._owners.items()
+            if updated < before and self._sweeps.get((path, conversation_id), 0.0) < now
+        )[:limit]
+        for _updated, path, conversation_id, _owner in rows:
+            self._sweeps[(path, conversation_id)] = now + lease
+        return [
+            ExpiredConversation(path, cid, owner, updated) for updated, path, cid, owner in rows
+        ]
 
 
 class ConversationAccess:

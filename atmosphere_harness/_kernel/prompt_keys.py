@@ -18,15 +18,22 @@ class InProcessPromptKeys:
 
     def __init__(self, max_keys: int = MAX_KEYS) -> None:
         self.max_keys = max_keys
-        self._records: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._records: OrderedDict[str, tuple[str, float, tuple[str, str]]] = OrderedDict()
 
-    async def claim(self, scope: str, record: str, ttl: float) -> str | None:
+    async def claim(
+        self, scope: str, record: str, ttl: float, *, path: str = "", conversation_id: str = ""
+    ) -> str | None:
         now = time.monotonic()
         found = self._records.get(scope)
         if found is not None and found[1] > now:
             return found[0]
         self._records.pop(scope, None)
-        self._records[scope] = (record, now + ttl)
+        self._records[scope] = (record, now + ttl, (path, conversation_id))
         while len(self._records) > self.max_keys:
             self._records.popitem(last=False)
         return None
+
+    async def forget(self, path: str, conversation_id: str) -> None:
+        conversation = (path, conversation_id)
+        for scope in [s for s, found in self._records.items() if found[2] == conversation]:
+            del self._records[scope]

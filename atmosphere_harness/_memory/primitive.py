@@ -109,6 +109,7 @@ class MemoryPrimitive(Primitive):
         if self.database is not None:
             await self.database.open()
         host.services.set(LONG_TERM_MEMORY_SERVICE, store)
+        host.user_forget_hooks.append(store.clear)
         idle_timeout = settings.groups.memory.idle_timeout
         if idle_timeout > 0:
             self._reaper = asyncio.get_running_loop().create_task(
@@ -141,6 +142,10 @@ class MemoryPrimitive(Primitive):
         endpoint.provide(ConversationMemory, lambda run: memory)
         endpoint.close_hooks.append(
             lambda conversation, user: self.close(endpoint, conversation, user)
+        )
+        endpoint.forget_hooks.append(memory.clear)
+        endpoint.expire_hooks.append(
+            lambda conversation, user: self.extract_now(endpoint, conversation, user)
         )
         if not endpoint.has(Harness.MEMORY):
             return
@@ -195,12 +200,25 @@ class MemoryPrimitive(Primitive):
             )
         return True
 
+    async def extract_now(
+        self, endpoint: Endpoint, conversation_id: str, user_id: str | None
+    ) -> None:
+        """Extract the conversation's facts and wait for it (before retention deletes it);
+        raises when the extraction failed, so the conversation is kept for a later try."""
+        interceptor = self._interceptors.get(endpoint.path)
+        if not user_id or interceptor is None:
+            return
+        key = ConversationKey(endpoint.path, user_id, conversation_id)
+        await self._extract(endpoint, interceptor, key, user_id, fail=True)
+
     async def _extract(
         self,
         endpoint: Endpoint,
         interceptor: LongTermMemoryInterceptor,
         key: ConversationKey,
         user_id: str,
+        *,
+        fail: bool = False,
     ) -> None:
         assert self._host is not None
         try:
@@ -222,6 +240,8 @@ class MemoryPrimitive(Primitive):
             log.warning(
                 "long-term memory extraction failed", endpoint=endpoint.path, error=str(exc)
             )
+            if fail:
+                raise
         finally:
             self._extracting.discard(key)
 

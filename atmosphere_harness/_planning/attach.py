@@ -77,6 +77,14 @@ class PlanningPrimitive(Primitive):
             endpoint.services.set(BUS_SERVICE, self._bus)
         endpoint.provide(PlanStore, lambda run: store)
         host.register_surface(SURFACE, endpoint.owner, store)
+        bus = self._bus
+
+        async def forget(conversation_id: str, user_id: str | None) -> None:
+            await store.forget(conversation_id)
+            if bus is not None:
+                await bus.forget(endpoint.owner, conversation_id)
+
+        endpoint.forget_hooks.append(forget)
         endpoint.report(
             PLANNING, self._attach_surface(endpoint, host.settings.groups.planning.mode)
         )

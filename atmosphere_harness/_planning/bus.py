@@ -88,6 +88,11 @@ class PlanEventBus(Protocol):
         self, owner: str, conversation_id: str, *, last_event_id: str | None = None
     ) -> AbstractAsyncContextManager[PlanSubscription]: ...
 
+    async def forget(self, owner: str, conversation_id: str) -> None:
+        """Drop the conversation's stored updates (a deleted conversation); its viewers here
+        end."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -236,6 +241,16 @@ class InProcessPlanBus:
         for topic in self._topics.values():
             for subscriber in topic.subscribers:
                 subscriber.close()
+
+    async def forget(self, owner: str, conversation_id: str) -> None:
+        topic = self._topics.pop((owner, conversation_id), None)
+        if topic is None:
+            return
+        self._bytes -= topic.history_bytes
+        topic.history.clear()
+        topic.history_bytes = 0
+        for subscriber in topic.subscribers:
+            subscriber.close()
 
     def subscriber_count(self, owner: str, conversation_id: str) -> int:
         topic = self._topics.get((owner, conversation_id))

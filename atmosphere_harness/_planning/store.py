@@ -76,6 +76,10 @@ class PlanStore(Protocol):
 
     async def put(self, agent_id: str, conversation_id: str, plan: AgentPlan) -> None: ...
 
+    async def forget(self, conversation_id: str) -> None:
+        """Delete every plan of the conversation, each agent's (a deleted conversation)."""
+        ...
+
 
 def check_key(label: str, value: object) -> str:
     """Validate an `agentId` / `conversationId` before it becomes a path segment."""
@@ -165,6 +169,10 @@ class FilePlanStore:
         async with lock:
             await _finish_in_thread(self._write, agent, conversation, data)
 
+    async def forget(self, conversation_id: str) -> None:
+        conversation = check_key("conversationId", conversation_id)
+        await _finish_in_thread(self._remove_all, conversation)
+
     def path_for(self, agent_id: str, conversation_id: str) -> Path:
         """The document path of a plan (keys validated, containment checked, nothing created)."""
         return self._resolve(
@@ -221,6 +229,17 @@ class FilePlanStore:
             _atomic_write(path, data)
             self._count += 1
 
+    def _remove_all(self, conversation: str) -> None:
+        """Remove the conversation's document in every agent's folder (under the section, so
+        the count is taken again by the next creation)."""
+        if not self.plans_dir.is_dir():
+            return
+        with self._create_lock, self._section:
+            for agent_dir in _scan(str(self.plans_dir)):
+                if agent_dir.is_dir(follow_symlinks=False):
+                    _unlink(os.path.join(agent_dir.path, f"{conversation}.json"))
+            self._count = None
+
     def _make_room(self, base: Path) -> int:
         """Count the documents; at the cap, evict the least recently modified down to 7/8 of it.
 
@@ -273,6 +292,9 @@ class OwnerPlanStores:
     async def get(self, agent_id: str, conversation_id: str) -> AgentPlan | None:
         store = self._lookup(check_key("agentId", agent_id))
         return None if store is None else await store.get(agent_id, conversation_id)
+
+    async def forget(self, conversation_id: str) -> None:
+        raise PlanStoreError("delete a conversation through its endpoint, not every owner's")
 
     async def put(self, agent_id: str, conversation_id: str, plan: AgentPlan) -> None:
         store = self._lookup(check_key("agentId", agent_id))

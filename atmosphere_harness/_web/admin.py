@@ -1,4 +1,4 @@
-"""The read-only admin API under `/api/admin`: who has a workspace, and what is in it.
+"""The admin API under `/api/admin`: who has a workspace, what is in it, and forgetting a user.
 
 Every route reads the exact instance an attach engine registered with
 `host.register_surface` (the owner's `FilePlanStore`, its `AgentFileSystemProvider`), never a
@@ -16,6 +16,10 @@ wrote a file answers 404 instead of an empty listing.
 - `GET /api/admin/agents/{name}/files/content?conversationId=&path=`: `{"agent",
   "conversationId", "sessionId", "path", "content"}`; 404 for a missing file; 400 for a file too
   large or not UTF-8.
+- `DELETE /api/admin/users/{userId}` (token always required): deletes every conversation the
+  user owns, their long-term facts and `/memories` files (`kernel.forget.forget_user`);
+  `{"userId", "conversationsDeleted"}`, or 409 naming the user's conversations with a run in
+  flight (nothing deleted).
 
 `sessionId` is the older name of `conversationId`: both are accepted (both given and different is
 400), and bodies carry both keys. Traversal-shaped names, conversation ids and paths answer 400
@@ -190,6 +194,7 @@ AGENT_NAME_PATTERN = rf"^(?!.*\.\.){_NAME_CHAR}*[^\s\x85/\\\x00-\x1f\x7f]{_NAME_
 """What `check_agent_name` accepts, for the OpenAPI document only: no `..`, `/`, `\\` or control
 character, and not blank."""
 AgentName = Annotated[str, Path(json_schema_extra={"pattern": AGENT_NAME_PATTERN})]
+UserIdPath = Annotated[str, Path(alias="userId", description="The user to forget")]
 _SEGMENT = "[A-Za-z0-9_-][A-Za-z0-9._-]{0,13}"
 WORKSPACE_PATH_PATTERN = f"^{_SEGMENT}(/{_SEGMENT}){{0,7}}$"
 """Workspace paths every backend accepts, for the OpenAPI document of a file read (any other
@@ -274,6 +279,37 @@ def admin_router() -> APIRouter:
             last_event_id=last_event_id,
         )
 
+    @router.delete(
+        "/users/{userId}",
+        summary="Forget a user: every conversation they own, their facts and /memories",
+        responses={
+            200: {"description": "Forgotten: `{userId, conversationsDeleted}`"},
+            **error_responses(
+                {
+                    400: "A blank or unprintable user id",
+                    409: "A conversation of the user has a run in flight; nothing was deleted",
+                }
+            ),
+        },
+    )
+    async def forget_user(
+        user_id: UserIdPath, host: HarnessDep, principal: AdminPrincipalDep
+    ) -> Any:
+        require_principal(principal, host.settings)
+        user = check_user_id(user_id)
+        result = await host.forget_user(user)
+        if result.busy:
+            shown_busy = result.busy[:SHOWN_BUSY]
+            named = ", ".join(f"{path} {conversation}" for path, conversation in shown_busy)
+            more = len(result.busy) - len(shown_busy)
+            raise Problem(
+                409,
+                f"{len(result.busy)} conversation(s) of this user have a run in flight, nothing "
+                f"was deleted: {named}{f' and {more} more' if more else ''}; cancel them "
+                "(POST P/runs/{runId}/cancel) and ask again",
+            )
+        return {"userId": user, "conversationsDeleted": result.conversations}
+
     @router.get(
         "/agents/{name}/files",
         summary="A directory of a conversation workspace",
@@ -320,6 +356,22 @@ def admin_router() -> APIRouter:
         return {"agent": name, **conversation_keys(conversation), "path": path, "content": content}
 
     return router
+
+
+MAX_USER_ID_CHARS = 256
+SHOWN_BUSY = 20
+"""Conversations a 409 of `DELETE /api/admin/users/{userId}` names (of those in flight)."""
+
+
+def check_user_id(user_id: str) -> str:
+    """A user id the admin API may name: 1-256 printable characters, not blank."""
+    if (
+        not user_id.strip()
+        or len(user_id) > MAX_USER_ID_CHARS
+        or not all(ch.isprintable() for ch in user_id)
+    ):
+        raise Problem(400, f"userId must be 1 to {MAX_USER_ID_CHARS} printable characters")
+    return user_id
 
 
 def warn_admin_posture(settings: HarnessSettings) -> None:

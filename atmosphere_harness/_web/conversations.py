@@ -6,7 +6,8 @@ of each one's last prompt, from the ownership record: `contracts.ConversationOwn
 owner's alone (another user's conversation answers 404, as for an id nobody used). A page
 holds at most `limit` entries (1-100, default 20) and a `nextCursor` to pass back for the
 next one (`null` on the last page); a cursor is opaque and only good for the route and
-conversation that gave it.
+conversation that gave it. `DELETE P/conversations/{id}` deletes the conversation from every
+store (`kernel.forget`): 204, or 409 while it has a run in flight.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import re
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Query
+from fastapi import Depends, HTTPException, Query, Response
 
 from .._contracts import user_key
 from .._memory.primitive import CONVERSATION_MEMORY_SERVICE
@@ -206,6 +207,11 @@ def conversation_routes(spec: AgentSpec) -> list[RouteSpec]:
             "nextCursor": encode_cursor(end) if end < len(shown) else None,
         }
 
+    async def delete(*, conversation_id: str = owned, host: HarnessDep) -> Response:
+        endpoint = hosted_endpoint(host, spec.path)
+        await host.forget_conversation(endpoint.path, conversation_id)
+        return Response(status_code=204)
+
     return [
         RouteSpec(
             spec.path + "/conversations",
@@ -229,6 +235,22 @@ def conversation_routes(spec: AgentSpec) -> list[RouteSpec]:
                     200: {"description": "A page of messages", **MESSAGE_PAGE},
                     400: {"description": "A bad conversation id, limit or cursor", **ERROR},
                     404: {"description": "No such conversation of this user", **ERROR},
+                },
+            },
+        ),
+        RouteSpec(
+            spec.path + "/conversations/{conversation_id}",
+            delete,
+            methods=("DELETE",),
+            options={
+                "summary": f"Delete a conversation of {spec.owner} and everything of it",
+                "status_code": 204,
+                "response_class": Response,
+                "responses": {
+                    204: {"description": "Deleted: no store holds anything of it"},
+                    400: {"description": "A bad conversation id", **ERROR},
+                    404: {"description": "No such conversation of this user", **ERROR},
+                    409: {"description": "The conversation has a run in flight", **ERROR},
                 },
             },
         ),

@@ -101,7 +101,9 @@ async def keyed_prompt(
         }
     )
     scope = _scope(endpoint.path, user_id, requested_id, key)
-    found = await host.prompt_keys.claim(scope, record, KEY_SECONDS)
+    found = await host.prompt_keys.claim(
+        scope, record, KEY_SECONDS, path=endpoint.path, conversation_id=conversation_id
+    )
     first = json.loads(found) if found is not None else None
     if first is None or first.get("session") == session_id:
         live = host.start_run(

@@ -170,6 +170,7 @@ KEYS = [
     ("compaction_recent_window", "ATMOSPHERE_AI_HARNESS_COMPACTION_RECENT_WINDOW", None, "9", 9, 3),
     ("context_window_tokens", "ATMOSPHERE_AI_CONTEXT_WINDOW_TOKENS", None, "4096", 4096, 8192),
     ("conversation_idle_timeout", "ATMOSPHERE_AI_CONVERSATION_IDLE_TIMEOUT", None, "60", 60.0, 0.0),
+    ("conversation_ttl", "ATMOSPHERE_AI_CONVERSATION_TTL", None, "86400", 86400.0, 60.0),
     ("memory_model_timeout", "ATMOSPHERE_AI_MEMORY_MODEL_TIMEOUT", None, "2.5", 2.5, 7.0),
     ("memory_max_facts", "ATMOSPHERE_AI_MEMORY_MAX_FACTS", None, "12", 12, 34),
     ("filesystem_fsync", "ATMOSPHERE_AI_FILESYSTEM_FSYNC", None, "true", True, False),

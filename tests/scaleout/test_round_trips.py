@@ -64,7 +64,7 @@ POSTGRES_PURPOSES = {
 REDIS_PURPOSES = {
     "owners._CLAIM": "owner.claim",
     "control.": "run.status",
-    "MULTI ; HSET ; EXPIRE ; SADD ; EXPIRE ; EXEC": "run.status",
+    "MULTI ; HSET ; EXPIRE ; SADD ; EXPIRE ; SADD ; EXPIRE ; EXEC": "run.status",
     "runs._APPEND": "feed",
     "runs._FINISH": "feed",
     "runs.": "upkeep",

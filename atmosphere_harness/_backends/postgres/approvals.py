@@ -270,6 +270,16 @@ class PostgresApprovalStore:
             for row in await self.database.run(work)
         ]
 
+    async def forget(self, path: str, conversation_id: str) -> None:
+        async def work(connection: Any) -> None:
+            await connection.execute(
+                "DELETE FROM atmosphere_approvals WHERE path = $1 AND conversation_id = $2",
+                path,
+                conversation_id,
+            )
+
+        await self.database.run(work)
+
     # --- wake-ups -------------------------------------------------------------------------
 
     def _notified(self, approval_id: str) -> None:

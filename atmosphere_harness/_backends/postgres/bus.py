@@ -142,6 +142,20 @@ class PostgresPlanBus:
         row_id = await self.database.run(work)
         return PlanEvent(self._event_id(row_id), data, text)
 
+    async def forget(self, owner: str, conversation_id: str) -> None:
+        """Drop the conversation's stored updates and its pruning mark."""
+
+        async def work(connection: Any) -> None:
+            async with connection.transaction():
+                for table in ("atmosphere_plan_events", "atmosphere_plan_topics"):
+                    await connection.execute(
+                        f"DELETE FROM {table} WHERE owner = $1 AND conversation_id = $2",
+                        owner,
+                        conversation_id,
+                    )
+
+        await self.database.run(work)
+
     async def _sweep(self, connection: Any, before: float) -> None:
         """Drop expired updates of every conversation, remembering how far each was pruned."""
         await connection.execute(

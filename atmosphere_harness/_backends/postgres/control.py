@@ -173,6 +173,21 @@ class PostgresRunRegistry:
 
         return [_record(row) for row in await self.database.run(work)]
 
+    async def forget(self, path: str, conversation_id: str) -> None:
+        """Drop the records of the conversation's runs no longer in flight."""
+
+        async def work(connection: Any) -> None:
+            await connection.execute(
+                "DELETE FROM atmosphere_run_control WHERE path = $1 AND conversation_id = $2 "
+                "AND NOT (status = ANY($3::text[]) AND lease_until >= $4)",
+                path,
+                conversation_id,
+                list(ACTIVE),
+                time.time(),
+            )
+
+        await self.database.run(work)
+
     async def cancel(self, run_id: str, mode: str) -> None:
         async def work(connection: Any) -> None:
             async with connection.transaction():

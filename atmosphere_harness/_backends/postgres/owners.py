@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..._contracts import OwnedConversation
+from ..._contracts import ExpiredConversation, OwnedConversation
 from .database import PostgresDatabase
 
 CLAIM = """
@@ -54,6 +54,20 @@ FIRST_PAGE = _PAGE.format(after="")
 NEXT_PAGE = _PAGE.format(after=" AND (updated_at, conversation_id) < ($4, $5)")
 
 CLAIM_TRIES = 3
+
+EXPIRED = """
+UPDATE atmosphere_conversation_owners SET sweep_until = $2 + $3
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM atmosphere_conversation_owners
+    WHERE updated_at < $1 AND (sweep_until IS NULL OR sweep_until < $2)
+    ORDER BY updated_at LIMIT $4 FOR UPDATE SKIP LOCKED
+))
+RETURNING path, conversation_id, user_key, updated_at
+"""
+"""Claim the oldest idle conversations for the retention sweep (a replica sweeping at the same
+time skips the rows this one locked, and the lease keeps them this one's until it ran out). The
+`= ANY(ARRAY(...))` form keeps the outer update on the rows found (a generic plan of `IN
+(...)` scans the table)."""
 
 
 class PostgresConversationOwners:
@@ -94,13 +108,40 @@ class PostgresConversationOwners:
 
         return await self.database.run(work)
 
-    async def forget(self, path: str, conversation_id: str) -> None:
+    async def forget(
+        self, path: str, conversation_id: str, *, idle_before: float | None = None
+    ) -> bool:
+        async def work(connection: Any) -> bool:
+            status = await connection.execute(
+                "DELETE FROM atmosphere_conversation_owners "
+                "WHERE path = $1 AND conversation_id = $2 "
+                "AND ($3::float8 IS NULL OR updated_at < $3::float8)",
+                path,
+                conversation_id,
+                idle_before,
+            )
+            return not str(status).endswith(" 0")
+
+        return bool(await self.database.run(work))
+
+    async def release(self, path: str, conversation_id: str) -> None:
         async def work(connection: Any) -> None:
             await connection.execute(
-                "DELETE FROM atmosphere_conversation_owners "
+                "UPDATE atmosphere_conversation_owners SET sweep_until = NULL "
                 "WHERE path = $1 AND conversation_id = $2",
                 path,
                 conversation_id,
             )
 
         await self.database.run(work)
+
+    async def expired(self, before: float, limit: int, lease: float) -> list[ExpiredConversation]:
+        async def work(connection: Any) -> list[Any]:
+            rows: list[Any] = await connection.fetch(EXPIRED, before, time.time(), lease, limit)
+            return rows
+
+        rows = await self.database.run(work)
+        return sorted(
+            (ExpiredConversation(row[0], row[1], row[2], float(row[3])) for row in rows),
+            key=lambda row: row.updated_at,
+        )

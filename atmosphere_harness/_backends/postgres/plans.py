@@ -132,3 +132,16 @@ class PostgresPlanStore:
                 cap=self.max_plans,
                 over=over,
             )
+
+    async def forget(self, conversation_id: str) -> None:
+        """Delete every plan of the conversation (each agent's)."""
+        conversation = check_key("conversationId", conversation_id)
+
+        async def work(connection: Any) -> None:
+            await connection.execute(
+                "DELETE FROM atmosphere_plans WHERE owner = $1 AND conversation_id = $2",
+                self.owner,
+                conversation,
+            )
+
+        await self.database.run(work)

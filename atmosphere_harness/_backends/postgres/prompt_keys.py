@@ -24,8 +24,10 @@ WITH expired AS (
         ORDER BY expires_at LIMIT $5 FOR UPDATE SKIP LOCKED
     )
 )
-INSERT INTO atmosphere_prompt_keys (scope, record, expires_at) VALUES ($1, $2, $3 + $4)
-ON CONFLICT (scope) DO UPDATE SET record = excluded.record, expires_at = excluded.expires_at
+INSERT INTO atmosphere_prompt_keys (scope, record, expires_at, path, conversation_id)
+VALUES ($1, $2, $3 + $4, $6, $7)
+ON CONFLICT (scope) DO UPDATE SET record = excluded.record, expires_at = excluded.expires_at,
+    path = excluded.path, conversation_id = excluded.conversation_id
 WHERE atmosphere_prompt_keys.expires_at < $3
 RETURNING NULL::text AS found
 """
@@ -38,11 +40,13 @@ class PostgresPromptKeys:
     def __init__(self, database: PostgresDatabase) -> None:
         self.database = database
 
-    async def claim(self, scope: str, record: str, ttl: float) -> str | None:
+    async def claim(
+        self, scope: str, record: str, ttl: float, *, path: str = "", conversation_id: str = ""
+    ) -> str | None:
         async def work(connection: Any) -> tuple[bool, str | None]:
             async with connection.transaction():
                 stored = await connection.fetchrow(
-                    CLAIM, scope, record, time.time(), ttl, PRUNE_BATCH
+                    CLAIM, scope, record, time.time(), ttl, PRUNE_BATCH, path, conversation_id
                 )
                 if stored is not None:
                     return True, None
@@ -55,3 +59,13 @@ class PostgresPromptKeys:
         # recognizes it (the record names the run this request is about to start).
         claimed, found = await self.database.run(work)
         return None if claimed else found
+
+    async def forget(self, path: str, conversation_id: str) -> None:
+        async def work(connection: Any) -> None:
+            await connection.execute(
+                "DELETE FROM atmosphere_prompt_keys WHERE path = $1 AND conversation_id = $2",
+                path,
+                conversation_id,
+            )
+
+        await self.database.run(work)

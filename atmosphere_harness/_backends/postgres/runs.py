@@ -362,6 +362,19 @@ class PostgresRunStore:
 
         await self.database.run(work)
 
+    async def forget(self, path: str, conversation_id: str) -> None:
+        """Drop the conversation's finished runs (their frames and checkpoints cascade)."""
+
+        async def work(connection: Any) -> None:
+            await connection.execute(
+                "DELETE FROM atmosphere_runs WHERE path = $1 AND conversation_id = $2 "
+                "AND finished_at IS NOT NULL",
+                path,
+                conversation_id,
+            )
+
+        await self.database.run(work)
+
     async def expire(self, before: float) -> int:
         """Drop the frames and checkpoints of the runs that finished since the last call (and
         `FOLLOW_GRACE_SECONDS` ago), and the rows of those that finished before `before`.

@@ -309,6 +309,26 @@ MIGRATIONS: tuple[str, ...] = (
     END
     $$;
     """,
+    # 12: deleting a conversation (`kernel.forget`) finds each of its rows by an index: its
+    # runs' records, its approvals, its plans and its prompts' `Idempotency-Key`s (which now
+    # name it);
+    # retention (`conversation_ttl`) finds idle conversations by their last prompt and claims
+    # each for one replica (`sweep_until`).
+    """
+    CREATE INDEX atmosphere_run_control_conversation
+        ON atmosphere_run_control (path, conversation_id);
+    CREATE INDEX atmosphere_approvals_conversation
+        ON atmosphere_approvals (path, conversation_id);
+    CREATE INDEX atmosphere_plans_conversation ON atmosphere_plans (owner, conversation_id);
+    ALTER TABLE atmosphere_prompt_keys
+        ADD COLUMN path text NOT NULL DEFAULT '',
+        ADD COLUMN conversation_id text NOT NULL DEFAULT '';
+    CREATE INDEX atmosphere_prompt_keys_conversation
+        ON atmosphere_prompt_keys (path, conversation_id);
+    ALTER TABLE atmosphere_conversation_owners ADD COLUMN sweep_until double precision;
+    CREATE INDEX atmosphere_conversation_owners_idle
+        ON atmosphere_conversation_owners (updated_at);
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 

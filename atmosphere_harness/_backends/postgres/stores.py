@@ -110,6 +110,29 @@ class PostgresWorkspaceStores:
 
         return sorted(row["store"][len(prefix) :] for row in await self.database.run(work))
 
+    async def forget(self, owner_root: Path, conversation: str) -> None:
+        await self._drop(self._prefix(owner_root) + conversation)
+
+    async def forget_memories(self, owner_root: Path, user: str) -> None:
+        await self._drop(f"memories:{owner_key(owner_root, self.workspace_root)}/{user}")
+
+    async def _drop(self, store: str) -> None:
+        """Delete a store's files and its change records."""
+
+        async def work(connection: Any) -> None:
+            async with connection.transaction():
+                # Waits for a change to the store in flight (it holds this lock) to commit.
+                await connection.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended('atmosphere_files:' || $1, 0))",
+                    store,
+                )
+                await connection.execute("DELETE FROM atmosphere_files WHERE store = $1", store)
+                await connection.execute(
+                    "DELETE FROM atmosphere_file_changes WHERE store = $1", store
+                )
+
+        await self.database.run(work)
+
     async def _make_room(self, connection: Any, prefix: str, cap: int) -> None:
         """Keep the owner of `prefix` under `cap` conversations before a new one is stored
         (inside the new store's write transaction, on its connection)."""

@@ -110,6 +110,16 @@ return answer
 # Returns the answer given before the close, if any: an answer Redis accepted (the person saw
 # "approved") is never turned into a timeout.
 
+_FORGET = """
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('DEL', ARGV[1] .. id, ARGV[1] .. id .. ':answered')
+end
+redis.call('DEL', KEYS[2])
+return 1
+"""
+# KEYS: pending zset, conversation set. ARGV: approval key prefix.
+
 
 def _answer_json(answer: Answer) -> str:
     return json.dumps(
@@ -138,6 +148,7 @@ class RedisApprovalStore:
         self._reopen_script = connection.client.register_script(_REOPEN)
         self._answer_script = connection.client.register_script(_ANSWER)
         self._close_script = connection.client.register_script(_CLOSE)
+        self._forget_script = connection.client.register_script(_FORGET)
         connection.on_close(self.aclose)
 
     def __repr__(self) -> str:
@@ -342,6 +353,13 @@ class RedisApprovalStore:
             return None
         text = as_str(stored)
         return _answer_from(text) if text else None
+
+    async def forget(self, path: str, conversation_id: str) -> None:
+        with self.connection.unavailable("deleting a conversation's approvals"):
+            await self._forget_script(
+                keys=[self._pending_key(), self._conversation_key(path, conversation_id)],
+                args=[self.connection.key("approval", "")],
+            )
 
     async def _close(self, pending: PendingApproval) -> Answer | None:
         """Forget the approval everywhere; returns an answer that arrived before the close."""

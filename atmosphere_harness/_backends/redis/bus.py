@@ -137,6 +137,11 @@ class RedisPlanBus:
                 event_id, _ = await pipe.execute()
         return PlanEvent(str(event_id), data, text)
 
+    async def forget(self, owner: str, conversation_id: str) -> None:
+        """Drop the conversation's stream (its stored updates)."""
+        with self.connection.unavailable("deleting a conversation's plan updates"):
+            await self.connection.client.delete(self.stream_key(owner, conversation_id))
+
     @contextlib.asynccontextmanager
     async def subscribe(
         self, owner: str, conversation_id: str, *, last_event_id: str | None = None

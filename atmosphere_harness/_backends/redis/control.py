@@ -4,11 +4,12 @@ runs it by pub/sub.
 Each run is a hash `rc:run:{runId}` (whose it is, its status, usage, error, its replica and
 that replica's lease, and a cancel request), expiring `KEEP_SECONDS` after its last change; a
 conversation's run ids are a set `rc:conversation:{digest}` (expiring with them), read for its
-runs in flight. `begin` and `cancel` are scripts, so `multitask: reject` cannot let two prompts
-through at once, and a cancel request is recorded and `PUBLISH`ed together. Every replica
-listens on one pub/sub connection (`rc:cancel`); pub/sub drops what is sent while a listener
-reconnects, so each `heartbeat` (every third of a lease) also reads the cancel requests of the
-replica's runs.
+runs in flight (and pruned of those that ended), and a set `rc:every:{digest}` of all of them,
+read when the conversation is deleted. `begin` and `cancel` are scripts, so `multitask: reject`
+cannot let two prompts through at once, and a cancel request is recorded and `PUBLISH`ed
+together. Every replica listens on one pub/sub connection (`rc:cancel`); pub/sub drops what is
+sent while a listener reconnects, so each `heartbeat` (every third of a lease) also reads the
+cancel requests of the replica's runs.
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ redis.call('HSET', KEYS[1], unpack(cjson.decode(ARGV[2])))
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('SADD', KEYS[2], ARGV[7])
 redis.call('EXPIRE', KEYS[2], ARGV[6])
+redis.call('SADD', KEYS[3], ARGV[7])
+redis.call('EXPIRE', KEYS[3], ARGV[6])
 return 1
 """
-# KEYS: run hash, conversation set. ARGV: exclusive, fields (JSON list), active statuses,
-# now, run key prefix, keep seconds, run id.
+# KEYS: run hash, conversation set, conversation's every run. ARGV: exclusive, fields (JSON
+# list), active statuses, now, run key prefix, keep seconds, run id.
 
 _CANCEL = """
 local fields = redis.call('HMGET', KEYS[1], 'status', 'cancel')
@@ -62,7 +65,7 @@ return 1
 
 
 STORE_STATUS = """
-local function store_status(run, conversation, fields, keep, run_id, status)
+local function store_status(run, conversation, every, fields, keep, run_id, status)
     local now = redis.call('HGET', run, 'status')
     if now and now ~= 'queued' and now ~= 'running' then return end
     redis.call('HSET', run, unpack(cjson.decode(fields)))
@@ -70,6 +73,8 @@ local function store_status(run, conversation, fields, keep, run_id, status)
     redis.call('EXPIRE', run, keep)
     redis.call('SADD', conversation, run_id)
     redis.call('EXPIRE', conversation, keep)
+    redis.call('SADD', every, run_id)
+    redis.call('EXPIRE', every, keep)
 end
 """
 """A Lua function another script includes to store a run's record as `put` does, with
@@ -81,11 +86,13 @@ in the round trip that takes the lock (`contracts.LockedStatus`)."""
 def status_keys_args(
     connection: RedisConnection, record: RunRecord
 ) -> tuple[list[str], list[str | int]]:
-    """`STORE_STATUS`'s keys (the run's hash, its conversation's set) and arguments (the
-    record's fields, how long they are kept, the run id) for `record`."""
+    """`STORE_STATUS`'s keys (the run's hash, its conversation's sets: runs in flight, every
+    run) and arguments (the record's fields, how long they are kept, the run id) for
+    `record`."""
     keys = [
         connection.key("rc", "run", record.run_id),
         connection.key("rc", "conversation", digest(record.path, record.conversation_id)),
+        connection.key("rc", "every", digest(record.path, record.conversation_id)),
     ]
     return keys, [json.dumps(_fields(record)), KEEP_SECONDS, record.run_id]
 
@@ -123,6 +130,22 @@ def _record(run_id: str, found: dict[str, Any]) -> RunRecord:
     )
 
 
+_FORGET = """
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+    local fields = redis.call('HMGET', ARGV[1] .. id, 'status', 'lease')
+    if not (fields[1] and string.find(ARGV[2], fields[1], 1, true)
+            and tonumber(fields[2] or '0') >= tonumber(ARGV[3])) then
+        redis.call('DEL', ARGV[1] .. id)
+        redis.call('SREM', KEYS[1], id)
+        redis.call('SREM', KEYS[2], id)
+    end
+end
+return 1
+"""
+# KEYS: the conversation's every run, its runs in flight.
+# ARGV: run key prefix, active statuses, now.
+
+
 class RedisRunRegistry:
     """A `contracts.RunRegistry` on Redis (see the module docstring)."""
 
@@ -134,6 +157,7 @@ class RedisRunRegistry:
         self._task: asyncio.Task[None] | None = None
         self._begin: Any = connection.client.register_script(_BEGIN)
         self._cancel: Any = connection.client.register_script(_CANCEL)
+        self._forget: Any = connection.client.register_script(_FORGET)
 
     def _run_key(self, run_id: str) -> str:
         return self.connection.key("rc", "run", run_id)
@@ -141,7 +165,11 @@ class RedisRunRegistry:
     def _conversation_key(self, path: str, conversation_id: str) -> str:
         return self.connection.key("rc", "conversation", digest(path, conversation_id))
 
-    # (`status_keys_args` names the same two keys.)
+    def _every_key(self, path: str, conversation_id: str) -> str:
+        """Every run of the conversation (the other set drops those that ended)."""
+        return self.connection.key("rc", "every", digest(path, conversation_id))
+
+    # (`status_keys_args` names the same three keys.)
 
     @property
     def _channel(self) -> str:
@@ -195,6 +223,9 @@ class RedisRunRegistry:
                 pipe.expire(
                     self._conversation_key(record.path, record.conversation_id), KEEP_SECONDS
                 )
+                every = self._every_key(record.path, record.conversation_id)
+                pipe.sadd(every, record.run_id)
+                pipe.expire(every, KEEP_SECONDS)
                 await pipe.execute()
 
     async def begin(self, record: RunRecord, *, exclusive: bool) -> bool:
@@ -203,6 +234,7 @@ class RedisRunRegistry:
                 keys=[
                     self._run_key(record.run_id),
                     self._conversation_key(record.path, record.conversation_id),
+                    self._every_key(record.path, record.conversation_id),
                 ],
                 args=[
                     "1" if exclusive else "0",
@@ -215,6 +247,17 @@ class RedisRunRegistry:
                 ],
             )
         return bool(int(done))
+
+    async def forget(self, path: str, conversation_id: str) -> None:
+        """Drop the records of the conversation's runs no longer in flight."""
+        with self.connection.unavailable("deleting a conversation's runs"):
+            await self._forget(
+                keys=[
+                    self._every_key(path, conversation_id),
+                    self._conversation_key(path, conversation_id),
+                ],
+                args=[self.connection.key("rc", "run", ""), ACTIVE, repr(time.time())],
+            )
 
     async def get(self, run_id: str) -> RunRecord | None:
         with self.connection.unavailable("reading a run's status"):

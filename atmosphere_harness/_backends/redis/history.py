@@ -117,9 +117,9 @@ _LOCK_READ_RUN = (
     + """
 local got = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
 if got then
-    store_status(KEYS[4], KEYS[5], ARGV[5], ARGV[6], ARGV[7], 'running')
+    store_status(KEYS[4], KEYS[5], KEYS[6], ARGV[5], ARGV[6], ARGV[7], 'running')
 elseif ARGV[8] == '1' then
-    store_status(KEYS[4], KEYS[5], ARGV[5], ARGV[6], ARGV[7], 'queued')
+    store_status(KEYS[4], KEYS[5], KEYS[6], ARGV[5], ARGV[6], ARGV[7], 'queued')
 end
 if not got then return false end
 return {read(KEYS[2], KEYS[3], ARGV[3], ARGV[4])}
@@ -128,8 +128,8 @@ return {read(KEYS[2], KEYS[3], ARGV[3], ARGV[4])}
 """`_LOCK_READ` that also stores the run's status record (`contracts.LockedStatus`, with
 `control.STORE_STATUS`): `running` once the lock is taken, `queued` (when `ARGV[8]` is `1`)
 when it is another run's."""
-# KEYS: lock, meta, messages, run hash, conversation's runs. ARGV: token, ttl (ms), after,
-# limit, the run's fields (JSON), keep seconds, run id, queue.
+# KEYS: lock, meta, messages, run hash, conversation's runs in flight, its every run.
+# ARGV: token, ttl (ms), after, limit, the run's fields (JSON), keep seconds, run id, queue.
 
 _SAVE_SUMMARY = """
 if not redis.call('HGET', KEYS[1], 'last') then return 0 end

@@ -7,14 +7,19 @@ id from two replicas settle on one owner in one round trip, and a claim retried 
 reply finds its own value. When the claimant is the owner, the same script moves the
 conversation to the top of the owner's sorted set `owned:{digest(path, user)}` (score: the
 claim's time) and, on the first claim, stores its title in the hash `titles:{digest(path,
-user)}`: a user's list (`page`) reads the set newest first.
+user)}`: a user's list (`page`) reads the set newest first. Every conversation is also in the
+sorted set `owners:idle` by its last prompt (member: `[path, conversationId]` as JSON), which
+the retention sweep reads oldest first (`expired`), claiming each for its lease with a key
+`owners:sweep:{member}` (`SET NX PX`), so two replicas never delete one conversation twice; a
+conversation claimed before this set existed joins it at its next prompt.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
-from ..._contracts import OwnedConversation
+from ..._contracts import ExpiredConversation, OwnedConversation
 from .connection import RedisConnection, as_str, digest
 
 _CLAIM = """
@@ -22,12 +27,49 @@ local before = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'GET')
 local owner = before or ARGV[1]
 if owner == ARGV[1] then
     redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+    redis.call('ZADD', KEYS[4], ARGV[2], ARGV[5])
     if not before and ARGV[4] ~= '' then
         redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
     end
 end
 return before
 """
+# KEYS: owner, the user's list, their titles, every conversation by last prompt.
+# ARGV: user, now, conversation id, title, the conversation's member in KEYS[4].
+
+_FORGET = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[3] ~= '' then
+    local updated = redis.call('ZSCORE', KEYS[2], ARGV[2])
+    if updated and tonumber(updated) >= tonumber(ARGV[3]) then return 0 end
+end
+redis.call('DEL', KEYS[1], KEYS[5])
+redis.call('ZREM', KEYS[2], ARGV[2])
+redis.call('HDEL', KEYS[3], ARGV[2])
+redis.call('ZREM', KEYS[4], ARGV[4])
+return 1
+"""
+# KEYS: owner, the owner's list, their titles, every conversation, the sweep claim.
+# ARGV: owner, conversation id, idle before ('' for none), the conversation's member.
+
+_EXPIRED = """
+local found = {}
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[1],
+        'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[3]) * 4)) do
+    table.insert(found, member)
+end
+local claimed = {}
+for i = 1, #found, 2 do
+    if #claimed >= 2 * tonumber(ARGV[3]) then break end
+    if redis.call('SET', ARGV[4] .. found[i], '1', 'NX', 'PX', ARGV[2]) then
+        table.insert(claimed, found[i])
+        table.insert(claimed, found[i + 1])
+    end
+end
+return claimed
+"""
+# KEYS: every conversation by last prompt. ARGV: before, lease (ms), limit, claim key prefix.
+# Returns member, score, member, score, ...
 
 PAGE_BATCH = 64
 """Entries read per round trip while a page skips the ties of its cursor's time."""
@@ -39,6 +81,8 @@ class RedisConversationOwners:
     def __init__(self, connection: RedisConnection) -> None:
         self.connection = connection
         self._claim = connection.client.register_script(_CLAIM)
+        self._forget = connection.client.register_script(_FORGET)
+        self._expired = connection.client.register_script(_EXPIRED)
 
     def _key(self, path: str, conversation_id: str) -> str:
         return self.connection.key("owner", digest(path, conversation_id))
@@ -49,15 +93,29 @@ class RedisConversationOwners:
     def _titles(self, path: str, user: str) -> str:
         return self.connection.key("titles", digest(path, user))
 
+    @property
+    def _every(self) -> str:
+        return self.connection.key("owners", "idle")
+
+    @staticmethod
+    def _member(path: str, conversation_id: str) -> str:
+        return json.dumps([path, conversation_id])
+
+    def _sweep(self, member: str) -> str:
+        """A sweep's claim on the conversation `member` names (it expires with its lease)."""
+        return self.connection.key("owners", "sweep", "") + member
+
     async def claim(self, path: str, conversation_id: str, user: str, title: str = "") -> str:
         keys = [
             self._key(path, conversation_id),
             self._owned(path, user),
             self._titles(path, user),
+            self._every,
         ]
+        member = self._member(path, conversation_id)
         with self.connection.unavailable("claiming a conversation"):
             before = await self._claim(
-                keys=keys, args=[user, repr(time.time()), conversation_id, title]
+                keys=keys, args=[user, repr(time.time()), conversation_id, title, member]
             )
         previous = as_str(before)
         return user if previous is None else previous
@@ -104,12 +162,56 @@ class RedisConversationOwners:
             for (conversation_id, updated), title in zip(found, titles, strict=True)
         ]
 
-    async def forget(self, path: str, conversation_id: str) -> None:
+    async def forget(
+        self, path: str, conversation_id: str, *, idle_before: float | None = None
+    ) -> bool:
+        member = self._member(path, conversation_id)
         with self.connection.unavailable("forgetting a conversation's owner"):
             owner = as_str(await self.connection.client.get(self._key(path, conversation_id)))
-            async with self.connection.client.pipeline(transaction=True) as pipe:
-                pipe.delete(self._key(path, conversation_id))
-                if owner is not None:
-                    pipe.zrem(self._owned(path, owner), conversation_id)
-                    pipe.hdel(self._titles(path, owner), conversation_id)
-                await pipe.execute()
+            if owner is None:
+                return False
+            dropped = await self._forget(
+                keys=[
+                    self._key(path, conversation_id),
+                    self._owned(path, owner),
+                    self._titles(path, owner),
+                    self._every,
+                    self._sweep(member),
+                ],
+                args=[
+                    owner,
+                    conversation_id,
+                    "" if idle_before is None else repr(idle_before),
+                    member,
+                ],
+            )
+        return bool(int(dropped))
+
+    async def release(self, path: str, conversation_id: str) -> None:
+        with self.connection.unavailable("releasing an idle conversation"):
+            await self.connection.client.delete(self._sweep(self._member(path, conversation_id)))
+
+    async def expired(self, before: float, limit: int, lease: float) -> list[ExpiredConversation]:
+        client = self.connection.client
+        with self.connection.unavailable("finding idle conversations"):
+            claimed = await self._expired(
+                keys=[self._every],
+                args=[
+                    repr(before),
+                    max(1, int(lease * 1000)),
+                    limit,
+                    self.connection.key("owners", "sweep", ""),
+                ],
+            )
+            pairs = [
+                (as_str(claimed[i]) or "", float(claimed[i + 1])) for i in range(0, len(claimed), 2)
+            ]
+            found = []
+            for member, updated in pairs[:limit]:
+                path, conversation_id = json.loads(member)
+                owner = as_str(await client.get(self._key(path, conversation_id)))
+                if owner is None:  # forgotten meanwhile: drop the stale entry
+                    await client.zrem(self._every, member)
+                    continue
+                found.append(ExpiredConversation(path, conversation_id, owner, updated))
+        return found

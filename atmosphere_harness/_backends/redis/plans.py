@@ -40,6 +40,9 @@ if exists == 0 then
         for _, name in ipairs(old) do
             redis.call('DEL', ARGV[6] .. name)
             redis.call('ZREM', KEYS[2], name)
+            local of = redis.call('HGET', KEYS[3], name)
+            if of then redis.call('SREM', ARGV[6] .. 'conversation:' .. of, name) end
+            redis.call('HDEL', KEYS[3], name)
             evicted = evicted + 1
         end
         if count - evicted >= 2 * cap then return -1 end
@@ -47,9 +50,24 @@ if exists == 0 then
 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], now, ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[7])
+redis.call('SADD', ARGV[6] .. 'conversation:' .. ARGV[7], ARGV[2])
 return evicted
 """
-# KEYS: plan key, owner's index. ARGV: plan JSON, plan name, cap, now, min idle, key base.
+# KEYS: plan key, owner's index, owner's plan -> conversation hash.
+# ARGV: plan JSON, plan name, cap, now, min idle, key base, conversation digest.
+
+_FORGET = """
+for _, name in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+    redis.call('DEL', ARGV[1] .. name)
+    redis.call('ZREM', KEYS[1], name)
+    redis.call('HDEL', KEYS[2], name)
+end
+redis.call('DEL', KEYS[3])
+return 1
+"""
+# KEYS: owner's index, owner's plan -> conversation hash, the conversation's plans.
+# ARGV: key base.
 
 
 class RedisPlanStore:
@@ -75,6 +93,7 @@ class RedisPlanStore:
         self.min_idle = min_idle
         self._base = connection.key("plan", digest(owner), "")
         self._put = connection.client.register_script(_PUT)
+        self._forget = connection.client.register_script(_FORGET)
 
     @classmethod
     def for_root(cls, connection: RedisConnection, root: Path) -> RedisPlanStore:
@@ -115,7 +134,7 @@ class RedisPlanStore:
         with self.connection.unavailable("saving the plan"):
             evicted = int(
                 await self._put(
-                    keys=[self._base + name, self._base + "index"],
+                    keys=[self._base + name, self._base + "index", self._base + "of"],
                     args=[
                         data,
                         name,
@@ -123,6 +142,7 @@ class RedisPlanStore:
                         repr(time.time()),
                         self.min_idle,
                         self._base,
+                        digest(conversation),
                     ],
                 )
             )
@@ -137,4 +157,17 @@ class RedisPlanStore:
                 evicted=evicted,
                 cap=self.max_plans,
                 owner=self.owner,
+            )
+
+    async def forget(self, conversation_id: str) -> None:
+        """Delete every plan of the conversation (each agent's)."""
+        conversation = check_key("conversationId", conversation_id)
+        with self.connection.unavailable("deleting the conversation's plans"):
+            await self._forget(
+                keys=[
+                    self._base + "index",
+                    self._base + "of",
+                    self._base + "conversation:" + digest(conversation),
+                ],
+                args=[self._base],
             )

@@ -256,6 +256,25 @@ return dropped
 )
 # KEYS: compact zset, finished zset. ARGV: prefix, compact before, drop before, batch.
 
+_FORGET = (
+    _LIB
+    + """
+local prefix = ARGV[1]
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+    local key = runkey(prefix, id)
+    local finished = redis.call('HGET', key, 'finished')
+    if finished or redis.call('EXISTS', key) == 0 then
+        redis.call('DEL', key, key .. ':frames', key .. ':checkpoints')
+        redis.call('ZREM', KEYS[1], id)
+        redis.call('ZREM', KEYS[2], id)
+        redis.call('ZREM', KEYS[3], id)
+    end
+end
+return 1
+"""
+)
+# KEYS: the conversation's runs, compact zset, finished zset. ARGV: prefix.
+
 _ABANDON = (
     _LIB
     + """
@@ -333,6 +352,7 @@ class RedisRunStore:
         self._finish = client.register_script(_FINISH)
         self._expire = client.register_script(_EXPIRE)
         self._abandon = client.register_script(_ABANDON)
+        self._forget = client.register_script(_FORGET)
         self._watchers = RunWatchers()
         self._listener: asyncio.Task[None] | None = None
         connection.on_close(self._stop_listening)
@@ -507,6 +527,18 @@ class RedisRunStore:
             FINISHED_TTL,
             int(FOLLOW_GRACE_SECONDS * 4),
         ]
+
+    async def forget(self, path: str, conversation_id: str) -> None:
+        """Drop the conversation's finished runs: records, frames and checkpoints."""
+        with self.connection.unavailable("deleting a conversation's runs"):
+            await self._forget(
+                keys=[
+                    self._conversation(path, conversation_id),
+                    self.connection.key("runs", "compact"),
+                    self.connection.key("runs", "finished"),
+                ],
+                args=[self.connection.prefix],
+            )
 
     async def expire(self, before: float) -> int:
         with self.connection.unavailable("expiring durable runs"):
