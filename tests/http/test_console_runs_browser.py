@@ -115,3 +115,52 @@ async def test_the_sidebar_lists_conversations_newest_first_pages_and_opens_one(
         assert await page.get_attribute(f"{CONVERSATIONS} >> nth=0", "aria-current") == "true"
         await page.wait_for_selector(".run-end")
         await screenshot(page, tmp_path, "conversations")
+
+
+async def test_delete_asks_first_refuses_while_a_run_is_in_flight_then_removes_it(
+    page: Any, tmp_path: Path, workspace: Path
+) -> None:
+    async with serve(runner_app(workspace)) as base, httpx2.AsyncClient(base_url=base) as client:
+        for name in ("keep", "drop"):
+            await post_prompt(client, PATH, f"about {name}", f"c-{name}")
+        await open_console(page, base)
+        drop = f"{CONVERSATIONS}[data-conversation-id=c-drop]"
+        await page.wait_for_selector(drop)
+
+        # Cancel in the confirmation leaves it alone.
+        await page.click(f"{drop} .delete")
+        await page.wait_for_selector("#confirm-delete[open]")
+        assert await page.inner_text("#confirm-delete-name") == "about drop"
+        await page.click("#confirm-delete-cancel")
+        await page.wait_for_selector("#confirm-delete:not([open])", state="attached")
+        assert await page.locator(drop).count() == 1
+        history = f"{PATH}/conversations/c-drop/messages"
+        assert (await client.get(history)).status_code == 200
+
+        # While its run is in flight the server refuses (409): the dialog says so, it stays.
+        await page.click(f"{drop} .open")
+        await page.wait_for_selector("#history-hint:text-matches('^Earlier turns of')")
+        await send(page, "nap 30")
+        await page.wait_for_selector(".card.tool[data-tool=nap] .badge.running")
+        await page.click(f"{drop} .delete")
+        await page.click("#confirm-delete-ok")
+        await page.wait_for_selector("#confirm-delete-note:has-text('Not deleted')")
+        await screenshot(page, tmp_path, "delete-refused")
+        assert await page.is_visible("#confirm-delete")
+        await page.click("#confirm-delete-cancel")
+        assert await page.locator(drop).count() == 1
+        assert (await client.get(history)).status_code == 200
+
+        # Once the run stopped, it goes: from the list, the server, and the chat.
+        await page.click("#stop")
+        await page.wait_for_selector(".run-end:has-text('Stopped.')")
+        await page.click(f"{drop} .delete")
+        await page.click("#confirm-delete-ok")
+        await page.wait_for_selector(drop, state="detached")
+        assert await page.is_hidden("#confirm-delete")
+        assert (await client.get(history)).status_code == 404
+        listed = (await client.get(f"{PATH}/conversations")).json()["conversations"]
+        assert [entry["conversationId"] for entry in listed] == ["c-keep"]
+        ids = "items => items.map(item => item.dataset.conversationId)"
+        assert await page.locator(CONVERSATIONS).evaluate_all(ids) == ["c-keep"]
+        assert await page.inner_text("#chat-conversation") != "c-drop"
