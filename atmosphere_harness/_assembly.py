@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any
 
 from ._backends import StateBackends, resolve_backends
-from ._contracts import Primitive, RunHooks
+from ._contracts import USER_DAILY_CAP, Primitive, RunHooks
 from ._delegation.primitive import DelegationPrimitive
 from ._filesystem.primitive import FilesystemPrimitive
 from ._governance.approval import ToolApprovalPolicy
@@ -142,6 +142,10 @@ def build_host(
         owners=backends.owners,
         registry=backends.run_registry,
     )
+    for hook in host.hooks:
+        if isinstance(hook, UserDailyTokensHook):
+            # The memory primitive's own model calls count toward the same cap.
+            host.services.set(USER_DAILY_CAP, hook)
     host.backends = backends.describe()
     host.truth.set_tracing(tracing_state(settings))
     return host

@@ -946,6 +946,44 @@ class UserTokens(Protocol):
         """Add `tokens` to that count, atomically; returns the new count."""
         ...
 
+    async def reserve(self, user_id: str, day: str, estimate: int, limit: int) -> int | None:
+        """In one atomic step: `None` when the count (spent and reserved) is at or over
+        `limit`; else add `max(estimate, the user's last remembered call, 1)` to it and return
+        what was added (the reservation)."""
+        ...
+
+    async def settle(
+        self, user_id: str, day: str, reserved: int, used: int, *, remember: bool
+    ) -> None:
+        """Replace a reservation by what the call used (`count += used - reserved`); with
+        `remember`, `used` becomes the user's last call, the next reservation's floor."""
+        ...
+
+
+@dataclass(slots=True)
+class TokenGrant:
+    """A reservation against a user's daily tokens; set `used` to what the call spent."""
+
+    used: int = 0
+
+
+class UserDailyCap(Protocol):
+    """The per-user daily token cap (`ATMOSPHERE_AI_USER_DAILY_TOKEN_LIMIT`) for the harness's
+    own model calls (compaction summaries, fact extraction), under `USER_DAILY_CAP` in the
+    host's services when the cap is set."""
+
+    def reserve(
+        self, user_id: str, estimate: int, *, remember: bool = False
+    ) -> contextlib.AbstractAsyncContextManager[TokenGrant]:
+        """Reserve about `estimate` tokens of the user's day for one call, settled with the
+        grant's `used` when the block ends; raises `UsageLimitExceeded` when the user is at
+        or over the cap."""
+        ...
+
+
+USER_DAILY_CAP: Key[UserDailyCap] = Key("usage.user_daily_cap")
+"""Host service: the per-user daily token cap, when it is set."""
+
 
 # --- the durable run store ------------------------------------------------------------------
 

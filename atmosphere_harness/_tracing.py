@@ -347,23 +347,25 @@ class Tracing(RunHooks):
             raise
         else:
             usage = response.usage
-            answered_with: dict[str, Any] = {
-                INPUT_TOKENS: usage.input_tokens,
-                OUTPUT_TOKENS: usage.output_tokens,
-            }
-            if usage.cache_read_tokens:
-                answered_with[CACHE_READ_TOKENS] = usage.cache_read_tokens
-            if usage.cache_write_tokens:
-                answered_with[CACHE_WRITE_TOKENS] = usage.cache_write_tokens
             answered = response.model or requested
             if answered:
-                answered_with[RESPONSE_MODEL] = answered
                 measured[RESPONSE_MODEL] = answered
-            if response.stop_reason:
-                answered_with[FINISH_REASONS] = (response.stop_reason,)
-            if self.capture_content:
-                answered_with[OUTPUT_MESSAGES] = bounded(output_json(response))
-            span.set_attributes(answered_with)
+            if span.is_recording():  # a sampled-out span takes no attributes: build none
+                answered_with: dict[str, Any] = {
+                    INPUT_TOKENS: usage.input_tokens,
+                    OUTPUT_TOKENS: usage.output_tokens,
+                }
+                if usage.cache_read_tokens:
+                    answered_with[CACHE_READ_TOKENS] = usage.cache_read_tokens
+                if usage.cache_write_tokens:
+                    answered_with[CACHE_WRITE_TOKENS] = usage.cache_write_tokens
+                if answered:
+                    answered_with[RESPONSE_MODEL] = answered
+                if response.stop_reason:
+                    answered_with[FINISH_REASONS] = (response.stop_reason,)
+                if self.capture_content:
+                    answered_with[OUTPUT_MESSAGES] = bounded(output_json(response))
+                span.set_attributes(answered_with)
             self._tokens.record(usage.input_tokens, {**measured, TOKEN_TYPE: "input"})
             self._tokens.record(usage.output_tokens, {**measured, TOKEN_TYPE: "output"})
             return response
@@ -401,7 +403,7 @@ class Tracing(RunHooks):
             if outcome.status not in FINE:
                 span.set_status(self._status(self._error, outcome.status))
                 ended[ERROR_TYPE] = outcome.status
-            if self.capture_content:
+            if self.capture_content and span.is_recording():
                 ended[TOOL_RESULT] = bounded(outcome.result)
             span.set_attributes(ended)
             return outcome

@@ -31,8 +31,10 @@ Files are the workload of deepagents' filesystem benchmark (seed 1234, 64-byte l
   on the SDK (a `TracerProvider` with a `BatchSpanProcessor` to an exporter that drops the
   spans, and a `MeterProvider` aggregating every measurement), alternated in one process:
   `per_turn_ms` and `cpu_per_turn_ms` each, and `noop_overhead_pct` / `sdk_overhead_pct`
-  against no tracing (goals: 1 % and 5 %). One host runs them all (only its endpoint's hooks
-  change), and `off_again_overhead_pct` compares no tracing with itself: the noise floor.
+  against no tracing (goals: 1 % and 5 %); `hook_us_per_turn` times the hook alone, and
+  `sdk_calls_only` the SDK calls it makes with nothing of the hook around them. One host runs
+  them all (only its endpoint's hooks change), and `off_again_overhead_pct` compares no tracing
+  with itself: the noise floor.
 
 `--sections` runs only the sections named (the figures of the others are `null`).
 
@@ -594,6 +596,64 @@ def tracing_hooks() -> tuple[Any, Any] | str:
     return noop, sdk
 
 
+def sdk_calls_only() -> Any:
+    """A hook that makes only the SDK calls the tracing hook makes per turn (two spans, each
+    current while its call runs, with the same attributes, and four measurements), on a fresh
+    SDK provider: the floor the tracing hook's own code sits on."""
+    from opentelemetry import context, trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    tracer = provider.get_tracer("floor")
+    meter = MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("floor")
+    tokens = meter.create_histogram("gen_ai.client.token.usage")
+    duration = meter.create_histogram("gen_ai.client.operation.duration")
+    calls = meter.create_counter("atmosphere.tool.calls")
+    chat = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "scripted"}
+    where = {"gen_ai.agent.name": "bench", "gen_ai.conversation.id": "c"}
+
+    class Floor:
+        async def around_model(self, step: Any, proceed: Any) -> Any:
+            span = tracer.start_span("chat scripted", attributes={**chat, **where})
+            token = context.attach(trace.set_span_in_context(span))
+            started = time.perf_counter()
+            answer = await proceed(step)
+            span.set_attributes({"gen_ai.usage.input_tokens": 0, "gen_ai.usage.output_tokens": 0})
+            tokens.record(0, {**chat, "gen_ai.token.type": "input"})
+            tokens.record(0, {**chat, "gen_ai.token.type": "output"})
+            context.detach(token)
+            span.end()
+            duration.record(time.perf_counter() - started, chat)
+            return answer
+
+        async def around_tool(self, step: Any, proceed: Any) -> Any:
+            called = {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": step.call.name,
+                "gen_ai.tool.call.id": step.call.id,
+                "gen_ai.tool.type": "function",
+                **where,
+            }
+            span = tracer.start_span(f"execute_tool {step.call.name}", attributes=called)
+            token = context.attach(trace.set_span_in_context(span))
+            outcome = await proceed(step)
+            span.set_attributes({"atmosphere.tool.outcome": outcome.status})
+            context.detach(token)
+            span.end()
+            calls.add(1, {"gen_ai.tool.name": step.call.name, "atmosphere.tool.outcome": "ok"})
+            return outcome
+
+    return Floor()
+
+
 async def tracing_section(root: Path, turns: int, repeats: int) -> dict[str, Any]:
     """No tracing, the no-op providers and the SDK on one host (only its endpoint's hooks
     change between prompts), alternated; `off_again` is no tracing once more, so the spread
@@ -625,7 +685,11 @@ async def tracing_section(root: Path, turns: int, repeats: int) -> dict[str, Any
             "off_again": side([]),
         }
         samples = await compare(sides, [f"seq {turns} {size}" for size in (1, 50)], repeats)
-        hooked = {"noop": await hook_cost(ours, noop), "sdk": await hook_cost(ours, sdk)}
+        hooked = {
+            "noop": await hook_cost(ours, noop),
+            "sdk": await hook_cost(ours, sdk),
+            "sdk_calls_only": await hook_cost(ours, sdk_calls_only()),
+        }
     result: dict[str, Any] = {"hook_us_per_turn": hooked}
     for size in (1, 50):
         entry: dict[str, Any] = {

@@ -16,6 +16,9 @@ let its coordinator ask the model again).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -26,6 +29,7 @@ from .._contracts import (
     ProceedTool,
     Run,
     RunHooks,
+    TokenGrant,
     ToolOutcome,
     ToolStep,
     UserTokens,
@@ -33,7 +37,7 @@ from .._contracts import (
 from .._errors import UsageLimitExceeded
 from .._limits import UsageLimits
 from .._log import fault, get_logger
-from .._runtimes.base import ModelResponse
+from .._runtimes.base import ModelRequest, ModelResponse
 
 log = get_logger(__name__)
 
@@ -165,23 +169,71 @@ class InProcessUserTokens:
     def __init__(self) -> None:
         self._day = ""
         self._spent: dict[str, int] = {}
+        self._last: dict[str, int] = {}
+
+    def _today(self, day: str) -> bool:
+        """Start a new day's counts when `day` is newer; whether `day` is the current one."""
+        if day > self._day:
+            self._day, self._spent, self._last = day, {}, {}
+        return day == self._day
 
     async def spent(self, user_id: str, day: str) -> int:
         return self._spent.get(user_id, 0) if day == self._day else 0
 
     async def add(self, user_id: str, day: str, tokens: int) -> int:
-        if day != self._day:
-            self._day, self._spent = day, {}
+        if not self._today(day):
+            return 0
         self._spent[user_id] = self._spent.get(user_id, 0) + tokens
         return self._spent[user_id]
 
+    async def reserve(self, user_id: str, day: str, estimate: int, limit: int) -> int | None:
+        if not self._today(day):
+            return 0
+        if self._spent.get(user_id, 0) >= limit:
+            return None
+        reserved = max(estimate, self._last.get(user_id, 0), 1)
+        self._spent[user_id] = self._spent.get(user_id, 0) + reserved
+        return reserved
+
+    async def settle(
+        self, user_id: str, day: str, reserved: int, used: int, *, remember: bool
+    ) -> None:
+        if not self._today(day):
+            return
+        self._spent[user_id] = max(self._spent.get(user_id, 0) + used - reserved, 0)
+        if remember and used > 0:
+            self._last[user_id] = used
+
+
+LAST_CALL: Key[int] = Key("usage.last_call")
+"""Run state: the tokens of the run's last model call (the next reservation's floor)."""
+
+
+def estimate_tokens(request: ModelRequest) -> int:
+    """About how many tokens `request` sends: its characters / 4 (system prompt, messages,
+    per-turn context, tool declarations)."""
+    chars = len(request.system_prompt) + sum(len(part) for part in request.context)
+    for message in request.messages:
+        chars += len(message.content) + 16
+        for call in message.tool_calls:
+            chars += len(call.name) + len(str(call.arguments))
+    for spec in request.tools:
+        chars += len(spec.name) + len(spec.description) + len(str(spec.parameters))
+    return chars // 4
+
 
 class UserDailyTokensHook(RunHooks):
-    """Refuses a model request once its user spent `limit` tokens today (UTC), every replica's
-    runs together.
+    """Refuses a model request once its user's tokens today (UTC) reach `limit`, every
+    replica's runs together, the harness's own calls (compaction summaries, fact extraction)
+    included.
 
-    The count is read before each request and added to after each response, so a user is over
-    by at most the turns already in flight when the count crossed the limit (one per run).
+    Before each call a reservation is added to the user's count in one atomic step of the
+    store, and only while the count is under the limit: the larger of the request's estimated
+    size, the run's last call and the user's last call. The call's real usage replaces the
+    reservation when it ends (a failed call releases it). Concurrent calls therefore see each
+    other's reservations, and the cap is passed by at most the last call admitted under it,
+    plus what calls in flight spend beyond their reservation.
+
     Anonymous runs (no user id) are not capped. It sits inside durable replay: a resumed run's
     replayed turns were counted in its first life and are not counted again. The store failing
     (an outage) does not stop runs: the call goes ahead and a WARN says what was not counted.
@@ -190,28 +242,53 @@ class UserDailyTokensHook(RunHooks):
     def __init__(self, store: UserTokens, limit: int) -> None:
         self.store = store
         self.limit = limit
+        self._settling: set[asyncio.Future[None]] = set()
 
     async def around_model(self, step: ModelStep, proceed: ProceedModel) -> ModelResponse:
-        user = step.run.user_id
+        run = step.run
+        user = run.user_id
         if user is None:
             return await proceed(step)
+        estimate = max(estimate_tokens(step.request), run.state.get(LAST_CALL, 0))
+        async with self.reserve(user, estimate, remember=True) as grant:
+            response = await proceed(step)
+            usage = response.usage
+            grant.used = usage.input_tokens + usage.output_tokens
+            run.state.set(LAST_CALL, grant.used)
+        return response
+
+    @asynccontextmanager
+    async def reserve(
+        self, user_id: str, estimate: int, *, remember: bool = False
+    ) -> AsyncIterator[TokenGrant]:
+        """`contracts.UserDailyCap.reserve`: the reservation around one call."""
         day = utc_day()
         try:
-            spent = await self.store.spent(user, day)
+            reserved = await self.store.reserve(user_id, day, estimate, self.limit)
         except Exception as exc:
             fault(log, "the daily token count could not be read; the call goes ahead", exc)
-            spent = 0
-        if spent >= self.limit:
+            reserved = 0
+        if reserved is None:
             raise UsageLimitExceeded(
                 f"this user reached the daily token limit ({self.limit} tokens per UTC day, "
                 "ATMOSPHERE_AI_USER_DAILY_TOKEN_LIMIT); try again tomorrow",
                 limit=DAILY_LIMIT,
             )
-        response = await proceed(step)
-        tokens = response.usage.input_tokens + response.usage.output_tokens
-        if tokens:
-            try:
-                await self.store.add(user, day, tokens)
-            except Exception as exc:
-                fault(log, "the daily token count could not be written", exc, tokens=tokens)
-        return response
+        grant = TokenGrant()
+        try:
+            yield grant
+        finally:
+            if reserved or grant.used:
+                # Shielded: a cancelled run still gives back what it reserved and did not use.
+                settling = asyncio.ensure_future(
+                    self._settle(user_id, day, reserved, grant.used, remember)
+                )
+                self._settling.add(settling)
+                settling.add_done_callback(self._settling.discard)
+                await asyncio.shield(settling)
+
+    async def _settle(self, user: str, day: str, reserved: int, used: int, remember: bool) -> None:
+        try:
+            await self.store.settle(user, day, reserved, used, remember=remember)
+        except Exception as exc:
+            fault(log, "the daily token count could not be written", exc, tokens=used)

@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from .._contracts import UserDailyCap
+from .._errors import UsageLimitExceeded
 from .._log import get_logger
 from .._runtimes.base import AgentRuntime, ContextWindowRuntime, Message
 from .._settings import Compaction, HarnessSettings
@@ -73,8 +75,15 @@ class CompactionStrategy(Protocol):
     after it, instead of the newest `max_messages`)."""
 
     async def compact(
-        self, messages: Sequence[Message], max_messages: int, summary: Summary | None = None
-    ) -> Compacted: ...
+        self,
+        messages: Sequence[Message],
+        max_messages: int,
+        summary: Summary | None = None,
+        user_id: str | None = None,
+    ) -> Compacted:
+        """The view of `messages`; `user_id` is whose conversation it is (a summary written by
+        the model counts toward that user's daily tokens)."""
+        ...
 
 
 # --- units ---------------------------------------------------------------------------------
@@ -174,7 +183,11 @@ class SlidingWindowCompaction:
     summarizes = False
 
     async def compact(
-        self, messages: Sequence[Message], max_messages: int, summary: Summary | None = None
+        self,
+        messages: Sequence[Message],
+        max_messages: int,
+        summary: Summary | None = None,
+        user_id: str | None = None,
     ) -> Compacted:
         pinned, rest = _split_pinned(units(messages))
         room = max_messages - 1 if rest else max_messages
@@ -204,7 +217,11 @@ class TokenWindowCompaction:
         self.budget_tokens = budget_tokens
 
     async def compact(
-        self, messages: Sequence[Message], max_messages: int, summary: Summary | None = None
+        self,
+        messages: Sequence[Message],
+        max_messages: int,
+        summary: Summary | None = None,
+        user_id: str | None = None,
     ) -> Compacted:
         pinned, rest = _split_pinned(units(messages))
         budget = self.budget_tokens - sum(estimate_tokens(m) for m in flatten(pinned))
@@ -213,7 +230,8 @@ class TokenWindowCompaction:
         return Compacted(flatten(pinned) + flatten(from_user_turn(by_count)))
 
 
-Summarizer = Callable[[Summary | None, Sequence[Message]], Awaitable[str]]
+Summarizer = Callable[[Summary | None, Sequence[Message], str | None], Awaitable[str]]
+"""`(previous summary, messages to absorb, user id) -> the new summary's text`."""
 
 
 def transcript(messages: Sequence[Message], line_chars: int | None = None) -> str:
@@ -241,21 +259,32 @@ def local_summary(previous: Summary | None, messages: Sequence[Message]) -> str:
     return _bounded("\n".join(part for part in parts if part))
 
 
-def model_summarizer(runtime: AgentRuntime, timeout: float) -> Summarizer:
-    """Ask `runtime` for the summary; fail open to `local_summary` (error, timeout, blank)."""
+def model_summarizer(
+    runtime: AgentRuntime, timeout: float, cap: UserDailyCap | None = None
+) -> Summarizer:
+    """Ask `runtime` for the summary; fail open to `local_summary` (error, timeout, blank, a
+    user at the daily token cap). With `cap`, the call counts toward the user's day."""
 
-    async def summarize(previous: Summary | None, messages: Sequence[Message]) -> str:
+    async def summarize(
+        previous: Summary | None, messages: Sequence[Message], user_id: str | None = None
+    ) -> str:
         conversation = transcript(messages)
         if previous is not None and previous.text:
             conversation = f"(summary so far) {previous.text}\n{conversation}"
-        answer = await ask(
-            runtime,
-            system_prompt=SUMMARIZER_SYSTEM_PROMPT,
-            prompt=SUMMARIZER_PROMPT.format(conversation=conversation),
-            purpose="memory-summary",
-            conversation_id="memory-summary",
-            timeout=timeout,
-        )
+        try:
+            answer = await ask(
+                runtime,
+                system_prompt=SUMMARIZER_SYSTEM_PROMPT,
+                prompt=SUMMARIZER_PROMPT.format(conversation=conversation),
+                purpose="memory-summary",
+                conversation_id="memory-summary",
+                timeout=timeout,
+                user_id=user_id,
+                cap=cap,
+            )
+        except UsageLimitExceeded:
+            log.info("the user reached the daily token limit: the summary is written locally")
+            answer = None
         text = (answer or "").strip()
         if not text:
             log.warning("no summary from the model, using the local summary")
@@ -280,7 +309,11 @@ class SummarizingCompaction:
         self.recent_window = recent_window
 
     async def compact(
-        self, messages: Sequence[Message], max_messages: int, summary: Summary | None = None
+        self,
+        messages: Sequence[Message],
+        max_messages: int,
+        summary: Summary | None = None,
+        user_id: str | None = None,
     ) -> Compacted:
         groups = units(messages)
         head = [summary.message()] if summary is not None else []
@@ -293,7 +326,7 @@ class SummarizingCompaction:
             return Compacted(head + flatten(recent))
         absorbed_messages = flatten(old)
         if self.summarizer is not None:
-            text = await self.summarizer(summary, absorbed_messages)
+            text = await self.summarizer(summary, absorbed_messages, user_id)
         else:
             text = local_summary(summary, absorbed_messages)
         covered = (summary.covered if summary is not None else 0) + len(absorbed_messages)
@@ -331,10 +364,12 @@ def build_strategy(
     model_timeout: float,
     recent_window: int,
     context_tokens: int,
+    cap: UserDailyCap | None = None,
 ) -> CompactionStrategy:
-    """The strategy `compaction` names; summaries come from `runtime` when there is one."""
+    """The strategy `compaction` names; summaries come from `runtime` when there is one (and
+    count toward the user's daily tokens with `cap`)."""
     if choice is Compaction.SUMMARIZING:
-        summarizer = model_summarizer(runtime, model_timeout) if runtime is not None else None
+        summarizer = model_summarizer(runtime, model_timeout, cap) if runtime is not None else None
         return SummarizingCompaction(summarizer, recent_window)
     if choice is Compaction.TOKEN_WINDOW:
         return TokenWindowCompaction(context_tokens)

@@ -146,7 +146,7 @@ class ConversationMemory:
                 found = await self.backend.since_summary(key, MAX_UNSUMMARIZED)
             summary, stored = found
             messages = [message for _seq, message in stored]
-            result = await self.strategy.compact(messages, self.max_messages, summary)
+            result = await self.strategy.compact(messages, self.max_messages, summary, key.user_id)
             if result.summary is not None and result.absorbed > 0:
                 await self.backend.save_summary(key, result.summary, stored[result.absorbed - 1][0])
             return result.messages

@@ -14,6 +14,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 
+from .._contracts import UserDailyCap
 from .._log import get_logger
 from .._runtimes.base import AgentRuntime, Message
 from .compaction import transcript
@@ -156,9 +157,18 @@ def conversation_text(messages: Sequence[Message]) -> str:
 
 
 async def extract_facts(
-    runtime: AgentRuntime, messages: Sequence[Message], *, timeout: float, conversation_id: str
+    runtime: AgentRuntime,
+    messages: Sequence[Message],
+    *,
+    timeout: float,
+    conversation_id: str,
+    user_id: str | None = None,
+    cap: UserDailyCap | None = None,
 ) -> list[str]:
-    """Ask `runtime` for the facts in `messages`; `[]` on any failure (extraction fails open)."""
+    """Ask `runtime` for the facts in `messages`; `[]` on any failure (extraction fails open).
+
+    With `cap` the call counts toward `user_id`'s daily tokens, and a user at the cap raises
+    `UsageLimitExceeded` before the call (the conversation stays to be extracted later)."""
     text = conversation_text(messages)
     if not text:
         return []
@@ -169,6 +179,8 @@ async def extract_facts(
         purpose="memory-extraction",
         conversation_id=f"memory-extraction:{conversation_id}",
         timeout=timeout,
+        user_id=user_id,
+        cap=cap,
     )
     if answer is None:
         return []

@@ -29,7 +29,7 @@ import dataclasses
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING
 
-from .._contracts import Key
+from .._contracts import Key, UserDailyCap
 from .._log import get_logger
 from .._runtimes.base import AgentRuntime, Message, ModelRequest
 from .extraction import extract_facts, reconcile
@@ -165,11 +165,20 @@ class LongTermMemoryInterceptor:
         runtime: AgentRuntime,
         timeout: float,
         conversation_id: str,
+        cap: UserDailyCap | None = None,
     ) -> list[str]:
-        """Extract facts from `messages` and store the new ones; returns what was stored."""
+        """Extract facts from `messages` and store the new ones; returns what was stored.
+
+        With `cap` (the per-user daily token cap) the model call counts toward the user's
+        day; a user at the cap raises `UsageLimitExceeded` and nothing is stored."""
         model = self.runtime or runtime
         facts = await extract_facts(
-            model, messages, timeout=timeout, conversation_id=conversation_id
+            model,
+            messages,
+            timeout=timeout,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            cap=cap,
         )
         if not facts:
             return []

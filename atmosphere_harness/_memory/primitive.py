@@ -16,7 +16,8 @@ import math
 import time
 
 from .._cancel import reraise_cancellation
-from .._contracts import Endpoint, Host, Key, Primitive
+from .._contracts import USER_DAILY_CAP, Endpoint, Host, Key, Primitive
+from .._errors import UsageLimitExceeded
 from .._harness import Harness
 from .._log import get_logger
 from .._preset import ACTIVE, COMPACTION, CONVERSATION_MEMORY, LONG_TERM_MEMORY
@@ -128,6 +129,7 @@ class MemoryPrimitive(Primitive):
             model_timeout=settings.model_timeout,
             recent_window=settings.recent_window,
             context_tokens=token_budget(host.settings, endpoint.runtime),
+            cap=host.services.get(USER_DAILY_CAP),
         )
         memory = ConversationMemory(
             self.history,
@@ -231,11 +233,15 @@ class MemoryPrimitive(Primitive):
                 runtime=endpoint.runtime,
                 timeout=self._host.settings.groups.memory.model_timeout,
                 conversation_id=key.conversation_id,
+                cap=self._host.services.get(USER_DAILY_CAP),
             )
             await self.history.mark_extracted(key, last_seq)
             log.info("long-term memory extracted", endpoint=endpoint.path, facts=len(stored))
         except asyncio.CancelledError:
             raise
+        except UsageLimitExceeded:
+            # Left unextracted: a later close of the conversation extracts it.
+            log.info("long-term memory extraction skipped: the user reached the daily token limit")
         except Exception as exc:
             log.warning(
                 "long-term memory extraction failed", endpoint=endpoint.path, error=str(exc)

@@ -84,3 +84,47 @@ async def test_the_embedded_counter_keeps_only_the_current_day() -> None:
     assert await counter.add("alice", "2026-01-02", 1) == 1
     assert await counter.spent("alice", "2026-01-01") == 0
     assert utc_day(0) == "1970-01-01"
+
+
+async def test_a_reservation_is_refused_at_the_cap_floored_by_the_last_call_and_settled() -> None:
+    counter = InProcessUserTokens()
+    day = "2026-01-01"
+    assert await counter.reserve("alice", day, 5, limit=100) == 5
+    await counter.settle("alice", day, 5, 60, remember=True)
+    assert await counter.spent("alice", day) == 60
+    # the next reservation is at least the user's last call; it counts at once
+    assert await counter.reserve("alice", day, 5, limit=100) == 60
+    assert await counter.spent("alice", day) == 120
+    assert await counter.reserve("alice", day, 5, limit=100) is None
+    # a failed call gives its reservation back; a harness call is not remembered
+    await counter.settle("alice", day, 60, 0, remember=True)
+    assert await counter.spent("alice", day) == 60
+    assert await counter.reserve("alice", day, 1, limit=100) == 60
+    await counter.settle("alice", day, 60, 500, remember=False)
+    assert await counter.spent("alice", day) == 560
+    assert await counter.reserve("bob", day, 0, limit=100) == 1
+
+
+class FailsOnce(HundredTokens):
+    async def complete(
+        self, request: ModelRequest, *, on_text: TextSink | None = None
+    ) -> ModelResponse:
+        if self.calls == 0:
+            self.calls += 1
+            raise RuntimeError("the provider failed")
+        return await super().complete(request, on_text=on_text)
+
+
+async def test_a_failed_call_gives_its_reservation_back(workspace: Path) -> None:
+    runtime = FailsOnce()
+    app = make_app(
+        [capped_agent()],
+        runtime=runtime,
+        workspace=workspace,
+        user_id_header="X-User-Id",
+        user_daily_token_limit=150,
+    )
+    async with client_for(app) as client:
+        ends = [(await ask(client, "alice"))["event"] for _ in range(4)]
+    # the failed call costs nothing; then 0 and 100 spent are under 150, 200 is not
+    assert ends == ["error", "complete", "complete", "error"]

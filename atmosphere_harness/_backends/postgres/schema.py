@@ -329,6 +329,11 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX atmosphere_conversation_owners_idle
         ON atmosphere_conversation_owners (updated_at);
     """,
+    # 13: the daily token cap reserves before each model call: each user's last call, the
+    # floor of the next reservation (`PostgresUserTokens.reserve`).
+    """
+    ALTER TABLE atmosphere_user_tokens ADD COLUMN last_call bigint NOT NULL DEFAULT 0;
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 
