@@ -20,6 +20,10 @@ the package's `EventEncoder`:
 - `error`: `RUN_ERROR`;
 - any other frame (`approval-required`, a prompt method's own events): `CUSTOM`, named after
   the frame type, with its data as the value.
+
+`forwardedProps.multitask` is the prompt's `multitask`, as for `POST P` (default `enqueue`):
+`reject` while the conversation has a run in flight answers `RUN_STARTED` then `RUN_ERROR`
+(code `RunConflict`), and nothing runs.
 """
 
 from __future__ import annotations
@@ -54,18 +58,19 @@ from ag_ui.core import (
 )
 from ag_ui.encoder import EventEncoder
 from fastapi import Depends, HTTPException, Request
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_core import PydanticSerializationError
 from sse_starlette import EventSourceResponse
 
 from .. import _events as events
+from .._errors import RunConflict
 from .._events import Frame, json_line, line_safe
 from .._ids import check_conversation_id
 from .._registry import AgentSpec
 from .deps import CONVERSATION_ID_SCHEMA, HarnessDep, get_user_id, hosted_endpoint
 from .ownership import require_conversation
-from .route_spec import MAX_MESSAGE_CHARS, NOT_FOUND_RESPONSE, RouteSpec
-from .sse import PING_SECONDS, SEND_TIMEOUT, HarnessEventSource, run_frames
+from .route_spec import MAX_MESSAGE_CHARS, MULTITASK_MODES, NOT_FOUND_RESPONSE, RouteSpec
+from .sse import PING_SECONDS, SEND_TIMEOUT, HarnessEventSource, admit, run_frames
 
 SUBAGENT_ERROR_STATUSES = frozenset({"error", "failed", "timeout", "denied", "cancelled"})
 
@@ -281,6 +286,9 @@ USER_TEXT_SCHEMA: dict[str, Any] = {
     }
 }
 """What `prompt_of` needs, for the OpenAPI document: a user message with some text."""
+FORWARDED_PROPS_SCHEMA: dict[str, Any] = {
+    "properties": {"multitask": {"type": "string", "enum": list(MULTITASK_MODES)}}
+}
 
 
 class AguiRunInput(RunAgentInput):
@@ -289,6 +297,25 @@ class AguiRunInput(RunAgentInput):
 
     thread_id: str = Field(json_schema_extra=CONVERSATION_ID_SCHEMA)
     messages: list[Message] = Field(json_schema_extra=USER_TEXT_SCHEMA)
+    forwarded_props: Any = Field(
+        None,
+        alias="forwardedProps",
+        json_schema_extra=FORWARDED_PROPS_SCHEMA,
+        description="`multitask`: what this run does when its thread has a run in flight "
+        "(as for `POST P`; default `enqueue`).",
+    )
+
+    @field_validator("forwarded_props")
+    @classmethod
+    def _check_multitask(cls, value: Any) -> Any:
+        if isinstance(value, Mapping) and value.get("multitask", "enqueue") not in MULTITASK_MODES:
+            raise ValueError(f"multitask must be one of {', '.join(MULTITASK_MODES)}")
+        return value
+
+    @property
+    def multitask(self) -> str:
+        props = self.forwarded_props
+        return str(props.get("multitask", "enqueue")) if isinstance(props, Mapping) else "enqueue"
 
 
 def encode_event(encoder: EventEncoder, event: BaseEvent) -> str:
@@ -329,12 +356,26 @@ def agui_routes(spec: AgentSpec) -> list[RouteSpec]:
         async def stream() -> AsyncIterator[bytes]:
             for event in translator.start():
                 yield encode_event(encoder, event).encode()
+            try:
+                ticket = await admit(
+                    host,
+                    endpoint,
+                    message=message,
+                    conversation_id=conversation_id,
+                    user_id=user_id,
+                    multitask=run_input.multitask,
+                )
+            except RunConflict as exc:
+                refused = RunErrorEvent(message=str(exc), code=type(exc).__name__)
+                yield encode_event(encoder, refused).encode()
+                return
             frames = run_frames(
                 host,
                 endpoint,
                 message=message,
                 conversation_id=conversation_id,
                 user_id=user_id,
+                ticket=ticket,
                 headers=request.headers,
             )
             async with contextlib.aclosing(frames):

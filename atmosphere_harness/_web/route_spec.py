@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -18,6 +18,10 @@ from .deps import CONVERSATION_ID_SCHEMA
 from .errors import ERROR_SCHEMA
 
 MAX_MESSAGE_CHARS = 1_000_000
+
+Multitask = Literal["reject", "enqueue", "interrupt", "rollback"]
+"""What a prompt does when its conversation already has a run in flight (see docs/runs.md)."""
+MULTITASK_MODES: tuple[str, ...] = get_args(Multitask)
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,7 @@ class PromptRequest(BaseModel):
         description="Answer 202 with the run's id at once; the run goes on with no client "
         "connected (`GET P/runs/{runId}`, `GET P/conversations/{id}/events`).",
     )
-    multitask: Literal["reject", "enqueue", "interrupt", "rollback"] = Field(
+    multitask: Multitask = Field(
         "enqueue",
         description="What this prompt does when its conversation has a run in flight: reject "
         "(409), enqueue (run after it), interrupt (cancel it, then run), rollback (cancel it, "

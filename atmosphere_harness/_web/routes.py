@@ -15,7 +15,6 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from .._ids import new_conversation_id
-from .._kernel.control import RunTicket
 from .._registry import AgentSpec
 from .._tracing import incoming
 from . import idempotency
@@ -35,7 +34,7 @@ from .route_spec import (
     RouteSpec,
 )
 from .runs import RUN_STARTED, run_control_routes, run_event_routes
-from .sse import stream_prompt
+from .sse import admit, stream_prompt
 from .websocket import websocket_routes
 
 
@@ -97,16 +96,14 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
                 status_code=202,
                 headers={"X-Run-Id": ticket.run_id, "X-Conversation-Id": conversation_id},
             )
-        held: RunTicket | None = None
-        if body.multitask != "enqueue":
-            held = await host.submit(
-                endpoint,
-                message=body.message,
-                conversation_id=conversation_id,
-                user_id=user_id,
-                multitask=body.multitask,
-                start=False,
-            )
+        held = await admit(
+            host,
+            endpoint,
+            message=body.message,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            multitask=body.multitask,
+        )
         return stream_prompt(
             host,
             endpoint,

@@ -159,6 +159,57 @@ def frames_chunk(batch: Sequence[Frame]) -> bytes:
     return b"".join(frame_bytes(frame) for frame in batch)
 
 
+async def admit(
+    host: HarnessHost,
+    endpoint: HostedEndpoint,
+    *,
+    message: str,
+    conversation_id: str,
+    user_id: str | None,
+    multitask: str,
+) -> RunTicket | None:
+    """Apply a prompt's `multitask` before its run starts, the same way on every transport.
+
+    `enqueue` needs nothing (`None`: the run waits behind the conversation's runs in flight).
+    Otherwise the run is stored now (`HarnessHost.submit`) and its ticket returned, for
+    `start_prompt`: `reject` raises `RunConflict` while the conversation has a run in flight;
+    `interrupt` and `rollback` have asked the caller's runs in flight to stop.
+    """
+    if multitask == "enqueue":
+        return None
+    return await host.submit(
+        endpoint,
+        message=message,
+        conversation_id=conversation_id,
+        user_id=user_id,
+        multitask=multitask,
+        start=False,
+    )
+
+
+def start_prompt(
+    host: HarnessHost,
+    endpoint: HostedEndpoint,
+    *,
+    message: str,
+    conversation_id: str,
+    user_id: str | None,
+    ticket: RunTicket | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> LiveRunHandle:
+    """Start one prompt run under `ticket` (from `admit`: its record is stored already; `None`:
+    a new one); a `traceparent` among the request's `headers` is the run's parent span (the
+    run's task takes the context it starts in)."""
+    with incoming(headers, enabled=host.settings.groups.tracing.enabled):
+        return host.start_run(
+            endpoint,
+            message=message,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            ticket=ticket,
+        )
+
+
 async def run_frames(
     host: HarnessHost,
     endpoint: HostedEndpoint,
@@ -166,19 +217,24 @@ async def run_frames(
     message: str,
     conversation_id: str,
     user_id: str | None,
+    ticket: RunTicket | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> AsyncGenerator[Frame, None]:
     """One prompt run as the frames it streams, read through its live-run journal.
 
     Closing the iterator early cancels the run (and waits for it to unwind, so its turn is
     persisted before the caller goes on), unless the run is held by a pending approval: then it
-    outlives the reader, as it does for SSE. `headers` are the request's: a `traceparent`
-    among them is the run's parent span (the run's task takes the context it starts in).
+    outlives the reader, as it does for SSE. `ticket` and `headers` as `start_prompt` takes them.
     """
-    with incoming(headers, enabled=host.settings.groups.tracing.enabled):
-        live = host.start_run(
-            endpoint, message=message, conversation_id=conversation_id, user_id=user_id
-        )
+    live = start_prompt(
+        host,
+        endpoint,
+        message=message,
+        conversation_id=conversation_id,
+        user_id=user_id,
+        ticket=ticket,
+        headers=headers,
+    )
     follower = live.follow(0)
     try:
         async with contextlib.aclosing(follower):
@@ -209,14 +265,15 @@ def stream_prompt(
     def start() -> LiveRunHandle:
         if ticket is None:
             run.announce()  # (a held ticket's record is stored already: `HarnessHost.submit`)
-        with incoming(headers, enabled=host.settings.groups.tracing.enabled):
-            return host.start_run(
-                endpoint,
-                message=message,
-                conversation_id=conversation_id,
-                user_id=user_id,
-                ticket=run,
-            )
+        return start_prompt(
+            host,
+            endpoint,
+            message=message,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            ticket=run,
+            headers=headers,
+        )
 
     return _follow(start, 0, conversation_id, run.run_id)
 

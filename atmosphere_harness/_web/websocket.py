@@ -6,6 +6,11 @@ or that body wrapped as a frame (`{"event": "prompt", "data": {...}}`); without 
 new id otherwise). The server answers with the run's frames, exactly the JSON of the SSE
 `data:` lines. Prompts of one socket run one after another, in the order sent.
 
+A prompt's `multitask` (as for `POST P`) is applied when the socket receives it, not when its
+turn comes: `reject` is answered at once with an error message of type `RunConflict` while the
+conversation has a run in flight; `interrupt` and `rollback` stop the runs in flight at once
+(the socket's own running prompt ends with its `RunCancelled` frame), and the prompt runs next.
+
 Besides run frames, the server sends two messages that belong to no run (no `sessionId`, no
 `seq`): `{"event": "heartbeat", "data": {}}` every `HEARTBEAT_SECONDS`, so a browser can tell a
 live socket from a dead one, and `{"event": "error", "data": {"message", "type"}}` for a client
@@ -28,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, WebSocket, WebSocketDisconnect, WebSocketException
@@ -35,14 +41,16 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocketState
 
+from .._errors import RunConflict
 from .._ids import check_conversation_id, new_conversation_id
+from .._kernel.control import RunTicket
 from .._kernel.endpoint import HostedEndpoint
 from .._kernel.host import HarnessHost
 from .._log import get_logger
 from .._registry import AgentSpec
 from .deps import HarnessDep, get_user_id, not_hosted
 from .route_spec import PromptRequest, RouteSpec
-from .sse import QUEUE_FRAMES, run_frames
+from .sse import QUEUE_FRAMES, admit, run_frames
 
 log = get_logger(__name__)
 
@@ -63,6 +71,15 @@ def _notice(message: str, kind: str) -> str:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
+@dataclass(frozen=True)
+class _Prompt:
+    """A prompt waiting on its socket; `ticket`: its run, stored already by its `multitask`."""
+
+    message: str
+    conversation_id: str
+    ticket: RunTicket | None
+
+
 class _Socket:
     """The state of one connection: its queues, its conversations, its tasks."""
 
@@ -80,7 +97,7 @@ class _Socket:
         self.user_id = user_id
         self.conversation_id = conversation_id
         self.outbox: asyncio.Queue[str] = asyncio.Queue(maxsize=QUEUE_FRAMES)
-        self.prompts: asyncio.Queue[tuple[str, str]] = asyncio.Queue(maxsize=MAX_QUEUED_PROMPTS)
+        self.prompts: asyncio.Queue[_Prompt] = asyncio.Queue(maxsize=MAX_QUEUED_PROMPTS)
         self.used: set[str] = set()
 
     async def serve(self) -> None:
@@ -103,6 +120,10 @@ class _Socket:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            while not self.prompts.empty():
+                waiting = self.prompts.get_nowait().ticket
+                if waiting is not None:  # stored by its `multitask`, never started
+                    waiting.finish("cancelled")
             for conversation in sorted(self.used):
                 await self.host.close_conversation(self.endpoint.path, conversation, self.user_id)
             if self.websocket.application_state is WebSocketState.CONNECTED:
@@ -141,20 +162,45 @@ class _Socket:
             if len(text) > MAX_TEXT_CHARS:
                 self._tell(_notice("message too large", "invalid_request"))
                 continue
-            prompt = self._parse(text)
-            if prompt is None:
+            request = self._parse(text)
+            if request is None:
                 continue
-            try:
-                self.prompts.put_nowait(prompt)
-            except asyncio.QueueFull:
+            if self.prompts.full():  # (only this task adds to the queue)
                 self._tell(
                     _notice(
                         f"{MAX_QUEUED_PROMPTS} prompts are already waiting on this socket",
                         "busy",
                     )
                 )
+                continue
+            prompt = await self._admit(request)
+            if prompt is not None:
+                self.prompts.put_nowait(prompt)
 
-    def _parse(self, text: str) -> tuple[str, str] | None:
+    async def _admit(self, request: PromptRequest) -> _Prompt | None:
+        """Claim the prompt's conversation and apply its `multitask` as it arrives."""
+        conversation_id = request.conversationId or self.conversation_id
+        if not await self.host.access.claim(
+            self.endpoint.path, conversation_id, self.user_id, request.message
+        ):
+            self._tell(_notice(f"unknown conversation {conversation_id!r}", "not_found"))
+            return None
+        self.used.add(conversation_id)
+        try:
+            ticket = await admit(
+                self.host,
+                self.endpoint,
+                message=request.message,
+                conversation_id=conversation_id,
+                user_id=self.user_id,
+                multitask=request.multitask,
+            )
+        except RunConflict as exc:
+            self._tell(_notice(str(exc), type(exc).__name__))
+            return None
+        return _Prompt(request.message, conversation_id, ticket)
+
+    def _parse(self, text: str) -> PromptRequest | None:
 
         try:
             body: Any = json.loads(text)
@@ -169,23 +215,18 @@ class _Socket:
             # unwinds cleanly, so this message is refused and the socket carries on.
             self._tell(_notice("invalid prompt: JSON nested too deeply", "invalid_request"))
             return None
-        return request.message, request.conversationId or self.conversation_id
+        return request
 
     async def _run_prompts(self) -> None:
         while True:
-            message, conversation_id = await self.prompts.get()
-            if not await self.host.access.claim(
-                self.endpoint.path, conversation_id, self.user_id, message
-            ):
-                self._tell(_notice(f"unknown conversation {conversation_id!r}", "not_found"))
-                continue
-            self.used.add(conversation_id)
+            prompt = await self.prompts.get()
             frames = run_frames(
                 self.host,
                 self.endpoint,
-                message=message,
-                conversation_id=conversation_id,
+                message=prompt.message,
+                conversation_id=prompt.conversation_id,
                 user_id=self.user_id,
+                ticket=prompt.ticket,
                 headers=self.websocket.headers,
             )
             async with contextlib.aclosing(frames):

@@ -135,7 +135,7 @@ async def test_the_demo_agent_plans_saves_a_file_and_the_workspace_shows_it(
         assert tools == ["write_todos", "write_file", "write_todos"]
         answer = await page.inner_text(".bubble.assistant")
         assert answer.startswith("Done: I planned the task in three steps")
-        assert await page.inner_text("#status") == "connected"
+        assert await page.inner_text("#status") == "ready"
         await screenshot(page, tmp_path, "chat")
 
         await page.click("[data-tab=workspace]")
@@ -484,7 +484,7 @@ async def test_switching_the_conversation_box_moves_the_chat_and_shows_its_earli
 
         await page.fill("#conversation", first)
         await page.press("#conversation", "Enter")
-        await page.wait_for_selector("#history-hint:has-text('Earlier turns of')")
+        await page.wait_for_selector("#history-hint:text-matches('^Earlier turns of')")
         assert await page.inner_text("#chat-conversation") == first
         assert first in await page.inner_text("#history-hint")
         bubbles = page.locator("#transcript .bubble")

@@ -4,8 +4,9 @@ Three files (`index.html`, `console.js`, `console.css`), no build step and nothi
 elsewhere, so the console works offline. They are served by ordinary routes rather than a
 `StaticFiles` mount (a mount inside an included router loses the router's prefix), read once
 when the router is built. The page talks only to this app: `/api/console/info`, the admin API
-(token from the URL fragment `#token=...`, kept in `sessionStorage`) and each endpoint's
-`P/ws`, `P/approvals/{id}` routes. A strict Content-Security-Policy allows nothing else.
+(token from the URL fragment `#token=...`, kept in `sessionStorage`) and each endpoint's routes:
+the prompt (`POST P`, streamed), run cancel, approvals, the conversation list, history, close
+and delete. A strict Content-Security-Policy allows nothing else.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 // atmosphere-harness console: plain JavaScript, no build step, no third-party code.
-// It talks only to this app: /api/console/info, the admin API and each endpoint's routes.
+// It talks only to this app: /api/console/info, the admin API and each endpoint's routes
+// (a prompt streams from POST P; Stop is POST P/runs/{runId}/cancel; the sidebar lists
+// GET P/conversations and deletes with DELETE P/conversations/{id}).
 // Every value from the server is written with textContent, never parsed as HTML.
 "use strict";
 
@@ -15,9 +17,10 @@
     info: null,
     endpoint: null,
     conversation: "",
-    socket: null,
-    socketKey: "",
-    pending: [],
+    run: null,
+    spoke: null,
+    listCursor: null,
+    listLoads: 0,
     busy: false,
     bubble: null,
     tools: new Map(),
@@ -110,12 +113,12 @@
   }
 
   // The badge tells the truth before the first message too: the server answered the info
-  // endpoint ("ready"; the chat socket opens with the first message) or it did not.
+  // endpoint ("ready"; each message streams its run: "streaming") or it did not.
   async function probe() {
     try {
       const result = await getJson("/api/console/info");
       if (result.status === 200) {
-        setStatus("ready", "ready", "The server answers; the chat connects when you send a message.");
+        setStatus("ready", "ready", "The server answers; each message streams its run.");
         return result.body;
       }
       setStatus("failed", `console info: HTTP ${result.status}`);
@@ -131,6 +134,7 @@
     state.endpoint = state.info.endpoints.find((endpoint) => endpoint.path === path) || null;
     if (state.endpoint) sessionStorage.setItem(ENDPOINT_KEY, path);
     newConversation();
+    loadConversations(false);
   }
 
   function newConversation() {
@@ -208,6 +212,116 @@
     state.bubble = null;
   }
 
+  // --- the conversation list (the sidebar) ------------------------------------------------
+
+  // GET P/conversations: the caller's conversations, newest first, a page at a time ("More"
+  // follows nextCursor). Each opens on a click and has a delete control behind a confirmation.
+  // A reload (after a prompt: its conversation moves to the top, or joins the list) asks for
+  // one more than are shown, so the entries loaded with "More" stay.
+  const LIST_PAGE = 20;
+  const CONVERSATION_ITEMS = "#conversations li[data-conversation-id]";
+  const LIST_MAX = 100;
+
+  async function loadConversations(more) {
+    if (!state.endpoint) return;
+    const load = ++state.listLoads;
+    const path = state.endpoint.path;
+    const shown = document.querySelectorAll(CONVERSATION_ITEMS).length;
+    const limit = more ? LIST_PAGE : Math.min(LIST_MAX, Math.max(LIST_PAGE, shown + 1));
+    const result = await getJson(`${path}/conversations`, { limit, cursor: more ? state.listCursor : null });
+    if (load !== state.listLoads || !state.endpoint || state.endpoint.path !== path) return; // a newer load
+    if (result.status !== 200) {
+      listNote(`Conversations could not be listed: ${errorText(result)}`);
+      return;
+    }
+    listNote("");
+    const list = $("#conversations");
+    const items = result.body.conversations.map(conversationItem);
+    if (more) list.append(...items);
+    else {
+      list.replaceChildren(...items);
+      list.scrollTop = 0;
+    }
+    if (!list.querySelector(CONVERSATION_ITEMS)) {
+      list.replaceChildren(el("li", { class: "empty" }, "No conversations yet."));
+    }
+    state.listCursor = result.body.nextCursor;
+    $("#conversations-more").hidden = !state.listCursor;
+    markCurrent();
+  }
+
+  function conversationItem(entry) {
+    const id = entry.conversationId;
+    const name = entry.title || id;
+    return el(
+      "li",
+      { "data-conversation-id": id },
+      el(
+        "button",
+        { type: "button", class: "open", title: id, onclick: () => id !== state.conversation && openConversation(id) },
+        el("span", { class: "title" }, name),
+        el("span", { class: "muted when" }, new Date(entry.updatedAt * 1000).toLocaleString()),
+      ),
+      el("button", { type: "button", class: "delete", title: "Delete", "aria-label": `Delete ${name}`, onclick: () => askDelete(id, name) }, "×"),
+    );
+  }
+
+  function markCurrent() {
+    for (const item of document.querySelectorAll(CONVERSATION_ITEMS)) {
+      if (item.dataset.conversationId === state.conversation) item.setAttribute("aria-current", "true");
+      else item.removeAttribute("aria-current");
+    }
+  }
+
+  function listNote(text) {
+    const note = $("#conversations-note");
+    note.hidden = !text;
+    note.textContent = text;
+  }
+
+  // Delete asks first, in the page (a <dialog>), then DELETE P/conversations/{id}: 204 removes
+  // it from the list (404: it was gone already); any other answer (409 while a run is in flight)
+  // is shown and the conversation stays.
+  function askDelete(id, name) {
+    const dialog = $("#confirm-delete");
+    dialog.dataset.conversationId = id;
+    $("#confirm-delete-name").textContent = name;
+    $("#confirm-delete-note").textContent = "";
+    $("#confirm-delete-ok").disabled = false;
+    dialog.showModal();
+  }
+
+  async function confirmDelete() {
+    const dialog = $("#confirm-delete");
+    const id = dialog.dataset.conversationId;
+    $("#confirm-delete-ok").disabled = true;
+    let status = 0;
+    let body = null;
+    try {
+      const response = await fetch(url(`${state.endpoint.path}/conversations/${encodeURIComponent(id)}`), {
+        method: "DELETE",
+        headers: { Accept: "application/json" },
+      });
+      status = response.status;
+      if (status !== 204) body = await response.json().catch(() => null);
+    } catch (error) {
+      body = { error: "the server could not be reached" };
+    }
+    if (status !== 204 && status !== 404) {
+      $("#confirm-delete-note").textContent = `Not deleted: ${errorText({ status, body })}`;
+      $("#confirm-delete-ok").disabled = false;
+      return;
+    }
+    dialog.close();
+    const item = document.querySelector(`#conversations li[data-conversation-id="${CSS.escape(id)}"]`);
+    if (item) item.remove();
+    if (!document.querySelector(CONVERSATION_ITEMS)) loadConversations(false);
+    if (state.conversation === id) {
+      if (state.spoke && state.spoke.conversation === id) state.spoke = null; // nothing left to close
+      newConversation();
+    }
+  }
+
   // --- suggested prompts: open on a new conversation, collapsed under the input after that ---
 
   const TASK_PROMPT =
@@ -245,6 +359,7 @@
   }
 
   function setConversation(id) {
+    leaveConversation();
     state.conversation = id;
     $("#conversation").value = id;
     // The chat header names the conversation the next message goes to. Run controls (a Stop
@@ -255,68 +370,136 @@
     $("#plan-stored").replaceChildren(el("p", { class: "empty" }, "Nothing loaded."));
     viewerHint(NO_FILE_SELECTED);
     watchPlan();
+    markCurrent();
     if (!$("#tab-workspace").hidden) refreshWorkspace();
   }
 
-  // --- the socket --------------------------------------------------------------------------
-
-  function socketUrl() {
-    const target = url(`${state.endpoint.path}/ws`, { conversationId: state.conversation });
-    target.protocol = target.protocol === "https:" ? "wss:" : "ws:";
-    return target;
+  // A conversation this console prompted in is closed when the chat leaves it (and when the
+  // page goes), so long-term memory extracts its facts; one whose run still streams is left open.
+  function leaveConversation(keepalive) {
+    const spoke = state.spoke;
+    if (!spoke || (state.run && state.run.conversation === spoke.conversation)) return;
+    state.spoke = null;
+    fetch(url(`${spoke.path}/conversations/${encodeURIComponent(spoke.conversation)}/close`), {
+      method: "POST",
+      keepalive: Boolean(keepalive),
+    }).catch(() => {});
   }
 
-  function ensureSocket() {
-    const key = `${state.endpoint.path} ${state.conversation}`;
-    if (state.socket && state.socketKey === key && state.socket.readyState <= WebSocket.OPEN) {
-      return state.socket;
-    }
-    if (state.socket) state.socket.close();
-    const socket = new WebSocket(socketUrl());
-    state.socket = socket;
-    state.socketKey = key;
-    setStatus("connecting", "connecting…");
-    socket.addEventListener("open", () => {
-      if (state.socket !== socket) return;
-      setStatus("live", "connected");
-      for (const text of state.pending.splice(0)) socket.send(text);
-    });
-    socket.addEventListener("message", (message) => {
-      if (state.socket !== socket) return;
-      try {
-        onFrame(JSON.parse(message.data));
-      } catch (error) {
-        console.error("unreadable frame", error);
+  // --- a run: the streamed POST P, and Stop -------------------------------------------------
+
+  // The frames of a `text/event-stream` body, one `data:` payload (a JSON frame) at a time.
+  async function readFrames(response, each) {
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value;
+      let end;
+      while ((end = buffer.search(/\r?\n\r?\n/)) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end).replace(/^\r?\n\r?\n/, "");
+        const data = block
+          .split(/\r?\n/)
+          .filter((line) => line.startsWith("data:"))
+          .map((line) => line.slice(line.startsWith("data: ") ? 6 : 5));
+        if (data.length) each(JSON.parse(data.join("\n")));
       }
-    });
-    socket.addEventListener("close", () => {
-      if (state.socket !== socket) return;
-      state.socket = null;
-      setStatus("idle", "disconnected");
-      if (state.busy) finishRun("The connection closed before the run ended.", true);
-      probe();
-    });
-    return socket;
+    }
   }
 
-  function sendPrompt(text) {
+  async function sendPrompt(text) {
     if (!state.endpoint || state.busy) return;
     const message = text.trim();
     if (!message) return;
     addBubble("user", message);
     $("#suggestions").open = false;
+    const run = { id: null, path: state.endpoint.path, conversation: state.conversation };
+    state.run = run;
     state.busy = true;
     $("#send").disabled = true;
-    const socket = ensureSocket();
-    const payload = JSON.stringify({ message, conversationId: state.conversation });
-    if (socket.readyState === WebSocket.OPEN) socket.send(payload);
-    else state.pending.push(payload);
+    setStatus("connecting", "sending…");
+    let response;
+    try {
+      response = await fetch(url(run.path), {
+        method: "POST",
+        headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+        body: JSON.stringify({ message, conversationId: run.conversation }),
+      });
+    } catch (error) {
+      finishRun("The server could not be reached.", true);
+      probe();
+      return;
+    }
+    if (!response.ok) {
+      let body = null;
+      try {
+        body = await response.json();
+      } catch (_) {
+        body = null;
+      }
+      finishRun(`Error: ${errorText({ status: response.status, body })}`, true);
+      setStatus("ready", "ready");
+      return;
+    }
+    run.id = response.headers.get("X-Run-Id");
+    state.spoke = { path: run.path, conversation: run.conversation };
+    setStatus("live", "streaming", `run ${run.id}`);
+    showStop(run);
+    loadConversations(false); // the conversation's last prompt is now: it moves to the top
+    try {
+      await readFrames(response, onFrame);
+    } catch (error) {
+      console.warn("the stream broke", error);
+    }
+    if (state.run === run) finishRun("The connection closed before the run ended.", true);
+  }
+
+  // Stop: POST P/runs/{runId}/cancel with the id the stream's X-Run-Id header gave. The stream
+  // then ends with its RunCancelled error frame, which frees the composer.
+  function showStop(run) {
+    const stop = $("#stop");
+    stop.hidden = !run.id;
+    stop.disabled = false;
+    stop.textContent = "Stop";
+  }
+
+  async function stopRun() {
+    const run = state.run;
+    if (!run || !run.id) return;
+    const stop = $("#stop");
+    stop.disabled = true;
+    stop.textContent = "Stopping…";
+    let result;
+    try {
+      const response = await fetch(url(`${run.path}/runs/${encodeURIComponent(run.id)}/cancel`), {
+        method: "POST",
+        headers: { Accept: "application/json" },
+      });
+      let body = null;
+      try {
+        body = await response.json();
+      } catch (_) {
+        body = null;
+      }
+      result = { status: response.status, body };
+    } catch (error) {
+      result = { status: 0, body: { error: "the server could not be reached" } };
+    }
+    if (result.status !== 202 && state.run === run) {
+      $("#transcript").append(el("p", { class: "run-end failed" }, `Stop failed: ${errorText(result)}`));
+      showStop(run);
+    }
   }
 
   function finishRun(note, failed) {
     state.busy = false;
     state.bubble = null;
+    state.run = null;
     $("#send").disabled = false;
+    $("#stop").hidden = true;
+    if ($("#status").dataset.state === "live") setStatus("ready", "ready");
     if (note) $("#transcript").append(el("p", { class: failed ? "run-end failed" : "run-end" }, note));
     scrollTranscript();
     refreshWorkspace();
@@ -333,9 +516,6 @@
       return;
     }
     switch (frame.event) {
-      case "heartbeat":
-        setStatus("live", `connected · heartbeat ${new Date().toLocaleTimeString()}`);
-        return;
       case "text":
         appendText(data.text || "");
         break;
@@ -362,8 +542,8 @@
         finishRun(usageNote(data.usage), false);
         return;
       case "error":
-        if (frame.sessionId) finishRun(`Error: ${data.message || "the run failed"}`, true);
-        else $("#transcript").append(el("p", { class: "run-end failed" }, data.message || "error"));
+        if (data.type === "RunCancelled") finishRun("Stopped.", false);
+        else finishRun(`Error: ${data.message || "the run failed"}`, true);
         return;
       default:
         $("#transcript").append(card("event", frame.event, el("pre", {}, pretty(data))));
@@ -862,6 +1042,12 @@
       const value = event.target.value.trim();
       if (value && value !== state.conversation) openConversation(value);
     });
+    $("#stop").addEventListener("click", stopRun);
+    $("#conversations-more").addEventListener("click", () => loadConversations(true));
+    $("#conversations-refresh").addEventListener("click", () => loadConversations(false));
+    $("#confirm-delete-ok").addEventListener("click", confirmDelete);
+    $("#confirm-delete-cancel").addEventListener("click", () => $("#confirm-delete").close());
+    window.addEventListener("pagehide", () => leaveConversation(true));
     $("#plan-refresh").addEventListener("click", loadStoredPlan);
     $("#files-refresh").addEventListener("click", loadFiles);
     $("#files-up").addEventListener("click", () => {
