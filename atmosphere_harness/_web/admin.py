@@ -36,6 +36,7 @@ A host with its own authentication replaces the check:
 from __future__ import annotations
 
 import hmac
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Query
@@ -194,7 +195,18 @@ AGENT_NAME_PATTERN = rf"^(?!.*\.\.){_NAME_CHAR}*[^\s\x85/\\\x00-\x1f\x7f]{_NAME_
 """What `check_agent_name` accepts, for the OpenAPI document only: no `..`, `/`, `\\` or control
 character, and not blank."""
 AgentName = Annotated[str, Path(json_schema_extra={"pattern": AGENT_NAME_PATTERN})]
-UserIdPath = Annotated[str, Path(alias="userId", description="The user to forget")]
+MAX_USER_ID_CHARS = 256
+USER_ID_PATTERN = rf"^(?!\s*$)[^\x00-\x1f\x7f-\x9f]{{1,{MAX_USER_ID_CHARS}}}$"
+"""What `check_user_id` accepts (and the OpenAPI document states): 1-256 characters, no control
+character, not blank."""
+UserIdPath = Annotated[
+    str,
+    Path(
+        alias="userId",
+        description="The user to forget",
+        json_schema_extra={"pattern": USER_ID_PATTERN},
+    ),
+]
 _SEGMENT = "[A-Za-z0-9_-][A-Za-z0-9._-]{0,13}"
 WORKSPACE_PATH_PATTERN = f"^{_SEGMENT}(/{_SEGMENT}){{0,7}}$"
 """Workspace paths every backend accepts, for the OpenAPI document of a file read (any other
@@ -286,7 +298,7 @@ def admin_router() -> APIRouter:
             200: {"description": "Forgotten: `{userId, conversationsDeleted}`"},
             **error_responses(
                 {
-                    400: "A blank or unprintable user id",
+                    400: "A blank user id, or one with a control character",
                     409: "A conversation of the user has a run in flight; nothing was deleted",
                 }
             ),
@@ -358,19 +370,18 @@ def admin_router() -> APIRouter:
     return router
 
 
-MAX_USER_ID_CHARS = 256
 SHOWN_BUSY = 20
 """Conversations a 409 of `DELETE /api/admin/users/{userId}` names (of those in flight)."""
 
 
 def check_user_id(user_id: str) -> str:
-    """A user id the admin API may name: 1-256 printable characters, not blank."""
-    if (
-        not user_id.strip()
-        or len(user_id) > MAX_USER_ID_CHARS
-        or not all(ch.isprintable() for ch in user_id)
-    ):
-        raise Problem(400, f"userId must be 1 to {MAX_USER_ID_CHARS} printable characters")
+    """A user id the admin API may name (`USER_ID_PATTERN`)."""
+    if re.fullmatch(USER_ID_PATTERN, user_id) is None:
+        raise Problem(
+            400,
+            f"userId must be 1 to {MAX_USER_ID_CHARS} characters, not blank, with no control "
+            "character",
+        )
     return user_id
 
 
