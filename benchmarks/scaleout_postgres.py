@@ -192,6 +192,8 @@ async def plan_latency(writer: str, viewer: str, updates: int) -> list[float]:
                             return
 
     async with httpx2.AsyncClient(timeout=60) as http:
+        # A conversation is its first prompt's: the plan stream of an unused id answers 404.
+        await one_turn(http, writer, "hello", conversation)
         watcher = asyncio.create_task(watch(http))
         await asyncio.wait_for(ready.wait(), 30)
         for _ in range(updates):
