@@ -257,9 +257,9 @@ async def until(check: Callable[[], Any], guard: float = 30.0) -> Any:
         await asyncio.sleep(0.05)
 
 
-async def pay_and_approve(client: httpx2.AsyncClient, conversation: str, who: Any) -> str:
-    """A background run whose tool waits for an approval, answered; returns its run id once
-    it completed."""
+async def start_waiting_run(client: httpx2.AsyncClient, conversation: str, who: Any) -> str:
+    """A background run whose tool waits for an approval (left unanswered: the run stays in
+    flight); returns its run id."""
     started = await client.post(
         PATH,
         json={"message": "pay bob", "conversationId": conversation, "background": True},
@@ -267,6 +267,21 @@ async def pay_and_approve(client: httpx2.AsyncClient, conversation: str, who: An
     )
     assert started.status_code == 202, started.text
     run_id: str = started.json()["runId"]
+    return run_id
+
+
+async def wait_for_approval(client: httpx2.AsyncClient, run_id: str, who: Any) -> None:
+    async def waiting() -> bool:
+        found = await client.get(f"{PATH}/runs/{run_id}", headers=who)
+        return bool(found.json()["status"] == "waiting-approval")
+
+    await until(waiting)
+
+
+async def pay_and_approve(client: httpx2.AsyncClient, conversation: str, who: Any) -> str:
+    """A background run whose tool waits for an approval, answered; returns its run id once
+    it completed."""
+    run_id = await start_waiting_run(client, conversation, who)
 
     async def asked() -> list[Any]:
         listed = await client.get(
@@ -381,18 +396,8 @@ async def test_delete_answers_409_while_a_run_is_in_flight(workspace: Path, stor
     conversation = f"busy-{uuid.uuid4().hex[:8]}"
     async with keeper(workspace, store) as client:
         await post(client, "hello", conversation, ALICE)
-        started = await client.post(
-            PATH,
-            json={"message": "pay bob", "conversationId": conversation, "background": True},
-            headers=ALICE,
-        )
-        run_id = started.json()["runId"]
-
-        async def waiting() -> bool:
-            found = await client.get(f"{PATH}/runs/{run_id}", headers=ALICE)
-            return found.json()["status"] == "waiting-approval"
-
-        await until(waiting)
+        run_id = await start_waiting_run(client, conversation, ALICE)
+        await wait_for_approval(client, run_id, ALICE)
         refused = await client.delete(f"{PATH}/conversations/{conversation}", headers=ALICE)
         assert refused.status_code == 409, refused.text
         assert "in flight" in refused.json()["error"]
@@ -461,18 +466,8 @@ async def test_forgetting_a_user_deletes_their_conversations_facts_and_memories(
         await write_memories(workspace, store, "alice", f"alice's notes {fact}")
 
         busy = f"busy-{uuid.uuid4().hex[:8]}"
-        started = await client.post(
-            PATH,
-            json={"message": "pay bob", "conversationId": busy, "background": True},
-            headers=ALICE,
-        )
-        run_id = started.json()["runId"]
-
-        async def waiting() -> bool:
-            found = await client.get(f"{PATH}/runs/{run_id}", headers=ALICE)
-            return found.json()["status"] == "waiting-approval"
-
-        await until(waiting)
+        run_id = await start_waiting_run(client, busy, ALICE)
+        await wait_for_approval(client, run_id, ALICE)
         refused = await client.delete("/api/admin/users/alice", headers=ADMIN)
         assert refused.status_code == 409, refused.text
         assert busy in refused.json()["error"]
@@ -529,12 +524,7 @@ async def test_retention_deletes_idle_conversations_after_extracting_their_facts
     async with keeper(workspace, store, conversation_ttl=1.0) as client:
         await post(client, f"remember {fact}", old, ALICE)
         await post(client, "file the notes", old, ALICE)
-        started = await client.post(
-            PATH,
-            json={"message": "pay bob", "conversationId": busy, "background": True},
-            headers=ALICE,
-        )
-        run_id = started.json()["runId"]
+        run_id = await start_waiting_run(client, busy, ALICE)
 
         async def gone() -> bool:
             found = await client.get(f"{PATH}/conversations/{old}/messages", headers=ALICE)
