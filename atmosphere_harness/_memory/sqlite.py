@@ -28,6 +28,7 @@ import asyncio
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -238,7 +239,7 @@ class SqliteDatabase:
         # history give the pages of packed-away payloads back to the file system.
         connection.execute("PRAGMA page_size=1024")
         connection.execute("PRAGMA auto_vacuum=INCREMENTAL")
-        connection.execute("PRAGMA journal_mode=WAL")
+        _switch_to_wal(connection)
         connection.execute("PRAGMA synchronous=NORMAL")
         connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         connection.execute("PRAGMA foreign_keys=ON")
@@ -295,3 +296,18 @@ class Transaction:
             self.connection.execute("COMMIT")
         else:
             self.connection.execute("ROLLBACK")
+
+
+def _switch_to_wal(connection: sqlite3.Connection) -> None:
+    """Put the file in WAL mode. Two connections opening a new file at once (two replicas, two
+    stores) race for it, and SQLite answers the loser "database is locked" at once, without
+    waiting through the busy timeout: try again until `BUSY_TIMEOUT_MS` has passed."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            connection.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
