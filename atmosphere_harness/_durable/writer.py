@@ -11,8 +11,7 @@ flight goes in the next one), and adds what a durable journal needs:
   checkpoint instead of repeating them (`kernel.remote.REFERENCE`): a large argument is
   stored once;
 - with a store that can write on the event loop (`contracts.RunStore.now`), writes are made
-  right there, synchronously, at most once per `GROUP_SECONDS`, or as soon as a group holds
-  `GROUP_CHARS` of payload.
+  right there, synchronously, at most once per `GROUP_SECONDS`.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from .._events import Frame
 from .._jsontext import compact_json
 from .._kernel.remote import REFERENCE
 from .._kernel.writer import StoreWriter, encode
-from .log import payload_size
 
 FOLLOWED = ("model:", "result:")
 """Checkpoints the kernel publishes right before a frame: a model turn (then its calls'
@@ -35,11 +33,6 @@ FOLLOWED = ("model:", "result:")
 GROUP_SECONDS = 0.002
 """With a `RunStoreNow`, the least time between two writes of one run's frames: a burst of them
 (an instant model, a batch of fast tools) shares writes; a frame waits at most this long."""
-GROUP_CHARS = 128 * 1024
-"""With a `RunStoreNow`, a group is written once its payloads make this many characters, even
-before `GROUP_SECONDS`: a burst of 50 KiB answers would otherwise make appends larger than a
-store writes on the loop (the embedded one's `INLINE_BYTES`, 256 KiB), which then go to its
-database thread, readers waiting for the hop."""
 STARTED = "started:"
 """A call's mark that its handler is about to run: it matters on a restart only for a tool that
 must not run twice, whose executor waits until it is stored (`flushed`); the others run again
@@ -78,22 +71,15 @@ class DurableWriter(StoreWriter):
         """The last call result journalled, and its payload (see `_tool_result`)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         """The run's loop, once known (`asyncio.get_running_loop` costs a `getpid()` call)."""
-        self._chars = 0
-        """Characters of payload given since the last write on the loop (see `GROUP_CHARS`;
-        after a write on the store's own thread it counts too many, and the next publish is
-        written at once)."""
 
     # Encoded now, when published: what is journalled is what was sent, whatever changes later.
 
     def frame_payload(self, frame: Frame) -> str:
         if frame.event == events.TOOL_START:
-            payload = self._tool_start(frame.data)
-        elif frame.event == events.TOOL_RESULT:
-            payload = self._tool_result(frame.data)
-        else:
-            payload = self._encode(frame.data)
-        self._chars += payload_size(payload)
-        return payload
+            return self._tool_start(frame.data)
+        if frame.event == events.TOOL_RESULT:
+            return self._tool_result(frame.data)
+        return self._encode(frame.data)
 
     def checkpoint(self, key: str, value: Any) -> None:
         if key.startswith("model:") and isinstance(value, Mapping):
@@ -101,7 +87,6 @@ class DurableWriter(StoreWriter):
                 str(call[0]): (key, call[2]) for call in value.get("calls") or () if len(call) == 3
             }
         payload = self._true if value is True else self._encode(value)
-        self._chars += payload_size(payload)
         if key.startswith(RESULT):
             if self._checkpoints:
                 self._moot(STARTED + key[len(RESULT) :])
@@ -169,9 +154,9 @@ class DurableWriter(StoreWriter):
         left for later runs while the run waits for something, often a tool in a worker
         thread, and the two fight over the GIL). Frames are written at most once per
         `GROUP_SECONDS`: one that comes sooner waits for the next publish past it (or a timer,
-        if the run goes quiet), unless what waits makes `GROUP_CHARS`. A `hold` (a checkpoint
-        the kernel publishes right before a frame) waits for that frame, at the latest until
-        the end of this step of the event loop (or the group's time); `now` writes at once."""
+        if the run goes quiet). A `hold` (a checkpoint the kernel publishes right before a
+        frame) waits for that frame, at the latest until the end of this step of the event
+        loop (or the group's time); `now` writes at once."""
         if self.lost:
             self._frames.clear()
             self._checkpoints.clear()
@@ -182,7 +167,7 @@ class DurableWriter(StoreWriter):
                 loop = self._loop = asyncio.get_running_loop()
             if self._now is not None:
                 due = self._next_write
-                if not now and (hold or (loop.time() < due and self._chars < GROUP_CHARS)):
+                if not now and (hold or loop.time() < due):
                     if self._soon is None:
                         self._soon = loop.call_at(due, self._drain_soon)
                     return
@@ -215,7 +200,6 @@ class DurableWriter(StoreWriter):
         except Exception:
             return False  # `append` says it (and logs it) the usual way
         self._frames, self._checkpoints, self._create = [], [], None
-        self._chars = 0
         if self._soon is not None:
             self._soon.cancel()
             self._soon = None
