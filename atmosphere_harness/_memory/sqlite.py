@@ -20,6 +20,10 @@ lock on the loop (`busy_timeout` is 0 there: a busy file sends the work to the t
 two steps that do sync, a checkpoint and the first write into a WAL restarted after one, run on
 the database thread: SQLite's automatic checkpoint is off, and the thread checkpoints a WAL grown
 past `CHECKPOINT_FROM` itself, then restarts it with a write of its own.
+
+Deleted data does not linger: `secure_delete` is on (deleted cells and freed pages are zeroed),
+and after a deletion `scrub` checkpoints the WAL, which still holds the pages as they were,
+into the file and truncates it (see docs/security.md, "Deleted data").
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ CHECKPOINT_FROM = 1024 * 1024
 limit, 1000 pages, is as much with 1 KiB pages). Also the size the WAL is cut back to."""
 BUSY_TIMEOUT_MS = 5000
 """How long work on the database thread waits for another connection's write lock."""
+SECURE_DELETE = "ON"
+"""SQLite's `secure_delete`: deleted content is overwritten with zeroes, freed pages included
+(`FAST` would leave those as they were)."""
 
 _SHARED: dict[Path, SqliteDatabase] = {}
 
@@ -231,6 +238,43 @@ class SqliteDatabase:
         except (OSError, sqlite3.Error):
             log.warning("checkpointing the SQLite WAL failed; retrying later", exc_info=True)
 
+    async def scrub(self) -> None:
+        """Wipe what the files still hold of deleted rows, after a deletion (`Scrubber`).
+
+        `secure_delete` already zeroed the deleted cells and freed pages in the pages the
+        deletion wrote, but those pages (and every earlier version of them, with the deleted
+        rows still in) sit in the WAL until a checkpoint: this one copies the WAL into the file
+        and truncates it to nothing (`wal_checkpoint(TRUNCATE)`), after giving free pages back
+        to the file system (`incremental_vacuum`: pages freed before `secure_delete` was on).
+        Another process reading the file at that moment keeps the WAL from being truncated: the
+        scrub then logs a warning, and the next one (or the next checkpoint) finishes it.
+        """
+        if self._closed or (self._connection is None and self._executor is None):
+            return  # never opened: it holds nothing
+        await self.run(self._scrub)
+
+    def _scrub(self, connection: sqlite3.Connection) -> None:
+        try:
+            (vacuum,) = connection.execute("PRAGMA auto_vacuum").fetchone()
+            if vacuum == 2:  # INCREMENTAL
+                connection.executescript("PRAGMA incremental_vacuum;")
+            busy, _frames, _copied = connection.execute(
+                "PRAGMA wal_checkpoint(TRUNCATE)"
+            ).fetchone()
+            if busy:
+                log.warning(
+                    "the SQLite WAL could not be truncated after a deletion (another "
+                    "connection reads the file); the next scrub or checkpoint does it",
+                    database=str(self.path),
+                )
+                return
+            # Restart the WAL here, on the database thread (see `_checkpoint_if_grown`).
+            with Transaction(connection):
+                (version,) = connection.execute("PRAGMA user_version").fetchone()
+                connection.execute(f"PRAGMA user_version={int(version)}")
+        except (OSError, sqlite3.Error):
+            log.warning("scrubbing the SQLite file after a deletion failed", exc_info=True)
+
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -243,6 +287,9 @@ class SqliteDatabase:
         connection.execute("PRAGMA synchronous=NORMAL")
         connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         connection.execute("PRAGMA foreign_keys=ON")
+        # Deleted rows are overwritten with zeroes (their cells, and the pages they free), so a
+        # deleted conversation's bytes do not linger in the file (`scrub` clears the WAL).
+        connection.execute(f"PRAGMA secure_delete={SECURE_DELETE}")
         # After a checkpoint the WAL file is cut back to this size instead of staying large.
         connection.execute(f"PRAGMA journal_size_limit={CHECKPOINT_FROM}")
         # Checkpoints are this class's (`_checkpoint_if_grown`), on the database thread.
