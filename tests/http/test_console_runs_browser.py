@@ -179,11 +179,12 @@ async def test_leaving_a_prompted_conversation_or_the_page_closes_it(
     closed: list[str] = []
     app = runner_app(workspace)
 
-    @app.middleware("http")
     async def count_closes(request: Any, call_next: Any) -> Any:
         if request.method == "POST" and request.url.path.endswith("/close"):
             closed.append(request.url.path)
         return await call_next(request)
+
+    app.middleware("http")(count_closes)
 
     def close_of(conversation: str) -> str:
         return f"{PATH}/conversations/{conversation}/close"

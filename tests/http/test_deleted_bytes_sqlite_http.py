@@ -92,7 +92,7 @@ async def pay(client: httpx2.AsyncClient, word: str, conversation: str) -> None:
 
     async def completed() -> bool:
         found = await client.get(f"{PATH}/runs/{run_id}")
-        return found.json()["status"] == "completed"
+        return bool(found.json()["status"] == "completed")
 
     await until(completed)
 
