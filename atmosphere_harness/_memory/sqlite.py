@@ -21,9 +21,9 @@ two steps that do sync, a checkpoint and the first write into a WAL restarted af
 the database thread: SQLite's automatic checkpoint is off, and the thread checkpoints a WAL grown
 past `CHECKPOINT_FROM` itself, then restarts it with a write of its own.
 
-Deleted data does not linger: `secure_delete` is on (deleted cells and freed pages are zeroed),
-and after a deletion `scrub` checkpoints the WAL, which still holds the pages as they were,
-into the file and truncates it (see docs/security.md, "Deleted data").
+Deleted data does not linger: `secure_delete` zeroes deleted cells, and after a deletion `scrub`
+gives the freed pages back to the file system, then checkpoints the WAL, which still holds the
+pages as they were, into the file and truncates it (see docs/security.md, "Deleted data").
 """
 
 from __future__ import annotations
@@ -52,9 +52,14 @@ CHECKPOINT_FROM = 1024 * 1024
 limit, 1000 pages, is as much with 1 KiB pages). Also the size the WAL is cut back to."""
 BUSY_TIMEOUT_MS = 5000
 """How long work on the database thread waits for another connection's write lock."""
-SECURE_DELETE = "ON"
-"""SQLite's `secure_delete`: deleted content is overwritten with zeroes, freed pages included
-(`FAST` would leave those as they were)."""
+SECURE_DELETE = "FAST"
+"""SQLite's `secure_delete`: a deleted cell is overwritten with zeroes in the page that held it
+(which is written anyway: no extra I/O); a page the deletion frees keeps its bytes until
+`scrub` gives it back to the file system. A file without incremental auto-vacuum (written by
+an early version) cannot give pages back: its connection uses `ON`, which zeroes them too."""
+
+AUTO_VACUUM_INCREMENTAL = 2
+"""What `PRAGMA auto_vacuum` answers for a file with incremental auto-vacuum."""
 
 _SHARED: dict[Path, SqliteDatabase] = {}
 
@@ -241,11 +246,12 @@ class SqliteDatabase:
     async def scrub(self) -> None:
         """Wipe what the files still hold of deleted rows, after a deletion (`Scrubber`).
 
-        `secure_delete` already zeroed the deleted cells and freed pages in the pages the
-        deletion wrote, but those pages (and every earlier version of them, with the deleted
-        rows still in) sit in the WAL until a checkpoint: this one copies the WAL into the file
-        and truncates it to nothing (`wal_checkpoint(TRUNCATE)`), after giving free pages back
-        to the file system (`incremental_vacuum`: pages freed before `secure_delete` was on).
+        `secure_delete` already zeroed the deleted cells in the pages the deletion wrote, but
+        the pages it freed (an overflow page of a long message) still hold their bytes, and
+        every page written sits in the WAL, with the earlier versions of it, until a
+        checkpoint. So this gives the free pages back to the file system (`incremental_vacuum`:
+        pages at the file's end move into the free ones, and the file is cut), then copies the
+        WAL into the file and truncates it to nothing (`wal_checkpoint(TRUNCATE)`).
         Another process reading the file at that moment keeps the WAL from being truncated: the
         scrub then logs a warning, and the next one (or the next checkpoint) finishes it.
         """
@@ -256,7 +262,7 @@ class SqliteDatabase:
     def _scrub(self, connection: sqlite3.Connection) -> None:
         try:
             (vacuum,) = connection.execute("PRAGMA auto_vacuum").fetchone()
-            if vacuum == 2:  # INCREMENTAL
+            if vacuum == AUTO_VACUUM_INCREMENTAL:
                 connection.executescript("PRAGMA incremental_vacuum;")
             busy, _frames, _copied = connection.execute(
                 "PRAGMA wal_checkpoint(TRUNCATE)"
@@ -287,9 +293,11 @@ class SqliteDatabase:
         connection.execute("PRAGMA synchronous=NORMAL")
         connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         connection.execute("PRAGMA foreign_keys=ON")
-        # Deleted rows are overwritten with zeroes (their cells, and the pages they free), so a
-        # deleted conversation's bytes do not linger in the file (`scrub` clears the WAL).
-        connection.execute(f"PRAGMA secure_delete={SECURE_DELETE}")
+        # Deleted cells are overwritten with zeroes, so a deleted conversation's bytes do not
+        # linger in the pages still in use (`scrub` removes the free pages and clears the WAL).
+        (vacuum,) = connection.execute("PRAGMA auto_vacuum").fetchone()
+        secure = SECURE_DELETE if vacuum == AUTO_VACUUM_INCREMENTAL else "ON"
+        connection.execute(f"PRAGMA secure_delete={secure}")
         # After a checkpoint the WAL file is cut back to this size instead of staying large.
         connection.execute(f"PRAGMA journal_size_limit={CHECKPOINT_FROM}")
         # Checkpoints are this class's (`_checkpoint_if_grown`), on the database thread.

@@ -1,6 +1,6 @@
 """A deleted conversation leaves no byte in the embedded SQLite files, over real HTTP: a unique
-word written into a conversation's history, plan, approved tool call arguments and run frames
-is found in the raw bytes of `atmosphere.db` and its WAL before `DELETE P/conversations/{id}`,
+word written into a conversation's history (a long message too), plan, approved tool call
+arguments and run frames is found in the raw bytes of `atmosphere.db` and its WAL before `DELETE P/conversations/{id}`,
 and in none of them (nor in any other file of the workspace) once it answered 204, while the
 word of another conversation still is.
 """
@@ -109,6 +109,8 @@ async def test_a_deleted_conversation_leaves_no_byte_in_the_sqlite_files(
         await post(client, f"plan {secret}", doomed)
         await pay(client, secret, doomed)
         await post(client, f"hello {secret}", doomed)
+        # A message longer than a page: its tail is on overflow pages, freed by the deletion.
+        await post(client, f"long {uuid.uuid4().hex * 100} {secret}", doomed)
         await post(client, f"plan {other}", kept)
         await pay(client, other, kept)
         assert holding(workspace, secret), "the word was written to the SQLite files"
