@@ -1,8 +1,8 @@
 """A deleted conversation leaves no byte in the embedded SQLite files, over real HTTP: a unique
 word written into a conversation's history (a long message too), plan, approved tool call
-arguments and run frames is found in the raw bytes of `atmosphere.db` and its WAL before `DELETE P/conversations/{id}`,
-and in none of them (nor in any other file of the workspace) once it answered 204, while the
-word of another conversation still is.
+arguments and run frames is found in the raw bytes of `atmosphere.db` and its WAL before
+`DELETE P/conversations/{id}`, and in none of them (nor in any other file of the workspace)
+once it answered 204, while the word of another conversation still is.
 """
 
 from __future__ import annotations
