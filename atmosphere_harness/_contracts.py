@@ -618,6 +618,13 @@ class Resource(Protocol):
     async def aclose(self) -> None: ...
 
 
+class Scrubber(Protocol):
+    """A store whose files keep the bytes of deleted rows (SQLite's free pages and its WAL):
+    told once a deletion (`kernel.forget`) is done, it wipes them from its files."""
+
+    async def scrub(self) -> None: ...
+
+
 class LockedRead:
     """A read a run makes first under its conversation's lock, offered to the lock so that it
     can make it in the round trip that takes the lock (`ConversationLocks.hold(..., read)`).
@@ -756,12 +763,31 @@ class ConversationOwners(Protocol):
     it when the conversation is deleted. The embedded implementation is a table of the SQLite
     file under `workspace_root`; a scale-out backend keeps it in PostgreSQL or Redis, so every
     replica sees one owner.
+
+    A conversation a run of another one started (a fleet member's, for its coordinator's
+    conversation) is derived from it: its record names that parent (`claim(parent=...)`), the
+    parent's deletion finds it (`children`) and deletes it too, and retention never picks it on
+    its own (`expired` skips it: it goes with its parent).
     """
 
-    async def claim(self, path: str, conversation_id: str, user: str, title: str = "") -> str:
+    async def claim(
+        self,
+        path: str,
+        conversation_id: str,
+        user: str,
+        title: str = "",
+        parent: tuple[str, str] | None = None,
+    ) -> str:
         """Make `user` the owner if the conversation has none, atomically; return the owner
         (`user` when the claim won, or whoever's did before). When the owner is `user`, the
-        conversation's `updated_at` becomes now; `title` is kept from the first claim only."""
+        conversation's `updated_at` becomes now; `title` is kept from the first claim only.
+        `parent` (`(path, conversation_id)`) marks the conversation as derived from that one,
+        when it names no parent yet (a parent, once recorded, never changes)."""
+        ...
+
+    async def children(self, path: str, conversation_id: str) -> list[tuple[str, str]]:
+        """The `(path, conversation_id)` of every conversation derived from this one (those
+        whose claim named it as their parent and that were not forgotten since)."""
         ...
 
     async def owner(self, path: str, conversation_id: str) -> str | None:
@@ -788,7 +814,8 @@ class ConversationOwners(Protocol):
     async def expired(self, before: float, limit: int, lease: float) -> list[ExpiredConversation]:
         """Claim up to `limit` conversations whose `updated_at` is older than `before`, oldest
         first, for `lease` seconds: no other call, on any replica, gets one of them until the
-        lease ran out (retention deletes each once)."""
+        lease ran out (retention deletes each once). A derived conversation is never one of
+        them (it is deleted with its parent)."""
         ...
 
     async def release(self, path: str, conversation_id: str) -> None:

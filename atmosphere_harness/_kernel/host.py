@@ -25,6 +25,7 @@ from .._contracts import (
     RunHooks,
     RunJournal,
     RunRegistry,
+    Scrubber,
     StoredRun,
     TypedMap,
     UserForgetHook,
@@ -71,6 +72,7 @@ class HarnessHost:
         runs: RunJournal | None = None,
         prompt_keys: PromptKeys | None = None,
         resources: Sequence[Resource] = (),
+        scrubbers: Sequence[Scrubber] = (),
         hooks: Sequence[RunHooks] | None = None,
         owners: ConversationOwners | None = None,
         registry: RunRegistry | None = None,
@@ -113,6 +115,8 @@ class HarnessHost:
         by default the journal's own (durable replay, when runs are durable)."""
         self.user_forget_hooks: list[UserForgetHook] = []
         """What primitives keep of a user beyond their conversations (`kernel.forget`)."""
+        self.scrubbers: list[Scrubber] = list(scrubbers)
+        """Stores whose files keep deleted rows' bytes, wiped after each deletion."""
         self.backends: dict[str, str] = {"state": "sqlite", "events": "local"}
         """What holds shared state and carries fan-out (`backends.StateBackends.describe`)."""
         self._surfaces: dict[Key[Any], dict[str, Any]] = {}
@@ -463,7 +467,9 @@ class HarnessHost:
             raise TypeError(f"a parent run must be a kernel run, got {parent!r}")
         # A member's conversation is claimed for the user too: its id is derived from the
         # coordinator's, so without a claim another user could reach it at the member's path.
-        if not await self.access.claim(path, conversation_id, user_id, message):
+        # Its record names the coordinator's conversation: it is deleted with it (`forget`).
+        derived_from = None if parent is None else (parent.endpoint.path, parent.conversation_id)
+        if not await self.access.claim(path, conversation_id, user_id, message, derived_from):
             raise PermissionError(f"conversation {conversation_id!r} of {path} is not this user's")
         return await execute_prompt(
             self,

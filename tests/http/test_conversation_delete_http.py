@@ -159,7 +159,7 @@ class Redis(Store):
         found = []
         try:
             for key in client.scan_iter(match=self.prefix + "*", count=1000):
-                kind = client.type(key).decode()
+                kind = _text(client.type(key))
                 value: Any
                 if kind == "string":
                     value = client.get(key)
@@ -299,7 +299,7 @@ async def pay_and_approve(client: httpx2.AsyncClient, conversation: str, who: An
 
     async def completed() -> bool:
         found = await client.get(f"{PATH}/runs/{run_id}", headers=who)
-        return found.json()["status"] == "completed"
+        return bool(found.json()["status"] == "completed")
 
     await until(completed)
     return run_id
@@ -409,7 +409,7 @@ async def test_delete_answers_409_while_a_run_is_in_flight(workspace: Path, stor
 
         async def ended() -> bool:
             found = await client.get(f"{PATH}/runs/{run_id}", headers=ALICE)
-            return found.json()["status"] == "cancelled"
+            return bool(found.json()["status"] == "cancelled")
 
         await until(ended)
         deleted = await client.delete(f"{PATH}/conversations/{conversation}", headers=ALICE)
@@ -478,7 +478,7 @@ async def test_forgetting_a_user_deletes_their_conversations_facts_and_memories(
 
         async def ended() -> bool:
             found = await client.get(f"{PATH}/runs/{run_id}", headers=ALICE)
-            return found.json()["status"] == "cancelled"
+            return bool(found.json()["status"] == "cancelled")
 
         await until(ended)
 

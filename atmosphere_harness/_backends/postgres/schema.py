@@ -334,6 +334,17 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE atmosphere_user_tokens ADD COLUMN last_call bigint NOT NULL DEFAULT 0;
     """,
+    # 14: a derived conversation (a fleet member's) names the conversation it was derived from,
+    # which deletes it with itself (`owners.PostgresConversationOwners.children`); retention
+    # never picks it on its own.
+    """
+    ALTER TABLE atmosphere_conversation_owners
+        ADD COLUMN parent_path text,
+        ADD COLUMN parent_id text;
+    CREATE INDEX atmosphere_conversation_owners_by_parent
+        ON atmosphere_conversation_owners (parent_path, parent_id)
+        WHERE parent_id IS NOT NULL;
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 
