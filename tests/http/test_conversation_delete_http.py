@@ -417,6 +417,58 @@ async def test_delete_answers_409_while_a_run_is_in_flight(workspace: Path, stor
         assert await store.holding(conversation) == []
 
 
+async def test_a_prompt_that_waited_while_its_conversation_was_deleted_claims_it_again(
+    workspace: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt that arrives while `DELETE` holds the conversation (paused right before it
+    forgets the owner) waits for the lock, then finds the id unused and claims it again as it
+    takes the lock: it runs on the emptied conversation, which is its user's again (before,
+    it ran with no owner left, and every route then answered 404 to its own user)."""
+    from atmosphere_harness._backends import SqliteConversationOwners
+    from atmosphere_harness._backends.postgres.owners import PostgresConversationOwners
+    from atmosphere_harness._backends.redis.owners import RedisConversationOwners
+
+    deleting_owner, resume = asyncio.Event(), asyncio.Event()
+    for kind in (SqliteConversationOwners, PostgresConversationOwners, RedisConversationOwners):
+
+        async def paused(
+            self: Any,
+            path: str,
+            conversation_id: str,
+            *,
+            idle_before: float | None = None,
+            forget: Any = kind.forget,
+        ) -> bool:
+            deleting_owner.set()
+            await resume.wait()
+            return bool(await forget(self, path, conversation_id, idle_before=idle_before))
+
+        monkeypatch.setattr(kind, "forget", paused)
+    conversation = f"raced-{uuid.uuid4().hex[:8]}"
+    async with keeper(workspace, store) as client:
+        await post(client, "hello", conversation, ALICE)
+        deleting = asyncio.create_task(
+            client.delete(f"{PATH}/conversations/{conversation}", headers=ALICE)
+        )
+        async with asyncio.timeout(30):  # (a hang guard)
+            await deleting_owner.wait()
+        body = {"message": "again", "conversationId": conversation}
+        async with client.stream("POST", PATH, json=body, headers=ALICE) as response:
+            assert response.status_code == 200
+            resume.set()  # the deletion goes on while the prompt waits for the lock
+            assert (await deleting).status_code == 204
+            frames = parse_sse((await response.aread()).decode())
+        assert frames[-1]["event"] == "complete", frames[-1]
+        history = await client.get(f"{PATH}/conversations/{conversation}/messages", headers=ALICE)
+        assert history.status_code == 200, history.text
+        said = [m["content"] for m in history.json()["messages"]]
+        assert said == ["again", "ok: again"]
+        listed = await client.get(f"{PATH}/conversations", headers=ALICE)
+        assert conversation in [c["conversationId"] for c in listed.json()["conversations"]]
+        stranger = await client.post(PATH, json=body, headers=BOB)
+        assert stranger.status_code == 404, stranger.text
+
+
 # --- forgetting a user ------------------------------------------------------------------------
 
 TOKEN = "forget-admin-token"
