@@ -22,33 +22,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING, Generic, TypeGuard, TypeVar
 
-from .._contracts import ClaimingLocks, ConversationLocks, LockedClaim, LockedRead, user_key
+from .._contracts import (
+    ClaimingLocks,
+    ConversationLocks,
+    LockedClaim,
+    LockedRead,
+    LockedReader,
+    Run,
+    user_key,
+)
 
 if TYPE_CHECKING:
     from .control import RunTicket
-    from .host import HarnessHost
-    from .run import RunContext
+    from .owners import ConversationAccess
+
+R = TypeVar("R", bound=Run)
 
 
-def offered_read(run: RunContext, ticket: RunTicket | None) -> LockedRead | None:
+def offered_read(
+    reader: LockedReader | None, run: Run, ticket: RunTicket | None
+) -> LockedRead | None:
     """The run's first history read to offer its lock (with the run's status riding on it),
-    or `None` when its history cannot be read that way."""
-    reader = run.endpoint.locked_reader
+    or `None` when its history (`reader`, the endpoint's) cannot be read that way."""
     read = reader.locked_read(run) if reader is not None else None
     if ticket is not None:
         ticket.offer(read)  # (the run's status may ride with the read)
     return read
 
 
+def carried(
+    locks: ConversationLocks, claim: LockedClaim, read: LockedRead | None
+) -> TypeGuard[ClaimingLocks]:
+    """Whether `locks` claims the conversation as it takes the lock."""
+    return isinstance(locks, ClaimingLocks) and locks.carries(claim, read)
+
+
 def hold(
-    locks: ConversationLocks,
-    run: RunContext,
-    read: LockedRead | None,
-    claim: LockedClaim | None,
+    locks: ConversationLocks, run: Run, read: LockedRead | None, claim: LockedClaim | None
 ) -> contextlib.AbstractAsyncContextManager[None]:
-    """The conversation's lock, with `read` (only passed when there is one, so a
+    """The run's conversation lock, with `read` (only passed when there is one, so a
     `ConversationLocks` of the application's own needs no parameter for it) and `claim` (only
     passed to a lock that carries it; another lock ignores it)."""
     path, conversation_id = run.endpoint.path, run.conversation_id
@@ -59,47 +73,40 @@ def hold(
     return locks.hold(path, conversation_id, read)
 
 
-def carried(
-    locks: ConversationLocks, claim: LockedClaim, read: LockedRead | None
-) -> TypeGuard[ClaimingLocks]:
-    """Whether `locks` claims the conversation as it takes the lock."""
-    return isinstance(locks, ClaimingLocks) and locks.carries(claim, read)
-
-
 @contextlib.asynccontextmanager
 async def take_lock(
-    host: HarnessHost, run: RunContext, ticket: RunTicket | None, *, message: str | None
+    locks: ConversationLocks,
+    access: ConversationAccess,
+    reader: LockedReader | None,
+    run: Run,
+    ticket: RunTicket | None,
+    *,
+    message: str | None,
 ) -> AsyncIterator[None]:
     """Hold the run's conversation lock for the block (a run begun without an `Entry`); with
     `message` (a prompt's run, claimed by its route already) the lock's tries claim the
     conversation again as they take it, where the lock can."""
-    read = offered_read(run, ticket)
+    read = offered_read(reader, run, ticket)
     claim = None
     if message is not None:
-        claim = host.access.locked_claim(
-            run.endpoint.path, run.conversation_id, run.user_id, message
-        )
-    async with hold(host.locks, run, read, claim):
+        claim = access.locked_claim(run.endpoint.path, run.conversation_id, run.user_id, message)
+    async with hold(locks, run, read, claim):
         yield
 
 
-class Entry:
+class Entry(Generic[R]):
     """A streamed prompt's claim and lock, begun before its response starts
     (`enter_conversation`)."""
 
     def __init__(
-        self,
-        locks: ConversationLocks,
-        run: RunContext,
-        ticket: RunTicket,
-        read: LockedRead | None,
+        self, locks: ConversationLocks, run: R, ticket: RunTicket, read: LockedRead | None
     ) -> None:
         self.run = run
         self.ticket = ticket
         """The run's control (its first status rides on the lock's first try)."""
-        self._locks = locks
         self.read = read
         """The run's first history read, offered to the lock (`None`: the run reads itself)."""
+        self._locks = locks
         loop = asyncio.get_running_loop()
         self._decided: asyncio.Future[str] = loop.create_future()
         self._held: asyncio.Future[None] = loop.create_future()
@@ -173,16 +180,22 @@ class Entry:
 
 
 async def enter_conversation(
-    host: HarnessHost, run: RunContext, ticket: RunTicket, message: str
-) -> Entry | None:
+    locks: ConversationLocks,
+    access: ConversationAccess,
+    reader: LockedReader | None,
+    run: R,
+    ticket: RunTicket,
+    message: str,
+) -> Entry[R] | None:
     """Begin `run`'s entry into its conversation (see the module docstring): `None` when the
-    conversation is another user's (answer 404; nothing ran or was stored)."""
-    read = offered_read(run, ticket)
+    conversation is another user's (answer 404; nothing ran or was stored). `reader` is the
+    endpoint's `locked_reader`."""
+    read = offered_read(reader, run, ticket)
     path, conversation_id, user_id = run.endpoint.path, run.conversation_id, run.user_id
-    entry = Entry(host.locks, run, ticket, read)
-    claim = host.access.locked_claim(path, conversation_id, user_id, message)
-    if not carried(host.locks, claim, read):
-        if not await host.access.claim(path, conversation_id, user_id, message):
+    entry = Entry(locks, run, ticket, read)
+    claim = access.locked_claim(path, conversation_id, user_id, message)
+    if not carried(locks, claim, read):
+        if not await access.claim(path, conversation_id, user_id, message):
             return None
         return entry  # (the run takes the lock)
     entry._begin(claim)

@@ -333,7 +333,7 @@ class HarnessHost:
         session_id: str | None = None,
         ticket: RunTicket | None = None,
         background: bool = False,
-        entry: Entry | None = None,
+        entry: Entry[RunContext] | None = None,
     ) -> LiveRunHandle:
         """Start one prompt run in its own task, its frames journalled (the HTTP entry point).
 
@@ -385,7 +385,7 @@ class HarnessHost:
         conversation_id: str,
         user_id: str | None,
         ticket: RunTicket,
-    ) -> Entry | None:
+    ) -> Entry[RunContext] | None:
         """Claim the conversation for the user and begin taking its lock, in one step, before
         a streamed prompt's response starts (`kernel.entry`): `None` when it is another user's
         (answer 404: nothing ran or was stored); else pass the entry to `start_run` with
@@ -398,7 +398,9 @@ class HarnessHost:
             sink=_not_started,
         )
         ticket.attach(run)
-        return await enter_conversation(self, run, ticket, message)
+        return await enter_conversation(
+            self.locks, self.access, endpoint.locked_reader, run, ticket, message
+        )
 
     def _track(self, ticket: RunTicket, live: LiveRunHandle, background: bool) -> None:
         self.control.track(ticket)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._contracts import Endpoint, FrameSink, LiveRunHandle, TypedMap
-from .._errors import RunCancelled
+from .._errors import ConversationTaken, RunCancelled
 from .._log import fault, get_logger
 from .._runtimes.base import Usage
 from .endpoint import HostedEndpoint
@@ -148,7 +148,7 @@ async def execute_prompt(
     holder: Holder | None = None,
     live: LiveRunHandle | None = None,
     ticket: RunTicket | None = None,
-    entry: Entry | None = None,
+    entry: Entry[RunContext] | None = None,
     claims: bool = False,
 ) -> RunContext:
     """Call the endpoint's `@prompt` method for one message and finish its stream.
@@ -195,7 +195,14 @@ async def execute_prompt(
         holding = (
             entry.holding()
             if entry is not None
-            else take_lock(host, run, ticket, message=message if claims else None)
+            else take_lock(
+                host.locks,
+                host.access,
+                endpoint.locked_reader,
+                run,
+                ticket,
+                message=message if claims else None,
+            )
         )
         async with holding:
             if ticket is not None:
@@ -226,7 +233,9 @@ async def execute_prompt(
     except Exception as exc:
         if run.suspended:
             raise
-        if not run.discarded:  # (that one is logged where it was decided, and is no failure)
+        if isinstance(exc, ConversationTaken):
+            log.info("prompt refused: its conversation is another user's", endpoint=endpoint.path)
+        elif not run.discarded:  # (that one is logged where it was decided, and is no failure)
             fault(log, "prompt run failed", exc, endpoint=endpoint.path)
         if ticket is not None:
             await ticket.settle("failed", exc)

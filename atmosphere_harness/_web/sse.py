@@ -31,6 +31,7 @@ from .._kernel.endpoint import HostedEndpoint
 from .._kernel.entry import Entry
 from .._kernel.host import HarnessHost
 from .._kernel.live import RESTARTING, STOPPING
+from .._kernel.run import RunContext
 from .._log import get_logger
 from .._tracing import incoming
 
@@ -212,7 +213,7 @@ def start_prompt(
     user_id: str | None,
     ticket: RunTicket | None = None,
     headers: Mapping[str, str] | None = None,
-    entry: Entry | None = None,
+    entry: Entry[RunContext] | None = None,
 ) -> LiveRunHandle:
     """Start one prompt run under `ticket` (from `admit`: its record is stored already; `None`:
     a new one) or `entry` (`HarnessHost.enter`, with its ticket); a `traceparent` among the
@@ -274,7 +275,7 @@ def stream_prompt(
     user_id: str | None,
     ticket: RunTicket | None = None,
     headers: Mapping[str, str] | None = None,
-    entry: Entry | None = None,
+    entry: Entry[RunContext] | None = None,
 ) -> EventSourceResponse:
     """Start one prompt run and stream it from its first frame (its id: `X-Run-Id`);
     `headers` as `run_frames` takes them; `entry` (`HarnessHost.enter`) is its claim and lock,

@@ -111,9 +111,9 @@ LOCK_RUN = (
 """`LOCK_NEWEST` that also stores the run's status (`contracts.LockedStatus`; schema migration
 11): `running` once the lock is taken, `queued` on the first try that finds it taken."""
 
-CLAIM_LOCK_RUN = "SELECT * FROM atmosphere_claim_lock_run(" + ", ".join(
-    f"${n}" for n in range(1, 23)
-) + ")"
+CLAIM_LOCK_RUN = (
+    "SELECT * FROM atmosphere_claim_lock_run(" + ", ".join(f"${n}" for n in range(1, 23)) + ")"
+)
 """`LOCK_RUN` that first claims the conversation for the prompt's user (`contracts.LockedClaim`;
 schema migration 14): its first column is the owner found; a conversation another user owns is
 neither locked nor read, and the run's status is not stored. With its second argument false it
