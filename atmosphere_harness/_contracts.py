@@ -30,6 +30,7 @@ from typing import (
 )
 
 from ._cache import PromptCache
+from ._errors import ConversationTaken
 from ._events import Frame
 from ._harness import Harness
 
@@ -671,6 +672,74 @@ class LockedStatus:
         self.registry = registry
         self.record = record
         self.stored: str | None = None
+
+
+class LockedClaim:
+    """A prompt's claim of its conversation (`ConversationOwners.claim`), offered to the
+    conversation's lock (`ClaimingLocks.hold(..., claim=...)`) so that taking the lock and
+    claiming the id are one step.
+
+    A lock that carries it (`ClaimingLocks.carries`) claims the id for `user` in its first
+    try (whether or not that try takes the lock) and again in the try that takes it, in the
+    same round trip as each: a deletion that finished while the prompt waited leaves the id
+    unused, and the prompt claims it again. Each claim calls `found` with the owner, which
+    raises `ConversationTaken` (the lock is not taken) when it is another user's.
+    """
+
+    __slots__ = ("conversation_id", "decided", "owner", "owners", "path", "title", "user")
+
+    def __init__(
+        self,
+        owners: ConversationOwners,
+        path: str,
+        conversation_id: str,
+        user: str,
+        title: str = "",
+        decided: Callable[[str], None] | None = None,
+    ) -> None:
+        self.owners = owners
+        self.path = path
+        self.conversation_id = conversation_id
+        self.user = user
+        """The claimant's user key (`user_key`)."""
+        self.title = title
+        self.owner: str | None = None
+        """The owner the last claim found (`None` before the first)."""
+        self.decided = decided
+        """Called with the owner the first claim found (the prompt's answer: its stream, or a
+        404), before the lock is taken."""
+
+    def found(self, owner: str) -> None:
+        """A claim found `owner`: tell `decided` the first time; `ConversationTaken` unless it
+        is the claimant."""
+        first = self.owner is None
+        self.owner = owner
+        if first and self.decided is not None:
+            self.decided(owner)
+        if owner != self.user:
+            raise ConversationTaken(f"unknown conversation {self.conversation_id!r}")
+
+
+@runtime_checkable
+class ClaimingLocks(Protocol):
+    """`ConversationLocks` that can claim a prompt's conversation in the step that takes its
+    lock (the embedded, PostgreSQL and Redis locks)."""
+
+    def carries(self, claim: LockedClaim, read: LockedRead | None) -> bool:
+        """Whether `hold(..., read, claim=claim)` makes the claim (with `read`, when its store
+        also holds the owners): else the kernel claims on its own."""
+        ...
+
+    def hold(
+        self,
+        path: str,
+        conversation_id: str,
+        read: LockedRead | None = None,
+        *,
+        claim: LockedClaim | None = None,
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """`ConversationLocks.hold`, claiming the conversation as `LockedClaim` says."""
+        ...
 
 
 class PromptKeys(Protocol):

@@ -2,8 +2,9 @@
 every route makes (`ConversationAccess`).
 
 A conversation belongs to the user whose prompt first used its id. A prompt claims the id
-(`ConversationAccess.claim`): the claim is atomic in the store, so two users racing for a new
-id get one owner, whichever replica each reached. Any other request only reads the owner
+(`ConversationAccess.claim`, or `locked_claim` in the step that takes the conversation's lock:
+`kernel.entry`): the claim is atomic in the store, so two users racing for a new id get one
+owner, whichever replica each reached. Any other request only reads the owner
 (`ConversationAccess.allows`). A request without a user is the anonymous user (`ANONYMOUS`), so
 an anonymous conversation is reachable by anyone who knows its id, and a user's conversation is
 never reachable without that user.
@@ -16,6 +17,7 @@ import time
 from .._contracts import (
     ConversationOwners,
     ExpiredConversation,
+    LockedClaim,
     OwnedConversation,
     conversation_title,
     user_key,
@@ -134,6 +136,15 @@ class ConversationAccess:
         if parent is None:
             return await self.owners.claim(path, conversation_id, user, title) == user
         return await self.owners.claim(path, conversation_id, user, title, parent) == user
+
+    def locked_claim(
+        self, path: str, conversation_id: str, user_id: str | None, message: str = ""
+    ) -> LockedClaim:
+        """`claim`, as an offer to the conversation's lock (`contracts.LockedClaim`), which
+        makes it in the step that takes the lock (`kernel.entry`)."""
+        return LockedClaim(
+            self.owners, path, conversation_id, user_key(user_id), conversation_title(message)
+        )
 
     async def allows(self, path: str, conversation_id: str, user_id: str | None) -> bool:
         """Every other request's check: whether the user owns the conversation (an id no

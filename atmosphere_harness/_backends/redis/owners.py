@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 
-from ..._contracts import ExpiredConversation, OwnedConversation
+from ..._contracts import ExpiredConversation, LockedClaim, OwnedConversation
 from .connection import RedisConnection, as_str, digest
 
 _CLAIM = """
@@ -153,6 +153,20 @@ class RedisConversationOwners:
             )
         previous = as_str(before)
         return user if previous is None else previous
+
+    def claim_keys_args(self, claim: LockedClaim) -> tuple[list[str], list[str]]:
+        """`claim`'s keys and arguments as `_CLAIM` takes them, for the conversation lock's
+        script that claims as it takes the lock (`history._CLAIM_LOCK_READ_RUN`)."""
+        path, conversation_id, user = claim.path, claim.conversation_id, claim.user
+        keys = [
+            self._key(path, conversation_id),
+            self._owned(path, user),
+            self._titles(path, user),
+            self._every,
+            self._parent(path, conversation_id),
+        ]
+        member = self._member(path, conversation_id)
+        return keys, [user, repr(time.time()), conversation_id, claim.title, member]
 
     async def owner(self, path: str, conversation_id: str) -> str | None:
         with self.connection.unavailable("reading a conversation's owner"):
