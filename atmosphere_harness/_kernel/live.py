@@ -119,7 +119,8 @@ class LiveRun:
         """Reader token -> the last seq it took."""
         self._tokens = itertools.count()
         self._holds = 0
-        self._wake = asyncio.Event()
+        self._waiting: list[asyncio.Future[None]] = []
+        """The writer and readers waiting for the next change (`_changed`)."""
         self._writer_waiting = False
         self._stored_seq = 0
         """Durable: the last seq the store holds; readers never get past it."""
@@ -357,11 +358,23 @@ class LiveRun:
     # --- wake-ups ----------------------------------------------------------------------------
 
     def _signal(self) -> None:
-        wake, self._wake = self._wake, asyncio.Event()
-        wake.set()
+        # One future per wait, resolved here: cheaper per frame than an `asyncio.Event` made
+        # and set for every frame, and a run's frames published together wake a reader once.
+        if self._waiting:
+            waiting, self._waiting = self._waiting, []
+            for waiter in waiting:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     async def _changed(self) -> None:
-        await self._wake.wait()
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(waiter)
+            raise
 
 
 class LiveRuns:
