@@ -114,6 +114,9 @@ class SdkRuntime:
         except self.sdk.APIError as exc:
             raise sdk_error(self, exc) from exc
         response = raw.http_response
+        # The request's copies (our body, the SDK's transformed one in `raw`) need not live as
+        # long as the answer streams: about 10 KiB a run in flight with the default tools.
+        del raw, body
         try:
             async for event in sse_events(response):
                 failure = event.get("error")
