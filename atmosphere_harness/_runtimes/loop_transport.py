@@ -18,7 +18,6 @@ import asyncio
 import math
 import socket
 import ssl
-import threading
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -28,33 +27,14 @@ import httpx2
 
 HIGH_WATER = 256 * 1024
 """Bytes a connection buffers before it stops reading its socket (until they are read)."""
-READ_BYTES = 64 * 1024
-"""The most one read of a socket takes."""
 
 SocketOption = (
     tuple[int, int, int] | tuple[int, int, bytes | bytearray] | tuple[int, int, None, int]
 )
 
 
-class _ReadBuffer(threading.local):
-    """Where a socket read lands before its bytes are copied out: one per thread (its event
-    loop), used by every connection there, since a read and its copy run in one callback."""
-
-    def __init__(self) -> None:
-        self.view = memoryview(bytearray(READ_BYTES))
-
-
-_READ_BUFFER = _ReadBuffer()
-
-
-class _Protocol(asyncio.BufferedProtocol):
-    """Buffers what arrives, wakes the reader waiting for it, and says when writes may go on.
-
-    A buffered protocol: each read lands in the thread's `_ReadBuffer` and only its bytes are
-    copied out. A plain protocol's transport receives into a new 256 KiB `bytes` every time and
-    shrinks it, which costs more than the read itself for a token's chunk (about 12 us against
-    3 on the benchmark VM, every token of every run).
-    """
+class _Protocol(asyncio.Protocol):
+    """Buffers what arrives, wakes the reader waiting for it, and says when writes may go on."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -95,12 +75,6 @@ class _Protocol(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return _READ_BUFFER.view
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(bytes(_READ_BUFFER.view[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         self.chunks.append(data)
