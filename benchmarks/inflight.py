@@ -39,8 +39,8 @@ level whose p99 passes `--threshold-ms` or that has errors; `held` is the larges
 to `--profile-out` and the JSON gives where the CPU went (by the package of the innermost frame,
 and the share of samples with each package anywhere on the stack).
 
-`--heap-at N` runs level N of the first variant with tracemalloc on in the server
-(`PYTHONTRACEMALLOC=16`, slower: its delays mean nothing) and takes a snapshot before the runs
+`--heap-at N` runs level N of the first variant with tracemalloc on in the server (from the
+app's start-up; slower: its delays mean nothing) and takes a snapshot before the runs
 start and one in the middle of the window; the JSON gives what was added per run in flight, by
 the source line that allocated it (the largest first).
 
@@ -955,7 +955,7 @@ def heap_added(directory: Path, n: int, top: int = 30) -> dict[str, Any]:
         time.sleep(0.5)
     paths = sorted(directory.glob("*.snapshot"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
     if len(paths) < 2:
-        return {"skipped": "no snapshots (is tracemalloc on in the server?)"}
+        return {"skipped": "the server wrote no snapshots"}
     before, during = (tracemalloc.Snapshot.load(str(path)) for path in paths[:2])
     by_line = during.compare_to(before, "lineno")
     total = sum(stat.size_diff for stat in by_line)
@@ -1138,7 +1138,7 @@ def ramp(
                     heap = root / f"heap-{n}" if heap_at == n else None
                     if heap is not None:
                         heap.mkdir()
-                        server_env |= {"BENCH_HEAP_DIR": str(heap), "PYTHONTRACEMALLOC": "16"}
+                        server_env |= {"BENCH_HEAP_DIR": str(heap)}
                     server = Server(variant, model_port, server_env, root)
                 try:
                     warm_up(server.port, server.protocol)

@@ -5,10 +5,10 @@ environment (`LLM_RUNTIME=openai`, `LLM_BASE_URL` at the fake model), and, when
 uvicorn builds it with `create_app` (a factory: once per worker process). The monitor appends
 to `{BENCH_STATS_DIR}/{pid}.txt` every second: `lag <monotonic ns> <us late>` for each tick of
 a 10 ms timer, `gc <monotonic ns> <pause us> <objects collected>` for each generation-2
-collection. With `BENCH_HEAP_DIR` set (and tracemalloc on: `PYTHONTRACEMALLOC=16`), each
-SIGUSR1 writes a tracemalloc snapshot to `{BENCH_HEAP_DIR}/{pid}-{n}.snapshot` (what a run in
-flight holds: the difference of two, see `inflight.py --heap-at`). Benchmark-only: nothing here
-is part of the library.
+collection. With `BENCH_HEAP_DIR` set, tracemalloc traces the app from its start-up on (after
+the imports) and each SIGUSR1 writes a snapshot to `{BENCH_HEAP_DIR}/{pid}-{n}.snapshot` (what
+a run in flight holds: the difference of two, see `inflight.py --heap-at`). Benchmark-only:
+nothing here is part of the library.
 """
 
 import asyncio
@@ -75,9 +75,8 @@ def snapshot_on_signal(directory: Path) -> None:
     taken = [0]
 
     def take() -> None:
-        if tracemalloc.is_tracing():
-            taken[0] += 1
-            tracemalloc.take_snapshot().dump(str(directory / f"{os.getpid()}-{taken[0]}.snapshot"))
+        taken[0] += 1
+        tracemalloc.take_snapshot().dump(str(directory / f"{os.getpid()}-{taken[0]}.snapshot"))
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, take)
 
@@ -86,6 +85,7 @@ def snapshot_on_signal(directory: Path) -> None:
 async def monitored(app: FastAPI) -> AsyncIterator[None]:
     heap = os.environ.get("BENCH_HEAP_DIR")
     if heap:
+        tracemalloc.start()
         snapshot_on_signal(Path(heap))
     stats = os.environ.get("BENCH_STATS_DIR")
     task = asyncio.get_running_loop().create_task(monitor(Path(stats))) if stats else None
