@@ -26,6 +26,7 @@ HarnessError
 ├── UsageLimitExceeded                    a run went over one of its usage limits (`.limit`)
 ├── DelegationError                       a fleet member failed
 ├── MCPServerError (RuntimeError)         an MCP server is unavailable (its tool calls say why)
+├── ConversationTaken (LookupError)       another user's prompt claimed the conversation first
 ├── RunSuperseded                         a resumed run whose conversation went on without it
 ├── RunCancelled                          a run stopped by a cancel request or a newer prompt
 ├── RunConflict                           a `multitask: reject` prompt or a deletion during a run
