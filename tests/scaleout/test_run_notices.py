@@ -53,10 +53,27 @@ class Replicas:
         self.cut = cut
 
 
+@pytest.fixture
+def heard(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[str]]:
+    """Every notice each replica's watchers received, by `id()` of the watchers."""
+    notices: dict[int, list[str]] = {}
+    notified = RunWatchers.notified
+
+    def counted(self: RunWatchers, text: str) -> None:
+        notices.setdefault(id(self), []).append(text)
+        notified(self, text)
+
+    monkeypatch.setattr(RunWatchers, "notified", counted)
+    return notices
+
+
 @pytest.fixture(params=["postgres", "redis"])
-async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Replicas]:
+async def replicas(
+    request: pytest.FixtureRequest, tmp_path: Path, heard: dict[int, list[str]]
+) -> AsyncIterator[Replicas]:
     """PostgreSQL: a fresh database (cut: `pg_terminate_backend` of its connections). Redis: a
-    private server of the test's own (cut: `CLIENT KILL` of every client but the killer's)."""
+    private server of the test's own (cut: `CLIENT KILL` of every client but the killer's).
+    Made once `heard` counts notices (a store may take its callback when it is made)."""
     if request.param == "postgres":
         url = await asyncio.to_thread(create_database)
         databases = [PostgresDatabase(url, pool_max=4) for _ in range(3)]
@@ -93,20 +110,6 @@ async def replicas(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
             for connection in connections:
                 await connection.aclose()
             server.stop()
-
-
-@pytest.fixture
-def heard(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[str]]:
-    """Every notice each replica's watchers received, by `id()` of the watchers."""
-    notices: dict[int, list[str]] = {}
-    notified = RunWatchers.notified
-
-    def counted(self: RunWatchers, text: str) -> None:
-        notices.setdefault(id(self), []).append(text)
-        notified(self, text)
-
-    monkeypatch.setattr(RunWatchers, "notified", counted)
-    return notices
 
 
 def follower(store: Store, run_id: str) -> RemoteRun:
@@ -155,34 +158,51 @@ async def settled(watchers: RunWatchers, runs: set[str]) -> None:
             await asyncio.sleep(0.01)
 
 
+async def hearing(
+    a: Store, run_id: str, seq: int, heard: list[str], followed: AsyncIterator[Frame]
+) -> int:
+    """Write frames of `run_id` from `seq` on until the follower's replica hears one's notice
+    (its subscription is in place); the next seq."""
+    async with asyncio.timeout(GUARD):
+        while True:
+            await write(a, run_id, [frame(seq)])
+            assert await take(followed, 1) == [seq]
+            for _ in range(20):
+                if f"{seq} {run_id}" in heard:
+                    return seq + 1
+                await asyncio.sleep(0.01)
+            seq += 1
+
+
 async def test_a_replica_hears_only_the_runs_it_follows(
     replicas: Replicas, heard: dict[int, list[str]]
 ) -> None:
     a, b, c = replicas.stores
+    on_b = heard.setdefault(id(b._watchers), [])
     for run_id in ("x", "y", "z"):
         await start(a, run_id, [frame(1)])
     followed = follower(b, "x").follow()
     assert await take(followed, 1) == [1]
-    await settled(b._watchers, {"x"})
+    seq = await hearing(a, "x", 2, on_b, followed)
     await write(a, "y", [frame(2)])
-    await write(a, "x", [frame(2)])
-    assert await take(followed, 1) == [2]
-    # B hears x's notice and did not hear y's, sent before it.
-    await until_heard(heard, b._watchers, "2 x")
-    assert "2 y" not in heard[id(b._watchers)]
+    await write(a, "x", [frame(seq)])
+    assert await take(followed, 1) == [seq]
+    await until_heard(heard, b._watchers, f"{seq} x")
+    # B heard x's notice and not y's, sent before it.
+    assert "2 y" not in on_b
     await followed.aclose()
 
     # B's reader left: B stops hearing x once it follows another run (changes apply in order).
     followed = follower(b, "z").follow()
     assert await take(followed, 1) == [1]
-    await settled(b._watchers, {"z"})
-    await write(a, "x", [frame(3)])
-    await write(a, "z", [frame(2)])
-    assert await take(followed, 1) == [2]
-    await until_heard(heard, b._watchers, "2 z")
-    assert "3 x" not in heard[id(b._watchers)]
+    at = await hearing(a, "z", 2, on_b, followed)
+    await write(a, "x", [frame(seq + 1)])
+    await write(a, "z", [frame(at)])
+    assert await take(followed, 1) == [at]
+    await until_heard(heard, b._watchers, f"{at} z")
+    assert f"{seq + 1} x" not in on_b
     await followed.aclose()
-    assert id(c._watchers) not in heard  # never followed anything: never heard a notice
+    assert heard.get(id(c._watchers), []) == []  # never followed anything: never heard a notice
     assert len(b._watchers) == 0
 
 
