@@ -137,6 +137,7 @@ def build_host(
         runs=backends.runs,
         prompt_keys=backends.prompt_keys,
         resources=backends.resources,
+        scrubbers=backends.scrubbers,
         hooks=run_hooks(backends, settings, runtime=runtime, specs=specs),
         models=partial(runtime_from_ref, settings=settings),
         owners=backends.owners,

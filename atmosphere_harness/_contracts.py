@@ -30,6 +30,7 @@ from typing import (
 )
 
 from ._cache import PromptCache
+from ._errors import ConversationTaken
 from ._events import Frame
 from ._harness import Harness
 
@@ -618,6 +619,13 @@ class Resource(Protocol):
     async def aclose(self) -> None: ...
 
 
+class Scrubber(Protocol):
+    """A store whose files keep the bytes of deleted rows (SQLite's free pages and its WAL):
+    told once a deletion (`kernel.forget`) is done, it wipes them from its files."""
+
+    async def scrub(self) -> None: ...
+
+
 class LockedRead:
     """A read a run makes first under its conversation's lock, offered to the lock so that it
     can make it in the round trip that takes the lock (`ConversationLocks.hold(..., read)`).
@@ -664,6 +672,74 @@ class LockedStatus:
         self.registry = registry
         self.record = record
         self.stored: str | None = None
+
+
+class LockedClaim:
+    """A prompt's claim of its conversation (`ConversationOwners.claim`), offered to the
+    conversation's lock (`ClaimingLocks.hold(..., claim=...)`) so that taking the lock and
+    claiming the id are one step.
+
+    A lock that carries it (`ClaimingLocks.carries`) claims the id for `user` in its first
+    try (whether or not that try takes the lock) and again in the try that takes it, in the
+    same round trip as each: a deletion that finished while the prompt waited leaves the id
+    unused, and the prompt claims it again. Each claim calls `found` with the owner, which
+    raises `ConversationTaken` (the lock is not taken) when it is another user's.
+    """
+
+    __slots__ = ("conversation_id", "decided", "owner", "owners", "path", "title", "user")
+
+    def __init__(
+        self,
+        owners: ConversationOwners,
+        path: str,
+        conversation_id: str,
+        user: str,
+        title: str = "",
+        decided: Callable[[str], None] | None = None,
+    ) -> None:
+        self.owners = owners
+        self.path = path
+        self.conversation_id = conversation_id
+        self.user = user
+        """The claimant's user key (`user_key`)."""
+        self.title = title
+        self.owner: str | None = None
+        """The owner the last claim found (`None` before the first)."""
+        self.decided = decided
+        """Called with the owner the first claim found (the prompt's answer: its stream, or a
+        404), before the lock is taken."""
+
+    def found(self, owner: str) -> None:
+        """A claim found `owner`: tell `decided` the first time; `ConversationTaken` unless it
+        is the claimant."""
+        first = self.owner is None
+        self.owner = owner
+        if first and self.decided is not None:
+            self.decided(owner)
+        if owner != self.user:
+            raise ConversationTaken(f"unknown conversation {self.conversation_id!r}")
+
+
+@runtime_checkable
+class ClaimingLocks(Protocol):
+    """`ConversationLocks` that can claim a prompt's conversation in the step that takes its
+    lock (the embedded, PostgreSQL and Redis locks)."""
+
+    def carries(self, claim: LockedClaim, read: LockedRead | None) -> bool:
+        """Whether `hold(..., read, claim=claim)` makes the claim (with `read`, when its store
+        also holds the owners): else the kernel claims on its own."""
+        ...
+
+    def hold(
+        self,
+        path: str,
+        conversation_id: str,
+        read: LockedRead | None = None,
+        *,
+        claim: LockedClaim | None = None,
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """`ConversationLocks.hold`, claiming the conversation as `LockedClaim` says."""
+        ...
 
 
 class PromptKeys(Protocol):
@@ -756,12 +832,31 @@ class ConversationOwners(Protocol):
     it when the conversation is deleted. The embedded implementation is a table of the SQLite
     file under `workspace_root`; a scale-out backend keeps it in PostgreSQL or Redis, so every
     replica sees one owner.
+
+    A conversation a run of another one started (a fleet member's, for its coordinator's
+    conversation) is derived from it: its record names that parent (`claim(parent=...)`), the
+    parent's deletion finds it (`children`) and deletes it too, and retention never picks it on
+    its own (`expired` skips it: it goes with its parent).
     """
 
-    async def claim(self, path: str, conversation_id: str, user: str, title: str = "") -> str:
+    async def claim(
+        self,
+        path: str,
+        conversation_id: str,
+        user: str,
+        title: str = "",
+        parent: tuple[str, str] | None = None,
+    ) -> str:
         """Make `user` the owner if the conversation has none, atomically; return the owner
         (`user` when the claim won, or whoever's did before). When the owner is `user`, the
-        conversation's `updated_at` becomes now; `title` is kept from the first claim only."""
+        conversation's `updated_at` becomes now; `title` is kept from the first claim only.
+        `parent` (`(path, conversation_id)`) marks the conversation as derived from that one,
+        when it names no parent yet (a parent, once recorded, never changes)."""
+        ...
+
+    async def children(self, path: str, conversation_id: str) -> list[tuple[str, str]]:
+        """The `(path, conversation_id)` of every conversation derived from this one (those
+        whose claim named it as their parent and that were not forgotten since)."""
         ...
 
     async def owner(self, path: str, conversation_id: str) -> str | None:
@@ -788,7 +883,8 @@ class ConversationOwners(Protocol):
     async def expired(self, before: float, limit: int, lease: float) -> list[ExpiredConversation]:
         """Claim up to `limit` conversations whose `updated_at` is older than `before`, oldest
         first, for `lease` seconds: no other call, on any replica, gets one of them until the
-        lease ran out (retention deletes each once)."""
+        lease ran out (retention deletes each once). A derived conversation is never one of
+        them (it is deleted with its parent)."""
         ...
 
     async def release(self, path: str, conversation_id: str) -> None:

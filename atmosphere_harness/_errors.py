@@ -176,6 +176,13 @@ class RunConflict(HarnessError):
     409)."""
 
 
+class ConversationTaken(HarnessError, LookupError):
+    """A prompt whose conversation is another user's (or a user's, for a request without one):
+    answered 404 before the response starts, or, when another user's prompt claimed the id
+    after a deletion while this one waited for the conversation, its stream ends with an
+    `error` frame of this type (nothing was run or written)."""
+
+
 class RunCancelled(HarnessError):
     """A run stopped by `POST P/runs/{runId}/cancel`, or by a newer prompt's `multitask`
     (`interrupt`, `rollback`): its stream ends with an `error` frame of this type."""

@@ -17,7 +17,11 @@ journal writes about every other turn, as its 2 ms grouping makes it).
 Reported per size, per model turn (a prompt's figure over `--turns`, as `turns.py` counts):
 the medians of each side's wall and CPU time, `added_us` (the median of the paired
 differences, on minus off, wall and CPU), the minor page faults each side took, and the
-durable side's log writes and bytes written. What it leaves out: the kernel's own work around
+durable side's log writes and bytes written. `parts_cpu_us` splits the added CPU time: the
+same replay on a store that takes each append without packing it (`encode`: the journal's own
+work, encoding payloads and grouping writes), one that packs it into a record but does not
+write it (`pack`), and the real store (`write`), each the median of its paired differences
+with durable runs off, alternated with the others. What it leaves out: the kernel's own work around
 each checkpoint (its key, the model answer's dict), the history read behind the run's
 `since:` mark (`newest_seq`), a real tool's worker thread, and the finished run's compaction.
 Prints one JSON document.
@@ -34,6 +38,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +47,7 @@ from turns import Ours
 
 from atmosphere_harness._contracts import StoredRun
 from atmosphere_harness._durable import SqliteRunStore, journal
+from atmosphere_harness._durable.log import pack_parts
 from atmosphere_harness._durable.writer import STARTED, DurableWriter
 from atmosphere_harness._events import Frame
 from atmosphere_harness._kernel.live import LiveRun
@@ -95,14 +101,48 @@ class Counted:
         logs.write = counted  # type: ignore[method-assign]
 
 
+class Unwritten:
+    """A store that takes every append on the loop and keeps nothing: the journal's own work
+    alone (`pack`: each append also packed into its record, as the embedded store packs it)."""
+
+    name = "unwritten"
+    encode = staticmethod(SqliteRunStore.encode)
+
+    def __init__(self, pack: bool) -> None:
+        self.pack = pack
+
+    def append_now(
+        self,
+        run_id: str,
+        frames: Sequence[tuple[int, str, str]],
+        checkpoints: Sequence[tuple[str, str]],
+        **_: Any,
+    ) -> bool:
+        if self.pack:
+            pack_parts(frames, checkpoints)
+        return True
+
+    async def append(self, *_: Any, **__: Any) -> None:
+        return None
+
+    async def finish(self, run_id: str) -> None:
+        return None
+
+
 async def replay(
-    calls: list[Call], store: SqliteRunStore | None, tool_seconds: float
+    calls: list[Call], store: SqliteRunStore | Unwritten | None, tool_seconds: float
 ) -> tuple[float, float, int]:
     """Wall and CPU seconds, and minor faults, of one replay (`store`: durable runs on)."""
     writer = None
     if store is not None:
         run = StoredRun(uuid.uuid4().hex, "/bench", "conversation", None, "s", "go", time.time())
-        writer = DurableWriter(store, run.run_id, owner="bench/1/x", lease_seconds=60, create=run)
+        writer = DurableWriter(
+            store,  # type: ignore[arg-type]  # (`Unwritten` is only what the writer calls)
+            run.run_id,
+            owner="bench/1/x",
+            lease_seconds=60,
+            create=run,
+        )
     live = LiveRun("/bench", "conversation", None, session_id="s", writer=writer)
     if writer is not None:
         writer.on_stored = live._stored
@@ -145,14 +185,20 @@ async def one_size(root: Path, args: argparse.Namespace, size: int) -> dict[str,
     store = SqliteRunStore.under(root / f"replay-{size}")
     await store.open()
     counted = Counted(store)
-    samples: dict[str, list[tuple[float, float, int]]] = {"off": [], "on": []}
+    stores: dict[str, SqliteRunStore | Unwritten | None] = {
+        "off": None,
+        "on": store,
+        "encode": Unwritten(pack=False),
+        "pack": Unwritten(pack=True),
+    }
+    samples: dict[str, list[tuple[float, float, int]]] = {name: [] for name in stores}
     try:
         for index in range(args.repeats + 2):
-            sides = ("off", "on") if index % 2 else ("on", "off")
+            sides = list(stores) if index % 2 else list(stores)[::-1]
             for side in sides:
                 if index == 2 and side == sides[0]:
                     counted.writes = counted.bytes = 0  # (after two warm-up rounds)
-                sample = await replay(calls, store if side == "on" else None, args.tool_seconds)
+                sample = await replay(calls, stores[side], args.tool_seconds)
                 if index >= 2:
                     samples[side].append(sample)
     finally:
@@ -180,6 +226,13 @@ async def one_size(root: Path, args: argparse.Namespace, size: int) -> dict[str,
         "added_us": {
             "wall": us(statistics.median(a[0] - b[0] for a, b in zip(on, off, strict=True)), turns),
             "cpu": us(statistics.median(a[1] - b[1] for a, b in zip(on, off, strict=True)), turns),
+        },
+        "parts_cpu_us": {
+            part: us(
+                statistics.median(a[1] - b[1] for a, b in zip(samples[side], off, strict=True)),
+                turns,
+            )
+            for part, side in (("encode", "encode"), ("pack", "pack"), ("write", "on"))
         },
     }
 

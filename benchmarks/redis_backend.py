@@ -174,10 +174,16 @@ def script_names() -> dict[str, str]:
     """SHA-1 -> name of every Lua script a turn may run (ours and redis-py's lock's)."""
     from redis.asyncio.lock import Lock
 
-    from atmosphere_harness._backends.redis import history, long_term, runs
+    from atmosphere_harness._backends.redis import control, history, long_term, owners, runs
     from tests.scaleout.wire import script_names as names_in
 
-    found = {**names_in(history), **names_in(long_term), **names_in(runs)}
+    found = {
+        **names_in(history),
+        **names_in(long_term),
+        **names_in(runs),
+        **names_in(owners),
+        **names_in(control),
+    }
     for name in ("LUA_RELEASE_SCRIPT", "LUA_REACQUIRE_SCRIPT", "LUA_EXTEND_SCRIPT"):
         found[hashlib.sha1(getattr(Lock, name).encode()).hexdigest()] = f"Lock.{name}"
     return found

@@ -83,7 +83,9 @@ def resolve_backends(settings: HarnessSettings) -> StateBackends:
             raise _missing("redis", "ATMOSPHERE_REDIS_URL", exc) from None
         return redis_backends(settings)
     owners = SqliteConversationOwners.under(settings.groups.filesystem.workspace_root)
-    backends = StateBackends(state="sqlite", events="local", owners=owners, resources=[owners])
+    backends = StateBackends(
+        state="sqlite", events="local", owners=owners, resources=[owners], scrubbers=[owners]
+    )
     if group.durable_runs:
         backends.runs = DurableRuns(
             SqliteRunStore.under(settings.groups.filesystem.workspace_root),

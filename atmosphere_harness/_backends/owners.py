@@ -6,7 +6,8 @@ conversation stays theirs after the app comes back. A claim reads the row and, o
 is none, inserts it (`INSERT OR IGNORE`) and reads it again in one transaction: processes
 sharing the file settle on one owner because SQLite serializes writers. A later prompt of the
 owner moves the row's `updated_at` (one small indexed write); the index on `(path, user_key,
-updated_at)` serves a user's list, newest first.
+updated_at)` serves a user's list, newest first. A derived conversation's row names its
+parent (`parent_path`, `parent_id`, indexed for a deletion's look-up of them).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ CREATE TABLE IF NOT EXISTS conversation_owners (
 
 def _add_list_columns(connection: sqlite3.Connection) -> None:
     """Give a file written before conversations were listed their `updated_at` and `title`,
-    and before retention the `sweep_until` claim (idempotent); and the indexes a user's list
-    and the retention sweep read."""
+    before retention the `sweep_until` claim, and before derived conversations were recorded
+    their parent (idempotent); and the indexes a user's list, the retention sweep and a
+    deletion's look-up of derived conversations read."""
     columns = {row[1] for row in connection.execute("PRAGMA table_info(conversation_owners)")}
     with Transaction(connection):
         if "updated_at" not in columns:
@@ -53,6 +55,13 @@ def _add_list_columns(connection: sqlite3.Connection) -> None:
         connection.execute(
             "CREATE INDEX IF NOT EXISTS conversation_owners_idle "
             "ON conversation_owners (updated_at)"
+        )
+        if "parent_path" not in columns:
+            connection.execute("ALTER TABLE conversation_owners ADD COLUMN parent_path TEXT")
+            connection.execute("ALTER TABLE conversation_owners ADD COLUMN parent_id TEXT")
+        connection.execute(
+            "CREATE INDEX IF NOT EXISTS conversation_owners_by_parent "
+            "ON conversation_owners (parent_path, parent_id) WHERE parent_id IS NOT NULL"
         )
 
 
@@ -88,21 +97,44 @@ class SqliteConversationOwners:
             database, self._database = self._database, None
             await database.aclose()
 
-    async def claim(self, path: str, conversation_id: str, user: str, title: str = "") -> str:
+    async def scrub(self) -> None:
+        """Wipe deleted rows' bytes from the file this table shares with the history and the
+        run journal (`SqliteDatabase.scrub`): the host's `Scrubber` for the embedded store."""
+        await self.database.scrub()
+
+    async def claim(
+        self,
+        path: str,
+        conversation_id: str,
+        user: str,
+        title: str = "",
+        parent: tuple[str, str] | None = None,
+    ) -> str:
+        parent_path, parent_id = parent if parent is not None else (None, None)
+
         def work(connection: sqlite3.Connection) -> str:
             now = time.time()
             with Transaction(connection):
                 # Most claims are a conversation's later prompts: the owner's moves its time.
+                if parent is None:
+                    connection.execute(
+                        "UPDATE conversation_owners SET updated_at = ? "
+                        "WHERE path = ? AND conversation_id = ? AND user_key = ?",
+                        (now, path, conversation_id, user),
+                    )
+                else:
+                    connection.execute(
+                        "UPDATE conversation_owners SET updated_at = ?, "
+                        "parent_path = coalesce(parent_path, ?), "
+                        "parent_id = coalesce(parent_id, ?) "
+                        "WHERE path = ? AND conversation_id = ? AND user_key = ?",
+                        (now, parent_path, parent_id, path, conversation_id, user),
+                    )
                 connection.execute(
-                    "UPDATE conversation_owners SET updated_at = ? "
-                    "WHERE path = ? AND conversation_id = ? AND user_key = ?",
-                    (now, path, conversation_id, user),
-                )
-                connection.execute(
-                    "INSERT OR IGNORE INTO conversation_owners "
-                    "(path, conversation_id, user_key, claimed_at, updated_at, title) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    (path, conversation_id, user, now, now, title),
+                    "INSERT OR IGNORE INTO conversation_owners (path, conversation_id, "
+                    "user_key, claimed_at, updated_at, title, parent_path, parent_id) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (path, conversation_id, user, now, now, title, parent_path, parent_id),
                 )
                 row = connection.execute(_OWNER, (path, conversation_id)).fetchone()
             return str(row[0])
@@ -115,6 +147,18 @@ class SqliteConversationOwners:
             return None if row is None else str(row[0])
 
         return await self.database.run_small(work)
+
+    async def children(self, path: str, conversation_id: str) -> list[tuple[str, str]]:
+        def work(connection: sqlite3.Connection) -> list[tuple[str, str]]:
+            rows = connection.execute(
+                "SELECT path, conversation_id FROM conversation_owners "
+                "WHERE parent_path = ? AND parent_id = ? AND parent_id IS NOT NULL "
+                "ORDER BY path, conversation_id",
+                (path, conversation_id),
+            ).fetchall()
+            return [(str(a), str(b)) for a, b in rows]
+
+        return await self.database.run(work)
 
     async def page(
         self, path: str, user: str, limit: int, after: tuple[float, str] | None = None
@@ -164,7 +208,7 @@ class SqliteConversationOwners:
                 rows = connection.execute(
                     "SELECT path, conversation_id, user_key, updated_at FROM conversation_owners "
                     "WHERE updated_at < ? AND (sweep_until IS NULL OR sweep_until < ?) "
-                    "ORDER BY updated_at LIMIT ?",
+                    "AND parent_id IS NULL ORDER BY updated_at LIMIT ?",
                     (before, now, limit),
                 ).fetchall()
                 connection.executemany(

@@ -16,6 +16,7 @@ from .._contracts import (
     RunJournal,
     RunRegistry,
     RunStore,
+    Scrubber,
     UserTokens,
 )
 from .._durable import DurableRuns
@@ -65,6 +66,9 @@ class StateBackends:
     """Each user's tokens per UTC day (`ATMOSPHERE_AI_USER_DAILY_TOKEN_LIMIT`)."""
     resources: list[Resource] = field(default_factory=list)
     """Pools and listeners the host opens at start-up (a bad URL fails there) and closes last."""
+    scrubbers: list[Scrubber] = field(default_factory=list)
+    """Stores whose files keep deleted rows' bytes, wiped after each deletion (the embedded
+    SQLite file)."""
 
     def describe(self) -> dict[str, str]:
         """The `backends` block of `GET /api/console/info`."""

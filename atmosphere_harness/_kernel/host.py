@@ -25,11 +25,13 @@ from .._contracts import (
     RunHooks,
     RunJournal,
     RunRegistry,
+    Scrubber,
     StoredRun,
     TypedMap,
     UserForgetHook,
 )
 from .._errors import RunConflict
+from .._events import Frame
 from .._harness import Harness
 from .._log import get_logger
 from .._preset import HarnessPreset, effective_cache_policy
@@ -40,6 +42,7 @@ from .._settings import HarnessSettings
 from .collector import tune_collector
 from .control import InProcessRunRegistry, RunControl, RunTicket, new_run_id
 from .endpoint import HostedEndpoint
+from .entry import Entry, enter_conversation
 from .forget import ForgottenUser, forget_conversation, forget_user
 from .live import LiveRun, LiveRuns
 from .locks import InProcessConversationLocks
@@ -57,6 +60,10 @@ HEADLESS_DOCS = "docs/delegation.md#headless-agents"
 MAX_REGISTERED_OWNERS = 1024
 
 
+async def _not_started(frame: Frame) -> None:
+    raise RuntimeError("a run sent a frame before it started (its entry only claims and locks)")
+
+
 class HarnessHost:
     """The live harness: settings, preset, runtime, endpoints and shared services."""
 
@@ -71,6 +78,7 @@ class HarnessHost:
         runs: RunJournal | None = None,
         prompt_keys: PromptKeys | None = None,
         resources: Sequence[Resource] = (),
+        scrubbers: Sequence[Scrubber] = (),
         hooks: Sequence[RunHooks] | None = None,
         owners: ConversationOwners | None = None,
         registry: RunRegistry | None = None,
@@ -113,6 +121,8 @@ class HarnessHost:
         by default the journal's own (durable replay, when runs are durable)."""
         self.user_forget_hooks: list[UserForgetHook] = []
         """What primitives keep of a user beyond their conversations (`kernel.forget`)."""
+        self.scrubbers: list[Scrubber] = list(scrubbers)
+        """Stores whose files keep deleted rows' bytes, wiped after each deletion."""
         self.backends: dict[str, str] = {"state": "sqlite", "events": "local"}
         """What holds shared state and carries fan-out (`backends.StateBackends.describe`)."""
         self._surfaces: dict[Key[Any], dict[str, Any]] = {}
@@ -327,12 +337,16 @@ class HarnessHost:
         session_id: str | None = None,
         ticket: RunTicket | None = None,
         background: bool = False,
+        entry: Entry[RunContext] | None = None,
     ) -> LiveRunHandle:
         """Start one prompt run in its own task, its frames journalled (the HTTP entry point).
 
         `session_id` names it in advance (an `Idempotency-Key` records it before it starts);
         `ticket` is its run control (a new one when absent); a `background` run goes on to its
-        end whoever follows it and leaves (nobody has to)."""
+        end whoever follows it and leaves (nobody has to); `entry` is its claim and lock,
+        begun before the response started (`enter`, with that ticket). Without an entry, the
+        route claimed the conversation already, and the lock's tries claim it again as they
+        take it (`kernel.entry`)."""
         if ticket is None:
             ticket = self.control.ticket(
                 path=endpoint.path, conversation_id=conversation_id, user_id=user_id
@@ -351,6 +365,8 @@ class HarnessHost:
                 holder=lambda: run_ticket.waiting(live.hold),
                 live=live,
                 ticket=run_ticket,
+                entry=entry,
+                claims=True,
             )
 
         live = self.runs.start(
@@ -364,6 +380,31 @@ class HarnessHost:
         )
         self._track(ticket, live, background)
         return live
+
+    async def enter(
+        self,
+        endpoint: HostedEndpoint,
+        *,
+        message: str,
+        conversation_id: str,
+        user_id: str | None,
+        ticket: RunTicket,
+    ) -> Entry[RunContext] | None:
+        """Claim the conversation for the user and begin taking its lock, in one step, before
+        a streamed prompt's response starts (`kernel.entry`): `None` when it is another user's
+        (answer 404: nothing ran or was stored); else pass the entry to `start_run` with
+        `ticket`, or `close` it."""
+        run = RunContext(
+            host=self,
+            endpoint=endpoint,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            sink=_not_started,
+        )
+        ticket.attach(run)
+        return await enter_conversation(
+            self.locks, self.access, endpoint.locked_reader, run, ticket, message
+        )
 
     def _track(self, ticket: RunTicket, live: LiveRunHandle, background: bool) -> None:
         self.control.track(ticket)
@@ -463,7 +504,9 @@ class HarnessHost:
             raise TypeError(f"a parent run must be a kernel run, got {parent!r}")
         # A member's conversation is claimed for the user too: its id is derived from the
         # coordinator's, so without a claim another user could reach it at the member's path.
-        if not await self.access.claim(path, conversation_id, user_id, message):
+        # Its record names the coordinator's conversation: it is deleted with it (`forget`).
+        derived_from = None if parent is None else (parent.endpoint.path, parent.conversation_id)
+        if not await self.access.claim(path, conversation_id, user_id, message, derived_from):
             raise PermissionError(f"conversation {conversation_id!r} of {path} is not this user's")
         return await execute_prompt(
             self,

@@ -1,4 +1,11 @@
-"""The embedded `contracts.ConversationLocks`: one `asyncio.Lock` per conversation, one process."""
+"""The embedded `contracts.ConversationLocks`: one `asyncio.Lock` per conversation, one process.
+
+It carries a prompt's owner claim (`contracts.LockedClaim`): the claim is made once the lock is
+taken, so a deletion (which forgets the owner under the same lock) is either wholly before it
+(the id is unused: the prompt claims it again) or wholly after the run. A prompt that finds the
+lock taken claims once before it waits too, so its answer (its stream, or a 404) does not wait
+for the run ahead of it.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import contextlib
 import weakref
 from collections.abc import AsyncIterator
 
-from .._contracts import LockedRead
+from .._contracts import LockedClaim, LockedRead
 
 
 class InProcessConversationLocks:
@@ -29,10 +36,31 @@ class InProcessConversationLocks:
             self._locks[key] = lock
         return lock
 
+    def carries(self, claim: LockedClaim, read: LockedRead | None) -> bool:
+        """`contracts.ClaimingLocks`: every claim (the lock calls its owners' store itself)."""
+        return True
+
     @contextlib.asynccontextmanager
     async def hold(
-        self, path: str, conversation_id: str, read: LockedRead | None = None
+        self,
+        path: str,
+        conversation_id: str,
+        read: LockedRead | None = None,
+        *,
+        claim: LockedClaim | None = None,
     ) -> AsyncIterator[None]:
-        """Hold the conversation's lock; `read` is left to its reader (the read is local)."""
-        async with self.lock(path, conversation_id):
+        """Hold the conversation's lock; `read` is left to its reader (the read is local);
+        `claim` is made as the module docstring says."""
+        lock = self.lock(path, conversation_id)
+        if claim is not None and lock.locked():
+            await _claim(claim)
+        async with lock:
+            if claim is not None:
+                await _claim(claim)
             yield
+
+
+async def _claim(claim: LockedClaim) -> None:
+    claim.found(
+        await claim.owners.claim(claim.path, claim.conversation_id, claim.user, claim.title)
+    )

@@ -2,8 +2,9 @@
 every route makes (`ConversationAccess`).
 
 A conversation belongs to the user whose prompt first used its id. A prompt claims the id
-(`ConversationAccess.claim`): the claim is atomic in the store, so two users racing for a new
-id get one owner, whichever replica each reached. Any other request only reads the owner
+(`ConversationAccess.claim`, or `locked_claim` in the step that takes the conversation's lock:
+`kernel.entry`): the claim is atomic in the store, so two users racing for a new id get one
+owner, whichever replica each reached. Any other request only reads the owner
 (`ConversationAccess.allows`). A request without a user is the anonymous user (`ANONYMOUS`), so
 an anonymous conversation is reachable by anyone who knows its id, and a user's conversation is
 never reachable without that user.
@@ -16,6 +17,7 @@ import time
 from .._contracts import (
     ConversationOwners,
     ExpiredConversation,
+    LockedClaim,
     OwnedConversation,
     conversation_title,
     user_key,
@@ -37,17 +39,33 @@ class InMemoryConversationOwners:
 
     def __init__(self) -> None:
         self._owners: dict[tuple[str, str], tuple[str, float, str]] = {}
+        self._parents: dict[tuple[str, str], tuple[str, str]] = {}
         self._sweeps: dict[tuple[str, str], float] = {}
 
-    async def claim(self, path: str, conversation_id: str, user: str, title: str = "") -> str:
-        owner, _updated, first_title = self._owners.get((path, conversation_id), (user, 0.0, title))
+    async def claim(
+        self,
+        path: str,
+        conversation_id: str,
+        user: str,
+        title: str = "",
+        parent: tuple[str, str] | None = None,
+    ) -> str:
+        key = (path, conversation_id)
+        owner, _updated, first_title = self._owners.get(key, (user, 0.0, title))
         if owner == user:
-            self._owners[(path, conversation_id)] = (owner, time.time(), first_title)
+            self._owners[key] = (owner, time.time(), first_title)
+            if parent is not None:
+                self._parents.setdefault(key, parent)
         return owner
 
     async def owner(self, path: str, conversation_id: str) -> str | None:
         found = self._owners.get((path, conversation_id))
         return None if found is None else found[0]
+
+    async def children(self, path: str, conversation_id: str) -> list[tuple[str, str]]:
+        return sorted(
+            child for child, parent in self._parents.items() if parent == (path, conversation_id)
+        )
 
     async def page(
         self, path: str, user: str, limit: int, after: tuple[float, str] | None = None
@@ -62,11 +80,13 @@ class InMemoryConversationOwners:
     async def forget(
         self, path: str, conversation_id: str, *, idle_before: float | None = None
     ) -> bool:
-        found = self._owners.get((path, conversation_id))
+        key = (path, conversation_id)
+        found = self._owners.get(key)
         if found is None or (idle_before is not None and found[1] >= idle_before):
             return False
-        del self._owners[(path, conversation_id)]
-        self._sweeps.pop((path, conversation_id), None)
+        del self._owners[key]
+        self._parents.pop(key, None)
+        self._sweeps.pop(key, None)
         return True
 
     async def release(self, path: str, conversation_id: str) -> None:
@@ -77,7 +97,9 @@ class InMemoryConversationOwners:
         rows = sorted(
             (updated, path, conversation_id, owner)
             for (path, conversation_id), (owner, updated, _title) in self._owners.items()
-            if updated < before and self._sweeps.get((path, conversation_id), 0.0) < now
+            if updated < before
+            and (path, conversation_id) not in self._parents
+            and self._sweeps.get((path, conversation_id), 0.0) < now
         )[:limit]
         for _updated, path, conversation_id, _owner in rows:
             self._sweeps[(path, conversation_id)] = now + lease
@@ -97,14 +119,32 @@ class ConversationAccess:
         self.owners = owners
 
     async def claim(
-        self, path: str, conversation_id: str, user_id: str | None, message: str = ""
+        self,
+        path: str,
+        conversation_id: str,
+        user_id: str | None,
+        message: str = "",
+        parent: tuple[str, str] | None = None,
     ) -> bool:
         """A prompt's check: claim the id for the user if it is unused; whether the user owns
         the conversation now. `message` (the prompt) titles a new conversation, and each
-        prompt of the owner makes it the newest of their list."""
+        prompt of the owner makes it the newest of their list; `parent` (`(path,
+        conversation_id)`) is the conversation whose run this prompt is part of (a fleet
+        member's), deleted with it."""
         user = user_key(user_id)
         title = conversation_title(message)
-        return await self.owners.claim(path, conversation_id, user, title) == user
+        if parent is None:
+            return await self.owners.claim(path, conversation_id, user, title) == user
+        return await self.owners.claim(path, conversation_id, user, title, parent) == user
+
+    def locked_claim(
+        self, path: str, conversation_id: str, user_id: str | None, message: str = ""
+    ) -> LockedClaim:
+        """`claim`, as an offer to the conversation's lock (`contracts.LockedClaim`), which
+        makes it in the step that takes the lock (`kernel.entry`)."""
+        return LockedClaim(
+            self.owners, path, conversation_id, user_key(user_id), conversation_title(message)
+        )
 
     async def allows(self, path: str, conversation_id: str, user_id: str | None) -> bool:
         """Every other request's check: whether the user owns the conversation (an id no

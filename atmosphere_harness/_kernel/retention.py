@@ -10,7 +10,9 @@ endpoint's `expire_hooks`), unless it has a run in flight or a prompt used it si
 found: the deletion of its ownership record is conditional on its last prompt, one atomic step
 in the store, so a conversation is deleted once, by one replica, and never from under a run.
 A conversation in use is released at once (the next sweep looks at it again); one whose
-deletion failed (an extraction or a store) is looked at again once its claim ran out.
+deletion failed (an extraction or a store) is looked at again once its claim ran out. A derived
+conversation (a fleet member's) is never picked on its own: it is deleted with its parent,
+whatever its own idle time. The stores are scrubbed once per sweep that deleted something.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from .._cancel import reraise_cancellation
 from .._errors import RunConflict
 from .._log import fault, get_logger
-from .forget import DeletingHost, forget_conversation
+from .forget import DeletingHost, forget_conversation, scrub_stores
 
 log = get_logger(__name__)
 
@@ -48,7 +50,7 @@ async def sweep(host: DeletingHost, ttl: float, *, now: float | None = None) -> 
         for found in expired:
             try:
                 if await forget_conversation(
-                    host, found.path, found.conversation_id, idle_before=cutoff
+                    host, found.path, found.conversation_id, idle_before=cutoff, scrub=False
                 ):
                     deleted += 1
                     continue
@@ -68,6 +70,7 @@ async def sweep(host: DeletingHost, ttl: float, *, now: float | None = None) -> 
     for path, conversation_id in in_use:  # (after the rounds: a round never meets one twice)
         await _release(host, path, conversation_id)
     if deleted:
+        await scrub_stores(host)
         log.info("expired conversations deleted", count=deleted)
     return deleted
 

@@ -9,15 +9,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._contracts import Endpoint, FrameSink, LiveRunHandle, TypedMap
-from .._errors import RunCancelled
+from .._errors import ConversationTaken, RunCancelled
 from .._log import fault, get_logger
 from .._runtimes.base import Usage
 from .endpoint import HostedEndpoint
+from .entry import take_lock
 from .loop import call_run
 from .session import StreamingSession
 
 if TYPE_CHECKING:
     from .control import RunTicket
+    from .entry import Entry
     from .host import HarnessHost
 
 Holder = Callable[[], contextlib.AbstractContextManager[None]]
@@ -64,6 +66,16 @@ class RunContext:
         self.session = StreamingSession(self, sink)
         self._holder = holder
         self._resolved: dict[type, Any] = {StreamingSession: self.session}
+
+    def adopt(self, live: LiveRunHandle, holder: Holder | None) -> None:
+        """Publish into `live` from now on: a run made before its journal existed (its
+        conversation's entry, `kernel.entry`, is begun before the response starts)."""
+        self.live = live
+        if live.session_id:
+            self.session_id = live.session_id
+        self.session = StreamingSession(self, live.bind(self))
+        self._resolved[StreamingSession] = self.session
+        self._holder = holder
 
     @property
     def root(self) -> RunContext:
@@ -136,6 +148,8 @@ async def execute_prompt(
     holder: Holder | None = None,
     live: LiveRunHandle | None = None,
     ticket: RunTicket | None = None,
+    entry: Entry[RunContext] | None = None,
+    claims: bool = False,
 ) -> RunContext:
     """Call the endpoint's `@prompt` method for one message and finish its stream.
 
@@ -146,17 +160,27 @@ async def execute_prompt(
     journal (a durable one makes the run resumable, and replays a resumed run's first life);
     `ticket` is its run control (`kernel.control`): told its status, and a cancel request
     that stops the run ends its stream with a `RunCancelled` error instead of propagating.
+    `entry` is the run's claim and lock, begun before its response started (`kernel.entry`:
+    its run is this run, adopting `live`); else, with `claims`, the lock's tries claim the
+    conversation for the user as they take it (a prompt's run; see `contracts.LockedClaim`).
     """
-    run = RunContext(
-        host=host,
-        endpoint=endpoint,
-        conversation_id=conversation_id,
-        user_id=user_id,
-        sink=sink,
-        parent=parent,
-        holder=holder,
-        live=live,
-    )
+    if entry is not None:
+        run = entry.run
+        if live is not None:
+            run.adopt(live, holder)
+        if ticket is not None and entry.read is None:
+            ticket.offer(None)  # (nothing rides on the lock: the ticket stores its status now)
+    else:
+        run = RunContext(
+            host=host,
+            endpoint=endpoint,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            sink=sink,
+            parent=parent,
+            holder=holder,
+            live=live,
+        )
     session = run.session
     spec = endpoint.spec
     assert spec is not None
@@ -168,17 +192,17 @@ async def execute_prompt(
     async def work() -> None:
         if ticket is not None and ticket.cancel_mode is not None:
             raise asyncio.CancelledError  # cancelled before it started
-        # The history's first read may ride on the round trip that takes the lock (a networked
-        # backend's lock and history on one server); `read` is only passed when there is one,
-        # so a `ConversationLocks` of the application's own needs no parameter for it.
-        reader = endpoint.locked_reader
-        read = reader.locked_read(run) if reader is not None else None
-        if ticket is not None:
-            ticket.offer(read)  # (the run's status may ride with the read)
         holding = (
-            host.locks.hold(endpoint.path, conversation_id)
-            if read is None
-            else host.locks.hold(endpoint.path, conversation_id, read)
+            entry.holding()
+            if entry is not None
+            else take_lock(
+                host.locks,
+                host.access,
+                endpoint.locked_reader,
+                run,
+                ticket,
+                message=message if claims else None,
+            )
         )
         async with holding:
             if ticket is not None:
@@ -194,7 +218,11 @@ async def execute_prompt(
 
     run.in_hooks = True
     try:
-        await call_run(endpoint.hooks, run, work)
+        try:
+            await call_run(endpoint.hooks, run, work)
+        finally:
+            if entry is not None:
+                entry.close()  # (a run that ended before it used its lock frees it)
         if ticket is not None:
             await ticket.settle("completed")
         await session.complete()
@@ -205,7 +233,9 @@ async def execute_prompt(
     except Exception as exc:
         if run.suspended:
             raise
-        if not run.discarded:  # (that one is logged where it was decided, and is no failure)
+        if isinstance(exc, ConversationTaken):
+            log.info("prompt refused: its conversation is another user's", endpoint=endpoint.path)
+        elif not run.discarded:  # (that one is logged where it was decided, and is no failure)
             fault(log, "prompt run failed", exc, endpoint=endpoint.path)
         if ticket is not None:
             await ticket.settle("failed", exc)

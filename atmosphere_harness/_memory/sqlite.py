@@ -20,6 +20,10 @@ lock on the loop (`busy_timeout` is 0 there: a busy file sends the work to the t
 two steps that do sync, a checkpoint and the first write into a WAL restarted after one, run on
 the database thread: SQLite's automatic checkpoint is off, and the thread checkpoints a WAL grown
 past `CHECKPOINT_FROM` itself, then restarts it with a write of its own.
+
+Deleted data does not linger: `secure_delete` zeroes deleted cells, and after a deletion `scrub`
+gives the freed pages back to the file system, then checkpoints the WAL, which still holds the
+pages as they were, into the file and truncates it (see docs/security.md, "Deleted data").
 """
 
 from __future__ import annotations
@@ -48,6 +52,14 @@ CHECKPOINT_FROM = 1024 * 1024
 limit, 1000 pages, is as much with 1 KiB pages). Also the size the WAL is cut back to."""
 BUSY_TIMEOUT_MS = 5000
 """How long work on the database thread waits for another connection's write lock."""
+SECURE_DELETE = "FAST"
+"""SQLite's `secure_delete`: a deleted cell is overwritten with zeroes in the page that held it
+(which is written anyway: no extra I/O); a page the deletion frees keeps its bytes until
+`scrub` gives it back to the file system. A file without incremental auto-vacuum (written by
+an early version) cannot give pages back: its connection uses `ON`, which zeroes them too."""
+
+AUTO_VACUUM_INCREMENTAL = 2
+"""What `PRAGMA auto_vacuum` answers for a file with incremental auto-vacuum."""
 
 _SHARED: dict[Path, SqliteDatabase] = {}
 
@@ -231,6 +243,44 @@ class SqliteDatabase:
         except (OSError, sqlite3.Error):
             log.warning("checkpointing the SQLite WAL failed; retrying later", exc_info=True)
 
+    async def scrub(self) -> None:
+        """Wipe what the files still hold of deleted rows, after a deletion (`Scrubber`).
+
+        `secure_delete` already zeroed the deleted cells in the pages the deletion wrote, but
+        the pages it freed (an overflow page of a long message) still hold their bytes, and
+        every page written sits in the WAL, with the earlier versions of it, until a
+        checkpoint. So this gives the free pages back to the file system (`incremental_vacuum`:
+        pages at the file's end move into the free ones, and the file is cut), then copies the
+        WAL into the file and truncates it to nothing (`wal_checkpoint(TRUNCATE)`).
+        Another process reading the file at that moment keeps the WAL from being truncated: the
+        scrub then logs a warning, and the next one (or the next checkpoint) finishes it.
+        """
+        if self._closed or (self._connection is None and self._executor is None):
+            return  # never opened: it holds nothing
+        await self.run(self._scrub)
+
+    def _scrub(self, connection: sqlite3.Connection) -> None:
+        try:
+            (vacuum,) = connection.execute("PRAGMA auto_vacuum").fetchone()
+            if vacuum == AUTO_VACUUM_INCREMENTAL:
+                connection.executescript("PRAGMA incremental_vacuum;")
+            busy, _frames, _copied = connection.execute(
+                "PRAGMA wal_checkpoint(TRUNCATE)"
+            ).fetchone()
+            if busy:
+                log.warning(
+                    "the SQLite WAL could not be truncated after a deletion (another "
+                    "connection reads the file); the next scrub or checkpoint does it",
+                    database=str(self.path),
+                )
+                return
+            # Restart the WAL here, on the database thread (see `_checkpoint_if_grown`).
+            with Transaction(connection):
+                (version,) = connection.execute("PRAGMA user_version").fetchone()
+                connection.execute(f"PRAGMA user_version={int(version)}")
+        except (OSError, sqlite3.Error):
+            log.warning("scrubbing the SQLite file after a deletion failed", exc_info=True)
+
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -243,6 +293,11 @@ class SqliteDatabase:
         connection.execute("PRAGMA synchronous=NORMAL")
         connection.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         connection.execute("PRAGMA foreign_keys=ON")
+        # Deleted cells are overwritten with zeroes, so a deleted conversation's bytes do not
+        # linger in the pages still in use (`scrub` removes the free pages and clears the WAL).
+        (vacuum,) = connection.execute("PRAGMA auto_vacuum").fetchone()
+        secure = SECURE_DELETE if vacuum == AUTO_VACUUM_INCREMENTAL else "ON"
+        connection.execute(f"PRAGMA secure_delete={secure}")
         # After a checkpoint the WAL file is cut back to this size instead of staying large.
         connection.execute(f"PRAGMA journal_size_limit={CHECKPOINT_FROM}")
         # Checkpoints are this class's (`_checkpoint_if_grown`), on the database thread.

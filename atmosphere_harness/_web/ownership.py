@@ -5,8 +5,11 @@ that names a conversation goes through this module, and answers the same 404 `{"
 id nobody owns and for another user's (never 403: a refusal does not say whether the id exists),
 before it does anything else:
 
-- a prompt route (`POST P`, `WS P/ws`, `POST P/ag-ui`) calls `require_conversation(...,
-  claim=True)`: an unused id becomes the caller's, an owned one must be theirs;
+- a prompt route (`POST P`, `WS P/ws`, `POST P/ag-ui`) claims the id: an unused id becomes
+  the caller's, an owned one must be theirs. A streamed `POST P` (multitask `enqueue`, no
+  `Idempotency-Key`) claims in its entry (`HarnessHost.enter`: the claim rides on the
+  conversation lock's first try) and answers `unknown_conversation` when refused; the others
+  call `require_conversation(..., claim=True)`;
 - a route that names the conversation in its path (`{conversation_id}`) or its `conversationId`
   query parameter declares the dependency `owned_conversation(spec.path)` (or
   `owned_conversation(spec.path, source="query")`), which validates the id (400) and checks it

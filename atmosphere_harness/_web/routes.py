@@ -23,7 +23,7 @@ from .approvals import approval_routes
 from .conversations import conversation_routes
 from .deps import HarnessDep, get_user_id, hosted_endpoint
 from .memory import close_routes
-from .ownership import require_conversation
+from .ownership import require_conversation, unknown_conversation
 from .planning import plan_event_routes
 from .route_spec import (
     ERROR,
@@ -55,6 +55,28 @@ def prompt_routes(spec: AgentSpec) -> list[RouteSpec]:
     ) -> Response:
         endpoint = hosted_endpoint(host, spec.path)
         conversation_id = body.conversationId or new_conversation_id()
+        if idempotency_key is None and not body.background and body.multitask == "enqueue":
+            # The common prompt: its claim rides on its lock's first try (`kernel.entry`).
+            entry = await host.enter(
+                endpoint,
+                message=body.message,
+                conversation_id=conversation_id,
+                user_id=user_id,
+                ticket=host.control.ticket(
+                    path=endpoint.path, conversation_id=conversation_id, user_id=user_id
+                ),
+            )
+            if entry is None:
+                raise unknown_conversation(conversation_id)
+            return stream_prompt(
+                host,
+                endpoint,
+                message=body.message,
+                conversation_id=conversation_id,
+                user_id=user_id,
+                headers=request.headers,
+                entry=entry,
+            )
         await require_conversation(
             host, spec.path, conversation_id, user_id, claim=True, message=body.message
         )

@@ -28,8 +28,10 @@ from .._contracts import LiveRunHandle
 from .._events import Frame
 from .._kernel.control import RunTicket
 from .._kernel.endpoint import HostedEndpoint
+from .._kernel.entry import Entry
 from .._kernel.host import HarnessHost
 from .._kernel.live import RESTARTING, STOPPING
+from .._kernel.run import RunContext
 from .._log import get_logger
 from .._tracing import incoming
 
@@ -103,9 +105,24 @@ class EventStream(HarnessEventSource):
     failing test, not a silent one.
     """
 
-    def __init__(self, content: AsyncIterator[bytes], *, send_timeout: float, **kw: Any) -> None:
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        *,
+        send_timeout: float,
+        closed: Callable[[], None] | None = None,
+        **kw: Any,
+    ) -> None:
         self._sending_since: float | None = None
+        self._closed = closed
         super().__init__(content, send_timeout=send_timeout, **kw)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self._closed is not None:
+                self._closed()
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
         self._sending_since = asyncio.get_running_loop().time()
@@ -196,10 +213,12 @@ def start_prompt(
     user_id: str | None,
     ticket: RunTicket | None = None,
     headers: Mapping[str, str] | None = None,
+    entry: Entry[RunContext] | None = None,
 ) -> LiveRunHandle:
     """Start one prompt run under `ticket` (from `admit`: its record is stored already; `None`:
-    a new one); a `traceparent` among the request's `headers` is the run's parent span (the
-    run's task takes the context it starts in)."""
+    a new one) or `entry` (`HarnessHost.enter`, with its ticket); a `traceparent` among the
+    request's `headers` is the run's parent span (the run's task takes the context it starts
+    in)."""
     with incoming(headers, enabled=host.settings.groups.tracing.enabled):
         return host.start_run(
             endpoint,
@@ -207,6 +226,7 @@ def start_prompt(
             conversation_id=conversation_id,
             user_id=user_id,
             ticket=ticket,
+            entry=entry,
         )
 
 
@@ -255,12 +275,17 @@ def stream_prompt(
     user_id: str | None,
     ticket: RunTicket | None = None,
     headers: Mapping[str, str] | None = None,
+    entry: Entry[RunContext] | None = None,
 ) -> EventSourceResponse:
     """Start one prompt run and stream it from its first frame (its id: `X-Run-Id`);
-    `headers` as `run_frames` takes them."""
-    run = ticket or host.control.ticket(
-        path=endpoint.path, conversation_id=conversation_id, user_id=user_id
-    )
+    `headers` as `run_frames` takes them; `entry` (`HarnessHost.enter`) is its claim and lock,
+    begun already (freed if the response never streams)."""
+    if entry is not None:
+        run = entry.ticket
+    else:
+        run = ticket or host.control.ticket(
+            path=endpoint.path, conversation_id=conversation_id, user_id=user_id
+        )
 
     def start() -> LiveRunHandle:
         if ticket is None:
@@ -273,9 +298,16 @@ def stream_prompt(
             user_id=user_id,
             ticket=run,
             headers=headers,
+            entry=entry,
         )
 
-    return _follow(start, 0, conversation_id, run.run_id)
+    return _follow(
+        start,
+        0,
+        conversation_id,
+        run.run_id,
+        never_opened=entry.abandon if entry is not None else None,
+    )
 
 
 def follow_run(live: LiveRunHandle, after: int) -> EventSourceResponse:
@@ -288,11 +320,16 @@ def _follow(
     after: int,
     conversation_id: str,
     run_id: str | None = None,
+    never_opened: Callable[[], None] | None = None,
 ) -> EventSourceResponse:
     stopping = anyio.Event()
+    opened = False
 
-    # The run starts inside the generator: a response that never streams never starts one.
+    # The run starts inside the generator: a response that never streams never starts one
+    # (and `never_opened` undoes what was begun for it).
     async def events() -> AsyncIterator[bytes]:
+        nonlocal opened
+        opened = True
         live = open_run()
         # When the server stops, the stream ends with an `error` frame saying so (and a
         # durable run is suspended, to resume on restart) instead of just being cut.
@@ -310,6 +347,10 @@ def _follow(
         finally:
             watcher.cancel()
 
+    def closed() -> None:
+        if not opened and never_opened is not None:
+            never_opened()
+
     return EventStream(
         events(),
         ping=PING_SECONDS,
@@ -317,6 +358,7 @@ def _follow(
         headers={"X-Conversation-Id": conversation_id} | ({"X-Run-Id": run_id} if run_id else {}),
         shutdown_event=stopping,
         shutdown_grace_period=SHUTDOWN_GRACE,
+        closed=closed,
     )
 
 

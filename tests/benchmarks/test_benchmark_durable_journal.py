@@ -19,3 +19,8 @@ def test_the_benchmark_replays_a_recorded_prompt_on_both_sides() -> None:
         assert entry["on"]["log_writes"] > 0
         assert entry["on"]["log_bytes"] >= payload  # each turn's argument, written once
         assert set(entry["added_us"]) == {"wall", "cpu"}
+        # The added CPU time split: the journal's encoding alone, with packing, with the write.
+        parts = entry["parts_cpu_us"]
+        assert list(parts) == ["encode", "pack", "write"]
+        assert all(isinstance(value, float) for value in parts.values())
+        assert parts["write"] == entry["added_us"]["cpu"]

@@ -71,6 +71,24 @@ def test_sections_runs_only_what_is_named_and_says_what_is_unknown() -> None:
     assert result["tracing"] == {}
     assert set(result["durable"]) == {"1k", "50k"}
     assert isinstance(result["figures"]["durable_turn_1k"]["ours"], float)
+    # Both goals in their own units, from the paired repeats: 1 KiB in %, 50 KiB in us.
+    for size in ("1k", "50k"):
+        entry = result["durable"][size]
+        assert isinstance(entry["overhead_pct"], float)
+        assert isinstance(entry["added_us"], float)
+    figures = result["figures"]
+    assert figures["durable_overhead_1k"] == {
+        "ours": result["durable"]["1k"]["overhead_pct"],
+        "peer": None,
+        "unit": "%",
+        "ratio": None,
+    }
+    assert figures["durable_added_50k"] == {
+        "ours": result["durable"]["50k"]["added_us"],
+        "peer": None,
+        "unit": "us",
+        "ratio": None,
+    }
     assert result["figures"]["turn_overhead_1k"]["ours"] is None
     wrong = subprocess.run(
         [sys.executable, str(SCRIPT), "--sections", "durable,nope"],

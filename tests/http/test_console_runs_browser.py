@@ -7,6 +7,8 @@ sleeps (a run long enough to stop), anything else is echoed.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,8 @@ from tests.support import prompt as post_prompt
 pytestmark = pytest.mark.browser
 
 CONVERSATIONS = "#conversations li[data-conversation-id]"
+READY = "document.querySelector('#status').textContent === 'ready'"
+"""The console's status once a run ended (its conversation may then be closed)."""
 
 
 def runner_app(workspace: Path) -> Any:
@@ -164,3 +168,56 @@ async def test_delete_asks_first_refuses_while_a_run_is_in_flight_then_removes_i
         ids = "items => items.map(item => item.dataset.conversationId)"
         assert await page.locator(CONVERSATIONS).evaluate_all(ids) == ["c-keep"]
         assert await page.inner_text("#chat-conversation") != "c-drop"
+
+
+async def test_leaving_a_prompted_conversation_or_the_page_closes_it(
+    page: Any, workspace: Path
+) -> None:
+    """`POST P/conversations/{id}/close` (long-term memory extracts the conversation's facts
+    then) reaches the server when the chat leaves a conversation it prompted in, and when the
+    page goes; a conversation only looked at is not closed."""
+    closed: list[str] = []
+    app = runner_app(workspace)
+
+    async def count_closes(request: Any, call_next: Any) -> Any:
+        if request.method == "POST" and request.url.path.endswith("/close"):
+            closed.append(request.url.path)
+        return await call_next(request)
+
+    app.middleware("http")(count_closes)
+
+    def close_of(conversation: str) -> str:
+        return f"{PATH}/conversations/{conversation}/close"
+
+    async def until_closed(conversation: str) -> None:
+        deadline = time.monotonic() + 15
+        while close_of(conversation) not in closed:
+            assert time.monotonic() < deadline, f"{conversation} was never closed: {closed}"
+            await asyncio.sleep(0.05)
+
+    async with serve(app) as base, httpx2.AsyncClient(base_url=base) as client:
+        await post_prompt(client, PATH, "from elsewhere", "c-looked-at")
+        await open_console(page, base)
+        first = await page.input_value("#conversation")
+        await send(page, "hello")
+        await page.wait_for_selector(".bubble.assistant:has-text('echo hello')")
+        await page.wait_for_function(READY)
+
+        # Leaving it for a new conversation closes it.
+        await page.click("#new-conversation")
+        await until_closed(first)
+
+        # Looking at a conversation and leaving it closes nothing.
+        await page.wait_for_selector(f"{CONVERSATIONS}[data-conversation-id=c-looked-at]")
+        await page.click(f"{CONVERSATIONS}[data-conversation-id=c-looked-at] .open")
+        await page.wait_for_selector("#history-hint:text-matches('^Earlier turns of')")
+        await page.click("#new-conversation")
+        second = await page.input_value("#conversation")
+        await send(page, "again")
+        await page.wait_for_selector(".bubble.assistant:has-text('echo again')")
+        await page.wait_for_function(READY)
+
+        # Closing the page closes the conversation it prompted in last.
+        await page.close(run_before_unload=True)
+        await until_closed(second)
+        assert sorted(closed) == sorted([close_of(first), close_of(second)]), closed

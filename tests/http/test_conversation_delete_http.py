@@ -159,7 +159,7 @@ class Redis(Store):
         found = []
         try:
             for key in client.scan_iter(match=self.prefix + "*", count=1000):
-                kind = client.type(key).decode()
+                kind = _text(client.type(key))
                 value: Any
                 if kind == "string":
                     value = client.get(key)
@@ -299,7 +299,7 @@ async def pay_and_approve(client: httpx2.AsyncClient, conversation: str, who: An
 
     async def completed() -> bool:
         found = await client.get(f"{PATH}/runs/{run_id}", headers=who)
-        return found.json()["status"] == "completed"
+        return bool(found.json()["status"] == "completed")
 
     await until(completed)
     return run_id
@@ -409,12 +409,120 @@ async def test_delete_answers_409_while_a_run_is_in_flight(workspace: Path, stor
 
         async def ended() -> bool:
             found = await client.get(f"{PATH}/runs/{run_id}", headers=ALICE)
-            return found.json()["status"] == "cancelled"
+            return bool(found.json()["status"] == "cancelled")
 
         await until(ended)
         deleted = await client.delete(f"{PATH}/conversations/{conversation}", headers=ALICE)
         assert deleted.status_code == 204, deleted.text
         assert await store.holding(conversation) == []
+
+
+class PausedForget:
+    """Every owners store's `forget` (the deletion's first step under the conversation's
+    lock) made to pause: before it (`before` is set, until `go_on`), and, with `after`, once
+    the owner is gone too (`after` is set, until `finish`)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, pause_after: bool = False) -> None:
+        from atmosphere_harness._backends import SqliteConversationOwners
+        from atmosphere_harness._backends.postgres.owners import PostgresConversationOwners
+        from atmosphere_harness._backends.redis.owners import RedisConversationOwners
+
+        self.before, self.go_on = asyncio.Event(), asyncio.Event()
+        self.after, self.finish = asyncio.Event(), asyncio.Event()
+        paused = self
+        for kind in (SqliteConversationOwners, PostgresConversationOwners, RedisConversationOwners):
+
+            async def forget(
+                self: Any,
+                path: str,
+                conversation_id: str,
+                *,
+                idle_before: float | None = None,
+                original: Any = kind.forget,
+            ) -> bool:
+                paused.before.set()
+                await paused.go_on.wait()
+                dropped = bool(await original(self, path, conversation_id, idle_before=idle_before))
+                if pause_after:
+                    paused.after.set()
+                    await paused.finish.wait()
+                return dropped
+
+            monkeypatch.setattr(kind, "forget", forget)
+
+
+async def test_a_prompt_that_waited_while_its_conversation_was_deleted_claims_it_again(
+    workspace: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt that arrives while `DELETE` holds the conversation (paused right before it
+    forgets the owner) waits for the lock, then finds the id unused and claims it again as it
+    takes the lock: it runs on the emptied conversation, which is its user's again (before,
+    it ran with no owner left, and every route then answered 404 to its own user)."""
+    paused = PausedForget(monkeypatch)
+    conversation = f"raced-{uuid.uuid4().hex[:8]}"
+    async with keeper(workspace, store) as client:
+        await post(client, "hello", conversation, ALICE)
+        deleting = asyncio.create_task(
+            client.delete(f"{PATH}/conversations/{conversation}", headers=ALICE)
+        )
+        async with asyncio.timeout(30):  # (a hang guard)
+            await paused.before.wait()
+        body = {"message": "again", "conversationId": conversation}
+        async with client.stream("POST", PATH, json=body, headers=ALICE) as response:
+            assert response.status_code == 200
+            paused.go_on.set()  # the deletion goes on while the prompt waits for the lock
+            assert (await deleting).status_code == 204
+            frames = parse_sse((await response.aread()).decode())
+        assert frames[-1]["event"] == "complete", frames[-1]
+        history = await client.get(f"{PATH}/conversations/{conversation}/messages", headers=ALICE)
+        assert history.status_code == 200, history.text
+        said = [m["content"] for m in history.json()["messages"]]
+        assert said == ["again", "ok: again"]
+        listed = await client.get(f"{PATH}/conversations", headers=ALICE)
+        assert conversation in [c["conversationId"] for c in listed.json()["conversations"]]
+        stranger = await client.post(PATH, json=body, headers=BOB)
+        assert stranger.status_code == 404, stranger.text
+
+
+async def test_a_waiting_prompt_whose_deleted_conversation_another_user_claimed_runs_nothing(
+    workspace: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Alice's prompt waits while her conversation is deleted; once the owner is gone (the
+    deletion paused there, still holding the lock) Bob's prompt claims the unused id. Alice's
+    prompt then finds Bob's conversation as it takes the lock: its stream ends with a
+    `ConversationTaken` error and it wrote nothing; Bob's prompt runs (before, Alice's prompt
+    ran in Bob's conversation)."""
+    paused = PausedForget(monkeypatch, pause_after=True)
+    conversation = f"taken-{uuid.uuid4().hex[:8]}"
+    async with keeper(workspace, store) as client:
+        await post(client, "hello", conversation, ALICE)
+        deleting = asyncio.create_task(
+            client.delete(f"{PATH}/conversations/{conversation}", headers=ALICE)
+        )
+        async with asyncio.timeout(30):  # (a hang guard)
+            await paused.before.wait()
+        async with client.stream(
+            "POST", PATH, json={"message": "mine", "conversationId": conversation}, headers=ALICE
+        ) as alices:
+            assert alices.status_code == 200
+            paused.go_on.set()
+            async with asyncio.timeout(30):
+                await paused.after.wait()
+            async with client.stream(
+                "POST", PATH, json={"message": "ours", "conversationId": conversation}, headers=BOB
+            ) as bobs:
+                assert bobs.status_code == 200  # (the id was unused: Bob's prompt claimed it)
+                paused.finish.set()
+                assert (await deleting).status_code == 204
+                refused = parse_sse((await alices.aread()).decode())
+                answered = parse_sse((await bobs.aread()).decode())
+        assert [f["event"] for f in refused] == ["error"], refused
+        assert refused[0]["data"]["type"] == "ConversationTaken"
+        assert answered[-1]["event"] == "complete", answered[-1]
+        history = await client.get(f"{PATH}/conversations/{conversation}/messages", headers=BOB)
+        assert [m["content"] for m in history.json()["messages"]] == ["ours", "ok: ours"]
+        gone = await client.get(f"{PATH}/conversations/{conversation}/messages", headers=ALICE)
+        assert gone.status_code == 404
 
 
 # --- forgetting a user ------------------------------------------------------------------------
@@ -478,7 +586,7 @@ async def test_forgetting_a_user_deletes_their_conversations_facts_and_memories(
 
         async def ended() -> bool:
             found = await client.get(f"{PATH}/runs/{run_id}", headers=ALICE)
-            return found.json()["status"] == "cancelled"
+            return bool(found.json()["status"] == "cancelled")
 
         await until(ended)
 

@@ -86,3 +86,32 @@ async def test_equal_times_page_by_id_descending(owners: ConversationOwners) -> 
         seen += [row.conversation_id for row in page]
         after = (page[-1].updated_at, page[-1].conversation_id)
     assert seen == [f"c{n}" for n in reversed(range(7))]
+
+
+async def test_derived_conversations_are_found_by_their_parent_and_never_expire_alone(
+    owners: ConversationOwners,
+) -> None:
+    with mock.patch("time.time", return_value=1000.0):
+        assert await owners.claim("/lead", "top", "alice", "the task") == "alice"
+        assert await owners.claim("/member", "m1", "alice", "x", ("/lead", "top")) == "alice"
+        assert await owners.claim("/member", "m2", "alice", "y", ("/lead", "top")) == "alice"
+        assert await owners.claim("/deep", "d1", "alice", "", ("/member", "m1")) == "alice"
+        assert await owners.claim("/lead", "other", "alice") == "alice"
+        # A stranger's claim records nothing; a parent, once recorded, stays.
+        assert await owners.claim("/member", "m3", "bob", "", ("/lead", "other")) == "bob"
+        assert await owners.claim("/member", "m3", "alice", "", ("/lead", "top")) == "bob"
+    with mock.patch("time.time", return_value=1001.0):
+        assert await owners.claim("/member", "m1", "alice") == "alice"
+        assert await owners.claim("/member", "m1", "alice", "", ("/lead", "other")) == "alice"
+    assert await owners.children("/lead", "top") == [("/member", "m1"), ("/member", "m2")]
+    assert await owners.children("/member", "m1") == [("/deep", "d1")]
+    assert await owners.children("/lead", "other") == [("/member", "m3")]
+    assert await owners.children("/member", "m2") == []
+    expired = await owners.expired(2000.0, 10, 60.0)
+    assert sorted((row.path, row.conversation_id) for row in expired) == [
+        ("/lead", "other"),
+        ("/lead", "top"),
+    ], "a derived conversation goes with its parent, never alone"
+    assert await owners.forget("/member", "m2")
+    assert await owners.children("/lead", "top") == [("/member", "m1")]
+    assert [row.conversation_id for row in await owners.page("/member", "alice", 10)] == ["m1"]

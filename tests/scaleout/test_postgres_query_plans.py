@@ -272,6 +272,7 @@ async def upkeep(database: Recording, now: float) -> dict[str, list[tuple[str, t
         ),
         # Retention: claim the idle conversations, then delete one from every table.
         "owners.expired": lambda: owners.expired(now - 86400, 64, 300),
+        "owners.children": lambda: owners.children("/p", "idle-1"),
         "owners.forget (idle)": lambda: owners.forget("/p", "idle-1", idle_before=now - 86400),
         "runs.forget": lambda: runs.forget("/p", "o-1"),
         "control.forget": lambda: control.forget("/p", "c-1"),

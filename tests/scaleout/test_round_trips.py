@@ -4,9 +4,10 @@ A real uvicorn server (`tests.reliability.server`) talks to PostgreSQL or Redis 
 `WireCounter` proxy; the client sends turns one after another on one conversation and the proxy
 counts every round trip the server made, with its purpose. The list is the one
 `docs/scale-out-postgres.md` and `docs/scale-out-redis.md` publish: a change that adds a round
-trip to a turn fails here. The lock, the run's status and the history's first read are one
-round trip (`lock+status+history.load`: the status says `running` and the read is made once
-the lock is taken, inside that statement or script). The run frame feed's writes (durable
+trip to a turn fails here. The owner's claim, the lock, the run's status and the history's
+first read are one round trip (`owner+lock+status+history.load`: the claim comes first, the
+status says `running` and the read is made once the lock is taken, inside that statement or
+script). The run frame feed's writes (durable
 runs off) are counted apart: they go in the background, never on the turn's path, one per
 scripted turn (the run's record, its frames and its end: the run ends within the feed's first
 wait, `journal.FEED_FIRST_SECONDS`), or two if the machine was slow enough that the wait ran
@@ -49,6 +50,7 @@ ASIDE = ("feed", "upkeep", "run.status")
 status writes (counted apart)."""
 
 POSTGRES_PURPOSES = {
+    "atmosphere_claim_lock_run": "owner+lock+status+history.load",
     "atmosphere_lock_run": "lock+status+history.load",
     "atmosphere_conversation_owners": "owner.claim",
     "atmosphere_run_control": "run.status",
@@ -62,6 +64,7 @@ POSTGRES_PURPOSES = {
     "FROM atmosphere_facts": "facts.newest",
 }
 REDIS_PURPOSES = {
+    "history._CLAIM_LOCK_READ_RUN": "owner+lock+status+history.load",
     "owners._CLAIM": "owner.claim",
     "control.": "run.status",
     "MULTI ; HSET ; EXPIRE ; SADD ; EXPIRE ; SADD ; EXPIRE ; EXEC": "run.status",
@@ -187,11 +190,8 @@ async def start(kind: str, workspace: Path, env: dict[str, str]) -> ServerProces
 @pytest.mark.parametrize(
     ("user", "expected"),
     [
-        (None, ["lock+status+history.load", "owner.claim", "history.append", "unlock"]),
-        (
-            "alice",
-            ["facts.newest", "lock+status+history.load", "owner.claim", "history.append", "unlock"],
-        ),
+        (None, ["owner+lock+status+history.load", "history.append", "unlock"]),
+        ("alice", ["facts.newest", "owner+lock+status+history.load", "history.append", "unlock"]),
     ],
 )
 async def test_a_postgres_turn_makes_one_round_trip_per_step(
@@ -217,11 +217,8 @@ async def test_a_postgres_turn_makes_one_round_trip_per_step(
 @pytest.mark.parametrize(
     ("user", "expected"),
     [
-        (None, ["lock+status+history.load", "owner.claim", "history.append", "unlock"]),
-        (
-            "alice",
-            ["facts.newest", "lock+status+history.load", "owner.claim", "history.append", "unlock"],
-        ),
+        (None, ["owner+lock+status+history.load", "history.append", "unlock"]),
+        ("alice", ["facts.newest", "owner+lock+status+history.load", "history.append", "unlock"]),
     ],
 )
 async def test_a_redis_turn_makes_one_round_trip_per_step(

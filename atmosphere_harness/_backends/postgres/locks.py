@@ -20,7 +20,12 @@ and not one connection per held lock, which would exhaust the pool under load):
    default, which that fresh snapshot needs. When the run's status is offered with the read
    (`contracts.LockedStatus`, of this database's `PostgresRunRegistry`), each try is `LOCK_RUN`,
    which stores it too (`running`, or `queued` on the first try that finds the lock taken;
-   schema migration 11), so the run's status costs the turn no round trip of its own;
+   schema migration 11), so the run's status costs the turn no round trip of its own. When a
+   prompt's owner claim is offered too (`contracts.LockedClaim`, on this database's
+   `PostgresConversationOwners`), each try is `CLAIM_LOCK_RUN` (schema migration 15), which
+   claims the conversation first and, for another user's, stops there (`ConversationTaken`,
+   nothing locked or stored); a prompt that finds this replica's local lock taken claims at
+   once with a `CLAIM_LOCK_RUN` that does not try the lock, so its answer does not wait;
 3. release: `pg_advisory_unlock` and, if the lock is marked, the `NOTIFY` (`RELEASE`, one
    statement), on the same connection, in a task of its own: the run does not wait for it (its
    `complete` frame leaves one round trip sooner). The next prompt of that conversation on
@@ -48,6 +53,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import time
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
@@ -55,7 +61,7 @@ from typing import Any
 import asyncpg
 
 from ..._cancel import reraise_cancellation
-from ..._contracts import LockedRead, LockedStatus
+from ..._contracts import LockedClaim, LockedRead, LockedStatus
 from ..._errors import BackendUnavailable
 from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead
@@ -69,6 +75,7 @@ from .database import (
     connection_lost,
 )
 from .history import LOCK_NEWEST, PostgresHistory, lock_newest_args, newest_rows
+from .owners import PostgresConversationOwners
 
 log = get_logger(__name__)
 
@@ -104,6 +111,17 @@ LOCK_RUN = (
 """`LOCK_NEWEST` that also stores the run's status (`contracts.LockedStatus`; schema migration
 11): `running` once the lock is taken, `queued` on the first try that finds it taken."""
 
+CLAIM_LOCK_RUN = (
+    "SELECT * FROM atmosphere_claim_lock_run(" + ", ".join(f"${n}" for n in range(1, 23)) + ")"
+)
+"""`LOCK_RUN` that first claims the conversation for the prompt's user (`contracts.LockedClaim`;
+schema migration 15): its first column is the owner found; a conversation another user owns is
+neither locked nor read, and the run's status is not stored. With its second argument false it
+claims (and stores `queued`) without trying the lock."""
+
+NO_STATUS = (None,) * 9 + (False,)
+"""`CLAIM_LOCK_RUN`'s run arguments when no status rides with the try."""
+
 MARK = "SELECT pg_advisory_lock_shared($1, $2)"
 """A waiter's mark on a conversation's lock, held while it waits: a shared advisory lock on the
 lock id's two halves (the two-`int4` key space, apart from every single-key lock)."""
@@ -138,6 +156,13 @@ def deliver(read: HistoryRead, rows: Any) -> None:
         log.debug("history read with the lock not delivered", error=str(exc))
 
 
+def found(claim: LockedClaim, owner: str | None) -> None:
+    """Tell `claim` the owner a try found (`ConversationTaken` for another user's)."""
+    if owner is None:  # (three claims in a row met rows deleted under them)
+        raise RuntimeError(f"could not claim conversation {claim.conversation_id!r}")
+    claim.found(owner)
+
+
 class PostgresConversationLocks:
     """A `contracts.ConversationLocks` held in PostgreSQL (see the module docstring)."""
 
@@ -169,22 +194,43 @@ class PostgresConversationLocks:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), 5)
 
+    def carries(self, claim: LockedClaim, read: LockedRead | None) -> bool:
+        """`contracts.ClaimingLocks`: a claim on this database's owners, with a read this lock
+        makes (one statement does all: `CLAIM_LOCK_RUN`)."""
+        return (
+            self._serves(read)
+            and isinstance(claim.owners, PostgresConversationOwners)
+            and claim.owners.database is self.database
+        )
+
     @contextlib.asynccontextmanager
     async def hold(
-        self, path: str, conversation_id: str, read: LockedRead | None = None
+        self,
+        path: str,
+        conversation_id: str,
+        read: LockedRead | None = None,
+        *,
+        claim: LockedClaim | None = None,
     ) -> AsyncIterator[None]:
         key = lock_key(path, conversation_id)
         if not self._serves(read):
             read = None
+        if claim is not None and not self.carries(claim, read):
+            claim = None
         local = self._local.get(key)
         if local is None:
             local = self._local[key] = asyncio.Lock()
+        if claim is not None and local.locked() and isinstance(read, HistoryRead):
+            # A prompt of this replica holds (or waits for) the conversation: claim now, so
+            # the prompt's answer does not wait for it (and store `queued`).
+            _got, _session, owner = await self._try(key, read, claim, lock=False)
+            found(claim, owner)
         async with local:
             pending = self._releasing.get(key)
             if pending is not None:
                 # This replica's previous prompt of the conversation is still releasing it.
                 await asyncio.wait([pending])
-            session = await self._acquire(key, read)
+            session = await self._acquire(key, read, claim)
             try:
                 yield
             finally:
@@ -217,9 +263,41 @@ class PostgresConversationLocks:
             and status.registry.database is self.database
         )
 
-    async def _acquire(self, key: int, read: LockedRead | None) -> Any:
+    async def _try(
+        self, key: int, read: HistoryRead, claim: LockedClaim, *, lock: bool = True
+    ) -> tuple[bool, Any, str | None]:
+        """One `CLAIM_LOCK_RUN` (trying the lock only with `lock`): whether it took the lock,
+        the session, and the owner it found (for `found`, after the statement: a conversation
+        another user owns was not locked)."""
+        status = read.status if self._carries(read.status) else None
+        queue = status is not None and status.stored is None
+        run_args = NO_STATUS if status is None else lock_run_args(status.record("running"), queue)
+        rows, session = await self._statement(
+            CLAIM_LOCK_RUN,
+            key,
+            lock,
+            claim.path,
+            claim.conversation_id,
+            claim.user,
+            time.time(),
+            claim.title,
+            *lock_newest_args(key, read)[1:],
+            *run_args,
+            retry=True,
+            rows=True,
+        )
+        head = rows[0]
+        got = bool(head["locked"])
+        if head["owner_key"] == claim.user and status is not None and (got or queue):
+            status.stored = "running" if got else "queued"
+        if got:
+            deliver(read, rows)
+        owner: str | None = head["owner_key"]
+        return got, session, owner
+
+    async def _acquire(self, key: int, read: LockedRead | None, claim: LockedClaim | None) -> Any:
         """Take the advisory lock (and make `read`, a `HistoryRead` this lock serves, once it
-        is taken); returns the session the lock is held on."""
+        is taken, and `claim` in each try); returns the session the lock is held on."""
         # The local lock is held: this is the replica's only waiter for `key`.
         released = self._released[key] = asyncio.Event()
         marked: Any = None
@@ -227,8 +305,11 @@ class PostgresConversationLocks:
         try:
             while True:
                 released.clear()
+                owner: str | None = None
                 try:
-                    if isinstance(read, HistoryRead):
+                    if isinstance(read, HistoryRead) and claim is not None:
+                        got, session, owner = await self._try(key, read, claim)
+                    elif isinstance(read, HistoryRead):
                         status = read.status if self._carries(read.status) else None
                         if status is None:
                             query, args = LOCK_NEWEST, lock_newest_args(key, read)
@@ -258,6 +339,8 @@ class PostgresConversationLocks:
                     if lost is not None and not lost.is_closed():
                         self._schedule_release(key, lost)
                     raise
+                if claim is not None:
+                    found(claim, owner)  # (another user's: raises, nothing was locked)
                 if got:
                     return session
                 if marked is None:

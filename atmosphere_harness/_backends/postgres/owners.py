@@ -12,7 +12,8 @@ That update commits without waiting for its WAL flush (the `SET` expression turn
 `synchronous_commit` off for its own transaction, and is only evaluated when the update is
 made): a prompt does not pay a disk flush to move a list's order, and a crash can lose at most
 the last fraction of a second of `updated_at` moves. A first claim (the insert) still commits
-synchronously, as before.
+synchronously, as before. A derived conversation's claim (a fleet member's) also records its
+parent (`CLAIM_DERIVED`), which finds it when the parent is deleted (`children`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,32 @@ SELECT user_key FROM atmosphere_conversation_owners WHERE path = $1 AND conversa
 LIMIT 1
 """
 
+CLAIM_DERIVED = """
+WITH claimed AS (
+    INSERT INTO atmosphere_conversation_owners AS o
+        (path, conversation_id, user_key, claimed_at, updated_at, title, parent_path, parent_id)
+    VALUES ($1, $2, $3, $4, $4, $5, $6, $7)
+    ON CONFLICT (path, conversation_id) DO UPDATE
+        SET updated_at = EXCLUDED.updated_at
+                + 0 * length(set_config('synchronous_commit', 'off', true)),
+            parent_path = coalesce(o.parent_path, EXCLUDED.parent_path),
+            parent_id = coalesce(o.parent_id, EXCLUDED.parent_id)
+        WHERE o.user_key = EXCLUDED.user_key
+    RETURNING user_key
+)
+SELECT user_key FROM claimed
+UNION ALL
+SELECT user_key FROM atmosphere_conversation_owners WHERE path = $1 AND conversation_id = $2
+LIMIT 1
+"""
+"""A derived conversation's claim (a fleet member's): `CLAIM` that also records its parent."""
+
+CHILDREN = """
+SELECT path, conversation_id FROM atmosphere_conversation_owners
+WHERE parent_path = $1 AND parent_id = $2 AND parent_id IS NOT NULL
+ORDER BY path, conversation_id
+"""
+
 OWNER = (
     "SELECT user_key FROM atmosphere_conversation_owners WHERE path = $1 AND conversation_id = $2"
 )
@@ -60,6 +87,7 @@ UPDATE atmosphere_conversation_owners SET sweep_until = $2 + $3
 WHERE ctid = ANY(ARRAY(
     SELECT ctid FROM atmosphere_conversation_owners
     WHERE updated_at < $1 AND (sweep_until IS NULL OR sweep_until < $2)
+        AND parent_id IS NULL
     ORDER BY updated_at LIMIT $4 FOR UPDATE SKIP LOCKED
 ))
 RETURNING path, conversation_id, user_key, updated_at
@@ -76,11 +104,24 @@ class PostgresConversationOwners:
     def __init__(self, database: PostgresDatabase) -> None:
         self.database = database
 
-    async def claim(self, path: str, conversation_id: str, user: str, title: str = "") -> str:
+    async def claim(
+        self,
+        path: str,
+        conversation_id: str,
+        user: str,
+        title: str = "",
+        parent: tuple[str, str] | None = None,
+    ) -> str:
         async def work(connection: Any) -> str | None:
-            owner: str | None = await connection.fetchval(
-                CLAIM, path, conversation_id, user, time.time(), title
-            )
+            owner: str | None
+            if parent is None:
+                owner = await connection.fetchval(
+                    CLAIM, path, conversation_id, user, time.time(), title
+                )
+            else:
+                owner = await connection.fetchval(
+                    CLAIM_DERIVED, path, conversation_id, user, time.time(), title, *parent
+                )
             return owner
 
         for _ in range(CLAIM_TRIES):
@@ -93,6 +134,13 @@ class PostgresConversationOwners:
         async def work(connection: Any) -> str | None:
             owner: str | None = await connection.fetchval(OWNER, path, conversation_id)
             return owner
+
+        return await self.database.run(work)
+
+    async def children(self, path: str, conversation_id: str) -> list[tuple[str, str]]:
+        async def work(connection: Any) -> list[tuple[str, str]]:
+            rows = await connection.fetch(CHILDREN, path, conversation_id)
+            return [(row[0], row[1]) for row in rows]
 
         return await self.database.run(work)
 

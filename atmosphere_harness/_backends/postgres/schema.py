@@ -334,6 +334,94 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE atmosphere_user_tokens ADD COLUMN last_call bigint NOT NULL DEFAULT 0;
     """,
+    # 14: a derived conversation (a fleet member's) names the conversation it was derived from,
+    # which deletes it with itself (`owners.PostgresConversationOwners.children`); retention
+    # never picks it on its own.
+    """
+    ALTER TABLE atmosphere_conversation_owners
+        ADD COLUMN parent_path text,
+        ADD COLUMN parent_id text;
+    CREATE INDEX atmosphere_conversation_owners_by_parent
+        ON atmosphere_conversation_owners (parent_path, parent_id)
+        WHERE parent_id IS NOT NULL;
+    """,
+    # 15: `atmosphere_lock_run` that also claims the conversation for the prompt's user
+    # (`locks.CLAIM_LOCK_RUN`, `contracts.LockedClaim`): the owner row is claimed first (as
+    # `owners.CLAIM` does); a conversation another user owns answers its owner and nothing
+    # else happens (no lock, no status, no read). With `try_lock` false the statement only
+    # claims and stores `queued` (a prompt whose replica already runs one of the conversation).
+    # Everything commits without waiting for the WAL flush: a stored turn, which waits for
+    # its own flush, makes the claim before it durable too (the WAL is flushed in order).
+    """
+    CREATE FUNCTION atmosphere_claim_lock_run(
+        lock_key bigint, try_lock boolean,
+        c_path text, c_conversation text, c_user text, c_now double precision, c_title text,
+        p_endpoint text, p_user_key text, p_conversation text,
+        after_seq integer, max_rows integer,
+        r_id text, r_path text, r_conversation text, r_user_key text, r_has_user boolean,
+        r_owner text, r_lease double precision, r_started double precision,
+        r_updated double precision, r_queue boolean
+    ) RETURNS TABLE (owner_key text, locked boolean, summary text, summary_covered integer,
+                     seq integer, payload bytea)
+    LANGUAGE plpgsql VOLATILE AS $$
+    #variable_conflict use_column
+    DECLARE
+        found_owner text;
+        got boolean := false;
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'off', true);
+        FOR attempt IN 1..3 LOOP
+            INSERT INTO atmosphere_conversation_owners AS o
+                (path, conversation_id, user_key, claimed_at, updated_at, title)
+            VALUES (c_path, c_conversation, c_user, c_now, c_now, c_title)
+            ON CONFLICT (path, conversation_id) DO UPDATE SET updated_at = EXCLUDED.updated_at
+                WHERE o.user_key = EXCLUDED.user_key
+            RETURNING o.user_key INTO found_owner;
+            IF found_owner IS NULL THEN
+                SELECT o.user_key INTO found_owner FROM atmosphere_conversation_owners AS o
+                WHERE o.path = c_path AND o.conversation_id = c_conversation;
+            END IF;
+            EXIT WHEN found_owner IS NOT NULL;
+        END LOOP;
+        IF found_owner IS DISTINCT FROM c_user THEN
+            RETURN QUERY SELECT found_owner, false, NULL::text, NULL::integer, NULL::integer,
+                NULL::bytea;
+            RETURN;
+        END IF;
+        IF try_lock THEN
+            got := pg_try_advisory_lock(lock_key);
+        END IF;
+        IF r_id IS NOT NULL AND (got OR r_queue) THEN
+            INSERT INTO atmosphere_run_control AS r (run_id, path, conversation_id, user_key,
+                has_user, status, owner, lease_until, started_at, updated_at)
+            VALUES (r_id, r_path, r_conversation, r_user_key, r_has_user,
+                CASE WHEN got THEN 'running' ELSE 'queued' END, r_owner, r_lease, r_started,
+                r_updated)
+            ON CONFLICT (run_id) DO UPDATE SET status = EXCLUDED.status,
+                owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until,
+                updated_at = EXCLUDED.updated_at
+            WHERE r.status IN ('queued', 'running');
+        END IF;
+        IF NOT got THEN
+            RETURN QUERY SELECT found_owner, false, NULL::text, NULL::integer, NULL::integer,
+                NULL::bytea;
+            RETURN;
+        END IF;
+        RETURN QUERY
+        SELECT found_owner, true, c.summary, c.summary_covered, m.seq, m.payload
+        FROM (SELECT 1) AS one
+        LEFT JOIN atmosphere_conversations AS c
+            ON c.endpoint = p_endpoint AND c.user_key = p_user_key
+            AND c.conversation_id = p_conversation
+        LEFT JOIN LATERAL (
+            SELECT seq, payload FROM atmosphere_messages
+            WHERE conversation = c.id AND seq > coalesce(after_seq, c.summary_seq)
+            ORDER BY seq DESC LIMIT max_rows
+        ) AS m ON true
+        ORDER BY m.seq DESC;
+    END
+    $$;
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 

@@ -131,6 +131,45 @@ when it is another run's."""
 # KEYS: lock, meta, messages, run hash, conversation's runs in flight, its every run.
 # ARGV: token, ttl (ms), after, limit, the run's fields (JSON), keep seconds, run id, queue.
 
+_CLAIM_LOCK_READ_RUN = (
+    _READ_FUNCTION
+    + STORE_STATUS
+    + """
+local before = redis.call('SET', KEYS[7], ARGV[9], 'NX', 'GET')
+if before and before ~= ARGV[9] then return {0, before} end
+redis.call('ZADD', KEYS[8], ARGV[10], ARGV[11])
+if redis.call('EXISTS', KEYS[11]) == 0 then
+    redis.call('ZADD', KEYS[10], ARGV[10], ARGV[13])
+end
+if not before and ARGV[12] ~= '' then
+    redis.call('HSET', KEYS[9], ARGV[11], ARGV[12])
+end
+local got = false
+if ARGV[14] == '1' then
+    got = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+end
+if ARGV[5] ~= '' then
+    if got then
+        store_status(KEYS[4], KEYS[5], KEYS[6], ARGV[5], ARGV[6], ARGV[7], 'running')
+    elseif ARGV[8] == '1' then
+        store_status(KEYS[4], KEYS[5], KEYS[6], ARGV[5], ARGV[6], ARGV[7], 'queued')
+    end
+end
+if not got then return {0, ARGV[9]} end
+return {1, ARGV[9], read(KEYS[2], KEYS[3], ARGV[3], ARGV[4])}
+"""
+)
+"""`_LOCK_READ_RUN` that first claims the conversation for the prompt's user as the owners'
+`_CLAIM` does (`contracts.LockedClaim`): `{0, owner}` for a conversation another user owns
+(nothing else happens); else `{locked, owner[, read]}`. The run's status is stored only when
+its fields are given (`ARGV[5]`), the lock tried only when `ARGV[14]` is `1`."""
+# KEYS: lock, meta, messages, run hash, conversation's runs in flight, its every run (the lock
+# key three times when no status rides), owner, the user's list, their titles, every
+# conversation by last prompt (a derived conversation, which has a parent key, stays out of it:
+# retention deletes it with its parent), the conversation's parent.
+# ARGV: token, ttl (ms), after, limit, the run's fields (JSON, '' for none), keep seconds, run
+# id, queue, user, now, conversation id, title, the conversation's member, try the lock.
+
 _SAVE_SUMMARY = """
 if not redis.call('HGET', KEYS[1], 'last') then return 0 end
 if tonumber(redis.call('HGET', KEYS[1], 'summary_seq') or '0') >= tonumber(ARGV[3]) then
@@ -213,6 +252,7 @@ class RedisHistory:
         self._read = client.register_script(_READ)
         self._lock_read = client.register_script(_LOCK_READ)
         self._lock_read_run = client.register_script(_LOCK_READ_RUN)
+        self._claim_lock_read_run = client.register_script(_CLAIM_LOCK_READ_RUN)
         self._save_summary = client.register_script(_SAVE_SUMMARY)
         self._close = client.register_script(_CLOSE)
         self._mark = client.register_script(_MARK)
@@ -350,6 +390,51 @@ class RedisHistory:
         else:
             read.deliver((summary, items))
         return True
+
+    async def claim_lock_and_read(
+        self,
+        lock: str,
+        token: bytes,
+        ttl_ms: int,
+        read: HistoryRead,
+        claim: tuple[list[str], list[str]],
+        *,
+        status: bool = False,
+        try_lock: bool = True,
+    ) -> tuple[bool, str]:
+        """`lock_and_read` that first claims the conversation (`claim`: the owners' keys and
+        arguments, `RedisConversationOwners.claim_keys_args`) in the same script; (whether the
+        lock was taken, the owner found). A conversation another user owns is not locked and
+        nothing is stored; without `try_lock` the script claims (and stores `queued`) only."""
+        key = read.key
+        after = "summary" if read.after_seq is None else str(read.after_seq)
+        keys: list[Any] = [lock, self._meta(key), self._messages(key)]
+        args: list[Any] = [token, ttl_ms, after, read.limit]
+        offered = read.status if status else None
+        queue = offered is not None and offered.stored is None
+        if offered is None:
+            keys += [lock, lock, lock]
+            args += ["", 0, "", "0"]
+        else:
+            more_keys, more_args = status_keys_args(self.connection, offered.record("running"))
+            keys += more_keys
+            args += [*more_args, "1" if queue else "0"]
+        claim_keys, claim_args = claim
+        found: Any = await self._claim_lock_read_run(
+            keys=keys + claim_keys, args=[*args, *claim_args, "1" if try_lock else "0"]
+        )
+        got, owner = bool(int(found[0])), str(as_str(found[1]))
+        if offered is not None and owner == claim_args[0] and (got or queue):
+            offered.stored = "running" if got else "queued"
+        if got:
+            try:
+                summary, items, _last = self._decode_range(found[2] if len(found) > 2 else None)
+            except Exception as exc:
+                # The lock is taken: raising would keep it from being released (as above).
+                log.debug("history read with the lock not delivered", error=str(exc))
+            else:
+                read.deliver((summary, items))
+        return got, owner
 
     async def tail(self, key: ConversationKey, limit: int) -> list[Message]:
         _summary, items, _last = await self._range(key, "0", limit)

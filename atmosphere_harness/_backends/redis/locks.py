@@ -22,8 +22,13 @@ of this connection), each try is one script that takes the lock and, if it got i
 history (`RedisHistory.lock_and_read`): the turn saves the history read's round trip, and the
 read still happens under the lock (a script runs alone). When the run's status is offered with
 the read (`contracts.LockedStatus`, of this connection's `RedisRunRegistry`), the same script
-stores it (`running`, or `queued` on the first try that finds the lock taken). Either way the
-token is the driver's kind, so renewal and release stay redis-py's `Lock` scripts.
+stores it (`running`, or `queued` on the first try that finds the lock taken). When a prompt's
+owner claim is offered too (`contracts.LockedClaim`, on this connection's
+`RedisConversationOwners`), each try is `RedisHistory.claim_lock_and_read`, which claims the
+conversation first and, for another user's, stops there (`ConversationTaken`, nothing locked
+or stored); a prompt that finds this replica's local lock taken claims at once with that
+script, told not to try the lock, so its answer does not wait. Either way the token is the
+driver's kind, so renewal and release stay redis-py's `Lock` scripts.
 
 The release runs in a task of its own: the run does not wait for that round trip (its
 `complete` frame leaves sooner). A release that cannot reach Redis is tried again (backing off
@@ -58,12 +63,14 @@ from redis.exceptions import LockError, LockNotOwnedError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._cancel import reraise_cancellation
-from ..._contracts import LockedRead, LockedStatus
+from ..._contracts import LockedClaim, LockedRead, LockedStatus
+from ..._errors import ConversationTaken
 from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead
 from .connection import RedisConnection, lock_key
 from .control import RedisRunRegistry
 from .history import RedisHistory
+from .owners import RedisConversationOwners
 
 log = get_logger(__name__)
 
@@ -108,12 +115,35 @@ class RedisConversationLocks:
             lock = self._local[key] = asyncio.Lock()
         return lock
 
+    def carries(self, claim: LockedClaim, read: LockedRead | None) -> bool:
+        """`contracts.ClaimingLocks`: a claim on this Redis's owners, with a read this lock
+        makes (one script does all: `RedisHistory.claim_lock_and_read`)."""
+        return (
+            isinstance(read, HistoryRead)
+            and self._serves(read)
+            and isinstance(claim.owners, RedisConversationOwners)
+            and claim.owners.connection is self.connection
+        )
+
     @contextlib.asynccontextmanager
     async def hold(
-        self, path: str, conversation_id: str, read: LockedRead | None = None
+        self,
+        path: str,
+        conversation_id: str,
+        read: LockedRead | None = None,
+        *,
+        claim: LockedClaim | None = None,
     ) -> AsyncIterator[None]:
         key = lock_key(self.connection, path, conversation_id)
-        async with self._local_lock(key):
+        if claim is not None and not self.carries(claim, read):
+            claim = None
+        local = self._local_lock(key)
+        if claim is not None and local.locked() and isinstance(read, HistoryRead):
+            # A prompt of this replica holds (or waits for) the conversation: claim now, so
+            # the prompt's answer does not wait for it (and store `queued`).
+            with self.connection.unavailable("claiming the conversation"):
+                await self._try(key, b"", 0, read, claim, try_lock=False)
+        async with local:
             pending = self._releasing.get(key)
             if pending is not None:
                 await asyncio.wait([pending])
@@ -127,7 +157,7 @@ class RedisConversationLocks:
             )
             served = read if isinstance(read, HistoryRead) and self._serves(read) else None
             with self.connection.unavailable("taking the conversation's lock"):
-                await self._acquire(key, lock, served)
+                await self._acquire(key, lock, served, claim)
             renewal = asyncio.get_running_loop().create_task(
                 self._renew(lock, path, conversation_id), name="redis-lock-renewal"
             )
@@ -149,14 +179,46 @@ class RedisConversationLocks:
             and status.registry.connection is self.connection
         )
 
-    async def _acquire(self, key: str, lock: Lock, read: HistoryRead | None) -> None:
+    async def _try(
+        self,
+        key: str,
+        token: bytes,
+        ttl_ms: int,
+        read: HistoryRead,
+        claim: LockedClaim,
+        *,
+        try_lock: bool = True,
+    ) -> bool:
+        """One claiming try (`RedisHistory.claim_lock_and_read`): whether it took the lock.
+        The owner it found goes to `claim`, which raises `ConversationTaken` for another
+        user's conversation (not locked then)."""
+        assert isinstance(read.backend, RedisHistory)
+        assert isinstance(claim.owners, RedisConversationOwners)
+        got, owner = await read.backend.claim_lock_and_read(
+            key,
+            token,
+            ttl_ms,
+            read,
+            claim.owners.claim_keys_args(claim),
+            status=self._carries(read.status),
+            try_lock=try_lock,
+        )
+        claim.found(owner)
+        return got
+
+    async def _acquire(
+        self, key: str, lock: Lock, read: HistoryRead | None, claim: LockedClaim | None
+    ) -> None:
         """Take `lock` with a random token (`SET NX PX`, a retry every `poll` seconds, as
-        `Lock.acquire` does), each try also making `read` if it takes the lock."""
+        `Lock.acquire` does), each try also making `read` if it takes the lock (and `claim`,
+        first, in the same script)."""
         token = uuid.uuid4().hex.encode()
         ttl_ms = int(self.ttl * 1000)
         while True:
             try:
-                if read is not None:
+                if read is not None and claim is not None:
+                    got = await self._try(key, token, ttl_ms, read, claim)
+                elif read is not None:
                     assert isinstance(read.backend, RedisHistory)
                     if self._carries(read.status):
                         got = await read.backend.lock_and_read(
@@ -167,6 +229,8 @@ class RedisConversationLocks:
                 else:
                     got = await lock.do_acquire(token)
                 reraise_cancellation()
+            except ConversationTaken:
+                raise  # (nothing was locked)
             except BaseException:
                 # A script keeps the writes it made before an error (its `SET`, if its read
                 # then failed), and a cancelled try may have run: free the lock if it holds

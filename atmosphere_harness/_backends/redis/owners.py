@@ -11,7 +11,10 @@ user)}`: a user's list (`page`) reads the set newest first. Every conversation i
 sorted set `owners:idle` by its last prompt (member: `[path, conversationId]` as JSON), which
 the retention sweep reads oldest first (`expired`), claiming each for its lease with a key
 `owners:sweep:{member}` (`SET NX PX`), so two replicas never delete one conversation twice; a
-conversation claimed before this set existed joins it at its next prompt.
+conversation claimed before this set existed joins it at its next prompt. A derived
+conversation (a fleet member's) is not in that set: its key `owner-parent:{digest}` names its
+parent's member, and the parent's set `owner-children:{digest}` holds its member, which the
+parent's deletion reads (`children`); forgetting it removes both.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 
-from ..._contracts import ExpiredConversation, OwnedConversation
+from ..._contracts import ExpiredConversation, LockedClaim, OwnedConversation
 from .connection import RedisConnection, as_str, digest
 
 _CLAIM = """
@@ -27,15 +30,24 @@ local before = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'GET')
 local owner = before or ARGV[1]
 if owner == ARGV[1] then
     redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-    redis.call('ZADD', KEYS[4], ARGV[2], ARGV[5])
+    if ARGV[6] ~= '' and redis.call('SET', KEYS[5], ARGV[6], 'NX') then
+        redis.call('SADD', KEYS[6], ARGV[5])
+    end
+    if redis.call('EXISTS', KEYS[5]) == 1 then
+        redis.call('ZREM', KEYS[4], ARGV[5])
+    else
+        redis.call('ZADD', KEYS[4], ARGV[2], ARGV[5])
+    end
     if not before and ARGV[4] ~= '' then
         redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
     end
 end
 return before
 """
-# KEYS: owner, the user's list, their titles, every conversation by last prompt.
-# ARGV: user, now, conversation id, title, the conversation's member in KEYS[4].
+# KEYS: owner, the user's list, their titles, every conversation by last prompt, the
+# conversation's parent, that parent's children (a key of no use when ARGV[6] is '').
+# ARGV: user, now, conversation id, title, the conversation's member in KEYS[4], the parent's
+# member ('' for none).
 
 _FORGET = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -43,13 +55,15 @@ if ARGV[3] ~= '' then
     local updated = redis.call('ZSCORE', KEYS[2], ARGV[2])
     if updated and tonumber(updated) >= tonumber(ARGV[3]) then return 0 end
 end
-redis.call('DEL', KEYS[1], KEYS[5])
+redis.call('DEL', KEYS[1], KEYS[5], KEYS[6], KEYS[7])
 redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('HDEL', KEYS[3], ARGV[2])
 redis.call('ZREM', KEYS[4], ARGV[4])
+redis.call('SREM', KEYS[8], ARGV[4])
 return 1
 """
-# KEYS: owner, the owner's list, their titles, every conversation, the sweep claim.
+# KEYS: owner, the owner's list, their titles, every conversation, the sweep claim, the
+# conversation's parent, its own children, its parent's children (any key when it has none).
 # ARGV: owner, conversation id, idle before ('' for none), the conversation's member.
 
 _EXPIRED = """
@@ -101,29 +115,72 @@ class RedisConversationOwners:
     def _member(path: str, conversation_id: str) -> str:
         return json.dumps([path, conversation_id])
 
+    def _parent(self, path: str, conversation_id: str) -> str:
+        """The member (`_member`) of the conversation this one is derived from, if any."""
+        return self.connection.key("owner-parent", digest(path, conversation_id))
+
+    def _children(self, path: str, conversation_id: str) -> str:
+        """The members of the conversations derived from this one (a set)."""
+        return self.connection.key("owner-children", digest(path, conversation_id))
+
     def _sweep(self, member: str) -> str:
         """A sweep's claim on the conversation `member` names (it expires with its lease)."""
         return self.connection.key("owners", "sweep", "") + member
 
-    async def claim(self, path: str, conversation_id: str, user: str, title: str = "") -> str:
+    async def claim(
+        self,
+        path: str,
+        conversation_id: str,
+        user: str,
+        title: str = "",
+        parent: tuple[str, str] | None = None,
+    ) -> str:
+        parent_key = self._parent(path, conversation_id)
         keys = [
             self._key(path, conversation_id),
             self._owned(path, user),
             self._titles(path, user),
             self._every,
+            parent_key,
+            parent_key if parent is None else self._children(*parent),
         ]
         member = self._member(path, conversation_id)
+        parent_member = "" if parent is None else self._member(*parent)
         with self.connection.unavailable("claiming a conversation"):
             before = await self._claim(
-                keys=keys, args=[user, repr(time.time()), conversation_id, title, member]
+                keys=keys,
+                args=[user, repr(time.time()), conversation_id, title, member, parent_member],
             )
         previous = as_str(before)
         return user if previous is None else previous
+
+    def claim_keys_args(self, claim: LockedClaim) -> tuple[list[str], list[str]]:
+        """`claim`'s keys and arguments as `_CLAIM` takes them, for the conversation lock's
+        script that claims as it takes the lock (`history._CLAIM_LOCK_READ_RUN`)."""
+        path, conversation_id, user = claim.path, claim.conversation_id, claim.user
+        keys = [
+            self._key(path, conversation_id),
+            self._owned(path, user),
+            self._titles(path, user),
+            self._every,
+            self._parent(path, conversation_id),
+        ]
+        member = self._member(path, conversation_id)
+        return keys, [user, repr(time.time()), conversation_id, claim.title, member]
 
     async def owner(self, path: str, conversation_id: str) -> str | None:
         with self.connection.unavailable("reading a conversation's owner"):
             value = await self.connection.client.get(self._key(path, conversation_id))
         return as_str(value)
+
+    async def children(self, path: str, conversation_id: str) -> list[tuple[str, str]]:
+        with self.connection.unavailable("reading a conversation's derived conversations"):
+            members = await self.connection.client.smembers(self._children(path, conversation_id))
+        found = []
+        for member in members:
+            child_path, child_id = json.loads(as_str(member) or "")
+            found.append((str(child_path), str(child_id)))
+        return sorted(found)
 
     async def page(
         self, path: str, user: str, limit: int, after: tuple[float, str] | None = None
@@ -166,10 +223,17 @@ class RedisConversationOwners:
         self, path: str, conversation_id: str, *, idle_before: float | None = None
     ) -> bool:
         member = self._member(path, conversation_id)
+        parent_key = self._parent(path, conversation_id)
         with self.connection.unavailable("forgetting a conversation's owner"):
-            owner = as_str(await self.connection.client.get(self._key(path, conversation_id)))
+            owner, parent = (
+                as_str(value)
+                for value in await self.connection.client.mget(
+                    [self._key(path, conversation_id), parent_key]
+                )
+            )
             if owner is None:
                 return False
+            siblings = parent_key if parent is None else self._children(*json.loads(parent))
             dropped = await self._forget(
                 keys=[
                     self._key(path, conversation_id),
@@ -177,6 +241,9 @@ class RedisConversationOwners:
                     self._titles(path, owner),
                     self._every,
                     self._sweep(member),
+                    parent_key,
+                    self._children(path, conversation_id),
+                    siblings,
                 ],
                 args=[
                     owner,
