@@ -240,6 +240,14 @@ def followers(prefix: str) -> dict[str, int]:
         client.close()
 
 
+def known(server: ServerProcess, conversation: str) -> bool:
+    """`server` finds the conversation's run (it answers 404 before the feed's first write)."""
+    with httpx2.stream(
+        "GET", follow_url(server, conversation), headers={"Last-Event-ID": "0"}, timeout=WAIT
+    ) as response:
+        return response.status_code == 200
+
+
 def test_only_a_replica_following_a_run_hears_its_notices(tmp_path: Path) -> None:
     """Redis: A's run publishes on its own channel; nobody subscribes until B follows it, B
     alone then, and B unsubscribes once its reader is gone."""
@@ -252,6 +260,7 @@ def test_only_a_replica_following_a_run_hears_its_notices(tmp_path: Path) -> Non
         with contextlib.ExitStack() as stack:
             stream_a = start_sleeping(pair, "heard", on_a, stack)
             assert followers(prefix) == {}  # A runs it and reads it itself: no notice needed
+            wait_for(lambda: known(pair.b, "heard"), "B to find the run (the feed's first write)")
             with httpx2.stream(
                 "GET", follow_url(pair.b, "heard"), headers={"Last-Event-ID": "0"}, timeout=WAIT
             ) as followed:
