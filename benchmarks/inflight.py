@@ -2,7 +2,7 @@
 
     python benchmarks/inflight.py [--levels 100,200,400,...] [--variants embedded,postgres,...]
         [--tokens-per-s 20] [--seconds 30] [--tool-call] [--threshold-ms 100]
-        [--profile-at N] [--server-env KEY=VALUE ...] [--smoke]
+        [--profile-at N] [--heap-at N] [--server-env KEY=VALUE ...] [--smoke]
 
 Three kinds of process on loopback, so no side's CPU is counted as another's:
 
@@ -38,6 +38,11 @@ level whose p99 passes `--threshold-ms` or that has errors; `held` is the larges
 `pip install py-spy`) during the steady window of level N of the first variant: the raw stacks go
 to `--profile-out` and the JSON gives where the CPU went (by the package of the innermost frame,
 and the share of samples with each package anywhere on the stack).
+
+`--heap-at N` runs level N of the first variant with tracemalloc on in the server (from the
+app's start-up; slower: its delays mean nothing) and takes a snapshot before the runs
+start and one in the middle of the window; the JSON gives what was added per run in flight, by
+the source line that allocated it (the largest first).
 
 `--smoke` is a quick check that everything runs (tiny levels, short streams); its figures mean
 nothing. Prints one JSON document.
@@ -841,6 +846,7 @@ def measure_level(
     model: subprocess.Popen[bytes],
     settings: Settings,
     profile: Path | None = None,
+    heap: Path | None = None,
 ) -> dict[str, Any]:
     """N runs at once on `server`; the steady window's figures."""
     clients = max(1, min(settings.clients, math.ceil(n / settings.per_client)))
@@ -875,6 +881,8 @@ def measure_level(
             (subprocess.Popen(command, env=environment({}), stdout=subprocess.DEVNULL), out)
         )
     rss_before = server.rss()
+    if heap is not None:
+        os.kill(server.process.pid, signal.SIGUSR1)
     # Wait for the window to open, then sample.
     time.sleep(max(0.0, (window[0] - now_ns()) / 1e9))
     load_pids = [model.pid] + [p.pid for p, _ in procs]
@@ -889,6 +897,8 @@ def measure_level(
         )
     time.sleep(max(0.0, (window[0] + window[1]) / 2e9 - now_ns() / 1e9))
     rss_mid = server.rss()
+    if heap is not None:
+        os.kill(server.process.pid, signal.SIGUSR1)
     time.sleep(max(0.0, (window[1] - now_ns()) / 1e9))
     cpu1, load1, idle1 = server.cpu(), sum(cpu_ticks(p) for p in load_pids), machine_idle()
     w1 = now_ns()
@@ -931,6 +941,31 @@ def measure_level(
         "outcomes": outcomes,
         "errors": errors,
         "error_samples": samples[:3],
+        **({"heap": heap_added(heap, n)} if heap is not None else {}),
+    }
+
+
+def heap_added(directory: Path, n: int, top: int = 30) -> dict[str, Any]:
+    """What the mid-window snapshot holds more than the one before the runs, per run, by the
+    line that allocated it (tracemalloc, the server's own allocations only)."""
+    import tracemalloc
+
+    deadline = time.monotonic() + 60
+    while len(list(directory.glob("*.snapshot"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    paths = sorted(directory.glob("*.snapshot"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+    if len(paths) < 2:
+        return {"skipped": "the server wrote no snapshots"}
+    before, during = (tracemalloc.Snapshot.load(str(path)) for path in paths[:2])
+    by_line = during.compare_to(before, "lineno")
+    total = sum(stat.size_diff for stat in by_line)
+    return {
+        "traced_kib_per_run": round(total / 1024 / n, 1),
+        "top_bytes_per_run": {
+            f"{stat.traceback[0].filename.split('site-packages/')[-1]}:"
+            f"{stat.traceback[0].lineno}": round(stat.size_diff / n)
+            for stat in by_line[:top]
+        },
     }
 
 
@@ -1056,6 +1091,7 @@ def ramp(
     settings: Settings,
     profile_at: int | None,
     profile_out: Path,
+    heap_at: int | None = None,
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"inflight-{variant.name}-", dir=settings.root))
     model_port = free_port()
@@ -1085,6 +1121,7 @@ def ramp(
         with Backend(variant.backend) as backend:
             for n in levels:
                 server: Any
+                heap = None
                 if venv is not None:
                     from peers import aegra
 
@@ -1098,12 +1135,16 @@ def ramp(
                     )
                 else:
                     server_env = {**backend.env, **settings.server_env}
+                    heap = root / f"heap-{n}" if heap_at == n else None
+                    if heap is not None:
+                        heap.mkdir()
+                        server_env |= {"BENCH_HEAP_DIR": str(heap)}
                     server = Server(variant, model_port, server_env, root)
                 try:
                     warm_up(server.port, server.protocol)
                     profile = profile_out if profile_at == n else None
                     here = Settings(**{**settings.__dict__, "root": root})
-                    level = measure_level(n, server, model, here, profile)
+                    level = measure_level(n, server, model, here, profile, heap)
                 finally:
                     server.close()
                 if profile is not None and profile.exists():
@@ -1180,8 +1221,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for index, name in enumerate(names):
             profile_at = args.profile_at if index == 0 else None
+            heap_at = args.heap_at if index == 0 else None
             document["variants"][name] = ramp(
-                VARIANTS[name], levels, settings, profile_at, args.profile_out
+                VARIANTS[name], levels, settings, profile_at, args.profile_out, heap_at
             )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -1236,6 +1278,9 @@ if __name__ == "__main__":
     parser.add_argument("--clients", type=int, default=4, help="client processes at most")
     parser.add_argument("--per-client", type=int, default=400, help="runs per client process")
     parser.add_argument("--profile-at", type=int, default=None, help="py-spy at this level")
+    parser.add_argument(
+        "--heap-at", type=int, default=None, help="tracemalloc snapshots at this level"
+    )
     parser.add_argument(
         "--server-env",
         action="append",

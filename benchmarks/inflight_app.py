@@ -5,14 +5,19 @@ environment (`LLM_RUNTIME=openai`, `LLM_BASE_URL` at the fake model), and, when
 uvicorn builds it with `create_app` (a factory: once per worker process). The monitor appends
 to `{BENCH_STATS_DIR}/{pid}.txt` every second: `lag <monotonic ns> <us late>` for each tick of
 a 10 ms timer, `gc <monotonic ns> <pause us> <objects collected>` for each generation-2
-collection. Benchmark-only: nothing here is part of the library.
+collection. With `BENCH_HEAP_DIR` set, tracemalloc traces the app from its start-up on (after
+the imports) and each SIGUSR1 writes a snapshot to `{BENCH_HEAP_DIR}/{pid}-{n}.snapshot` (what
+a run in flight holds: the difference of two, see `inflight.py --heap-at`). Benchmark-only:
+nothing here is part of the library.
 """
 
 import asyncio
 import contextlib
 import gc
 import os
+import signal
 import time
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -65,8 +70,23 @@ async def monitor(directory: Path) -> None:
         gc.callbacks.remove(on_gc)
 
 
+def snapshot_on_signal(directory: Path) -> None:
+    """SIGUSR1: a tracemalloc snapshot to `directory` (numbered per process)."""
+    taken = [0]
+
+    def take() -> None:
+        taken[0] += 1
+        tracemalloc.take_snapshot().dump(str(directory / f"{os.getpid()}-{taken[0]}.snapshot"))
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, take)
+
+
 @contextlib.asynccontextmanager
 async def monitored(app: FastAPI) -> AsyncIterator[None]:
+    heap = os.environ.get("BENCH_HEAP_DIR")
+    if heap:
+        tracemalloc.start()
+        snapshot_on_signal(Path(heap))
     stats = os.environ.get("BENCH_STATS_DIR")
     task = asyncio.get_running_loop().create_task(monitor(Path(stats))) if stats else None
     try:

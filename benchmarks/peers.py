@@ -37,13 +37,22 @@ PACKAGES = {
 }
 
 
+def runs(python: str) -> bool:
+    """Whether `python` starts (a pyenv shim on the PATH may name a version that is not
+    selected, and fails)."""
+    try:
+        return subprocess.run([python, "-c", ""], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def peer_python() -> tuple[str | None, str]:
     """(interpreter, "") or (None, why there is none)."""
     candidates = [os.environ.get("BENCH_PEER_PYTHON") or ""]
     candidates += [shutil.which(name) or "" for name in ("python3.12", "python3.13")]
     candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[2-9]*/bin/python")))
     for candidate in candidates:
-        if candidate and Path(candidate).exists():
+        if candidate and Path(candidate).exists() and runs(candidate):
             return candidate, ""
     return None, (
         "the peers (Aegra, langgraph dev) need Python >= 3.12 and none was found: set "

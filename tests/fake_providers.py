@@ -35,6 +35,13 @@ class Stream:
     hold_after: int = 1
     break_after: int | None = None
     """Drop the connection after this many events, without ending the body."""
+    raw_unicode: bool = False
+    """JSON with non-ASCII text as is (`ensure_ascii=False`, as many servers write it)."""
+    line_end: str = "\n"
+    """What ends each line of the body (`\r\n` and `\r` are SSE line ends too)."""
+    piece_bytes: int | None = None
+    """Send the body in pieces of this many bytes (an event, a line end or a character cut
+    across pieces), instead of an event a piece."""
 
 
 @dataclass
@@ -81,20 +88,36 @@ class FakeProvider:
             return JSONResponse(reply.body, reply.code, headers=reply.headers)
         return StreamingResponse(self._events(reply), media_type="text/event-stream")
 
-    async def _events(self, reply: Stream) -> AsyncIterator[str]:
+    async def _events(self, reply: Stream) -> AsyncIterator[str | bytes]:
+        if reply.piece_bytes is None:
+            async for text in self._texts(reply):
+                yield text
+            return
+        size, held = reply.piece_bytes, b""
+        async for text in self._texts(reply):
+            held += text.encode()
+            while len(held) >= size:
+                yield held[:size]
+                held = held[size:]
+        if held:
+            yield held
+
+    async def _texts(self, reply: Stream) -> AsyncIterator[str]:
         finished = False
+        end = reply.line_end
         try:
             for index, (name, payload) in enumerate(reply.events):
                 if index == reply.break_after:
                     raise ConnectionAbortedError("the fake provider drops the connection")
                 if reply.hold is not None and index == reply.hold_after:
                     while not reply.hold.is_set():
-                        yield ": keep-alive\n\n"
+                        yield f": keep-alive{end}{end}"
                         await asyncio.sleep(KEEPALIVE_SECONDS)
-                prefix = f"event: {name}\n" if name else ""
-                yield f"{prefix}data: {json.dumps(payload)}\n\n"
+                prefix = f"event: {name}{end}" if name else ""
+                data = json.dumps(payload, ensure_ascii=not reply.raw_unicode)
+                yield f"{prefix}data: {data}{end}{end}"
             if self._done_marker:
-                yield "data: [DONE]\n\n"
+                yield f"data: [DONE]{end}{end}"
             finished = True
         finally:
             if not finished:

@@ -5,14 +5,17 @@ socket's reader on and off in the loop's selector (two `epoll_ctl` calls) and op
 scope for its timeout, which was about a quarter of a busy replica's CPU (`benchmarks/
 inflight.py`, py-spy). `LoopBackend` is an `httpcore2` network backend whose connections are
 plain asyncio protocols: the socket stays registered while the connection lives, data waits in
-a bounded buffer (reading pauses past `HIGH_WATER` bytes), and a read that has to wait arms one
-timer. Everything else (pooling, HTTP/1.1, TLS, proxies from the environment, the SDK's
-retries) is the same client's.
+a bounded buffer (reading pauses past `HIGH_WATER` bytes), and a read that has to wait only
+moves the connection's deadline: one timer per connection stays armed and, when it fires early
+(the deadline moved on since), re-arms itself for the new one, instead of a timer made and
+cancelled for every chunk. Everything else (pooling, HTTP/1.1, TLS, proxies from the
+environment, the SDK's retries) is the same client's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import ssl
 from collections import deque
@@ -42,6 +45,33 @@ class _Protocol(asyncio.Protocol):
         self.reading_paused = False
         self.waiter: asyncio.Future[None] | None = None
         self.writable: asyncio.Future[None] | None = None
+        self.deadline = 0.0
+        """When the read waiting now (`waiter`) times out, on the loop's clock."""
+        self.timer: asyncio.TimerHandle | None = None
+
+    def wait_until(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """Time out the waiting read at `deadline` (the armed timer is kept if it fires first)."""
+        self.deadline = deadline
+        timer = self.timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self.timer = loop.call_at(deadline, self._expire, loop)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        waiter, when = self.waiter, self.timer.when() if self.timer is not None else 0.0
+        self.timer = None
+        if waiter is None or waiter.done():
+            return
+        if self.deadline <= when:
+            waiter.set_exception(TimeoutError())
+        elif self.deadline != math.inf:
+            self.timer = loop.call_at(self.deadline, self._expire, loop)
+
+    def stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
@@ -63,6 +93,7 @@ class _Protocol(asyncio.Protocol):
         self.eof = True
         self.error = exc
         self._wake()
+        self.stop_timer()
         if self.writable is not None and not self.writable.done():
             self.writable.set_result(None)
 
@@ -79,11 +110,6 @@ class _Protocol(asyncio.Protocol):
             self.waiter.set_result(None)
 
 
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
-
-
 class LoopStream(httpcore2.AsyncNetworkStream):
     """One connection: `read` returns what is buffered, or waits (one timer) for the next data."""
 
@@ -96,15 +122,16 @@ class LoopStream(httpcore2.AsyncNetworkStream):
         if not protocol.chunks and not protocol.eof:
             loop = asyncio.get_running_loop()
             waiter = protocol.waiter = loop.create_future()
-            timer = loop.call_later(timeout, _expire, waiter) if timeout is not None else None
+            if timeout is not None:
+                protocol.wait_until(loop, loop.time() + timeout)
+            else:
+                protocol.deadline = math.inf
             try:
                 await waiter
             except TimeoutError:
                 raise httpcore2.ReadTimeout("timed out reading from the model server") from None
             finally:
                 protocol.waiter = None
-                if timer is not None:
-                    timer.cancel()
         if protocol.chunks:
             data = protocol.chunks.popleft()
             if len(data) > max_bytes:
@@ -134,6 +161,7 @@ class LoopStream(httpcore2.AsyncNetworkStream):
                 raise httpcore2.WriteTimeout("timed out writing to the model server") from None
 
     async def aclose(self) -> None:
+        self._protocol.stop_timer()
         self._transport.close()
 
     async def start_tls(

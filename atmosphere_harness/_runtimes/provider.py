@@ -34,6 +34,9 @@ DRAIN_SECONDS = 1.0
 
 Event = dict[str, Any]
 
+CR, LF = 13, 10
+"""The bytes that end an SSE line (alone, or CR LF)."""
+
 
 class RawResponse(Protocol):
     """What the SDKs' `with_raw_response` calls return: the unread HTTP response."""
@@ -111,6 +114,9 @@ class SdkRuntime:
         except self.sdk.APIError as exc:
             raise sdk_error(self, exc) from exc
         response = raw.http_response
+        # The request's copies (our body, the SDK's transformed one in `raw`) need not live as
+        # long as the answer streams: about 10 KiB a run in flight with the default tools.
+        del raw, body
         try:
             async for event in sse_events(response):
                 failure = event.get("error")
@@ -174,21 +180,52 @@ def start_deadline(timeout: object, retries: int) -> float:
 
 
 async def sse_events(response: httpx2.Response) -> AsyncIterator[Event]:
-    """The JSON payload of every server-sent event, until the stream ends or `[DONE]`."""
-    data: list[str] = []
-    async for line in response.aiter_lines():
-        if line.startswith("data:"):
-            data.append(line[6:] if line.startswith("data: ") else line[5:])
+    """The JSON payload of every server-sent event, until the stream ends or `[DONE]`.
+
+    Read as bytes and cut into lines only at CR, LF and CRLF, as the SSE format and the SDKs'
+    own decoders do: a model's text may hold U+2028 or U+0085 raw inside a JSON string, where
+    a text line reader (`str.splitlines`, so `httpx`'s `aiter_lines`) would break the event in
+    two. A chunk of the body usually holds one whole event; it is split with one
+    `bytes.splitlines` and its payload parsed from the bytes, no text decoding in between.
+    """
+    data: list[bytes] = []
+    partial: list[bytes] = []
+    """The start of a line whose end has not arrived yet."""
+    skip_lf = False
+    """The last chunk ended with CR: an LF starting the next one ends no second line."""
+    async for chunk in response.aiter_bytes():
+        if skip_lf and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        if not chunk:
             continue
-        if line or not data:
-            continue  # `event:`/`id:` fields and comments: the payload carries its own type
-        payload = "\n".join(data)
-        data.clear()
-        if payload.strip() == "[DONE]":
-            return
-        yield _decode(payload)
-    if data and "\n".join(data).strip() != "[DONE]":
-        yield _decode("\n".join(data))
+        last = chunk[-1]
+        skip_lf = last == CR
+        lines = chunk.splitlines()
+        tail = lines.pop() if last != LF and last != CR else None
+        if lines and partial:
+            partial.append(lines[0])
+            lines[0] = b"".join(partial)
+            partial.clear()
+        for line in lines:
+            if line.startswith(b"data:"):
+                data.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif not line and data:
+                payload = b"\n".join(data) if len(data) > 1 else data[0]
+                data.clear()
+                if payload.strip() == b"[DONE]":
+                    return
+                yield _decode(payload)
+            # (`event:`/`id:` fields and comments: the payload carries its own type)
+        if tail is not None:
+            partial.append(tail)
+    if partial:
+        line = b"".join(partial)
+        if line.startswith(b"data:"):
+            data.append(line[6:] if line[5:6] == b" " else line[5:])
+    if data:
+        payload = b"\n".join(data)
+        if payload.strip() != b"[DONE]":
+            yield _decode(payload)
 
 
 async def _drain(response: httpx2.Response) -> None:
@@ -205,14 +242,18 @@ async def _drain(response: httpx2.Response) -> None:
                 pass
 
 
-def _decode(payload: str) -> Event:
+def _decode(payload: bytes) -> Event:
     try:
         event = json.loads(payload)
     except ValueError:
-        raise ModelError(f"the model server sent malformed JSON: {payload[:200]!r}") from None
+        raise ModelError(f"the model server sent malformed JSON: {_shown(payload)}") from None
     if not isinstance(event, dict):
-        raise ModelError(f"the model server sent an unexpected event: {payload[:200]!r}")
+        raise ModelError(f"the model server sent an unexpected event: {_shown(payload)}")
     return event
+
+
+def _shown(payload: bytes) -> str:
+    return repr(payload[:200].decode(errors="replace"))
 
 
 MISSING_RESULT = json.dumps(

@@ -23,3 +23,13 @@ def test_every_stamped_token_reaches_its_client_through_a_tool_call() -> None:
     assert level["server_cpu_us_per_token"] > 0
     assert level["rss_mib_server"] > 0
     assert level["loop_lag_ms"]["n"] > 0
+
+
+def test_heap_at_gives_what_a_run_in_flight_holds_by_source_line() -> None:
+    result = run_benchmark(
+        "inflight.py", "--smoke", "--levels", "3", "--variants", "embedded", "--heap-at", "3"
+    )
+    heap = result["variants"]["embedded"]["levels"]["3"]["heap"]
+    assert heap["traced_kib_per_run"] > 0
+    assert heap["top_bytes_per_run"]
+    assert all(":" in line for line in heap["top_bytes_per_run"])

@@ -69,6 +69,7 @@ SOURCES = sorted(
     path
     for folder in ("atmosphere_harness", "benchmarks", "samples")
     for path in (ROOT / folder).rglob("*.py")
+    if ".work" not in path.relative_to(ROOT).parts  # the benchmarks' peers' venvs (git-ignored)
 )
 
 

@@ -134,10 +134,10 @@ async def served(
 
 
 async def post(
-    client: httpx2.AsyncClient, message: str, conversation: str, who: Any
+    client: httpx2.AsyncClient, message: str, conversation: str, who: Any, path: str = CHIEF
 ) -> list[dict[str, Any]]:
     body = {"message": message, "conversationId": conversation}
-    response = await client.post(CHIEF, json=body, headers=who)
+    response = await client.post(path, json=body, headers=who)
     assert response.status_code == 200, response.text
     frames = parse_sse(response.text)
     assert frames[-1]["event"] == "complete", frames[-1]
@@ -247,6 +247,8 @@ async def test_retention_deletes_members_with_their_coordinator_never_before(
     async with served(workspace, store) as (client, host):
         await post(client, f"delegate {told}", idle, ALICE)
         editor, scribe = members(idle)
+        # The owner may prompt a member's conversation over HTTP too: it stays derived.
+        await post(client, "hello", scribe, ALICE, path=SCRIBE)
         between = time.time()
         await asyncio.sleep(0.01)  # (a later prompt's time is strictly after `between`)
         await post(client, "hello", idle, ALICE)  # the chief's goes on, without the members

@@ -181,3 +181,46 @@ async def test_journalled_text_frames_leave_the_collectors_view() -> None:
     assert frames[0] == Frame("text", {"text": "token 1 "}, "s", "conv", 1)
     assert frames[-1].data == {"name": "ls", "arguments": {"path": "/"}}
     assert [f.seq for f in frames] == list(range(1, 202))
+
+
+async def test_text_frames_come_back_as_published_whatever_their_ids_and_data() -> None:
+    """A text frame of the journal's own run is kept as its bare text; every other frame (other
+    ids, more data than the text, another type) whole: readers get each back unchanged."""
+    published = [
+        Frame("text", {"text": "a"}, "session-1", "conv", 1),
+        Frame("text", {"text": "b", "agent": "helper"}, "session-1", "conv", 2),
+        Frame("text", {"text": "c"}, "session-0", "conv", 3),
+        Frame("tool-start", {"name": "ls"}, "session-1", "conv", 4),
+        Frame("text", {"text": ""}, "session-1", "conv", 5),
+        Frame("text", {"text": 7}, "session-1", "conv", 6),
+        Frame("complete", {"summary": "abc"}, "session-1", "conv", 7),
+    ]
+    live = LiveRun("/p", "conv", None, session_id="session-1")
+    for item in published:
+        await live.publish(item)
+    live.finish()
+    assert [f async for f in live.follow(0)] == published
+    assert [f async for f in live.follow(4)] == published[4:]
+    resumed = LiveRun("/p", "conv", None, session_id="session-1", frames=published[:3])
+    resumed.finish()
+    assert [f async for f in resumed.follow(1)] == published[1:3]
+
+
+async def test_a_streamed_token_keeps_about_a_hundred_bytes_in_the_journal() -> None:
+    """What a long run in flight holds is mostly its journal: each text frame is kept as its
+    bare text (a 4-character token: under 120 bytes with its size entry), not a tuple of the
+    frame's fields (about 220)."""
+    import tracemalloc
+
+    live = LiveRun("/p", "conv", None, session_id="session-1")
+    count = 2000
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(count):
+            # A token as the model's stream gives it: a new string, its frame dropped once sent.
+            await live.publish(Frame("text", {"text": f"t{n:04d}"[:4]}, "session-1", "conv", n + 1))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held / count < 120, f"{held / count:.0f} bytes a frame"

@@ -167,6 +167,30 @@ async def test_parallel_tool_calls_split_across_chunks() -> None:
     assert fake.bodies[0]["messages"] == [{"role": "user", "content": "x"}]
 
 
+@pytest.mark.parametrize(("line_end", "piece_bytes"), [("\n", None), ("\r\n", 5), ("\r", 3)])
+async def test_line_separators_inside_json_strings_stay_in_the_answer(
+    line_end: str, piece_bytes: int | None
+) -> None:
+    """U+2028, U+2029 and U+0085 may stand raw inside a JSON string (servers writing UTF-8 send
+    them so) and end no SSE line: the text and a tool call's arguments arrive whole, however
+    the body is cut (a piece may end inside a CRLF or a multi-byte character)."""
+    pieces = ("one\u2028two", " thr\x85ee", " é\u2029😀")
+    arguments = json.dumps({"a": 2, "b": "x\u2028y\x85z"}, ensure_ascii=False)
+    events = [
+        *openai_text(*pieces, usage=None)[:-1],
+        *openai_tool_calls([("call_a", "add", arguments)], split=3)[1:],
+    ]
+    stream = Stream(events, raw_unicode=True, line_end=line_end, piece_bytes=piece_bytes)
+    fake = fake_openai().script(stream)
+    request = ModelRequest("", (Message.user("x"),), tools=(ADD,))
+    response, deltas = await complete_streaming(fake, runtime_for, request)
+    assert deltas == list(pieces)
+    assert response.text == "".join(pieces)
+    assert response.tool_calls == (ToolCall("add", {"a": 2, "b": "x\u2028y\x85z"}, "call_a"),)
+    assert response.stop_reason == "tool_calls"
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (20, 7)
+
+
 async def test_full_agent_run_over_http(workspace: Path) -> None:
     fake = fake_openai().script(
         Stream(

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
 import httpx2
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from openai._streaming import SSEDecoder
 
 from atmosphere_harness import Message, ToolCall
 from atmosphere_harness._errors import ModelError
@@ -18,6 +26,84 @@ from atmosphere_harness._runtimes.provider import (
 async def events_of(body: bytes) -> list[dict]:
     response = httpx2.Response(200, stream=httpx2.ByteStream(body))
     return [event async for event in sse_events(response)]
+
+
+class Pieces(httpx2.AsyncByteStream):
+    """A response body arriving in the given pieces."""
+
+    def __init__(self, pieces: Sequence[bytes]) -> None:
+        self.pieces = pieces
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            yield piece
+
+
+async def ours(pieces: Sequence[bytes]) -> list[Any]:
+    response = httpx2.Response(200, stream=Pieces(pieces))
+    return [event async for event in sse_events(response)]
+
+
+async def the_sdks(pieces: Sequence[bytes]) -> list[Any]:
+    """The payloads the `openai` SDK's own SSE decoder reads from the same pieces, up to
+    `[DONE]` (what its `AsyncStream` would parse)."""
+
+    async def body() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+
+    found = []
+    async for event in SSEDecoder().aiter_bytes(body()):
+        if event.data.startswith("[DONE]"):
+            break
+        if event.data:
+            found.append(json.loads(event.data))
+    return found
+
+
+# Text a model streams, with what a line reader of `str` would break at (U+2028, U+2029,
+# U+0085) and multi-byte characters a piece may cut in two.
+TEXT = st.text(st.sampled_from([*'ab é\u2028\u2029\x85\t"\\{}:', "\U0001f600"]), max_size=12)
+PAYLOADS = st.lists(st.fixed_dictionaries({"content": TEXT}, optional={"id": TEXT}), max_size=4)
+
+
+def sse_body(payloads: list[Any], end: str, extras: bool, multiline: bool) -> bytes:
+    out = []
+    for index, payload in enumerate(payloads):
+        if extras:
+            out.append(f": keep-alive{end}{end}event: chunk{end}id: {index}{end}")
+        text = json.dumps(payload, ensure_ascii=False, indent=1 if multiline else None)
+        out += [f"data: {line}{end}" for line in text.split("\n")]
+        out.append(end)
+    out.append(f"data: [DONE]{end}{end}")
+    return "".join(out).encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    payloads=PAYLOADS,
+    end=st.sampled_from(["\n", "\r\n", "\r"]),
+    extras=st.booleans(),
+    multiline=st.booleans(),
+    size=st.integers(1, 64),
+)
+@example(
+    payloads=[{"content": "a\u2028b"}, {"content": "\x85"}],
+    end="\r\n",
+    extras=False,
+    multiline=False,
+    size=7,
+)
+def test_events_are_the_ones_the_openai_sdk_decodes(
+    payloads: list[Any], end: str, extras: bool, multiline: bool, size: int
+) -> None:
+    """However the body is cut and whichever line ends it uses, the payloads read are the
+    SDK's: lines end only at CR, LF or CRLF, never at a separator inside a JSON string."""
+    body = sse_body(payloads, end, extras, multiline)
+    pieces = [body[start : start + size] for start in range(0, len(body), size)]
+    read = asyncio.run(ours(pieces))
+    assert read == asyncio.run(the_sdks(pieces))
+    assert read == payloads
 
 
 async def test_data_lines_comments_and_event_names() -> None:
