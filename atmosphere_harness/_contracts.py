@@ -1238,8 +1238,9 @@ class RunFeed(Protocol):
 
     def watch(self, run_id: str, wake: Callable[[int], None]) -> Callable[[], None]:
         """Call `wake(seq)` whenever any process stored frames of `run_id` up to `seq` (after
-        they are committed), and `wake(0)` when notices may have been lost (a reconnect);
-        returns the call that stops watching. Best effort: a reader still polls."""
+        they are committed), and `wake(0)` when notices may have been lost (a reconnect, or
+        the watch just started hearing them); returns the call that stops watching. Best
+        effort: a reader still polls."""
         ...
 
     async def abandon(self, message: str, limit: int) -> int:

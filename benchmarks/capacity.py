@@ -21,7 +21,7 @@ server of their own (`redis-server` started here on a free port, so its CPU and 
   and CPU a write; resident memory added per run in flight;
 - `stream_2_one_busy`: the same runs all on one of two replicas: the idle one's CPU per feed
   write of the busy one (`idle_replica_cpu_us_per_feed_write`: what a replica spends on the
-  notices of writes it has no reader for);
+  writes of runs it has no reader for; their notices go only to the replicas that follow them);
 - `connections`: in each phase's middle, per replica: open file descriptors and TCP sockets by
   peer (clients, PostgreSQL, Redis, the model), and the database's backends
   (`pg_stat_activity`).
@@ -634,9 +634,11 @@ def sizing(document: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
                 )
                 entry["postgres_connections"] = replicas * (POOL_MAX + PG_EXTRA)
                 if notice:
-                    # Every replica LISTENs: each receives every feed write's notice.
-                    entry["notices_per_replica_per_s_one_write_a_token"] = round(tokens_s)
-                    entry["notice_cores_per_replica"] = round(tokens_s * notice[0] / 1e6, 2)
+                    # What a replica with no reader of these runs spends on their writes (each
+                    # run's notices go only to the replicas that follow it: about nothing).
+                    entry["notice_cores_per_replica_without_readers"] = round(
+                        tokens_s * max(notice[0], 0.0) / 1e6, 2
+                    )
             else:
                 entry["redis_commands_per_s"] = round(
                     tokens_s * measured["stream_1"]["redis_commands_per_token"]

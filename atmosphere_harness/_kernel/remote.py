@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from .. import _events as events
 from .._contracts import FrameSink, Run, RunFeed, RunStore, StoredRun
 from .._events import Frame
+from .._log import fault, get_logger
+
+log = get_logger(__name__)
 
 REFERENCE = "$model"
 """A stored `tool-start` frame's `arguments` as `{"$model": "<checkpoint key>"}`: the very
@@ -209,35 +212,134 @@ class RunWatchers:
     """The readers of this process waiting for new frames, by run: what a shared store's
     `RunFeed.watch` keeps, and wakes on each notice that a run's frames were stored.
 
-    A notice's text is `"{seq} {run_id}"`: frames of `run_id` up to `seq` are stored."""
+    A notice's text is `"{seq} {run_id}"`: frames of `run_id` up to `seq` are stored.
 
-    def __init__(self) -> None:
+    Each run's notices go to a channel of that run's own, so that a replica pays only for the
+    runs it has readers of (not for every write of the deployment). With `subscribe` and
+    `unsubscribe` (the store's listening connection), the watchers keep that connection on
+    exactly the runs with a reader here: a run's first reader subscribes it, its last one
+    leaving unsubscribes it, one change at a time in the background. The store wakes a run's
+    readers once its subscription is in place (`subscribed_to`): a write stored between a reader's
+    first read and the subscription sent no notice this replica could hear, so they read again.
+    """
+
+    def __init__(
+        self,
+        subscribe: Callable[[list[str]], Awaitable[None]] | None = None,
+        unsubscribe: Callable[[list[str]], Awaitable[None]] | None = None,
+    ) -> None:
         self._watching: dict[str, set[Callable[[int], None]]] = {}
+        self._subscribe = subscribe
+        self._unsubscribe = unsubscribe
+        self._subscribed: set[str] = set()
+        """The runs the listening connection is subscribed to (or being subscribed to)."""
+        self._heard: set[str] = set()
+        """The runs whose subscription the store confirmed (`subscribed_to`)."""
+        self._generation = 0
+        """Counts `lost()`: a change sent on a connection since lost is not counted as made."""
+        self._syncing: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
         return len(self._watching)
 
+    @property
+    def listening(self) -> frozenset[str]:
+        """The runs whose notices this process hears (their subscription was confirmed)."""
+        return frozenset(self._heard)
+
     def watch(self, run_id: str, wake: Callable[[int], None]) -> Callable[[], None]:
         wakes = self._watching.setdefault(run_id, set())
+        first = not wakes
         wakes.add(wake)
+        if first:
+            self.sync()
 
         def unwatch() -> None:
             wakes.discard(wake)
             if not wakes and self._watching.get(run_id) is wakes:
                 del self._watching[run_id]
+                self.sync()
 
         return unwatch
 
     def notified(self, text: str) -> None:
-        """Wake the readers of the run a notice names (one of another run costs a lookup)."""
+        """Wake the readers of the run a notice names."""
         seq, _, run_id = text.partition(" ")
         wakes = self._watching.get(run_id)
         if wakes and seq.isdigit():
             for wake in list(wakes):
                 wake(int(seq))
 
+    def subscribed_to(self, run_id: str) -> None:
+        """The run's notices are heard from now on: its readers read what came before."""
+        if run_id in self._subscribed:
+            self._heard.add(run_id)
+        for wake in list(self._watching.get(run_id, ())):
+            wake(0)
+
     def wake_all(self) -> None:
         """Notices may have been lost (the listening connection was down): every reader reads."""
         for wakes in list(self._watching.values()):
             for wake in list(wakes):
                 wake(0)
+
+    def resubscribed(self) -> None:
+        """The listening connection was reopened with every subscription it had (PostgreSQL's
+        `LISTEN`s are kept and sent again): every reader reads what it may have missed."""
+        self._heard = set(self._subscribed)
+        self.wake_all()
+
+    def lost(self) -> None:
+        """The listening connection was replaced: the new one is subscribed to nothing yet."""
+        self._generation += 1
+        self._subscribed.clear()
+        self._heard.clear()
+
+    def sync(self) -> None:
+        """Bring the listening connection's subscriptions in line with the runs read here (in
+        the background; a change that fails waits for the connection's replacement, `lost`)."""
+        if self._subscribe is None:
+            return
+        if self._syncing is None or self._syncing.done():
+            self._syncing = asyncio.get_running_loop().create_task(
+                self._sync(), name="run-notice-subscriptions"
+            )
+
+    async def _sync(self) -> None:
+        assert self._subscribe is not None
+        assert self._unsubscribe is not None
+        while True:
+            generation = self._generation
+            gone = [run for run in self._subscribed if run not in self._watching]
+            new = [run for run in self._watching if run not in self._subscribed]
+            if not gone and not new:
+                return
+            try:
+                if gone:
+                    self._subscribed.difference_update(gone)
+                    self._heard.difference_update(gone)
+                    await self._unsubscribe(gone)
+                if new:
+                    self._subscribed.update(new)
+                    await self._subscribe(new)
+            except Exception as exc:
+                if generation == self._generation:
+                    self._subscribed.difference_update(new)
+                fault(
+                    log,
+                    "could not change the runs whose notices this replica hears",
+                    exc,
+                    every=False,
+                )
+                return
+            if generation != self._generation:
+                self._subscribed.clear()  # sent on a connection since replaced: start over
+                self._heard.clear()
+
+    async def aclose(self) -> None:
+        """Stop changing subscriptions (the store closes)."""
+        syncing, self._syncing = self._syncing, None
+        if syncing is not None:
+            syncing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await syncing

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
+import redis
 
 from atmosphere_harness._kernel.feed import ABANDONED
 from tests.durable.app import PATH
@@ -35,7 +36,7 @@ from tests.durable.support import (
 from tests.reliability.server import ServerProcess
 
 from .postgres_service import create_database, drop_database
-from .redis_service import delete_prefix, new_prefix, require_redis, url_for
+from .redis_service import HOST, PORT, delete_prefix, new_prefix, require_redis, url_for
 
 pytestmark = pytest.mark.services
 
@@ -227,3 +228,51 @@ def test_without_a_backend_no_run_store_is_written(tmp_path: Path) -> None:
         tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
     assert "durable_runs" not in tables
     assert "durable_run_frames" not in tables
+
+
+def followers(prefix: str) -> dict[str, int]:
+    """The subscribers of each run's notice channel under `prefix` (on the Redis server)."""
+    client = redis.Redis(host=HOST, port=PORT, decode_responses=True)
+    try:
+        channels = client.pubsub_channels(f"{prefix}runs:frames:*")
+        return {str(name): int(count) for name, count in client.pubsub_numsub(*channels)}
+    finally:
+        client.close()
+
+
+def known(server: ServerProcess, conversation: str) -> bool:
+    """`server` finds the conversation's run (it answers 404 before the feed's first write)."""
+    with httpx2.stream(
+        "GET", follow_url(server, conversation), headers={"Last-Event-ID": "0"}, timeout=WAIT
+    ) as response:
+        return response.status_code == 200
+
+
+def test_only_a_replica_following_a_run_hears_its_notices(tmp_path: Path) -> None:
+    """Redis: A's run publishes on its own channel; nobody subscribes until B follows it, B
+    alone then, and B unsubscribes once its reader is gone."""
+    require_redis()
+    prefix = new_prefix()
+    pair = FeedReplicas(tmp_path, {"ATMOSPHERE_REDIS_URL": url_for(prefix)})
+    try:
+        on_a: list[Frame] = []
+        seen: list[Frame] = []
+        with contextlib.ExitStack() as stack:
+            stream_a = start_sleeping(pair, "heard", on_a, stack)
+            assert followers(prefix) == {}  # A runs it and reads it itself: no notice needed
+            wait_for(lambda: known(pair.b, "heard"), "B to find the run (the feed's first write)")
+            with httpx2.stream(
+                "GET", follow_url(pair.b, "heard"), headers={"Last-Event-ID": "0"}, timeout=WAIT
+            ) as followed:
+                assert followed.status_code == 200, followed.read()
+                from_b = sse_frames(followed)
+                read(from_b, lambda f: f["seq"] == on_a[-1]["seq"], seen)
+                wait_for(lambda: list(followers(prefix).values()) == [1], "B to subscribe")
+                pair.release("heard-tool")
+                read(stream_a, terminal, on_a)
+                read(from_b, terminal, seen)
+            assert seen == on_a
+            wait_for(lambda: followers(prefix) == {}, "B to unsubscribe once its reader left")
+    finally:
+        pair.close()
+        delete_prefix(prefix)

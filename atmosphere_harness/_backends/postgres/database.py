@@ -13,8 +13,10 @@ replaces a connection the server closed, and a callback-based `LISTEN`.
 Outages: `run(work)` retries `work` once on a fresh connection when the connection it got was
 closed under it (a `pg_terminate_backend`, a server restart); a second failure raises
 `BackendUnavailable`, which ends that run with an `error` frame. The `LISTEN` connection is
-supervised: when it is lost it is reopened with backoff, and every `on_reconnect` callback runs
-so the stores re-read what a missed notification would have told them.
+supervised: when it is lost it is reopened with backoff, listening again on every channel, and
+every `on_reconnect` callback runs so the stores re-read what a missed notification would have
+told them. Channels are fixed at start (`listen`) or come and go while open (`subscribe`,
+`unsubscribe`: a run's frame notices, heard only while a reader here follows that run).
 """
 
 from __future__ import annotations
@@ -145,6 +147,10 @@ class PostgresDatabase:
         self._reconnect_hooks: list[Callable[[], None]] = []
         self._listen_task: asyncio.Task[None] | None = None
         self._listen_ready: asyncio.Event | None = None
+        self._listening: Any = None
+        """The `LISTEN` connection while it is up."""
+        self._listen_lock = asyncio.Lock()
+        """One statement at a time on the `LISTEN` connection (its probe, `LISTEN`, `UNLISTEN`)."""
         self._closing = False
         self.epoch = ""
         """Random per database (set at migration): event ids from another database never match."""
@@ -274,6 +280,38 @@ class PostgresDatabase:
         """Call `callback(payload)` for every `NOTIFY channel` (register before `open`)."""
         self._listeners.setdefault(channel, []).append(callback)
 
+    async def subscribe(self, channel: str, callback: Callable[[str], None]) -> bool:
+        """`listen` while open: `LISTEN channel` now. `True` once the server listens; `False`
+        if the `LISTEN` connection is down (it listens when reopened, then `on_reconnect` runs)."""
+        callbacks = self._listeners.setdefault(channel, [])
+        if callback not in callbacks:
+            callbacks.append(callback)
+        async with self._listen_lock:
+            connection = self._listening
+            if connection is None or connection.is_closed():
+                return False
+            try:
+                await connection.add_listener(channel, self._dispatch)
+            except (*DISCONNECTS, *CLIENT_ERRORS) as exc:
+                # Its probe notices the loss and reopens it, listening on `channel` too.
+                log.debug("LISTEN failed; the connection is reopened", error=self.scrub(exc))
+                return False
+            return True
+
+    async def unsubscribe(self, channel: str, callback: Callable[[str], None]) -> None:
+        """Undo `subscribe`: `UNLISTEN channel` once no callback is left on it."""
+        callbacks = self._listeners.get(channel, [])
+        if callback in callbacks:
+            callbacks.remove(callback)
+        if callbacks:
+            return
+        self._listeners.pop(channel, None)
+        async with self._listen_lock:
+            connection = self._listening
+            if connection is not None and not connection.is_closed():
+                with contextlib.suppress(*DISCONNECTS, *CLIENT_ERRORS):
+                    await connection.remove_listener(channel, self._dispatch)
+
     def on_reconnect(self, callback: Callable[[], None]) -> None:
         """Call `callback()` after the `LISTEN` connection was lost and reopened."""
         self._reconnect_hooks.append(callback)
@@ -292,7 +330,8 @@ class PostgresDatabase:
                 await asyncio.wait_for(lost.wait(), LISTEN_HEALTH_SECONDS)
             if lost.is_set():
                 raise ConnectionError("LISTEN connection closed")
-            await asyncio.wait_for(connection.fetchval("SELECT 1"), CONNECT_TIMEOUT)
+            async with self._listen_lock:
+                await asyncio.wait_for(connection.fetchval("SELECT 1"), CONNECT_TIMEOUT)
 
     async def _listen_forever(self) -> None:
         failures = 0
@@ -303,8 +342,10 @@ class PostgresDatabase:
                 connection = await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT)
                 lost = asyncio.Event()
                 connection.add_termination_listener(functools.partial(_set_on_close, lost))
-                for channel in self._listeners:
-                    await connection.add_listener(channel, self._dispatch)
+                async with self._listen_lock:
+                    for channel in list(self._listeners):
+                        await connection.add_listener(channel, self._dispatch)
+                    self._listening = connection
                 if not first:
                     log.info("PostgreSQL LISTEN connection restored")
                     for hook in self._reconnect_hooks:
@@ -326,5 +367,6 @@ class PostgresDatabase:
                     )
                 await asyncio.sleep(delay)
             finally:
+                self._listening = None
                 if connection is not None:
                     connection.terminate()

@@ -26,14 +26,16 @@ compresses values past ~2 kB itself, TOAST). What makes it a multi-replica store
   wait for the WAL flush: the feed is not durability), finish the run when their last frame is
   terminal, and are refused once the run is finished; `abandon` ends those
   whose replica died (lease run out) with a terminal `error` frame.
-- Each write of frames also sends `NOTIFY atmosphere_run_frames, '{seq} {run_id}'` from the
-  same statement (no round trip of its own; PostgreSQL delivers it once the write commits),
-  and every replica `LISTEN`s: a reader following the run elsewhere (`watch`) reads the new
-  frames at once instead of at its next poll.
+- Each write of frames also sends `NOTIFY atmosphere_run_{digest}, '{seq} {run_id}'` (the
+  run's own channel, `channel`) from the same statement (no round trip of its own; PostgreSQL
+  delivers it once the write commits). A replica `LISTEN`s on a run's channel while it has a
+  reader following that run (`watch`), which reads the new frames at once instead of at its
+  next poll; a replica without readers receives none of these notices.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -57,14 +59,28 @@ room for replicas' clocks to disagree and for a run's `finish` to commit late. F
 never got to in time (all replicas stopped for longer) go with their run's row, `keep_seconds`
 after it finished (`ON DELETE CASCADE`)."""
 
-CHANNEL = "atmosphere_run_frames"
-"""Where a write of frames says so (`RunFeed.watch`)."""
-NOTICE = (
-    f"notice AS (SELECT pg_notify('{CHANNEL}', "
-    "($2::text[])[cardinality($2::text[])] || ' ' || $1::text))"
-)
-"""A statement's `WITH` entry that announces its frames: `$1` the run id, `$2` the seqs (text,
-oldest first). Joined into the `INSERT`, it runs only when a frame is written."""
+CHANNEL = "atmosphere_run_"
+"""Each run's notices go to `CHANNEL` + a digest of its id (`channel`): only a replica with a
+reader of that run `LISTEN`s there (`RunFeed.watch`), so the others receive none of them."""
+
+
+def channel(run_id: str) -> str:
+    """The run's notice channel (a digest: any run id, within the 63 bytes of a name)."""
+    return (
+        CHANNEL
+        + hashlib.blake2b(run_id.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    )
+
+
+def notice(param: int) -> str:
+    """A statement's `WITH` entry that announces its frames on the run's channel (`$param`,
+    `channel`): `$1` the run id, `$2` the seqs (text, oldest first). Joined into the
+    `INSERT`, it runs only when a frame is written."""
+    return (
+        f"notice AS (SELECT pg_notify(${param}::text, "
+        "($2::text[])[cardinality($2::text[])] || ' ' || $1::text))"
+    )
+
 
 RUN_COLUMNS = "id, run_id, path, conversation_id, user_key, session_id, message, started_at"
 
@@ -113,9 +129,8 @@ class PostgresRunStore:
         self.database = database
         self._dropped_upto: float | None = None
         """Where the last `expire` stopped dropping frames (a finish time)."""
-        self._watchers = RunWatchers()
-        database.listen(CHANNEL, self._watchers.notified)
-        database.on_reconnect(self._watchers.wake_all)
+        self._watchers = RunWatchers(self._subscribe, self._unsubscribe)
+        database.on_reconnect(self._watchers.resubscribed)
 
     def __repr__(self) -> str:
         return f"PostgresRunStore({self.database!r})"
@@ -173,7 +188,7 @@ class PostgresRunStore:
                     row = found["id"]
                 if frames:
                     await connection.execute(
-                        f"WITH {NOTICE} "
+                        f"WITH {notice(6)} "
                         "INSERT INTO atmosphere_run_frames (run, seq, event, data) "
                         "SELECT $5, f.seq::integer, f.event, f.data FROM notice, "
                         "unnest($2::text[], $3::text[], $4::text[]) AS f (seq, event, data) "
@@ -184,6 +199,7 @@ class PostgresRunStore:
                         [entry[1] for entry in frames],
                         [entry[2] for entry in frames],
                         row,
+                        channel(run_id),
                     )
                 if checkpoints:
                     latest = dict(checkpoints)  # one statement may not set a key twice
@@ -219,27 +235,27 @@ class PostgresRunStore:
             run = (
                 "INSERT INTO atmosphere_runs (run_id, path, conversation_id, user_key, "
                 "session_id, message, started_at, owner, lease_until, finished_at) "
-                f"SELECT $1, $5, $6, $7, $8, $9, $10, $11, {NOW} + $12, $13 FROM relaxed "
+                f"SELECT $1, $6, $7, $8, $9, $10, $11, $12, {NOW} + $13, $14 FROM relaxed "
                 # A retry (the first attempt's commit reply was lost) finds its row.
                 "ON CONFLICT (run_id) DO UPDATE SET run_id = EXCLUDED.run_id RETURNING id"
             )
             args: tuple[Any, ...] = (*_described(create), owner, lease_seconds, finished)
         elif finished is not None:
             run = (
-                "UPDATE atmosphere_runs SET finished_at = $6, message = '' FROM relaxed "
-                "WHERE run_id = $1 AND owner = $5 AND finished_at IS NULL "
+                "UPDATE atmosphere_runs SET finished_at = $7, message = '' FROM relaxed "
+                "WHERE run_id = $1 AND owner = $6 AND finished_at IS NULL "
                 "RETURNING atmosphere_runs.id"
             )
             args = (owner, finished)
         else:
             run = (
-                "SELECT id FROM atmosphere_runs, relaxed WHERE run_id = $1 AND owner = $5 "
+                "SELECT id FROM atmosphere_runs, relaxed WHERE run_id = $1 AND owner = $6 "
                 "AND finished_at IS NULL FOR NO KEY UPDATE OF atmosphere_runs"
             )
             args = (owner,)
         statement = (
             "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), "
-            f"run AS ({run}), {NOTICE} "
+            f"run AS ({run}), {notice(5)} "
             "INSERT INTO atmosphere_run_frames (run, seq, event, data) "
             "SELECT run.id, f.seq::integer, f.event, f.data FROM run, notice, "
             "unnest($2::text[], $3::text[], $4::text[]) AS f (seq, event, data) "
@@ -247,7 +263,11 @@ class PostgresRunStore:
         )
 
         async def work(connection: Any) -> str:
-            return str(await connection.execute(statement, run_id, seqs, names, data, *args))
+            return str(
+                await connection.execute(
+                    statement, run_id, seqs, names, data, channel(run_id), *args
+                )
+            )
 
         status = await self.database.run(work)
         if create is None and frames and status.rsplit(" ", 1)[-1] == "0":
@@ -466,8 +486,18 @@ class PostgresRunStore:
         return frames, bool(rows[0]["finished"])
 
     def watch(self, run_id: str, wake: Callable[[int], None]) -> Callable[[], None]:
-        """Wake a reader of `run_id` when any replica stored new frames of it (`NOTIFY`)."""
+        """Wake a reader of `run_id` when any replica stored new frames of it (`NOTIFY` on the
+        run's channel, which this replica `LISTEN`s to while it has a reader of the run)."""
         return self._watchers.watch(run_id, wake)
+
+    async def _subscribe(self, runs: list[str]) -> None:
+        for run_id in runs:
+            if await self.database.subscribe(channel(run_id), self._watchers.notified):
+                self._watchers.subscribed_to(run_id)
+
+    async def _unsubscribe(self, runs: list[str]) -> None:
+        for run_id in runs:
+            await self.database.unsubscribe(channel(run_id), self._watchers.notified)
 
     async def abandon(self, message: str, limit: int) -> int:
         """End the frame-feed runs whose replica died: a terminal `error` frame after the last

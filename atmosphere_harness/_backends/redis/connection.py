@@ -184,12 +184,14 @@ LISTEN_BACKOFF = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 async def listen(
     connection: RedisConnection,
-    channel: str,
+    channel: str | None,
     deliver: Callable[[str], None],
     *,
     lost: str,
     subscribed: Callable[[bool], Awaitable[None]] | None = None,
     wait: float = 5.0,
+    on_pubsub: Callable[[Any], None] | None = None,
+    confirmed: Callable[[str], None] | None = None,
 ) -> None:
     """Hand every message published on `channel` to `deliver`, until cancelled.
 
@@ -198,29 +200,48 @@ async def listen(
     `subscribed(reconnected)` runs after each (re)subscribe: that is where a caller re-reads
     what it may have missed. `wait` bounds each read, so a cancellation swallowed by the driver
     is still noticed (`reraise_cancellation`).
+
+    A caller that subscribes to channels of its own while listening (`channel` may then be
+    `None`) gets each connection's pub/sub from `on_pubsub` (`None` once it is lost) and, from
+    `confirmed`, each channel whose subscription Redis confirmed (from then on its messages
+    come).
     """
     failures = 0
     while True:
         client = connection.dedicated()
-        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        pubsub = client.pubsub(ignore_subscribe_messages=confirmed is None)
         try:
-            await pubsub.subscribe(channel)
+            if channel is not None:
+                await pubsub.subscribe(channel)
+            else:
+                await pubsub.connect()  # type: ignore[no-untyped-call]  # (redis-py's)
             reconnected, failures = failures > 0, 0
+            if on_pubsub is not None:
+                on_pubsub(pubsub)
             if subscribed is not None:
                 await subscribed(reconnected)
             while True:
                 message = await pubsub.get_message(timeout=wait)
                 reraise_cancellation()
-                if message is not None:
+                if message is None:
+                    continue
+                kind = message.get("type")
+                if kind == "message":
                     deliver(as_str(message.get("data")) or "")
+                elif kind == "subscribe" and confirmed is not None:
+                    confirmed(as_str(message.get("channel")) or "")
         except asyncio.CancelledError:
             raise
         except (RedisError, OSError) as exc:
+            if on_pubsub is not None:
+                on_pubsub(None)
             failures += 1
             if failures == 1:
                 log.warning(lost, error=connection.scrub(exc))
             await asyncio.sleep(LISTEN_BACKOFF[min(failures, len(LISTEN_BACKOFF)) - 1])
         finally:
+            if on_pubsub is not None:
+                on_pubsub(None)
             with contextlib.suppress(RedisError, OSError):
                 await pubsub.aclose()
             with contextlib.suppress(RedisError, OSError):

@@ -27,10 +27,11 @@ What makes it a multi-replica store, as `PostgresRunStore`:
   claimed, their appends are refused once the run is finished, an append whose last frame is
   terminal is pipelined with `finish` (one round trip for both), and `abandon` ends those whose
   replica died (lease run out) with a terminal `error` frame.
-- Each append of frames also `PUBLISH`es `'{seq} {run_id}'` on `runs:frames` from its
-  script (no round trip of its own; the frames are written when it is sent). A replica with
-  readers following runs from here (`watch`) listens on one pub/sub connection and wakes them
-  at once instead of at their next poll.
+- Each append of frames also `PUBLISH`es `'{seq} {run_id}'` on the run's own channel,
+  `runs:frames:{run_id}`, from its script (no round trip of its own; the frames are written
+  when it is sent). A replica with readers following runs from here (`watch`) subscribes to
+  those runs' channels, while it has readers of them, on one pub/sub connection and wakes them
+  at once instead of at their next poll; a replica without readers receives nothing.
 - Every key also has a TTL (`SAFETY_TTL`, refreshed by writes and heartbeats; shorter once a
   run finished), so nothing outlives a Redis whose replicas all went away.
 
@@ -124,7 +125,7 @@ for n = 1, nframes do
 end
 if nframes > 0 then
     redis.call('EXPIRE', KEYS[2], ttl)
-    redis.call('PUBLISH', prefix .. 'runs:frames', last .. ' ' .. id)
+    redis.call('PUBLISH', prefix .. 'runs:frames:' .. id, last .. ' ' .. id)
 end
 for n = 1, nchecks do
     redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 1])
@@ -353,8 +354,10 @@ class RedisRunStore:
         self._expire = client.register_script(_EXPIRE)
         self._abandon = client.register_script(_ABANDON)
         self._forget = client.register_script(_FORGET)
-        self._watchers = RunWatchers()
+        self._watchers = RunWatchers(self._subscribe, self._unsubscribe)
         self._listener: asyncio.Task[None] | None = None
+        self._pubsub: Any = None
+        """The listening connection's pub/sub while it is up (`_listen`)."""
         connection.on_close(self._stop_listening)
 
     def __repr__(self) -> str:
@@ -583,7 +586,8 @@ class RedisRunStore:
         return None
 
     def watch(self, run_id: str, wake: Callable[[int], None]) -> Callable[[], None]:
-        """Wake a reader of `run_id` when any replica stored new frames of it (pub/sub; the
+        """Wake a reader of `run_id` when any replica stored new frames of it (pub/sub on the
+        run's channel, which this replica subscribes to while it has a reader of the run; the
         listening connection opens with the first reader)."""
         unwatch = self._watchers.watch(run_id, wake)
         if self._listener is None or self._listener.done():
@@ -592,22 +596,48 @@ class RedisRunStore:
             )
         return unwatch
 
+    def _channel(self, run_id: str) -> str:
+        return self.connection.key("runs", "frames", run_id)
+
     async def _listen(self) -> None:
-        """Hand every frame notice to the readers here; after each (re)subscribe, wake them
-        all (what was published while not subscribed is read, not waited for)."""
+        """Hand the frame notices of the runs read here to their readers. Each subscription,
+        once Redis confirms it, wakes that run's readers (what was published before was not
+        heard: they read it); a new connection subscribes again to every run read here."""
+        channels = self.connection.key("runs", "frames", "")
 
         async def subscribed(_reconnected: bool) -> None:
-            self._watchers.wake_all()
+            self._watchers.lost()
+            self._watchers.sync()
+
+        def confirmed(channel: str) -> None:
+            if channel.startswith(channels):
+                self._watchers.subscribed_to(channel[len(channels) :])
 
         await listen(
             self.connection,
-            self.connection.key("runs", "frames"),
+            None,
             self._watchers.notified,
             lost="run frame listener lost Redis; remote readers poll meanwhile",
             subscribed=subscribed,
+            on_pubsub=self._on_pubsub,
+            confirmed=confirmed,
         )
 
+    def _on_pubsub(self, pubsub: Any) -> None:
+        self._pubsub = pubsub
+
+    async def _subscribe(self, runs: list[str]) -> None:
+        pubsub = self._pubsub
+        if pubsub is not None:  # else its connection subscribes them all once it is up
+            await pubsub.subscribe(*(self._channel(run_id) for run_id in runs))
+
+    async def _unsubscribe(self, runs: list[str]) -> None:
+        pubsub = self._pubsub
+        if pubsub is not None:
+            await pubsub.unsubscribe(*(self._channel(run_id) for run_id in runs))
+
     async def _stop_listening(self) -> None:
+        await self._watchers.aclose()
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.cancel()
