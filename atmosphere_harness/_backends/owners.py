@@ -115,21 +115,15 @@ class SqliteConversationOwners:
         def work(connection: sqlite3.Connection) -> str:
             now = time.time()
             with Transaction(connection):
-                # Most claims are a conversation's later prompts: the owner's moves its time.
-                if parent is None:
-                    connection.execute(
-                        "UPDATE conversation_owners SET updated_at = ? "
-                        "WHERE path = ? AND conversation_id = ? AND user_key = ?",
-                        (now, path, conversation_id, user),
-                    )
-                else:
-                    connection.execute(
-                        "UPDATE conversation_owners SET updated_at = ?, "
-                        "parent_path = coalesce(parent_path, ?), "
-                        "parent_id = coalesce(parent_id, ?) "
-                        "WHERE path = ? AND conversation_id = ? AND user_key = ?",
-                        (now, parent_path, parent_id, path, conversation_id, user),
-                    )
+                # Most claims are a conversation's later prompts: the owner's moves its time
+                # (and records a parent, once: null for a conversation derived from none).
+                connection.execute(
+                    "UPDATE conversation_owners SET updated_at = ?, "
+                    "parent_path = coalesce(parent_path, ?), "
+                    "parent_id = coalesce(parent_id, ?) "
+                    "WHERE path = ? AND conversation_id = ? AND user_key = ?",
+                    (now, parent_path, parent_id, path, conversation_id, user),
+                )
                 connection.execute(
                     "INSERT OR IGNORE INTO conversation_owners (path, conversation_id, "
                     "user_key, claimed_at, updated_at, title, parent_path, parent_id) "

@@ -13,7 +13,7 @@ That update commits without waiting for its WAL flush (the `SET` expression turn
 made): a prompt does not pay a disk flush to move a list's order, and a crash can lose at most
 the last fraction of a second of `updated_at` moves. A first claim (the insert) still commits
 synchronously, as before. A derived conversation's claim (a fleet member's) also records its
-parent (`CLAIM_DERIVED`), which finds it when the parent is deleted (`children`).
+parent (in `CLAIM`), which finds it when the parent is deleted (`children`).
 """
 
 from __future__ import annotations
@@ -25,23 +25,6 @@ from ..._contracts import ExpiredConversation, OwnedConversation
 from .database import PostgresDatabase
 
 CLAIM = """
-WITH claimed AS (
-    INSERT INTO atmosphere_conversation_owners
-        (path, conversation_id, user_key, claimed_at, updated_at, title)
-    VALUES ($1, $2, $3, $4, $4, $5)
-    ON CONFLICT (path, conversation_id) DO UPDATE
-        SET updated_at = EXCLUDED.updated_at
-            + 0 * length(set_config('synchronous_commit', 'off', true))
-        WHERE atmosphere_conversation_owners.user_key = EXCLUDED.user_key
-    RETURNING user_key
-)
-SELECT user_key FROM claimed
-UNION ALL
-SELECT user_key FROM atmosphere_conversation_owners WHERE path = $1 AND conversation_id = $2
-LIMIT 1
-"""
-
-CLAIM_DERIVED = """
 WITH claimed AS (
     INSERT INTO atmosphere_conversation_owners AS o
         (path, conversation_id, user_key, claimed_at, updated_at, title, parent_path, parent_id)
@@ -59,7 +42,8 @@ UNION ALL
 SELECT user_key FROM atmosphere_conversation_owners WHERE path = $1 AND conversation_id = $2
 LIMIT 1
 """
-"""A derived conversation's claim (a fleet member's): `CLAIM` that also records its parent."""
+"""A claim; a derived conversation's (a fleet member's) also records its parent (`$6`, `$7`;
+null for any other, and a parent once recorded stays)."""
 
 CHILDREN = """
 SELECT path, conversation_id FROM atmosphere_conversation_owners
@@ -112,16 +96,12 @@ class PostgresConversationOwners:
         title: str = "",
         parent: tuple[str, str] | None = None,
     ) -> str:
+        parent_path, parent_id = parent if parent is not None else (None, None)
+
         async def work(connection: Any) -> str | None:
-            owner: str | None
-            if parent is None:
-                owner = await connection.fetchval(
-                    CLAIM, path, conversation_id, user, time.time(), title
-                )
-            else:
-                owner = await connection.fetchval(
-                    CLAIM_DERIVED, path, conversation_id, user, time.time(), title, *parent
-                )
+            owner: str | None = await connection.fetchval(
+                CLAIM, path, conversation_id, user, time.time(), title, parent_path, parent_id
+            )
             return owner
 
         for _ in range(CLAIM_TRIES):
