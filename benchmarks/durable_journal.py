@@ -8,7 +8,8 @@ change to the journal moves. This records the journal calls of one real durable 
 (`seq <turns> <KiB>`: each model turn one `write_file` of 1 KiB or 50 KiB of the shared workload's
 content; every `LiveRun.publish`, `DurableRun.checkpoint` and `DurableRun.note` the kernel made,
 in order) and replays them on a live run with a reader attached, without a store (durable runs
-off) and with the embedded one (`SqliteRunStore`, durable runs on), alternated `--repeats` times in one process.
+off) and with the embedded one (`SqliteRunStore`, durable runs on), alternated `--repeats`
+times in one process.
 Each `started` mark is followed by `asyncio.sleep(--tool-seconds)` (the tool; by default 0: the
 journal's own work, with no idle loop in between, whose wake-ups this VM charges 40-60 us of
 CPU each; with 0.0002 the loop sleeps about a millisecond a turn, epoll's resolution, and the
