@@ -6,9 +6,10 @@
 2-core machine its figure moves by tens of microseconds from run to run, more than what a
 change to the journal moves. This records the journal calls of one real durable `turns` prompt
 (`seq <turns> <KiB>`: each model turn one `write_file` of 1 KiB or 50 KiB of the shared workload's
-content; every `LiveRun.publish` and `LiveRun.checkpoint` the kernel made, in order) and replays
-them on a live run with a reader attached, without a store (durable runs off) and with the
-embedded one (`SqliteRunStore`, durable runs on), alternated `--repeats` times in one process.
+content; every `LiveRun.publish`, `DurableRun.checkpoint` and `DurableRun.note` the kernel made,
+in order) and replays them on a live run with a reader attached, without a store (durable runs
+off) and with the embedded one (`SqliteRunStore`, durable runs on), alternated `--repeats`
+times in one process.
 Each `started` mark is followed by `asyncio.sleep(--tool-seconds)` (the tool; by default 0: the
 journal's own work, with no idle loop in between, whose wake-ups this VM charges 40-60 us of
 CPU each; with 0.0002 the loop sleeps about a millisecond a turn, epoll's resolution, and the
@@ -23,7 +24,9 @@ work, encoding payloads and grouping writes), one that packs it into a record bu
 write it (`pack`), and the real store (`write`), each the median of its paired differences
 with durable runs off, alternated with the others. What it leaves out: the kernel's own work around
 each checkpoint (its key, the model answer's dict), the history read behind the run's
-`since:` mark (`newest_seq`), a real tool's worker thread, and the finished run's compaction.
+`since:` mark (`newest_seq`), a real tool's worker thread, and the finished run's compaction;
+and it runs with warm caches, where the same code costs about half what it does inside a real
+turn (docs/benchmarks.md counts a whole prompt's instructions instead).
 Prints one JSON document.
 """
 
@@ -61,6 +64,7 @@ async def record(root: Path, turns: int, size: int) -> list[Call]:
     """The journal calls of one durable `seq <turns> <size>` prompt, as the kernel made them."""
     calls: list[Call] = []
     publish, checkpoint = LiveRun.publish, journal.DurableRun.checkpoint
+    note = journal.DurableRun.note
 
     async def recorded_publish(self: LiveRun, frame: Frame) -> None:
         calls.append(("frame", frame, None, False))
@@ -72,14 +76,20 @@ async def record(root: Path, turns: int, size: int) -> list[Call]:
         calls.append(("checkpoint", key, value, wait))
         await checkpoint(self, key, value, wait=wait)
 
+    def recorded_note(self: journal.DurableRun, key: str, value: Any) -> None:
+        calls.append(("checkpoint", key, value, False))
+        note(self, key, value)
+
     LiveRun.publish = recorded_publish  # type: ignore[method-assign]
     journal.DurableRun.checkpoint = recorded_checkpoint  # type: ignore[method-assign]
+    journal.DurableRun.note = recorded_note  # type: ignore[method-assign]
     try:
         async with Ours(root, turns, durable=True) as ours:
             await ours.prompt_journalled(f"seq {turns} {size}")
     finally:
         LiveRun.publish = publish  # type: ignore[method-assign]
         journal.DurableRun.checkpoint = checkpoint  # type: ignore[method-assign]
+        journal.DurableRun.note = note  # type: ignore[method-assign]
     return calls
 
 

@@ -68,6 +68,10 @@ class DurableRun(LiveRun):
         if wait:
             await self.writer.flushed()
 
+    def note(self, key: str, value: Any) -> None:
+        """`checkpoint` without waiting (a plain call)."""
+        self.writer.checkpoint(key, value)
+
     def stopped_by_client(self) -> None:
         # Journalled before the cancellation writes anything: a run its client (or a cancel
         # request) stopped is over, and a restart that finds it unfinished must not run it

@@ -80,6 +80,8 @@ class Lifted(str):
 def encode_parts(value: Any, encode: Callable[[Any], str]) -> str:
     """`encode_payload`, its lifted strings left aside (a `Lifted`) rather than joined to it
     when they are large (`SEPARATE_FROM` characters in all; smaller ones cost less joined)."""
+    if type(value) is str and len(value) < RAW_FROM and value[:1] != LIFTED:
+        return encode(value)  # (a tool's result, most often: nothing to walk)
     lifted: list[str] = []
     skeleton = _lift(value, lifted)
     if not lifted:
@@ -130,42 +132,67 @@ def _lift(value: Any, lifted: list[str]) -> Any:
     """`value` with its long strings replaced by placeholders (appended to `lifted`); `value`
     itself when it has none. Only what JSON encodes as an object, array or string is walked
     (copied only where something was lifted: most payloads are small and walked, not built).
-    Each container's items are looked at in place (a short string or a number costs a type
-    check, not a call): this walk runs on every payload of every model turn."""
+    This walk runs on every payload of every model turn: each container's items are looked
+    at in place, by their exact type first (a short string or a number costs a type check,
+    not a call), and a dict or a list is walked by its own function."""
     if isinstance(value, str):
         if len(value) >= RAW_FROM or value[:1] == LIFTED:
             lifted.append(value)
             return f"{LIFTED}{len(lifted) - 1}"
         return value
     if isinstance(value, dict):
-        changed: dict[Any, Any] | None = None
-        for key, item in value.items():
-            if type(item) is str:
-                if len(item) < RAW_FROM and item[:1] != LIFTED:
-                    continue
-            elif not isinstance(item, _WALKED):
-                continue
-            new = _lift(item, lifted)
-            if new is not item:
-                if changed is None:
-                    changed = {}
-                changed[key] = new
-        return value if changed is None else {**value, **changed}
+        return _lift_dict(value, lifted)
     if isinstance(value, _SEQUENCES):
-        items: list[Any] | None = None
-        for index, item in enumerate(value):
-            if type(item) is str:
-                if len(item) < RAW_FROM and item[:1] != LIFTED:
-                    continue
-            elif not isinstance(item, _WALKED):
-                continue
-            new = _lift(item, lifted)
-            if new is not item:
-                if items is None:
-                    items = list(value)
-                items[index] = new
-        return value if items is None else items
+        return _lift_items(value, lifted)
     return value
+
+
+def _lift_dict(value: dict[Any, Any], lifted: list[str]) -> dict[Any, Any]:
+    changed: dict[Any, Any] | None = None
+    for key, item in value.items():
+        kind = type(item)
+        if kind is str:
+            if len(item) < RAW_FROM and item[:1] != LIFTED:
+                continue
+            lifted.append(item)
+            new: Any = f"{LIFTED}{len(lifted) - 1}"
+        elif kind is dict:
+            new = _lift_dict(item, lifted)
+        elif kind is list:
+            new = _lift_items(item, lifted)
+        elif isinstance(item, _WALKED):
+            new = _lift(item, lifted)
+        else:
+            continue
+        if new is not item:
+            if changed is None:
+                changed = {}
+            changed[key] = new
+    return value if changed is None else {**value, **changed}
+
+
+def _lift_items(value: list[Any] | tuple[Any, ...], lifted: list[str]) -> Any:
+    items: list[Any] | None = None
+    for index, item in enumerate(value):
+        kind = type(item)
+        if kind is str:
+            if len(item) < RAW_FROM and item[:1] != LIFTED:
+                continue
+            lifted.append(item)
+            new: Any = f"{LIFTED}{len(lifted) - 1}"
+        elif kind is dict:
+            new = _lift_dict(item, lifted)
+        elif kind is list:
+            new = _lift_items(item, lifted)
+        elif isinstance(item, _WALKED):
+            new = _lift(item, lifted)
+        else:
+            continue
+        if new is not item:
+            if items is None:
+                items = list(value)
+            items[index] = new
+    return value if items is None else items
 
 
 _WALKED = (str, dict, list, tuple)

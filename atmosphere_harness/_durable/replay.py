@@ -30,8 +30,8 @@ first life's seq numbering.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import _events as events
@@ -93,6 +93,11 @@ class Journalled(Protocol):
 
     async def checkpoint(self, key: str, value: Any, *, wait: bool = False) -> None: ...
 
+    def note(self, key: str, value: Any) -> None:
+        """`checkpoint` without waiting, as a plain call (no coroutine: a model turn makes
+        two or three)."""
+        ...
+
     async def publish(self, frame: Frame) -> None: ...
 
 
@@ -114,6 +119,8 @@ class Replay:
         self.superseded = False
         self._seq = live.start_seq
         """The last seq sent: a resumed run's new frames continue its first life's numbering."""
+        self.note = live.note
+        """Journal a key and value in order with the frames, without waiting for the write."""
 
     def recalled(self, key: str) -> Any | None:
         return self.checkpoints.get(key) if self.checkpoints else None
@@ -182,18 +189,22 @@ class DurableReplay(RunHooks):
         run.state.set(RUN_CHECKPOINTS, _Notes(replay))
         return replay.publish if replay.replaying else live.publish
 
+    # `around_model` and `around_tool` run for every model turn and tool call of a durable
+    # run: a first life (no checkpoints) takes the shortest way through them.
+
     async def around_model(self, step: ModelStep, proceed: ProceedModel) -> ModelResponse:
         replay = step.run.state.get(_REPLAY)
         if replay is None:
             return await proceed(step)
         key = f"model:{step.turn}"
-        recalled = replay.recalled(key)
+        recalled = replay.checkpoints.get(key) if replay.checkpoints else None
         if recalled is not None:
             response = load_response(recalled)
         else:
-            replay.go_live()
+            if replay.replaying:
+                replay.go_live()
             response = await proceed(step)
-            await replay.journal(key, dump_response(response))
+            replay.note(key, dump_response(response))
         replay.turn = step.turn
         return response
 
@@ -202,17 +213,20 @@ class DurableReplay(RunHooks):
         if replay is None:
             return await proceed(step)
         key = f"{step.turn}:{step.call.id}"
-        replayed = replay.recalled(RESULT + key)
-        if replayed is not None:
-            return ToolOutcome(str(replayed), "replayed", frames="none")
-        replay.go_live()
         tool = step.tool
+        if replay.checkpoints:
+            replayed = replay.recalled(RESULT + key)
+            if replayed is not None:
+                return ToolOutcome(str(replayed), "replayed", frames="none")
+            replay.go_live()
+            if tool is not None and step.refusal is None:
+                restarted = _restarted(step, tool, replay.recalled(STARTED + key))
+                if restarted is not None:
+                    step, tool = restarted, None
         if tool is not None and step.refusal is None:
-            step = _restarted(step, tool, replay.recalled(STARTED + key)) or replace(
-                step, before_handler=_Started(replay, STARTED + key, step.call, tool)
-            )
+            step = _with_before_handler(step, _Started(replay, STARTED + key, step.call, tool))
         outcome = await proceed(step)
-        await replay.journal(RESULT + key, outcome.result)
+        replay.note(RESULT + key, outcome.result)
         return outcome
 
     def wrap_history(self, history: HistoryStore) -> HistoryStore:
@@ -229,10 +243,44 @@ class _Started:
 
     async def __call__(self, arguments: Mapping[str, Any]) -> None:
         own = isinstance(self.call.arguments, Mapping) and arguments == self.call.arguments
-        # For a tool that must not run twice, stored before it runs.
-        await self.replay.journal(
-            self.key, True if own else dict(arguments), wait=_at_most_once(self.tool)
-        )
+        value = True if own else dict(arguments)
+        if _at_most_once(self.tool):
+            # For a tool that must not run twice, stored before it runs.
+            await self.replay.journal(self.key, value, wait=True)
+        else:
+            self.replay.note(self.key, value)
+
+
+def _with_before_handler(
+    step: ToolStep, handler: Callable[[Mapping[str, Any]], Awaitable[None]]
+) -> ToolStep:
+    """`dataclasses.replace(step, before_handler=handler)`, made directly (`replace` walks the
+    fields on every call: a tenth of what a durable run added to a tool call).
+    `_STEP_FIELDS` says which fields this knows; a `ToolStep` with others fails at import."""
+    return ToolStep(
+        step.run,
+        step.call,
+        step.tool,
+        step.turn,
+        step.refusal,
+        step.admitted,
+        step.answer,
+        handler,
+    )
+
+
+_STEP_FIELDS = (
+    "run",
+    "call",
+    "tool",
+    "turn",
+    "refusal",
+    "admitted",
+    "answer",
+    "before_handler",
+)
+if tuple(field.name for field in fields(ToolStep)) != _STEP_FIELDS:  # pragma: no cover
+    raise ImportError("ToolStep's fields changed: update durable.replay._with_before_handler")
 
 
 def _at_most_once(tool: Tool) -> bool:

@@ -253,8 +253,9 @@ class SqliteRunStore:
         """`append`, done right now on the event loop if it is small (`INLINE_BYTES`) and
         nothing else uses what it writes to; `False` if not (nothing was written: call
         `append`). Most appends only write the run's log: no SQLite statement at all."""
-        size = sum(payload_size(data) for _, _, data in frames)
-        size += sum(payload_size(value) for _, value in checkpoints)
+        # (A plain payload's size is its length; only a `Lifted` one needs the call.)
+        size = sum(len(d) if type(d) is str else payload_size(d) for _, _, d in frames)
+        size += sum(len(v) if type(v) is str else payload_size(v) for _, v in checkpoints)
         if size > INLINE_BYTES:
             return False
         logs = self._logs

@@ -17,13 +17,14 @@ flight goes in the next one), and adds what a durable journal needs:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Mapping
+from json.encoder import encode_basestring_ascii
+from typing import Any, TypeGuard
 
 from .. import _events as events
 from .._contracts import RunStoreNow
 from .._events import Frame
-from .._jsontext import compact_json
 from .._kernel.remote import REFERENCE
 from .._kernel.writer import StoreWriter, encode
 
@@ -42,8 +43,21 @@ RESULT = "result:"
 """A call's result (`result:<turn>:<call>`, its `started:<turn>:<call>` mark before it)."""
 
 
-_STRING = compact_json(check_circular=False)
-"""`encode` of a string (it has no cycle to check for)."""
+def _writes_now(store: object) -> TypeGuard[RunStoreNow]:
+    """Whether `store` is a `RunStoreNow`, asked once per class (an `isinstance` of a runtime
+    protocol walks its members: once per run otherwise)."""
+    kind = type(store)
+    known = _NOW_KINDS.get(kind)
+    if known is None:
+        known = _NOW_KINDS[kind] = isinstance(store, RunStoreNow)
+    return known
+
+
+_NOW_KINDS: dict[type, bool] = {}
+
+_STRING: Callable[[str], str] = encode_basestring_ascii
+"""`encode` of a string: the JSON encoder's own string function (C in CPython), called
+directly."""
 _REFERENCE_KEY = _STRING(REFERENCE)
 
 
@@ -54,7 +68,7 @@ class DurableWriter(StoreWriter):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         store = self.store
-        self._now = store if isinstance(store, RunStoreNow) else None
+        self._now = store if _writes_now(store) else None
         """The store, if it can write on the event loop (see `_kick`)."""
         self._encode = self._now.encode if self._now is not None else encode
         """How payloads are encoded for the store (JSON text, or the store's own form of it)."""
@@ -71,33 +85,51 @@ class DurableWriter(StoreWriter):
         """The last call result journalled, and its payload (see `_tool_result`)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         """The run's loop, once known (`asyncio.get_running_loop` costs a `getpid()` call)."""
+        self._time: Callable[[], float] = time.monotonic
+        """The run's loop's clock, once known (read only while a timer is armed)."""
 
-    # Encoded now, when published: what is journalled is what was sent, whatever changes later.
+    # The calls below run several times per model turn of every durable run: each costs what
+    # its lines do (about 0.2 us a line inside a real turn), so they are kept short. Payloads
+    # are encoded now, when published: what is journalled is what was sent, whatever changes
+    # later.
 
-    def frame_payload(self, frame: Frame) -> str:
-        if frame.event == events.TOOL_START:
-            return self._tool_start(frame.data)
-        if frame.event == events.TOOL_RESULT:
-            return self._tool_result(frame.data)
-        return self._encode(frame.data)
+    def frame(self, frame: Frame) -> None:
+        event = frame.event
+        if event == events.TOOL_START:
+            payload = self._tool_start(frame.data)
+        elif event == events.TOOL_RESULT:
+            payload = self._tool_result(frame.data)
+        else:
+            payload = self._encode(frame.data)
+        self._frames.append((frame.seq, event, payload))
+        if event in events.TERMINAL:
+            self._kick(now=True)
+        elif self._soon is None or self._time() >= self._next_write:
+            self._kick()  # (else the armed timer, or the next publish past it, writes it)
 
     def checkpoint(self, key: str, value: Any) -> None:
-        if key.startswith("model:") and isinstance(value, Mapping):
-            self._calls = {
-                str(call[0]): (key, call[2]) for call in value.get("calls") or () if len(call) == 3
-            }
         payload = self._true if value is True else self._encode(value)
-        if key.startswith(RESULT):
-            if self._checkpoints:
-                self._moot(STARTED + key[len(RESULT) :])
-            self._result = (value, payload)
         self._checkpoints.append((key, payload))
-        if key.startswith(STARTED):
-            return  # with the next write (`flushed` writes it now for a caller that waits)
-        # The others (an approval, its answer, the history mark, `ENDED`) are written at once:
-        # `ENDED`, for one, must be stored before the stopped run unwinds and writes anything.
-        held = key.startswith(FOLLOWED)
-        self._kick(hold=held, now=not held)
+        if key.startswith(FOLLOWED):
+            if key[0] == "m":  # `model:`
+                if isinstance(value, Mapping):
+                    self._calls = {
+                        str(call[0]): (key, call[2])
+                        for call in value.get("calls") or ()
+                        if len(call) == 3
+                    }
+            else:  # `result:`
+                if len(self._checkpoints) > 1:
+                    self._moot(STARTED + key[len(RESULT) :])
+                self._result = (value, payload)
+            if self._soon is None:
+                self._kick(hold=True)
+        elif not key.startswith(STARTED):
+            # A `started` mark goes with the next write (`flushed` writes it now for a caller
+            # that waits). The others (an approval, its answer, the history mark, `ENDED`) are
+            # written at once: `ENDED`, for one, must be stored before the stopped run unwinds
+            # and writes anything.
+            self._kick(now=True)
 
     def _tool_start(self, data: Mapping[str, Any]) -> str:
         """A `tool-start` frame's payload. When its arguments are the model's own, they refer
@@ -142,7 +174,7 @@ class DurableWriter(StoreWriter):
         payload fewer per model turn: a built-in's calls (most of them) finish within the
         group's time (`GROUP_SECONDS`)."""
         pending = self._checkpoints
-        for index in range(len(pending) - 1, -1, -1):
+        for index in range(len(pending) - 2, -1, -1):  # (the last one is the result)
             if pending[index][0] == started:
                 del pending[index]
                 return
@@ -156,30 +188,41 @@ class DurableWriter(StoreWriter):
         `GROUP_SECONDS`: one that comes sooner waits for the next publish past it (or a timer,
         if the run goes quiet). A `hold` (a checkpoint the kernel publishes right before a
         frame) waits for that frame, at the latest until the end of this step of the event
-        loop (or the group's time); `now` writes at once."""
+        loop (or the group's time); `now` writes at once.
+
+        The timer is never cancelled: a write leaves it armed, and when it fires it writes
+        what waits by then, arms the next group's if that is not due yet, or does nothing."""
         if self.lost:
             self._frames.clear()
             self._checkpoints.clear()
             return
-        if self._task is None or self._task.done():
-            loop = self._loop
-            if loop is None:
-                loop = self._loop = asyncio.get_running_loop()
-            if self._now is not None:
-                due = self._next_write
-                if not now and (hold or loop.time() < due):
-                    if self._soon is None:
-                        self._soon = loop.call_at(due, self._drain_soon)
-                    return
-                if self._write_now():
-                    self._next_write = loop.time() + GROUP_SECONDS
-                    return
-            self._task = loop.create_task(self._drain(), name=f"journal:{self.run_id}")
+        task = self._task
+        if task is not None and not task.done():
+            return
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+            self._time = loop.time
+        if self._now is not None:
+            if not now and (hold or loop.time() < self._next_write):
+                if self._soon is None:
+                    self._soon = loop.call_at(self._next_write, self._drain_soon)
+                return
+            if self._write_now():
+                self._next_write = loop.time() + GROUP_SECONDS
+                return
+        self._task = loop.create_task(self._drain(), name=f"journal:{self.run_id}")
 
     def _drain_soon(self) -> None:
         self._soon = None
-        if self._frames or self._checkpoints or self._create is not None:
-            self._kick(now=True)
+        if not (self._frames or self._checkpoints or self._create is not None):
+            return
+        loop = self._loop
+        assert loop is not None
+        if loop.time() < self._next_write:
+            self._soon = loop.call_at(self._next_write, self._drain_soon)
+            return
+        self._kick(now=True)
 
     def _write_now(self) -> bool:
         """Write what is pending right here through `RunStoreNow`; `False` if the store
@@ -200,8 +243,5 @@ class DurableWriter(StoreWriter):
         except Exception:
             return False  # `append` says it (and logs it) the usual way
         self._frames, self._checkpoints, self._create = [], [], None
-        if self._soon is not None:
-            self._soon.cancel()
-            self._soon = None
         self.stored(frames)
         return True

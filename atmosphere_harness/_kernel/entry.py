@@ -110,7 +110,8 @@ class Entry(Generic[R]):
         loop = asyncio.get_running_loop()
         self._decided: asyncio.Future[str] = loop.create_future()
         self._held: asyncio.Future[None] = loop.create_future()
-        self._done = asyncio.Event()
+        self._done: asyncio.Future[None] = loop.create_future()
+        """Set when the run ends (a future, not an `asyncio.Event`: one per run in flight)."""
         self._task: asyncio.Task[None] | None = None
         """Taking and holding the lock (`None`: a lock that cannot claim, taken by the run)."""
 
@@ -129,7 +130,7 @@ class Entry(Generic[R]):
         try:
             async with hold(self._locks, self.run, self.read, claim):
                 self._held.set_result(None)
-                await self._done.wait()
+                await self._done
         except BaseException as exc:
             for future in (self._decided, self._held):
                 if future.done():
@@ -166,7 +167,8 @@ class Entry(Generic[R]):
 
     def close(self) -> None:
         """Free the lock (or stop taking it): the run ended, or never started."""
-        self._done.set()
+        if not self._done.done():
+            self._done.set_result(None)
         if self._task is not None and not self._held.done():
             self._task.cancel()
 

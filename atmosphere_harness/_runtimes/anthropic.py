@@ -46,6 +46,7 @@ from .memory_tool import memory_tool
 from .provider import (
     RawResponse,
     SdkRuntime,
+    TextPieces,
     context_text,
     paired,
     parse_arguments,
@@ -297,7 +298,7 @@ class _Block:
     id: str = ""
     name: str = ""
     initial: Any = None
-    parts: list[str] = field(default_factory=list)
+    parts: TextPieces = field(default_factory=TextPieces)
 
 
 class _Turn:

@@ -45,6 +45,7 @@ from .base import (
 from .provider import (
     RawResponse,
     SdkRuntime,
+    TextPieces,
     arguments_json,
     context_text,
     paired,
@@ -241,7 +242,7 @@ def _wire_message(message: Message) -> dict[str, Any]:
 class _PartialCall:
     id: str | None = None
     name: str = ""
-    arguments: list[str] = field(default_factory=list)
+    arguments: TextPieces = field(default_factory=TextPieces)
 
 
 class _Turn:
@@ -253,7 +254,7 @@ class _Turn:
     """
 
     def __init__(self) -> None:
-        self.text: list[str] = []
+        self.text = TextPieces()
         self.calls: dict[int, _PartialCall] = {}
         self.usage = Usage()
         self.finish_reason: str | None = None

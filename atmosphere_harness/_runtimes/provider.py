@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -36,6 +36,37 @@ Event = dict[str, Any]
 
 CR, LF = 13, 10
 """The bytes that end an SSE line (alone, or CR LF)."""
+
+
+PIECES_JOINED = 32
+"""Streamed pieces `TextPieces` keeps apart before it joins them into one string."""
+
+
+class TextPieces:
+    """A streamed text's pieces (an answer's tokens, a tool call's argument fragments), joined
+    `PIECES_JOINED` at a time as they come: a long answer in flight holds its characters and a
+    few strings rather than one string object (about 50 bytes besides its text) a token.
+    `"".join(pieces)` is the whole text."""
+
+    __slots__ = ("_joined", "_loose")
+
+    def __init__(self) -> None:
+        self._joined: list[str] = []
+        self._loose: list[str] = []
+
+    def append(self, piece: str) -> None:
+        loose = self._loose
+        loose.append(piece)
+        if len(loose) >= PIECES_JOINED:
+            self._joined.append("".join(loose))
+            loose.clear()
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._joined
+        yield from self._loose
+
+    def __bool__(self) -> bool:
+        return bool(self._joined or self._loose)
 
 
 class RawResponse(Protocol):
@@ -114,9 +145,10 @@ class SdkRuntime:
         except self.sdk.APIError as exc:
             raise sdk_error(self, exc) from exc
         response = raw.http_response
-        # The request's copies (our body, the SDK's transformed one in `raw`) need not live as
-        # long as the answer streams: about 10 KiB a run in flight with the default tools.
+        # The request's copies (our body, the SDK's transformed one in `raw`, the encoded bytes
+        # the HTTP client keeps) need not live as long as the answer streams.
         del raw, body
+        forget_body(response.request)
         try:
             async for event in sse_events(response):
                 failure = event.get("error")
@@ -147,6 +179,18 @@ class SdkRuntime:
         """Close the SDK client, unless the caller passed it in (then it is theirs)."""
         if self._owns_client:
             await self.client.close()
+
+
+def forget_body(request: httpx2.Request) -> None:
+    """Drop the encoded body of a request whose answer has started: the HTTP client keeps it
+    with the request (its `content` and the stream it was sent from) for as long as the answer
+    streams, about 5 KiB a run in flight with the default tools and more with a long history.
+    Nothing sends it again: a retry or a redirect builds a new request before any answer."""
+    stream = request.stream
+    if isinstance(stream, httpx2.ByteStream) and isinstance(stream._stream, bytes):
+        stream._stream = b""
+    if isinstance(getattr(request, "_content", None), bytes):
+        request._content = b""
 
 
 def pooled_client(sdk: Any, max_connections: int) -> httpx2.AsyncClient:

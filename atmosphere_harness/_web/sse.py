@@ -15,13 +15,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
-import anyio
 from sse_starlette import EventSourceResponse
-from sse_starlette.sse import SendTimeoutError
+from sse_starlette.sse import (
+    AppStatus,
+    SendTimeoutError,
+    _ensure_watcher_started_on_this_loop,
+    _get_shutdown_state,
+)
 from starlette.types import Message, Receive, Scope, Send
 
 from .._contracts import LiveRunHandle
@@ -75,13 +80,16 @@ class HarnessEventSource(EventSourceResponse):
         try:
             await super().__call__(scope, receive, send)
         except SendTimeoutError:
-            _CUT_OFF.set(True)
-            log.info(
-                "SSE client stopped reading; closed its stream",
-                path=scope.get("path"),
-                client=_client(scope),
-                send_timeout=self.send_timeout,
-            )
+            self._cut_off(scope)
+
+    def _cut_off(self, scope: Scope) -> None:
+        _CUT_OFF.set(True)
+        log.info(
+            "SSE client stopped reading; closed its stream",
+            path=scope.get("path"),
+            client=_client(scope),
+            send_timeout=self.send_timeout,
+        )
 
 
 def _client(scope: Scope) -> str | None:
@@ -90,19 +98,24 @@ def _client(scope: Scope) -> str | None:
 
 
 class EventStream(HarnessEventSource):
-    """`HarnessEventSource` whose sends carry no per-send cancel scope.
+    """`HarnessEventSource` streamed by the request's own task and one watcher task.
 
-    sse-starlette bounds each send with `anyio.move_on_after` (about 11 us a send on the
-    benchmark VM), paid once per frame per reader. Here a send only records when it began, and
-    the response's ping task, which already wakes every `ping` seconds, also checks that
-    record: a reader whose current send has not returned after `send_timeout` seconds is
-    disconnected (the ping task fails and the task group tears the response down, as a
-    per-send timeout did). No task is added per reader.
+    sse-starlette serves a response with four tasks in an anyio task group (the stream, the
+    pings, the server's exit signal, the client's disconnect), each with its cancel scope and
+    handle, and bounds each send with `anyio.move_on_after` (about 11 us a send on the benchmark
+    VM). A run in flight holds a response for as long as it streams, so this one does the same
+    work with less: the request's task writes the stream; one task waits for the client to
+    disconnect; a timer (re-armed, one per response) sends the pings and cuts off a reader whose
+    current send has not returned after `send_timeout` seconds; the server's exit signal is
+    sse-starlette's one watcher per process, which calls `stopping` and, after the shutdown
+    grace, ends the stream. Whatever ends it (the client gone, cut off, the server stopping),
+    the stream's generator is closed at once, which cancels its run unless an approval holds it.
 
-    It overrides two of sse-starlette's private methods (`_send_with_timeout`, `_ping`; written
-    against 3.7); `tests/http/test_planning_http.py` and `tests/http/test_hosting_http.py` hold
-    the behaviour (pings, a stalled reader cut off) so a change in the library shows up as a
-    failing test, not a silent one.
+    It uses sse-starlette's private pieces (`_stream_response`, `_send_with_timeout`, the shutdown
+    watcher's state; written against 3.7); `tests/http/test_planning_http.py`,
+    `tests/http/test_hosting_http.py`, `tests/http/test_stream_disconnect.py` and the durable
+    restart tests hold the behaviour (pings, a stalled reader cut off, a client that leaves, the
+    shutdown frame) so a change in the library shows up as a failing test, not a silent one.
     """
 
     def __init__(
@@ -111,18 +124,120 @@ class EventStream(HarnessEventSource):
         *,
         send_timeout: float,
         closed: Callable[[], None] | None = None,
+        stopping: Callable[[], None] | None = None,
         **kw: Any,
     ) -> None:
         self._sending_since: float | None = None
         self._closed = closed
+        self._stopping = stopping
+        self._ended: str | None = None
+        """Why the stream task was cancelled by this response (`_end`), if it was."""
+        self._streaming: asyncio.Task[Any] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._pinging: asyncio.Task[None] | None = None
         super().__init__(content, send_timeout=send_timeout, **kw)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            if scope["type"] != "http" or scope["method"].upper() == "HEAD":
+                await super().__call__(scope, receive, send)
+                return
+            try:
+                await self._serve(receive, send)
+            except SendTimeoutError:
+                self._cut_off(scope)
         finally:
             if self._closed is not None:
                 self._closed()
+
+    async def _serve(self, receive: Receive, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        task = self._streaming = asyncio.current_task()
+        assert task is not None
+        watcher = loop.create_task(self._listen_for_disconnect(receive))
+        watcher.add_done_callback(self._client_gone)
+        exit_signal = _ExitSignal(self)
+        state = _get_shutdown_state()
+        state.events.add(exit_signal)  # type: ignore[arg-type]
+        _ensure_watcher_started_on_this_loop()
+        if AppStatus.should_exit:
+            exit_signal.set()
+        self._tick(loop, send, loop.time() + (self.ping_interval or math.inf))
+        try:
+            await self._stream_response(send)
+        except asyncio.CancelledError:
+            if self._ended is None:
+                raise  # (the server cancelled the request)
+            task.uncancel()
+            if self._ended == "timeout":
+                raise SendTimeoutError() from None
+        finally:
+            self._streaming = None
+            state.events.discard(exit_signal)
+            exit_signal.cancel()
+            watcher.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._pinging is not None:
+                self._pinging.cancel()
+        # As sse-starlette: a stream cut short by the server's exit still ends its body.
+        if (
+            self._response_started
+            and not self._response_complete
+            and not self._client_disconnected
+            and not self._send_interrupted
+        ):
+            with contextlib.suppress(OSError):
+                await self._send_with_timeout(
+                    send, {"type": "http.response.body", "body": b"", "more_body": False}
+                )
+                self._response_complete = True
+        if self.background is not None:
+            await self.background()
+
+    def _client_gone(self, watcher: asyncio.Task[None]) -> None:
+        if not watcher.cancelled() and watcher.exception() is not None:
+            log.info("SSE client's connection failed; closed its stream", error=watcher.exception())
+        self._end("disconnect")
+
+    def _end(self, why: str) -> None:
+        """Stop the stream (cancel its task) while it streams; the first reason wins."""
+        if self._streaming is not None and self._ended is None:
+            self._ended = why
+            self._streaming.cancel()
+
+    def _tick(self, loop: asyncio.AbstractEventLoop, send: Send, next_ping: float) -> None:
+        """The pings and the send timeout: one timer, re-armed for the next thing to look at."""
+        if self._streaming is None:
+            return
+        limit = float(self.send_timeout or 0)
+        since = self._sending_since
+        now = loop.time()
+        if limit and since is not None and now - since >= limit:
+            # The same send is still pending: the reader stopped reading.
+            self._send_interrupted = True
+            self._end("timeout")
+            return
+        if now >= next_ping:
+            next_ping = now + self.ping_interval
+            if since is None and self.active and self._pinging is None:
+                self._pinging = loop.create_task(self._send_ping(send))
+        # Idle, wake for the ping, or after `limit` to look at a send begun meanwhile (with the
+        # defaults the ping comes first: no extra wake-ups); sending, at its deadline.
+        wake = next_ping if not limit else min(next_ping, (now if since is None else since) + limit)
+        if wake != math.inf:
+            self._timer = loop.call_at(max(wake, now), self._tick, loop, send, next_ping)
+
+    async def _send_ping(self, send: Send) -> None:
+        try:
+            async with self._send_lock:
+                if self.active and self._sending_since is None:
+                    await self._send_with_timeout(send, _PING)
+        except Exception as exc:
+            # The stream's own task sees the connection fail too, and ends the response.
+            log.info("SSE ping not sent", error=str(exc) or type(exc).__name__)
+        finally:
+            self._pinging = None
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
         self._sending_since = asyncio.get_running_loop().time()
@@ -134,30 +249,30 @@ class EventStream(HarnessEventSource):
         finally:
             self._sending_since = None
 
-    async def _ping(self, send: Send) -> None:
-        loop = asyncio.get_running_loop()
-        limit = float(self.send_timeout or 0)
-        next_ping = loop.time() + self.ping_interval
-        while self.active:
-            since = self._sending_since
-            now = loop.time()
-            if limit and since is not None and now - since >= limit:
-                # The same send is still pending: the reader stopped reading.
-                self._send_interrupted = True
-                raise SendTimeoutError()
-            if now >= next_ping:
-                next_ping = now + self.ping_interval
-                if since is None:
-                    await self._send_with_timeout(send, _PING)
-                continue
-            # Idle, wake for the ping, or after `limit` to look at a send begun meanwhile (with
-            # the defaults the ping comes first: no extra wake-ups); sending, at its deadline.
-            wake = (
-                next_ping
-                if not limit
-                else min(next_ping, (now if since is None else since) + limit)
-            )
-            await asyncio.sleep(max(wake - now, 0.0))
+
+class _ExitSignal:
+    """What sse-starlette's shutdown watcher sets for one `EventStream` (in place of an
+    `anyio.Event` and a task waiting on it): `stopping` now, the stream's end after the grace."""
+
+    def __init__(self, stream: EventStream) -> None:
+        self._stream = stream
+        self._grace: asyncio.TimerHandle | None = None
+        self._set = False
+
+    def set(self) -> None:
+        if self._set:
+            return
+        self._set = True
+        stream = self._stream
+        if stream._stopping is not None:
+            stream._stopping()
+        self._grace = asyncio.get_running_loop().call_later(
+            stream._shutdown_grace_period, stream._end, "exit"
+        )
+
+    def cancel(self) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
 
 
 _PING: Message = {"type": "http.response.body", "body": b": ping\r\n\r\n", "more_body": True}
@@ -322,30 +437,35 @@ def _follow(
     run_id: str | None = None,
     never_opened: Callable[[], None] | None = None,
 ) -> EventSourceResponse:
-    stopping = anyio.Event()
     opened = False
+    live: LiveRunHandle | None = None
+    stopped = False
 
     # The run starts inside the generator: a response that never streams never starts one
     # (and `never_opened` undoes what was begun for it).
     async def events() -> AsyncIterator[bytes]:
-        nonlocal opened
+        nonlocal opened, live
         opened = True
         live = open_run()
+        if stopped:
+            stopping()
+        # The frames ready together go out in one send; a lone frame is sent at once.
+        async for batch in live.follow_batches(after):
+            yield frames_chunk(batch)
+            if len(batch) > 1:
+                # A backlog (a replay) comes batch after batch without the loop ever running
+                # in between, so a client gone after its first frame would not be noticed until
+                # all were written into the dead socket (one asyncio WARNING each). One turn of
+                # the loop per batch lets the server see the disconnect.
+                await asyncio.sleep(0)
+
+    def stopping() -> None:
         # When the server stops, the stream ends with an `error` frame saying so (and a
         # durable run is suspended, to resume on restart) instead of just being cut.
-        watcher = asyncio.get_running_loop().create_task(_interrupt_on(stopping, live))
-        try:
-            # The frames ready together go out in one send; a lone frame is sent at once.
-            async for batch in live.follow_batches(after):
-                yield frames_chunk(batch)
-                if len(batch) > 1:
-                    # A backlog (a replay) comes batch after batch without the loop ever
-                    # running in between, so a client gone after its first frame would not be
-                    # noticed until all were written into the dead socket (one asyncio WARNING
-                    # each). One turn of the loop per batch lets the server see the disconnect.
-                    await asyncio.sleep(0)
-        finally:
-            watcher.cancel()
+        nonlocal stopped
+        stopped = True
+        if live is not None:
+            live.interrupt(RESTARTING if live.durable else STOPPING)
 
     def closed() -> None:
         if not opened and never_opened is not None:
@@ -356,12 +476,7 @@ def _follow(
         ping=PING_SECONDS,
         send_timeout=SEND_TIMEOUT,
         headers={"X-Conversation-Id": conversation_id} | ({"X-Run-Id": run_id} if run_id else {}),
-        shutdown_event=stopping,
         shutdown_grace_period=SHUTDOWN_GRACE,
         closed=closed,
+        stopping=stopping,
     )
-
-
-async def _interrupt_on(stopping: anyio.Event, live: LiveRunHandle) -> None:
-    await stopping.wait()
-    live.interrupt(RESTARTING if live.durable else STOPPING)

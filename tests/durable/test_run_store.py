@@ -13,13 +13,15 @@ import subprocess
 import sys
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from atmosphere_harness._contracts import LiveRunHandle, StoredRun
+from atmosphere_harness._contracts import LiveRunHandle, StoredRun, ToolStep
 from atmosphere_harness._durable import SqliteRunStore
+from atmosphere_harness._durable import writer as durable_writer
 from atmosphere_harness._durable.journal import DurableRuns
 from atmosphere_harness._durable.replay import ENDED
 from atmosphere_harness._durable.sqlite import INLINE_BYTES
@@ -28,6 +30,7 @@ from atmosphere_harness._kernel.remote import REFERENCE
 from atmosphere_harness._kernel.remote import resolved as _resolved
 from atmosphere_harness._kernel.writer import encode
 from atmosphere_harness._memory.sqlite import SqliteDatabase
+from atmosphere_harness._runtimes.base import ToolCall
 
 HOST = socket.gethostname()
 
@@ -283,6 +286,78 @@ async def test_a_started_mark_still_unwritten_when_its_result_comes_is_left_out(
         "started:1:c",
     ]
     assert stored["result:1:b"] == "done b"
+
+
+async def test_a_burst_of_turns_arms_one_timer_and_never_cancels_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every group of writes (here each write: no grouping time) leaves its timer armed rather
+    # than cancel it: a cancelled timer stays in the loop's heap, where each timer operation
+    # compares it in Python. Twenty model turns in one step of the loop make one timer.
+    monkeypatch.setattr(durable_writer, "GROUP_SECONDS", 0.0)
+    armed: list[asyncio.TimerHandle] = []
+    cancelled: list[asyncio.TimerHandle] = []
+    call_at, cancel = asyncio.BaseEventLoop.call_at, asyncio.TimerHandle.cancel
+
+    def counted_call_at(loop: Any, when: float, callback: Any, *args: Any, **kw: Any) -> Any:
+        handle = call_at(loop, when, callback, *args, **kw)
+        if getattr(callback, "__name__", "") == "_drain_soon":
+            armed.append(handle)
+        return handle
+
+    def counted_cancel(handle: asyncio.TimerHandle) -> None:
+        if handle in armed:
+            cancelled.append(handle)
+        cancel(handle)
+
+    monkeypatch.setattr(asyncio.BaseEventLoop, "call_at", counted_call_at)
+    monkeypatch.setattr(asyncio.TimerHandle, "cancel", counted_cancel)
+    store = SqliteRunStore.under(tmp_path)
+    runs = DurableRuns(store)
+    journalled: dict[str, Any] = {}
+
+    async def work(live: LiveRunHandle) -> None:
+        for turn in range(1, 21):
+            call = f"c{turn}"
+            await live.checkpoint(f"model:{turn}", {"text": "", "calls": [[call, "t", {}]]})
+            start = {"toolCallId": call, "tool": "t", "arguments": {}}
+            await live.publish(Frame("tool-start", start, "session", "conv", 2 * turn - 1))
+            await live.checkpoint(f"result:{turn}:{call}", "ok")
+            result = {"toolCallId": call, "tool": "t", "result": "ok"}
+            await live.publish(Frame("tool-result", result, "session", "conv", 2 * turn))
+        await live.checkpoint("history:1", 1, wait=True)
+        journalled.update((await store.load(live_run_id(runs), 100))[0])
+
+    assert await run_to_end(store, runs, work) == list(range(1, 41))
+    assert len(journalled) == 41  # every model turn, every result, the history mark
+    assert len(armed) == 1
+    assert cancelled == []
+
+
+async def test_the_durable_hooks_set_a_calls_before_handler_and_keep_every_other_field() -> None:
+    # `_with_before_handler` builds the step directly (`dataclasses.replace` walks the fields on
+    # every call): it must give what `replace` gives, whatever the step holds.
+    from atmosphere_harness._durable.replay import _with_before_handler
+
+    step = ToolStep(
+        run=object(),  # type: ignore[arg-type]  # (only carried)
+        call=ToolCall("t", {"a": 1}, "c1"),
+        tool=None,
+        turn=3,
+        refusal="no",
+        admitted={"a": 2},
+        answer="done",
+        before_handler=None,
+    )
+
+    async def handler(arguments: Any) -> None:
+        return None
+
+    made = _with_before_handler(step, handler)
+    assert made == replace(step, before_handler=handler)
+    assert [getattr(made, f.name) for f in fields(ToolStep)][:-1] == [
+        getattr(step, f.name) for f in fields(ToolStep)
+    ][:-1]
 
 
 @pytest.mark.parametrize("call_id", ["call_1", 'odd "id" \\ é \x00 \ud800'])

@@ -416,15 +416,38 @@ async def test_an_update_is_encoded_once_for_all_its_viewers() -> None:
     assert updates_chunk([event, later]) == first + updates_chunk([later])
 
 
-def test_the_event_stream_overrides_methods_sse_starlette_still_calls() -> None:
-    """`EventStream` replaces two private methods; if sse-starlette renames them, fail here."""
+async def test_the_event_stream_uses_pieces_sse_starlette_still_has() -> None:
+    """`EventStream` serves with sse-starlette's private pieces (the stream's writer and its
+    per-send hook, the disconnect listener, the state they set, the one shutdown watcher that
+    sets every registered event); if one is renamed, fail here."""
     import inspect
 
-    from sse_starlette import EventSourceResponse
+    from sse_starlette import sse
 
     from atmosphere_harness._web.sse import EventStream
 
-    source = inspect.getsource(EventSourceResponse)
-    for name in ("_send_with_timeout", "_ping"):
-        assert name in EventStream.__dict__
-        assert f"self.{name}(" in source, f"sse-starlette no longer calls {name}"
+    assert "_send_with_timeout" in EventStream.__dict__
+    writer = inspect.getsource(sse.EventSourceResponse._stream_response)
+    assert "await self._send_with_timeout(" in writer
+    assert "self._send_lock" in writer
+    assert "self.active = False" in writer
+    listener = inspect.getsource(sse.EventSourceResponse._listen_for_disconnect)
+    assert "self._client_disconnected = True" in listener
+    assert "event.set()" in inspect.getsource(sse._shutdown_watcher)
+    assert "state.events" in inspect.getsource(sse.EventSourceResponse._listen_for_exit_signal)
+    assert callable(sse._ensure_watcher_started_on_this_loop)
+
+    async def nothing() -> AsyncIterator[bytes]:
+        yield b""
+
+    stream = EventStream(nothing(), send_timeout=1.0, shutdown_grace_period=1.0)
+    for name in (
+        "_response_started",
+        "_response_complete",
+        "_client_disconnected",
+        "_send_interrupted",
+        "_shutdown_grace_period",
+        "active",
+    ):
+        assert hasattr(stream, name), name
+    assert sse._get_shutdown_state().events is not None

@@ -206,10 +206,10 @@ async def test_text_frames_come_back_as_published_whatever_their_ids_and_data() 
     assert [f async for f in resumed.follow(1)] == published[1:3]
 
 
-async def test_a_streamed_token_keeps_about_a_hundred_bytes_in_the_journal() -> None:
-    """What a long run in flight holds is mostly its journal: each text frame is kept as its
-    bare text (a 4-character token: under 120 bytes with its size entry), not a tuple of the
-    frame's fields (about 220)."""
+async def test_a_streamed_token_keeps_under_forty_bytes_in_the_journal() -> None:
+    """What a long run in flight holds is mostly its journal: a run's consecutive text frames
+    are kept joined (a 4-character token: under 40 bytes with its offset and its entry), not
+    as a string each (about 90 bytes) nor a tuple of the frame's fields (about 220)."""
     import tracemalloc
 
     live = LiveRun("/p", "conv", None, session_id="session-1")
@@ -223,4 +223,70 @@ async def test_a_streamed_token_keeps_about_a_hundred_bytes_in_the_journal() -> 
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert held / count < 120, f"{held / count:.0f} bytes a frame"
+    assert held / count < 40, f"{held / count:.0f} bytes a frame"
+
+
+def _texts(count: int, start: int = 1) -> list[Frame]:
+    # Tokens of every length, non-ASCII and astral characters included, an empty one too.
+    return [
+        Frame(
+            "text",
+            {"text": ("é" * (seq % 5) + "\U0001d538" * (seq % 3) + str(seq))[: seq % 9]},
+            "session-1",
+            "conv",
+            seq,
+        )
+        for seq in range(start, start + count)
+    ]
+
+
+async def test_a_reader_after_any_seq_gets_every_frame_of_the_joined_texts_as_published() -> None:
+    """Consecutive text frames are joined `SPAN_FRAMES` at a time; a reader re-attaching after
+    any seq (inside a span, at its edges, in the texts not joined yet, after a tool frame that
+    broke a run of texts) gets every frame after it as it was published, in batches as before."""
+    span = journal.SPAN_FRAMES
+    published = [
+        *_texts(span + 5),
+        Frame("tool-start", {"name": "ls"}, "session-1", "conv", span + 6),
+        *_texts(2 * span + 3, start=span + 7),
+        Frame("text", {"text": "other run"}, "session-0", "conv", 3 * span + 10),
+        *_texts(span - 1, start=3 * span + 11),
+        Frame("complete", {"summary": "done"}, "session-1", "conv", 4 * span + 10),
+    ]
+    live = LiveRun("/p", "conv", None, session_id="session-1")
+    for item in published:
+        await live.publish(item)
+    live.finish()
+    joined = [entry for entry in live._frames if type(entry) is tuple and len(entry) == 3]
+    assert len(joined) == 3 * span, "every full run of texts was joined"
+    assert len({id(entry) for entry in joined}) == 3
+    for after in range(len(published) + 1):
+        assert [f async for f in live.follow(after)] == published[after:], after
+        batches = [len(batch) async for batch in live.follow_batches(after)]
+        assert sum(batches) == len(published) - after
+        assert all(size <= journal.BATCH_FRAMES for size in batches)
+
+
+async def test_a_journal_trimmed_inside_joined_texts_keeps_the_rest_of_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The frame count and the byte budget drop the oldest frames one by one, a span's
+    included: what stays is read back whole, and the budget counts each frame as before."""
+    published = _texts(5 * journal.SPAN_FRAMES)
+    capacity = journal.SPAN_FRAMES + 7
+    small = LiveRun("/p", "conv", None, capacity=capacity, session_id="session-1")
+    for item in published:
+        await small.publish(item)
+    small.finish()
+    assert [f async for f in small.follow(0)] == published[-capacity:]
+    assert [f async for f in small.follow(len(published) - 3)] == published[-3:]
+
+    monkeypatch.setattr(journal, "JOURNAL_BYTES", 40 * journal.TEXT_SIZE)
+    live = LiveRun("/p", "conv", None, session_id="session-1")
+    for item in published:
+        await live.publish(item)
+    live.finish()
+    kept = [f async for f in live.follow(0)]
+    assert kept == published[-len(kept) :]
+    assert 30 <= len(kept) <= 40, len(kept)
+    assert live._bytes == sum(journal.TEXT_SIZE + len(f.data["text"]) for f in kept)

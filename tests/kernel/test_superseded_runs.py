@@ -49,6 +49,9 @@ class Journal:
     async def checkpoint(self, key: str, value: Any, *, wait: bool = False) -> None:
         self.written[key] = value
 
+    def note(self, key: str, value: Any) -> None:
+        self.written[key] = value
+
     async def publish(self, frame: Frame) -> None:
         await self.sink(frame)
 
