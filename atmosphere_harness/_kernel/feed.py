@@ -4,10 +4,13 @@
 
 Frames go to the store grouped and in the background, but readers never wait for it, nothing
 else is journalled (no checkpoints, no message), and the runs are owned as
-`contracts.FEED_OWNER`..., so no replica ever claims or resumes them. A write that fails or lags
-costs remote readers frames, never the run or its local readers. A replica that dies leaves its
-runs unfinished: once their lease runs out, any replica's upkeep ends them with an `error` frame
-(`RunFeed.abandon`), so their readers stop.
+`contracts.FEED_OWNER`..., so no replica ever claims or resumes them. A store that can write
+several runs' frames at once (`FeedBatches`: PostgreSQL, Redis) gets the frames between a run's
+first write and its end from every run of the process together (`FeedBatch`): one write for all
+the runs that streamed a token meanwhile, instead of one per token per run. A write that fails
+or lags costs remote readers frames, never the run or its local readers. A replica that dies
+leaves its runs unfinished: once their lease runs out, any replica's upkeep ends them with an
+`error` frame (`RunFeed.abandon`), so their readers stop.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from .._contracts import RunFeed, RunStore, StoredRun
 from .._errors import LeaseLost
@@ -48,20 +51,55 @@ class FeedWriter(StoreWriter):
     other replicas find the run) goes after `FEED_FIRST_SECONDS`, and whose later writes start
     at least `FEED_LINGER_SECONDS` apart (a frame that comes later than that after the last
     write goes at once); the terminal frame cuts either wait short. A run that ends within the
-    first wait costs one write (with its terminal frame, which also finishes it: `RunStore`)."""
+    first wait costs one write (with its terminal frame, which also finishes it: `RunStore`).
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    With a `batch`, the frames between the first write and the terminal frame go in the
+    process's `FeedBatch` instead (no linger: the batch's next write takes them), and the
+    run's own writes (the first, the end) wait for the batch write holding its earlier frames.
+    """
+
+    def __init__(self, *args: Any, batch: FeedBatch | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._ended = asyncio.Event()
         self._written_at = -FEED_LINGER_SECONDS
         """When the last write started (the loop's clock)."""
+        self._batch = batch
+        self._in_batch: asyncio.Future[None] | None = None
+        """The batch write holding some of this run's frames, while it is in flight."""
+
+    @property
+    def feed_store(self) -> FeedStore | None:
+        store = self.store
+        return store if isinstance(store, FeedStore) else None
 
     def frame(self, frame: Frame) -> None:
         if frame.terminal:
             self._ended.set()
         super().frame(frame)
 
+    def _kick(self, *, hold: bool = False, now: bool = False) -> None:
+        batch = self._batch
+        if (
+            batch is not None
+            and not self.lost
+            and self._create is None
+            and not self._ended.is_set()
+            and not self._writing()
+        ):
+            batch.add(self)
+            return
+        super()._kick(hold=hold, now=now)
+
+    def _writing(self) -> bool:
+        """This run's own write (its first, or its end) is under way."""
+        return self._task is not None and not self._task.done()
+
+    async def _after_batch(self) -> None:
+        while self._in_batch is not None:
+            await asyncio.shield(self._in_batch)
+
     async def _drain(self) -> None:
+        await self._after_batch()  # (its earlier frames first)
         loop = asyncio.get_running_loop()
         if self._create is not None:
             wait = FEED_FIRST_SECONDS
@@ -73,6 +111,115 @@ class FeedWriter(StoreWriter):
                     await self._ended.wait()
         self._written_at = loop.time()
         await super()._drain()
+
+    async def flushed(self) -> None:
+        while True:
+            await self._after_batch()
+            if self.pending and not self._writing():
+                StoreWriter._kick(self, now=True)
+            if not self._writing():
+                return
+            assert self._task is not None
+            await asyncio.shield(self._task)
+
+
+@runtime_checkable
+class FeedBatches(Protocol):
+    """A `RunStore` that writes frames of several frame-feed runs in one round trip."""
+
+    async def append_feeds(
+        self, owner: str, runs: Sequence[tuple[str, Sequence[tuple[int, str, str]]]]
+    ) -> dict[str, str]:
+        """Write each run's frames (`(run_id, [(seq, event, data), ...])`, none terminal, every
+        run already created by `owner`'s first `append`), as that run's `append` would, and
+        tell its readers (`RunFeed.watch`). Returns the runs it did not write, each with why:
+        `ended` (finished, or no longer `owner`'s: `LeaseLost`) or `missing` (no such run)."""
+        ...
+
+
+class FeedBatch:
+    """The frame feed's writes for every run of one process, grouped (`FeedBatches`).
+
+    A run's writer hands its frames here (`add`) between its first write and its end. A write
+    starts at once when none is in flight, with the frames of every run waiting then; what
+    comes while it is in flight goes in the next one, started as soon as it returns. No timer:
+    a lone token is written at once, and a replica streaming thousands of runs makes one write
+    per round trip instead of one per token per run.
+    """
+
+    def __init__(self, store: FeedBatches, owner: str) -> None:
+        self.store = store
+        self.owner = owner
+        self._ready: dict[FeedWriter, None] = {}
+        """The writers with frames to write (in the order they came: a set that keeps it)."""
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, writer: FeedWriter) -> None:
+        self._ready[writer] = None
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._drain(), name="run-feed")
+
+    async def flushed(self) -> None:
+        """Return once the writes under way are done."""
+        while self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def _drain(self) -> None:
+        try:
+            while self._ready:
+                ready, self._ready = self._ready, {}
+                await self._write(ready)
+        finally:
+            self._task = None
+
+    async def _write(self, ready: dict[FeedWriter, None]) -> None:
+        taken: list[tuple[FeedWriter, list[tuple[int, str, str]]]] = []
+        for writer in ready:
+            # A run whose own write is under way (its end) writes its frames itself.
+            if writer.lost or writer._writing() or not writer._frames:
+                continue
+            frames, writer._frames = writer._frames, []
+            taken.append((writer, frames))
+        if not taken:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for writer, _ in taken:
+            writer._in_batch = done
+        refused: dict[str, str] = {}
+        try:
+            refused = await self.store.append_feeds(
+                self.owner, [(writer.run_id, frames) for writer, frames in taken]
+            )
+        except Exception as exc:
+            self._failed([writer for writer, _ in taken])
+            fault(
+                log,
+                "could not share runs' frames with other replicas",
+                exc,
+                every=False,
+                runs=len(taken),
+            )
+        finally:
+            done.set_result(None)
+            for writer, _ in taken:
+                if writer._in_batch is done:
+                    writer._in_batch = None
+        for writer, _ in taken:
+            why = refused.get(writer.run_id)
+            if why == "ended":
+                writer.lose()
+            elif why is not None:
+                self._failed([writer])
+                log.warning(
+                    "could not share a run's frames: it is not in the store", run=writer.run_id
+                )
+
+    @staticmethod
+    def _failed(writers: list[FeedWriter]) -> None:
+        for writer in writers:
+            store = writer.feed_store
+            if store is not None:
+                store.failed = True
 
 
 class FeedStore:

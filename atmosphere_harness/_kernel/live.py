@@ -56,7 +56,7 @@ from .._contracts import (
 )
 from .._events import Frame
 from .._log import fault, get_logger
-from .feed import STOPPED, FeedStore, FeedWriter, abandon
+from .feed import STOPPED, FeedBatch, FeedBatches, FeedStore, FeedWriter, abandon
 from .remote import RemoteRun, resolved
 from .writer import StoreWriter
 
@@ -443,6 +443,11 @@ class LiveRuns:
         """This process as a lease owner (`host/pid/token`, see `RunStore`)."""
         if feed is not None:
             self.owner = FEED_OWNER + self.owner
+        batches: object = feed
+        self._batch: FeedBatch | None = (
+            FeedBatch(batches, self.owner) if isinstance(batches, FeedBatches) else None
+        )
+        """The frame feed's writes of every run of this process, grouped (`kernel.feed`)."""
         self._runs: dict[tuple[str, str], list[LiveRun]] = {}
         self._finished: OrderedDict[int, LiveRun] = OrderedDict()
         self._keeper: asyncio.Task[None] | None = None
@@ -505,6 +510,7 @@ class LiveRuns:
                 owner=self.owner,
                 lease_seconds=self.lease_seconds,
                 create=record,
+                batch=self._batch,
             )
         return LiveRun(path, conversation_id, user_id, session_id=session_id, feed=feed)
 
@@ -657,6 +663,10 @@ class LiveRuns:
             await asyncio.wait(tasks, timeout=10)
         if self._closers:
             await asyncio.wait(set(self._closers), timeout=10)
+        if self._batch is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(10):
+                    await self._batch.flushed()
         if self._keeper is not None:
             self._keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

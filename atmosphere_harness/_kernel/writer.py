@@ -106,16 +106,7 @@ class StoreWriter:
                     lease_seconds=self.lease_seconds,
                 )
             except LeaseLost:
-                log.warning(
-                    "another process took this durable run over; stopping it here",
-                    run=self.run_id,
-                    exc_info=True,
-                )
-                self.lost = True
-                self._frames.clear()
-                self._checkpoints.clear()
-                if self.on_lost is not None:
-                    self.on_lost()
+                self.lose(exc_info=True)
                 return
             except Exception as exc:
                 # The run goes on (its client still gets its frames); only a restart would
@@ -129,6 +120,20 @@ class StoreWriter:
                     run=self.run_id,
                 )
             self.stored(frames)
+
+    def lose(self, *, exc_info: bool = False) -> None:
+        """The store refused a write (`LeaseLost`): another process owns the run now, or ended
+        it. Nothing more is written; `on_lost` is told."""
+        log.warning(
+            "another process took this durable run over; stopping it here",
+            run=self.run_id,
+            exc_info=exc_info,
+        )
+        self.lost = True
+        self._frames.clear()
+        self._checkpoints.clear()
+        if self.on_lost is not None:
+            self.on_lost()
 
     def stored(self, frames: list[tuple[int, str, str]]) -> None:
         if frames and self.on_stored is not None:

@@ -20,7 +20,7 @@ import httpx2
 from .._errors import ModelError
 from .._jsontext import compact_json
 from .base import Message, ModelRequest, ModelResponse, TextSink
-from .loop_transport import LoopTransport
+from .loop_transport import ChunkedBody, LoopTransport
 from .windows import model_context_window
 
 RETRY_WAIT_SECONDS = 120.0
@@ -237,7 +237,7 @@ async def sse_events(response: httpx2.Response) -> AsyncIterator[Event]:
     """The start of a line whose end has not arrived yet."""
     skip_lf = False
     """The last chunk ended with CR: an LF starting the next one ends no second line."""
-    async for chunk in response.aiter_bytes():
+    async for chunk in _body(response):
         if skip_lf and chunk[:1] == b"\n":
             chunk = chunk[1:]
         if not chunk:
@@ -270,6 +270,17 @@ async def sse_events(response: httpx2.Response) -> AsyncIterator[Event]:
         payload = b"\n".join(data)
         if payload.strip() != b"[DONE]":
             yield _decode(payload)
+
+
+def _body(response: httpx2.Response) -> AsyncIterator[bytes]:
+    """The response's body as it comes; a `ChunkedBody` read directly, not through the
+    client's `aiter_bytes`: that generator closes the whole response when it is finalized,
+    which, once `sse_events` returned at `[DONE]`, may come while `_drain` still waits for the
+    body's last chunk, and the connection is then dropped instead of reused."""
+    body = getattr(response.stream, "_stream", None)  # (inside `httpx2`'s timing wrapper)
+    if isinstance(body, ChunkedBody):
+        return body.__aiter__()
+    return response.aiter_bytes()
 
 
 async def _drain(response: httpx2.Response) -> None:

@@ -406,3 +406,158 @@ async def until(find: Any, kind: type[RemoteRun]) -> RemoteRun:
 
 def live_run_id(live: Any) -> str:
     return str(live._feed.run_id)
+
+
+class _Batched(_Counted):
+    """`_Counted` that also records each batch of several runs' frames (`append_feeds`)."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.batches: list[dict[str, list[int]]] = []
+
+    async def append_feeds(self, owner: str, runs: Any) -> dict[str, str]:
+        self.batches.append({run_id: [f[0] for f in frames] for run_id, frames in runs})
+        return await self.store.append_feeds(owner, runs)
+
+
+async def test_a_batch_writes_each_run_it_may_and_names_the_ones_it_may_not(
+    stores: list[Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several runs' frames in one write: each run still the owner's and unfinished gets its
+    frames (and its followers a notice); a finished run, another owner's and an unknown one are
+    named with why, and nothing of theirs is written."""
+    monkeypatch.setattr(remote_module, "POLL_SECONDS", 30.0)
+    a, b = stores
+    owner = FEED_OWNER + "a"
+    for n, run in enumerate(("one", "two", "done")):
+        await a.append(run, [frame(1)], [], create=stored(run, n), owner=owner, lease_seconds=60)
+    await a.append("done", [(2, events.COMPLETE, encode({}))], [], owner=owner)
+    await a.append(
+        "theirs",
+        [frame(1)],
+        [],
+        create=stored("theirs", 5),
+        owner=FEED_OWNER + "b",
+        lease_seconds=60,
+    )
+    follower = RemoteRun(b, stored("two"), resolved, b, durable=False)
+    followed = follower.follow()
+    assert (await anext(followed)).seq == 1
+    woken = asyncio.ensure_future(anext(followed))
+    await asyncio.sleep(0.3)  # it found nothing more and waits
+    refused = await a.append_feeds(
+        owner,
+        [
+            ("one", [frame(2), frame(3, "three")]),
+            ("two", [frame(2, "two")]),
+            ("done", [frame(3)]),
+            ("theirs", [frame(2)]),
+            ("nobody", [frame(1)]),
+        ],
+    )
+    assert refused == {"done": "ended", "theirs": "ended", "nobody": "missing"}
+    async with asyncio.timeout(10):  # the notice, not the 30 s poll
+        got = await woken
+    assert (got.seq, got.data) == (2, {"text": "two"})
+    await followed.aclose()
+    one, finished = await b.frames_after("one", 0, 10)
+    assert ([(f.seq, f.data["text"]) for f in one], finished) == (
+        [(1, "x"), (2, "x"), (3, "three")],
+        False,
+    )
+    assert [f.seq for f in (await b.frames_after("done", 0, 10))[0]] == [1, 2]
+    assert [f.seq for f in (await b.frames_after("theirs", 0, 10))[0]] == [1]
+
+
+async def test_the_runs_of_a_replica_share_their_frames_in_common_writes(
+    stores: list[Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between its first write and its end, a run's frames go in the replica's batch: the
+    frames of every run that published meanwhile in one write, each run's in order, and each
+    run's end in its own write after them."""
+    monkeypatch.setattr(journal, "FEED_FIRST_SECONDS", 0.0)
+    a, b = stores
+    counted = _Batched(a)
+    runs_a = LiveRuns(feed=counted, lease_seconds=60)  # type: ignore[arg-type]
+    go_on = asyncio.Event()
+    names = [f"conv-{n}" for n in range(5)]
+
+    async def work(handle: LiveRunHandle) -> None:
+        conversation = handle.conversation_id
+        await handle.publish(Frame("text", {"text": "0"}, "s", conversation, 1))
+        await go_on.wait()
+        for seq in range(2, 6):
+            await handle.publish(Frame("text", {"text": str(seq)}, "s", conversation, seq))
+            await asyncio.sleep(0)
+        await handle.publish(Frame(events.COMPLETE, {"summary": "ok"}, "s", conversation, 6))
+
+    await runs_a.open(_no_resume)
+    try:
+        lives = [
+            runs_a.start(work, path="/p", conversation_id=name, user_id=None) for name in names
+        ]
+        async with asyncio.timeout(10):  # every run's first write done
+            for live in lives:
+                while not (await b.frames_after(live_run_id(live), 0, 10))[0]:
+                    await asyncio.sleep(0.01)
+        go_on.set()
+        for live in lives:
+            assert [f.seq async for f in live.follow()] == [1, 2, 3, 4, 5, 6]
+        await runs_a.aclose()
+        for live in lives:
+            frames, finished = await b.frames_after(live_run_id(live), 0, 10)
+            assert ([f.seq for f in frames], finished) == ([1, 2, 3, 4, 5, 6], True)
+        assert counted.batches, "no frames went in a batch"
+        assert len(counted.batches[0]) == len(names)  # every run's next frame, in one write
+        written = sum(len(seqs) for batch in counted.batches for seqs in batch.values())
+        assert len(counted.batches) < written
+        for batch in counted.batches:
+            for seqs in batch.values():
+                assert seqs == sorted(seqs)
+        # Each run: its first write, then its end (with what the batch had not taken yet).
+        assert [created for created, _ in counted.appends].count(True) == len(names)
+        assert all(
+            events_[-1] == events.COMPLETE for created, events_ in counted.appends if not created
+        )
+    finally:
+        await runs_a.aclose()
+
+
+async def test_a_run_whose_batched_write_is_refused_stops_sharing_and_goes_on(
+    stores: list[Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica that stalled past its lease finds its run ended by another's upkeep: the
+    batch's write is refused for that run, which stops sharing frames (nothing more lands after
+    the `error` frame that ended it) while its local reader still gets every frame."""
+    monkeypatch.setattr(journal, "FEED_FIRST_SECONDS", 0.0)
+    a, b = stores
+    runs_a = LiveRuns(feed=a, lease_seconds=0.3)  # never opened: no heartbeat keeps its lease
+    go_on = asyncio.Event()
+
+    async def work(handle: LiveRunHandle) -> None:
+        await handle.publish(Frame("text", {"text": "one"}, "s", "conv", 1))
+        await go_on.wait()
+        await handle.publish(Frame("text", {"text": "two"}, "s", "conv", 2))
+        await asyncio.Event().wait()  # (until its reader leaves)
+
+    live = runs_a.start(work, path="/p", conversation_id="conv", user_id=None)
+    local = live.follow()
+    try:
+        assert (await anext(local)).seq == 1
+        async with asyncio.timeout(10):
+            while not (await b.frames_after(live_run_id(live), 0, 10))[0]:
+                await asyncio.sleep(0.01)
+            while await b.abandon(ABANDONED, 10) == 0:
+                await asyncio.sleep(0.05)
+        go_on.set()
+        assert (await anext(local)).seq == 2
+        writer = live._feed
+        assert isinstance(writer, journal.FeedWriter)
+        async with asyncio.timeout(10):
+            while not writer.lost:
+                await asyncio.sleep(0.01)
+        frames, finished = await b.frames_after(live_run_id(live), 0, 10)
+        assert ([(f.seq, f.event) for f in frames], finished) == ([(1, "text"), (2, "error")], True)
+    finally:
+        await local.aclose()
+        await runs_a.aclose()

@@ -84,6 +84,23 @@ def notice(param: int) -> str:
 
 RUN_COLUMNS = "id, run_id, path, conversation_id, user_key, session_id, message, started_at"
 
+APPEND_FEEDS = (
+    "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), "
+    "run AS (SELECT id, run_id FROM atmosphere_runs, relaxed WHERE run_id = ANY($5::text[]) "
+    "AND owner = $8 AND finished_at IS NULL ORDER BY id FOR NO KEY UPDATE OF atmosphere_runs), "
+    "written AS (INSERT INTO atmosphere_run_frames (run, seq, event, data) "
+    "SELECT run.id, f.seq::integer, f.event, f.data FROM run JOIN "
+    "unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS f (run_id, seq, event, data) "
+    "ON f.run_id = run.run_id "
+    "ON CONFLICT (run, seq) DO UPDATE SET event = EXCLUDED.event, data = EXCLUDED.data), "
+    "notice AS (SELECT n.run_id, pg_notify(n.channel, n.last || ' ' || n.run_id) FROM run JOIN "
+    "unnest($5::text[], $6::text[], $7::text[]) AS n (run_id, channel, last) "
+    "ON n.run_id = run.run_id) "
+    "SELECT run_id FROM notice"
+)
+"""`PostgresRunStore.append_feeds`: `$1`-`$4` every frame's run id, seq, event and data;
+`$5`-`$7` each run's id, notice channel and last seq; `$8` the owner. Returns the runs written."""
+
 
 def _seqs(frames: Sequence[tuple[int, str, str]]) -> list[str]:
     """Frame numbers as text, cast back in SQL: asyncpg knows `text[]` without asking the
@@ -273,6 +290,54 @@ class PostgresRunStore:
         if create is None and frames and status.rsplit(" ", 1)[-1] == "0":
             await self._refused(run_id, owner)
 
+    async def append_feeds(
+        self, owner: str, runs: Sequence[tuple[str, Sequence[tuple[int, str, str]]]]
+    ) -> dict[str, str]:
+        """`kernel.feed.FeedBatches`: frames of several frame-feed runs in one statement, as
+        `_append_feed` writes one run's (no WAL flush wait, each run's notice on its channel),
+        written only for the runs still `owner`'s and unfinished. Their rows are locked in id
+        order, as `heartbeat` locks them, so the two never deadlock."""
+        frame_runs: list[str] = []
+        seqs: list[str] = []
+        names: list[str] = []
+        data: list[str] = []
+        run_ids: list[str] = []
+        channels: list[str] = []
+        lasts: list[str] = []
+        for run_id, frames in runs:
+            if not frames:
+                continue
+            run_ids.append(run_id)
+            channels.append(channel(run_id))
+            lasts.append(str(frames[-1][0]))
+            for seq, event, payload in frames:
+                frame_runs.append(run_id)
+                seqs.append(str(seq))
+                names.append(event)
+                data.append(payload)
+        if not run_ids:
+            return {}
+
+        async def work(connection: Any) -> list[Any]:
+            rows: list[Any] = await connection.fetch(
+                APPEND_FEEDS, frame_runs, seqs, names, data, run_ids, channels, lasts, owner
+            )
+            return rows
+
+        written = {row[0] for row in await self.database.run(work)}
+        refused = [run_id for run_id in run_ids if run_id not in written]
+        if not refused:
+            return {}
+
+        async def known(connection: Any) -> list[Any]:
+            rows: list[Any] = await connection.fetch(
+                "SELECT run_id FROM atmosphere_runs WHERE run_id = ANY($1::text[])", refused
+            )
+            return rows
+
+        found = {row[0] for row in await self.database.run(known)}
+        return {run_id: "ended" if run_id in found else "missing" for run_id in refused}
+
     async def _refused(self, run_id: str, owner: str) -> None:
         """Why a frame-feed write wrote nothing: the run is gone, another's, or ended."""
 
@@ -345,9 +410,12 @@ class PostgresRunStore:
 
     async def heartbeat(self, owner: str, lease_seconds: float) -> None:
         async def work(connection: Any) -> None:
+            # The rows are locked in id order, as a batch of frame-feed writes locks them
+            # (`append_feeds`): two statements locking many rows never wait on each other.
             await connection.execute(
-                f"UPDATE atmosphere_runs SET lease_until = {NOW} + $2 "
-                "WHERE owner = $1 AND finished_at IS NULL",
+                f"UPDATE atmosphere_runs SET lease_until = {NOW} + $2 WHERE id IN ("
+                "SELECT id FROM atmosphere_runs WHERE owner = $1 AND finished_at IS NULL "
+                "ORDER BY id FOR NO KEY UPDATE)",
                 owner,
                 lease_seconds,
             )

@@ -140,6 +140,47 @@ return {'ok'}
 # ARGV: prefix, id, creating, owner, lease, ttl, #frames, #checkpoints, [record: path,
 #       conversation, user, session, message, started], frames (seq, member)..., checkpoints.
 
+_APPEND_FEEDS = (
+    _LIB
+    + """
+local prefix, owner, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local i = 5
+local refused = {}
+for r = 1, tonumber(ARGV[4]) do
+    local id, nframes = ARGV[i], tonumber(ARGV[i + 1])
+    i = i + 2
+    local key = runkey(prefix, id)
+    local current = redis.call('HGET', key, 'owner')
+    local why = false
+    if not current then
+        why = 'missing'
+    elseif current ~= owner or redis.call('HEXISTS', key, 'finished') == 1 then
+        why = 'ended'
+    end
+    if why then
+        refused[#refused + 1] = id
+        refused[#refused + 1] = why
+        i = i + 2 * nframes
+    else
+        local frames, last = key .. ':frames', nil
+        for n = 1, nframes do
+            local seq = ARGV[i]
+            redis.call('ZREMRANGEBYSCORE', frames, seq, seq)
+            redis.call('ZADD', frames, seq, ARGV[i + 1])
+            last = seq
+            i = i + 2
+        end
+        redis.call('EXPIRE', frames, ttl)
+        redis.call('EXPIRE', key, ttl)
+        redis.call('PUBLISH', prefix .. 'runs:frames:' .. id, last .. ' ' .. id)
+    end
+end
+return refused
+"""
+)
+# No KEYS (each run's keys follow from its id). ARGV: prefix, owner, ttl, #runs, then per run:
+#   id, #frames, frames (seq, member)... Returns the refused runs: id, why (`ended`, `missing`).
+
 _CLAIM = (
     _LIB
     + """
@@ -347,6 +388,7 @@ class RedisRunStore:
         self.connection = connection
         client = connection.client
         self._append = client.register_script(_APPEND)
+        self._append_feeds = client.register_script(_APPEND_FEEDS)
         self._claim = client.register_script(_CLAIM)
         self._heartbeat = client.register_script(_HEARTBEAT)
         self._release = client.register_script(_RELEASE)
@@ -440,6 +482,28 @@ class RedisRunStore:
                 f"durable run {run_id} was taken over by {as_str(reply[1])}: "
                 f"{owner} no longer writes its journal"
             )
+
+    async def append_feeds(
+        self, owner: str, runs: Sequence[tuple[str, Sequence[tuple[int, str, str]]]]
+    ) -> dict[str, str]:
+        """`kernel.feed.FeedBatches`: frames of several frame-feed runs in one script, each
+        run's written as its `append` would (refused once it is finished or not `owner`'s)."""
+        args: list[Any] = [self.connection.prefix, owner, SAFETY_TTL, 0]
+        count = 0
+        for run_id, frames in runs:
+            if not frames:
+                continue
+            count += 1
+            args += [run_id, len(frames)]
+            for seq, event, data in frames:
+                args += [seq, f"{seq}{SEP}{event}{SEP}{data}"]
+        if not count:
+            return {}
+        args[3] = count
+        with self.connection.unavailable("sharing runs' frames"):
+            reply = await self._append_feeds(keys=[], args=args)
+        items = [as_str(item) or "" for item in reply]
+        return dict(zip(items[::2], items[1::2], strict=True))
 
     async def _append_and_finish(self, run_id: str, keys: list[str], args: list[Any]) -> Any:
         """`_APPEND` then `_FINISH` in one round trip. By `EVALSHA` in a plain pipeline: a
