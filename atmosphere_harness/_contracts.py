@@ -702,7 +702,7 @@ class LockedStatus:
         if end.done():
             return False
         end.set_result(record)
-        return await asyncio.shield(outcome)
+        return await outcome
 
     def no_end(self) -> None:
         """The run ends elsewhere (or not at all): the release goes without waiting."""
@@ -717,11 +717,16 @@ class LockedStatus:
         after."""
         end, _outcome = self._futures()
         if not end.done():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(end), self.END_WAIT_SECONDS)
-            if not end.done():
-                end.set_result(None)
+            late = asyncio.get_running_loop().call_later(self.END_WAIT_SECONDS, self._no_record)
+            try:
+                await end  # (a cancelled release cancels it: a later `end` is refused)
+            finally:
+                late.cancel()
         return end.result()
+
+    def _no_record(self) -> None:
+        if self._end is not None and not self._end.done():
+            self._end.set_result(None)
 
     def released(self, stored: bool) -> None:
         """The lock's release ran: whether it stored the record `ending` returned."""
