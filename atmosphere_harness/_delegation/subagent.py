@@ -218,7 +218,9 @@ class _Spawner:
             await _end(run.session, conversation_id, "failed", error=error)
             return f"task failed: {error}"
         child: Run | None = None
-        workspace = WorkspaceAgentFileSystem(root / "files", settings.groups.filesystem.limits)
+        workspace = WorkspaceAgentFileSystem(
+            root / "files", settings.groups.filesystem.limits, private=True
+        )
         try:
             endpoint = subagent_endpoint(
                 run.endpoint,
@@ -304,7 +306,7 @@ def subagent_endpoint(
     )
     plans: PlanStore = FilePlanStore(root)
     files: AgentFileSystem = workspace or WorkspaceAgentFileSystem(
-        root / "files", settings.groups.filesystem.limits
+        root / "files", settings.groups.filesystem.limits, private=True
     )
     if skills is not None:
         # The coordinator's skills, at the same read-only `skills/` route of its own workspace.
@@ -366,7 +368,9 @@ async def keep_files(parent: Run, workspace: AgentFileSystem, agent_id: str) -> 
     """Copy the sub-agent's files into the parent conversation's workspace, at
     `subagents/<agentId>/`, before its temp root is removed: a report it saved would otherwise be
     gone. Best effort and bounded (`KEEP_MAX_FILES`, `KEEP_SECONDS`, the parent's own store
-    limits); the folder's path, or None when the parent has no filesystem or nothing was kept."""
+    limits); the folder's path, or None when the parent has no filesystem or nothing was kept.
+    The files are listed from the sub-agent's (private) store's own count when it can answer
+    (`known_files`: no walk, no worker thread), else by `glob`."""
     target_fs = bound_file_system(parent)
     if target_fs is None:
         return None
@@ -374,7 +378,11 @@ async def keep_files(parent: Run, workspace: AgentFileSystem, agent_id: str) -> 
     kept = 0
     try:
         async with asyncio.timeout(KEEP_SECONDS):
-            for path in (await workspace.glob("**"))[:KEEP_MAX_FILES]:
+            listed = (
+                workspace.known_files() if isinstance(workspace, WorkspaceAgentFileSystem) else None
+            )
+            paths = listed if listed is not None else await workspace.glob("**")
+            for path in paths[:KEEP_MAX_FILES]:
                 try:
                     content = await workspace.read(path)
                 except FileSystemError:  # not text, or too large to read: skipped

@@ -120,6 +120,7 @@ class SpareFiles:
         refill: Later,
         *,
         target: str | None = None,
+        named: bool = True,
     ) -> str | None:
         """Put `data` in a spare of `device` and give it a name: `target` itself when given (a
         new file), else `temp` (the caller renames it over the target). Returns the name
@@ -132,14 +133,17 @@ class SpareFiles:
 
         `home` is also the store's root: a write that replaces a file (no `target`) takes one
         of the store's named spares first, and returns its name (the caller renames it over
-        the target); any write asks for the store's named spares while it has none."""
-        named = self._named.get(home, ())
-        if named is not None and len(named) < NAMED_PER_STORE and home not in self._naming:
-            self._ask_named(home, refill)
-        if target is None and named:
-            taken = self._take_named(home, data)
-            if taken is not None:
-                return taken
+        the target); any write asks for the store's named spares while it has none. With
+        `named=False` (a private store, removed when its owner is done) the store has none: its
+        writes take nameless spares only, and nothing is kept for it."""
+        if named:
+            pool = self._named.get(home, ())
+            if pool is not None and len(pool) < NAMED_PER_STORE and home not in self._naming:
+                self._ask_named(home, refill)
+            if target is None and pool:
+                taken = self._take_named(home, data)
+                if taken is not None:
+                    return taken
         if not _TMPFILE or device in self._unsupported:
             return None
         with self._lock:

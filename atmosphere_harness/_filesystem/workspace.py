@@ -39,9 +39,9 @@ the whole operation goes to the worker thread instead, having changed nothing:
 - the store's hold is taken with `try_hold()`: a thread lock or `flock` held by anyone else (in
   this process or another sharing the volume), or a lease not yet claimed, is a busy store;
 - a recount (a walk of the store: after another process changed it, after a change behind its
-  back, every `FULL_RESYNC_SECONDS`), a check of more than `ON_LOOP_DIRECTORIES` directories'
-  mtimes, a path that deep, and the first write of a conversation (the provider's conversation
-  cap) go to the worker;
+  back, every `FULL_RESYNC_SECONDS`; the count of a root that does not exist yet walks nothing
+  and stays), a check of more than `ON_LOOP_DIRECTORIES` directories' mtimes, a path that deep,
+  and the first write of a conversation (the provider's conversation cap) go to the worker;
 - a file found larger than the bound (an edit's result too) goes to the worker;
 - a store made with `fsync=True` writes and edits in the worker only: its flush waits for the
   disk (0.4 ms to tens of milliseconds), which is exactly what the loop must never do.
@@ -52,9 +52,9 @@ without a turn of the event loop, unless the operations run back to back since o
 had one (a hop is one) took more than `workers.SLICE_SECONDS`: then it yields once.
 
 The store's first operation always hops (it claims the store's lease, which may wait for an
-eviction), and so does every small operation while `workers.ON_LOOP` is cooling down after one
-that took longer than `workers.SLOW_SECONDS`. `ls`, `glob`, `grep`, `delete`, `rename`,
-`usage` and `prefetch` always hop.
+eviction; a `private` store has none), and so does every small operation while
+`workers.ON_LOOP` is cooling down after one that took longer than `workers.SLOW_SECONDS`. `ls`,
+`glob`, `grep`, `delete`, `rename`, `usage` and `prefetch` always hop.
 """
 
 from __future__ import annotations
@@ -102,9 +102,10 @@ from .tally import (
     ORPHAN_SECONDS,
     DiskTally,
     chain,
+    mtime,
     walk,
 )
-from .usage import PROCESS_USAGE, StoreUsage, UsageLedger, WorkspaceUsage
+from .usage import PROCESS_USAGE, InProcessLedger, StoreUsage, UsageLedger, WorkspaceUsage
 
 __all__ = [
     "DIR_CHECK_SECONDS",
@@ -211,6 +212,14 @@ class WorkspaceAgentFileSystem:
     `on_create` is called (in the worker thread, under the store's hold) just before the first
     write creates the root directory; the provider uses it to apply its conversation cap.
     `usage` is where the store finds its ledger (default: the process-wide in-memory one).
+
+    `private=True` is for a store only this instance ever uses and that its owner removes when
+    done (a `task` sub-agent's temporary workspace): no other process knows the directory and
+    no conversation cap can evict it, so its count is kept in memory (`InProcessLedger`: no lock
+    or lease files beside it, no claim before the first operation, which may then run on the
+    event loop like any other small one), and it keeps no named spare files (nothing is made
+    for later writes that would be removed with it). Containment, the bounds and atomic
+    writes are the same. It cannot be given `usage`.
     """
 
     def __init__(
@@ -221,13 +230,19 @@ class WorkspaceAgentFileSystem:
         fsync: bool = False,
         on_create: Callable[[], None] | None = None,
         usage: WorkspaceUsage | None = None,
+        private: bool = False,
     ) -> None:
+        if private and usage is not None:
+            raise ValueError("a private store keeps its own count: it takes no usage")
         self._root = store_key(root)
         self.root = Path(self._root)
         self.limits = limits or FileSystemLimits()
         self.fsync = fsync
+        self.private = private
         self._on_create = on_create
-        self._ledger: UsageLedger = (usage or PROCESS_USAGE).ledger(self._root)
+        self._ledger: UsageLedger = (
+            InProcessLedger() if private else (usage or PROCESS_USAGE).ledger(self._root)
+        )
         # A ledger that can take its hold without waiting lets small changes run on the loop.
         self._try_hold: Callable[[], bool] | None = getattr(self._ledger, "try_hold", None)
         self._release: Callable[[], None] | None = getattr(self._ledger, "release", None)
@@ -240,7 +255,8 @@ class WorkspaceAgentFileSystem:
         self._prefetched: dict[str, str | FileSystemError] = {}
         self._prefetched_at = 0.0
         self._changes = 0  # changes begun through this store (a prefetch spanning one is void)
-        self._claimed = False  # the ledger marks the store in use (see `UsageLedger.claim`)
+        # The ledger marks the store in use (see `UsageLedger.claim`); a private one needs not.
+        self._claimed = private
 
     @classmethod
     def for_conversation(
@@ -429,6 +445,29 @@ class WorkspaceAgentFileSystem:
             return None
         return self._prefetched.pop(rel, None)
 
+    def known_files(self) -> list[str] | None:
+        """A private store's files (relative paths, sorted: what `glob("**")` lists) from its own
+        count, on the spot: no walk, no hop. `[]` when its root does not exist; the count's
+        files when it holds one and none of the store's directories changed since (a `stat` of
+        each, at most `ON_LOOP_DIRECTORIES`); else, and for a store that is not private, or one
+        a change is running in, `None`: ask `glob`."""
+        if not self.private or self._try_hold is None or self._release is None:
+            return None
+        if not self._try_hold():
+            return None  # a change is under way (in a worker thread)
+        try:
+            tally = self._tally
+            if tally.sizes is None:
+                return None if os.path.lexists(self._root) else []
+            if len(tally.dirs) > ON_LOOP_DIRECTORIES:
+                return None
+            for directory, stamp in tally.dirs.items():
+                if mtime(directory) != stamp:
+                    return None  # changed behind the count: the walk says what is there
+            return sorted(tally.sizes)
+        finally:
+            self._release()
+
     async def usage(self) -> StoreUsage:
         """Files and bytes the store holds now (a fresh walk)."""
 
@@ -568,8 +607,10 @@ class WorkspaceAgentFileSystem:
         return chain(self._real(), real_path)
 
     def _sync(self) -> None:
-        """Count the store from the disk into the tally and the ledger (under the hold)."""
-        if _here.on_loop:
+        """Count the store from the disk into the tally and the ledger (under the hold). On the
+        event loop only while the root does not exist (nothing to walk: a fresh private store's
+        first write)."""
+        if _here.on_loop and os.path.lexists(self._real()):
             self._tally.forget()  # `stale` may have moved its clock: the worker walks for sure
             raise _Deferred
         self._make_spares_dir()  # (a store made before this process, or by an older version)
@@ -647,8 +688,9 @@ class WorkspaceAgentFileSystem:
     def _make_spares_dir(self) -> None:
         """Make the root's hidden `spares.SPARES_DIR` (named spares for the writes that replace
         a file), if it is missing and the store writes without flushing. Only with the root
-        itself or in a recount: it changes the root's mtime, which the tally then records."""
-        if not self.fsync:
+        itself or in a recount: it changes the root's mtime, which the tally then records. A
+        private store has none."""
+        if not self.fsync and not self.private:
             home = self._real()
             try:
                 os.mkdir(f"{home}/{spares.SPARES_DIR}")
@@ -707,7 +749,9 @@ class WorkspaceAgentFileSystem:
                 device = self._device = os.stat(self._real()).st_dev
             except OSError:
                 return None
-        return spares.SPARES.place(device, self._real(), temp, data, workers.later, target=target)
+        return spares.SPARES.place(
+            device, self._real(), temp, data, workers.later, target=target, named=not self.private
+        )
 
     def _touch(self, *targets: str) -> None:
         """After this store changed `targets`: record the mtimes of the directories that changed,

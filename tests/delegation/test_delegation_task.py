@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 
 from atmosphere_harness import (
     HarnessDep,
@@ -26,6 +27,9 @@ from atmosphere_harness import (
 )
 from atmosphere_harness._delegation import SYSTEM_PROMPT
 from atmosphere_harness._errors import ModelError
+from atmosphere_harness._filesystem import spares
+from atmosphere_harness._filesystem.paths import store_key
+from atmosphere_harness._filesystem.workspace import WorkspaceAgentFileSystem
 from atmosphere_harness._governance import policy_chain
 from tests.agents import echo
 from tests.delegation_support import Recorder, deny_when, governed_app, open_prompt
@@ -411,6 +415,28 @@ async def test_a_sub_agents_files_are_kept_in_the_parent_conversation(workspace:
     (end,) = of_type(frames, "subagent-end")
     assert "files" not in end["data"]
     assert not list(workspace.glob(f"*/*/files/{frames[0]['conversationId']}/subagents"))
+
+
+async def test_a_sub_agent_s_files_are_listed_from_its_count_and_nothing_of_it_stays(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walked: list[str] = []
+    real_glob = WorkspaceAgentFileSystem.glob
+
+    async def glob(self: WorkspaceAgentFileSystem, pattern: str) -> list[str]:
+        walked.append(str(self.root))
+        return await real_glob(self, pattern)
+
+    monkeypatch.setattr(WorkspaceAgentFileSystem, "glob", glob)
+    runtime = model([ToolCall("task", {"description": "count the otters"})], plan_write_report)
+    (frames,) = await run_boss(runtime, workspace)
+    (end,) = of_type(frames, "subagent-end")
+    assert end["data"]["files"] == "subagents/subagent-" + end["data"]["subagentId"][:8]
+    assert walked == [], "the kept files are listed from the sub-agent's store, not walked"
+    assert leftovers(workspace) == []
+    spawns = store_key(workspace.parent / "spawns")
+    named = [*spares.SPARES._homes, *spares.SPARES._named]
+    assert [home for home in named if home.startswith(spawns)] == [], "no spares kept for it"
 
 
 async def test_a_nested_sub_agents_files_are_kept_inside_its_parents_folder(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -16,8 +17,8 @@ import pytest
 
 from atmosphere_harness import FileSystemLimits, WorkspaceAgentFileSystem
 from atmosphere_harness._filelocks import LockFile
+from atmosphere_harness._filesystem import spares, workers
 from atmosphere_harness._filesystem import tally as tally_module
-from atmosphere_harness._filesystem import workers
 from atmosphere_harness._filesystem import workspace as workspace_module
 from atmosphere_harness._filesystem.paths import store_key
 from atmosphere_harness._filesystem.usage import (
@@ -507,3 +508,40 @@ async def test_a_deep_path_hops(
     assert hops.count == 3, "a stat per directory on the path: in a worker"
     await fs.write("d/" * (workspace_module.ON_LOOP_DIRECTORIES - 1) + "g.md", "shallower")
     assert hops.count == 3
+
+
+async def test_a_private_store_needs_no_hop_keeps_nothing_beside_it_and_lists_its_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: Clock
+) -> None:
+    with pytest.raises(ValueError, match="takes no usage"):
+        WorkspaceAgentFileSystem(tmp_path / "x", private=True, usage=InProcessWorkspaceUsage())
+    root = tmp_path / "scratch" / "files"
+    root.parent.mkdir()
+    fs = WorkspaceAgentFileSystem(root, FileSystemLimits(max_files=3), private=True)
+    assert fs.known_files() == [], "nothing written: an empty list, no walk"
+    hops = Hops(monkeypatch)
+    await fs.write("a.md", "alpha")
+    await fs.write("notes/b.md", "beta")
+    await fs.write("a.md", "alpha two")  # a replacing write: no named spare is asked for
+    assert await fs.edit("notes/b.md", "beta", "gamma") == 1
+    assert await fs.read("a.md") == "alpha two"
+    assert hops.count == 0, "no lease to claim: even the first write runs on the loop"
+    errors = await fs.write_many([("c.md", "c"), ("d.md", "d")])
+    assert errors[0] is None
+    assert "at the 3-file limit" in str(errors[1]), "bounds as usual"
+    assert hops.count == 1, "a rejection recounts first, as in any store: in a worker"
+    assert sorted(p.name for p in root.parent.iterdir()) == ["files"], "no lock or lease file"
+    assert tree(root) == {"a.md": b"alpha two", "notes/b.md": b"gamma", "c.md": b"c"}
+    assert not (root / spares.SPARES_DIR).exists(), "no named spares"
+    home = store_key(root)
+    assert home not in spares.SPARES._homes
+    assert spares.SPARES.named(home) == 0
+    assert not workspace_module.is_live(root), "nothing registered in the process's usage"
+
+    assert fs.known_files() == ["a.md", "c.md", "notes/b.md"], "from its count: no walk"
+    assert hops.count == 1
+    (root / "notes" / "behind.md").write_text("x")  # a change behind the store's back
+    os.utime(root / "notes", ns=(1, 1))  # (whatever the clock's granularity)
+    assert fs.known_files() is None, "a directory changed: only a walk can say"
+    assert await fs.glob("**") == ["a.md", "c.md", "notes/b.md", "notes/behind.md"]
+    assert WorkspaceAgentFileSystem(tmp_path / "shared").known_files() is None, "not private"
