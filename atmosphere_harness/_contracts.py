@@ -664,14 +664,75 @@ class LockedStatus:
     in the first one that finds the lock taken (the run waits), and sets `stored` to that
     status; it never replaces a status that is neither (a run cancelled meanwhile stays
     cancelled). Any other lock ignores it, and the run writes its status itself.
+
+    Such a lock also stores the run's end with its release (`carries_end`), so the end and
+    the unlock are one round trip: the release waits (at most `END_WAIT_SECONDS`) for the run
+    to hand its final record (`end`), stores it and frees the lock together, then tells the
+    run whether the record was stored (`released`); the run writes it itself otherwise. A run
+    that will not end here (a durable run suspended to resume) says so (`no_end`), and the
+    lock is freed at once.
     """
 
-    __slots__ = ("record", "registry", "stored")
+    __slots__ = ("_end", "_outcome", "carries_end", "record", "registry", "stored")
+
+    END_WAIT_SECONDS = 2.0
+    """How long a release waits for the run's end before it frees the lock without it."""
 
     def __init__(self, registry: RunRegistry, record: Callable[[str], RunRecord]) -> None:
         self.registry = registry
         self.record = record
         self.stored: str | None = None
+        self.carries_end = False
+        """Set by a lock that stored the status: its release stores the run's end too."""
+        self._end: asyncio.Future[RunRecord | None] | None = None
+        self._outcome: asyncio.Future[bool] | None = None
+
+    def _futures(self) -> tuple[asyncio.Future[RunRecord | None], asyncio.Future[bool]]:
+        if self._end is None or self._outcome is None:
+            loop = asyncio.get_running_loop()
+            self._end, self._outcome = loop.create_future(), loop.create_future()
+        return self._end, self._outcome
+
+    async def end(self, record: RunRecord) -> bool:
+        """The run's final `record`, for the lock's release to store: whether it did (`False`
+        at once when the lock carries no end, or its release already went without it)."""
+        if not self.carries_end:
+            return False
+        end, outcome = self._futures()
+        if end.done():
+            return False
+        end.set_result(record)
+        return await outcome
+
+    def no_end(self) -> None:
+        """The run ends elsewhere (or not at all): the release goes without waiting."""
+        if self.carries_end:
+            end, _outcome = self._futures()
+            if not end.done():
+                end.set_result(None)
+
+    async def ending(self) -> RunRecord | None:
+        """The lock's release: the run's final record to store with it (`None` if the run
+        gave none within `END_WAIT_SECONDS`; a later `end` is then refused). Call `released`
+        after."""
+        end, _outcome = self._futures()
+        if not end.done():
+            late = asyncio.get_running_loop().call_later(self.END_WAIT_SECONDS, self._no_record)
+            try:
+                await end  # (a cancelled release cancels it: a later `end` is refused)
+            finally:
+                late.cancel()
+        return end.result()
+
+    def _no_record(self) -> None:
+        if self._end is not None and not self._end.done():
+            self._end.set_result(None)
+
+    def released(self, stored: bool) -> None:
+        """The lock's release ran: whether it stored the record `ending` returned."""
+        _end, outcome = self._futures()
+        if not outcome.done():
+            outcome.set_result(stored)
 
 
 class LockedClaim:

@@ -174,10 +174,11 @@ def script_names() -> dict[str, str]:
     """SHA-1 -> name of every Lua script a turn may run (ours and redis-py's lock's)."""
     from redis.asyncio.lock import Lock
 
-    from atmosphere_harness._backends.redis import control, history, long_term, owners, runs
+    from atmosphere_harness._backends.redis import control, history, locks, long_term, owners, runs
     from tests.scaleout.wire import script_names as names_in
 
     found = {
+        **names_in(locks),
         **names_in(history),
         **names_in(long_term),
         **names_in(runs),

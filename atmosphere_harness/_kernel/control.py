@@ -12,7 +12,9 @@ holds the registry (`contracts.LockedStatus`, offered with the run's history rea
 once the lock is taken, `queued` only if the lock was taken by another run (the run really
 waits). A streamed run announces itself (`announce`) instead of writing `queued` at once; if
 nothing stored its record within `QUEUED_AFTER` (a lock that carries no status, or none
-offered), the ticket writes it. The end is written by the ticket, before the last frame.
+offered), the ticket writes it. The end is written before the last frame: by the lock's
+release, in the same round trip as the unlock, where the lock stored the status
+(`LockedStatus.end`), else by the ticket.
 
 Cancelling goes through the run's own task, not a hook: `RunControl.cancel` asks the registry,
 which wakes the replica that runs it (in this process: at once); that replica's ticket cancels
@@ -98,6 +100,8 @@ class RunTicket:
         self._pending: asyncio.TimerHandle | None = None
         """Set while an announced run's first record is not stored yet (`announce`)."""
         self._offered: LockedStatus | None = None
+        self._carrier: LockedStatus | None = None
+        """The status offered to the run's lock: its release may store the run's end."""
 
     @property
     def active(self) -> bool:
@@ -140,6 +144,7 @@ class RunTicket:
             return
         if self.status == "queued":
             self._offered = read.status = LockedStatus(self.control.registry, self._as)
+            self._carrier = self._offered
         else:
             self._store_pending()
 
@@ -212,6 +217,8 @@ class RunTicket:
         if not self.active:
             return
         if self.live is not None and self.live.suspended:
+            if self._carrier is not None:
+                self._carrier.no_end()  # (its lock is freed without an end)
             self.control._forget(self)  # it resumes (here or elsewhere) under this id
             return
         self.finish("interrupted" if self.control.stopping else "cancelled")
@@ -246,8 +253,17 @@ class RunTicket:
     async def _write(self) -> None:
         while self._written < self._version:
             version = self._version
+            record = self.record()
+            carrier = self._carrier
             try:
-                await self.control.registry.put(self.record())
+                if not record.active and carrier is not None:
+                    # The end rides on the lock's release where the lock stored the status
+                    # (one round trip for both); else, or if that failed, it is put here.
+                    self._carrier = None
+                    if await carrier.end(record):
+                        self._written = version
+                        continue
+                await self.control.registry.put(record)
             except Exception as exc:
                 fault(log, "could not store a run's status", exc, every=False, run=self.run_id)
             self._written = version

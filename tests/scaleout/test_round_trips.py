@@ -7,7 +7,8 @@ counts every round trip the server made, with its purpose. The list is the one
 trip to a turn fails here. The owner's claim, the lock, the run's status and the history's
 first read are one round trip (`owner+lock+status+history.load`: the claim comes first, the
 status says `running` and the read is made once the lock is taken, inside that statement or
-script). The run frame feed's writes (durable
+script), and so are the lock's release and the run's end (`unlock+run.status`, before the last
+frame). The run frame feed's writes (durable
 runs off) are counted apart: they go in the background, never on the turn's path, one per
 scripted turn (the run's record, its frames and its end: the run ends within the feed's first
 wait, `journal.FEED_FIRST_SECONDS`), or two if the machine was slow enough that the wait ran
@@ -41,15 +42,16 @@ BACKGROUND = ("SELECT 1", "PING")
 """The `LISTEN` connection's health probe, a pub/sub keep-alive: not the turn's."""
 
 FEED_WRITES_PER_TURN = (1, 2)
-STATUS_WRITES_PER_TURN = 1
-"""The run's status record (`GET P/runs/{runId}`): its end, stored before the last frame is
-sent (`running` rides on the lock's round trip; `queued` is stored only for a run that waits).
-It runs beside the turn's own steps, in no fixed order among them."""
+STATUS_WRITES_PER_TURN = 0
+"""The run's status record (`GET P/runs/{runId}`) costs a turn no round trip of its own:
+`running` rides on the lock's round trip, its end on the lock's release (`unlock+run.status`,
+stored before the last frame is sent); `queued` is stored only for a run that waits."""
 ASIDE = ("feed", "upkeep", "run.status")
 """Not the turn's own round trips: the frame feed's background writes, the lease upkeep, the run
 status writes (counted apart)."""
 
 POSTGRES_PURPOSES = {
+    "FROM status OFFSET 0": "unlock+run.status",
     "atmosphere_claim_lock_run": "owner+lock+status+history.load",
     "atmosphere_lock_run": "lock+status+history.load",
     "atmosphere_conversation_owners": "owner.claim",
@@ -64,6 +66,7 @@ POSTGRES_PURPOSES = {
     "FROM atmosphere_facts": "facts.newest",
 }
 REDIS_PURPOSES = {
+    "locks._RELEASE_RUN": "unlock+run.status",
     "history._CLAIM_LOCK_READ_RUN": "owner+lock+status+history.load",
     "owners._CLAIM": "owner.claim",
     "control.": "run.status",
@@ -91,7 +94,7 @@ def purpose(burst: Burst, names: Mapping[str, str]) -> str:
 def redis_scripts() -> dict[str, str]:
     from redis.asyncio.lock import Lock
 
-    from atmosphere_harness._backends.redis import control, history, long_term, owners, runs
+    from atmosphere_harness._backends.redis import control, history, locks, long_term, owners, runs
 
     found = {
         **script_names(history),
@@ -99,6 +102,7 @@ def redis_scripts() -> dict[str, str]:
         **script_names(runs),
         **script_names(owners),
         **script_names(control),
+        **script_names(locks),
     }
     for name in ("LUA_RELEASE_SCRIPT", "LUA_REACQUIRE_SCRIPT", "LUA_EXTEND_SCRIPT"):
         script = getattr(Lock, name)
@@ -190,8 +194,16 @@ async def start(kind: str, workspace: Path, env: dict[str, str]) -> ServerProces
 @pytest.mark.parametrize(
     ("user", "expected"),
     [
-        (None, ["owner+lock+status+history.load", "history.append", "unlock"]),
-        ("alice", ["facts.newest", "owner+lock+status+history.load", "history.append", "unlock"]),
+        (None, ["owner+lock+status+history.load", "history.append", "unlock+run.status"]),
+        (
+            "alice",
+            [
+                "facts.newest",
+                "owner+lock+status+history.load",
+                "history.append",
+                "unlock+run.status",
+            ],
+        ),
     ],
 )
 async def test_a_postgres_turn_makes_one_round_trip_per_step(
@@ -217,8 +229,16 @@ async def test_a_postgres_turn_makes_one_round_trip_per_step(
 @pytest.mark.parametrize(
     ("user", "expected"),
     [
-        (None, ["owner+lock+status+history.load", "history.append", "unlock"]),
-        ("alice", ["facts.newest", "owner+lock+status+history.load", "history.append", "unlock"]),
+        (None, ["owner+lock+status+history.load", "history.append", "unlock+run.status"]),
+        (
+            "alice",
+            [
+                "facts.newest",
+                "owner+lock+status+history.load",
+                "history.append",
+                "unlock+run.status",
+            ],
+        ),
     ],
 )
 async def test_a_redis_turn_makes_one_round_trip_per_step(

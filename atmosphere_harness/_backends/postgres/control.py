@@ -69,20 +69,31 @@ def _values(record: RunRecord) -> tuple[Any, ...]:
     )
 
 
-UPSERT = (
-    "INSERT INTO atmosphere_run_control (run_id, path, conversation_id, user_key, has_user, "
-    "status, usage, error, owner, lease_until, started_at, updated_at) "
-    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, "
-    "$12::double precision + 0 * length(set_config('synchronous_commit', 'off', true))) "
-    "ON CONFLICT (run_id) DO UPDATE SET status = EXCLUDED.status, usage = EXCLUDED.usage, "
-    "error = EXCLUDED.error, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until, "
-    "updated_at = EXCLUDED.updated_at"
-)
+def status_upsert(first: int) -> str:
+    """`UPSERT` with its twelve parameters numbered from `$first`."""
+    p = [f"${first + n}" for n in range(12)]
+    return (
+        "INSERT INTO atmosphere_run_control (run_id, path, conversation_id, user_key, "
+        "has_user, status, usage, error, owner, lease_until, started_at, updated_at) "
+        f"VALUES ({', '.join(p[:11])}, {p[11]}::double precision "
+        "+ 0 * length(set_config('synchronous_commit', 'off', true))) "
+        "ON CONFLICT (run_id) DO UPDATE SET status = EXCLUDED.status, usage = EXCLUDED.usage, "
+        "error = EXCLUDED.error, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until, "
+        "updated_at = EXCLUDED.updated_at"
+    )
+
+
+UPSERT = status_upsert(1)
 """A run's status, committed without waiting for its WAL flush (the `set_config` turns
 `synchronous_commit` off for the statement's own transaction): a turn's end is not kept
 waiting for a disk flush. A crash of the PostgreSQL server may lose the last fraction of a
 second of status changes; a run whose row still says it is in flight then reads as
 `interrupted` once its lease has run out, which is what became of it."""
+
+
+def run_values(record: RunRecord) -> tuple[Any, ...]:
+    """`UPSERT`'s arguments for `record` (`locks.RELEASE_RUN` stores a run's end with them)."""
+    return _values(record)
 
 
 def lock_run_args(record: RunRecord, queue: bool) -> tuple[Any, ...]:

@@ -27,7 +27,10 @@ and not one connection per held lock, which would exhaust the pool under load):
    nothing locked or stored); a prompt that finds this replica's local lock taken claims at
    once with a `CLAIM_LOCK_RUN` that does not try the lock, so its answer does not wait;
 3. release: `pg_advisory_unlock` and, if the lock is marked, the `NOTIFY` (`RELEASE`, one
-   statement), on the same connection, in a task of its own: the run does not wait for it (its
+   statement), on the same connection, in a task of its own. Where the lock stored the run's
+   status, the release waits for the run's end (`contracts.LockedStatus.end`) and stores it in
+   the same statement (`RELEASE_RUN`), which the run waits for before its last frame: the end
+   and the unlock cost one round trip. Otherwise the run does not wait for the release (its
    `complete` frame leaves one round trip sooner). The next prompt of that conversation on
    this replica waits for the release first; one on another replica finds the lock taken for
    that round trip and waits for the `NOTIFY` as it would anyway. `aclose` waits for the
@@ -65,7 +68,7 @@ from ..._contracts import LockedClaim, LockedRead, LockedStatus
 from ..._errors import BackendUnavailable
 from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead
-from .control import PostgresRunRegistry, lock_run_args
+from .control import PostgresRunRegistry, lock_run_args, run_values, status_upsert
 from .database import (
     CLIENT_ERRORS,
     CONNECT_TIMEOUT,
@@ -133,6 +136,17 @@ FROM (SELECT pg_advisory_unlock($1) OFFSET 0) AS released
 """Unlock, then `NOTIFY` only if a waiter marked the lock (its shared mark makes the exclusive
 try fail; `OFFSET 0` keeps the unlock first). A `NOTIFY` wakes every replica's listener
 whoever waits, and cost a turn 0.3-0.5 ms here when sent on each release."""
+
+RELEASE_RUN = (
+    "WITH status AS (" + status_upsert(5) + " RETURNING 1) "
+    "SELECT CASE WHEN pg_try_advisory_xact_lock($3, $4) THEN NULL "
+    "ELSE pg_notify($2, $1::text) END "
+    "FROM (SELECT pg_advisory_unlock($1) FROM status OFFSET 0) AS released"
+)
+"""`RELEASE` that first stores the run's end in its status row (`contracts.LockedStatus.end`),
+as `control.UPSERT` does (committed without waiting for the WAL flush): the run's end and the
+unlock are one round trip, sent before the run's last frame. The unlock reads the upsert's
+row, so it runs after it."""
 
 
 def lock_key(path: str, conversation_id: str) -> int:
@@ -231,14 +245,17 @@ class PostgresConversationLocks:
                 # This replica's previous prompt of the conversation is still releasing it.
                 await asyncio.wait([pending])
             session = await self._acquire(key, read, claim)
+            end = read.status if read is not None and self._carries(read.status) else None
+            if end is not None:
+                end.carries_end = True  # (the release stores the run's end: `RELEASE_RUN`)
             try:
                 yield
             finally:
-                self._schedule_release(key, session)
+                self._schedule_release(key, session, end)
 
-    def _schedule_release(self, key: int, session: Any) -> None:
+    def _schedule_release(self, key: int, session: Any, end: LockedStatus | None = None) -> None:
         task = asyncio.get_running_loop().create_task(
-            self._release(key, session), name="postgres-lock-release"
+            self._release(key, session, end), name="postgres-lock-release"
         )
         self._releasing[key] = task
         task.add_done_callback(functools.partial(self._released_one, key))
@@ -366,14 +383,35 @@ class PostgresConversationLocks:
         with contextlib.suppress(Exception):
             await self._statement(UNMARK, *mark_key(key), retry=False)
 
-    async def _release(self, key: int, session: Any) -> None:
-        if session is not self._connection:
-            # The session that held it is gone, and PostgreSQL released the lock with it.
-            return
+    async def _release(self, key: int, session: Any, end: LockedStatus | None = None) -> None:
+        stored = False
         try:
-            await self._statement(RELEASE, key, CHANNEL, *mark_key(key), retry=False)
-        except Exception as exc:
-            fault(log, "conversation lock release failed", exc, every=False)
+            record = await end.ending() if end is not None else None
+            if session is not self._connection:
+                # The session that held it is gone, and PostgreSQL released the lock with it
+                # (the run's end, if any, is written by its ticket).
+                return
+            if record is not None:
+                try:
+                    await self._statement(
+                        RELEASE_RUN, key, CHANNEL, *mark_key(key), *run_values(record), retry=False
+                    )
+                    stored = True
+                    return
+                except Exception as exc:
+                    # The run stores its end itself (`released(False)`); the lock is freed
+                    # alone below, unless its session went (and the lock with it).
+                    fault(log, "a run's end did not ride on its lock's release", exc, every=False)
+                    if session is not self._connection or session.is_closed():
+                        return
+            try:
+                await self._statement(RELEASE, key, CHANNEL, *mark_key(key), retry=False)
+            except Exception as exc:
+                fault(log, "conversation lock release failed", exc, every=False)
+        finally:
+            if end is not None:
+                end.no_end()
+                end.released(stored)
 
     async def _statement(
         self, query: str, *args: Any, retry: bool, rows: bool = False

@@ -31,7 +31,10 @@ script, told not to try the lock, so its answer does not wait. Either way the to
 driver's kind, so renewal and release stay redis-py's `Lock` scripts.
 
 The release runs in a task of its own: the run does not wait for that round trip (its
-`complete` frame leaves sooner). A release that cannot reach Redis is tried again (backing off
+`complete` frame leaves sooner), unless the lock's script stored the run's status: then the
+release waits for the run's end (`contracts.LockedStatus.end`) and stores it in the same
+script (`_RELEASE_RUN`), which the run waits for before its last frame, so the end and the
+unlock cost one round trip. A release that cannot reach Redis is tried again (backing off
 up to a second) until the lock would have lapsed anyway, so after an outage the conversation is
 free as soon as Redis is back, not a lease later. The next prompt of the conversation on this
 replica waits for the release first (so it never polls against its own replica's lock); a
@@ -68,7 +71,7 @@ from ..._errors import ConversationTaken
 from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead
 from .connection import RedisConnection, lock_key
-from .control import RedisRunRegistry
+from .control import RedisRunRegistry, status_keys_args
 from .history import RedisHistory
 from .owners import RedisConversationOwners
 
@@ -85,6 +88,24 @@ DRAIN_SECONDS = 5.0
 """How long closing the pool waits for the releases still running (then they are cancelled:
 their locks lapse by themselves)."""
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+
+_RELEASE_RUN = """
+redis.call('HSET', KEYS[2], unpack(cjson.decode(ARGV[2])))
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('SADD', KEYS[3], ARGV[4])
+redis.call('EXPIRE', KEYS[3], ARGV[3])
+redis.call('SADD', KEYS[4], ARGV[4])
+redis.call('EXPIRE', KEYS[4], ARGV[3])
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    return 1
+end
+return 0
+"""
+"""The lock's release (as redis-py's, only while the key holds our token) that first stores
+the run's end in its status record, as `RedisRunRegistry.put` does
+(`contracts.LockedStatus.end`): the run's end and the unlock are one round trip."""
+# KEYS: the lock, then `control.status_keys_args`'s. ARGV: the token, then its arguments.
 
 
 __all__ = ["LOCK_TTL", "POLL", "RedisConversationLocks", "lock_key"]
@@ -104,6 +125,7 @@ class RedisConversationLocks:
         self._local: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._releasing: dict[str, asyncio.Task[None]] = {}
         """Releases not finished yet, by lock key (the next hold of that key waits for it)."""
+        self._release_run: Any = connection.client.register_script(_RELEASE_RUN)
         connection.on_close(self.drain)
 
     def __repr__(self) -> str:
@@ -161,11 +183,14 @@ class RedisConversationLocks:
             renewal = asyncio.get_running_loop().create_task(
                 self._renew(lock, path, conversation_id), name="redis-lock-renewal"
             )
+            end = served.status if served is not None and self._carries(served.status) else None
+            if end is not None:
+                end.carries_end = True  # (the release stores the run's end: `_RELEASE_RUN`)
             try:
                 yield
             finally:
                 renewal.cancel()
-                self._schedule(key, self._release(lock, renewal, conversation_id))
+                self._schedule(key, self._release(lock, renewal, conversation_id, end))
 
     def _serves(self, read: HistoryRead) -> bool:
         """Whether `read` reads a history on this lock's Redis (one script can make both)."""
@@ -268,8 +293,30 @@ class RedisConversationLocks:
         if left:
             await asyncio.wait(left, timeout=DRAIN_SECONDS)
 
-    async def _release(self, lock: Lock, renewal: asyncio.Task[None], conversation_id: str) -> None:
+    async def _release(
+        self,
+        lock: Lock,
+        renewal: asyncio.Task[None],
+        conversation_id: str,
+        end: LockedStatus | None = None,
+    ) -> None:
         await asyncio.wait([renewal])
+        if end is not None:
+            stored = False
+            try:
+                record = await end.ending()
+                token = lock.local.token
+                if record is not None and token is not None:
+                    keys, args = status_keys_args(self.connection, record)
+                    await self._release_run(keys=[lock.name, *keys], args=[token, *args])
+                    stored = True
+                    lock.local.token = None
+                    return  # (freed, or lapsed and another holder's: left to it)
+            except (RedisError, OSError) as exc:
+                log.debug("a run's end did not ride on its lock's release", error=str(exc))
+            finally:
+                end.no_end()
+                end.released(stored)
         loop = asyncio.get_running_loop()
         lapses = loop.time() + self.ttl
         """When the lock lapses by itself at the latest (the last renewal was before now)."""
