@@ -187,7 +187,10 @@ def forget_body(request: httpx2.Request) -> None:
     streams, about 5 KiB a run in flight with the default tools and more with a long history.
     Nothing sends it again: a retry or a redirect builds a new request before any answer."""
     stream = request.stream
-    if isinstance(stream, httpx2.ByteStream) and isinstance(stream._stream, bytes):
+    # (Private attributes of httpx2: read with getattr, so a release that renames them costs
+    # the memory saving, never the call.)
+    body = getattr(stream, "_stream", None)
+    if isinstance(stream, httpx2.ByteStream) and isinstance(body, bytes):
         stream._stream = b""
     if isinstance(getattr(request, "_content", None), bytes):
         request._content = b""
