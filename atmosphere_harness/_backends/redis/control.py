@@ -31,7 +31,23 @@ KEEP_SECONDS = 24 * 3600
 """How long a run's record answers `GET P/runs/{runId}` after its last change."""
 ACTIVE = " ".join(sorted(ACTIVE_STATUSES))
 
-_BEGIN = """
+PUT_RECORD = """
+local function put_record(run, conversation, every, fields, keep, run_id)
+    redis.call('HSET', run, unpack(cjson.decode(fields)))
+    redis.call('EXPIRE', run, keep)
+    redis.call('SADD', conversation, run_id)
+    redis.call('EXPIRE', conversation, keep)
+    redis.call('SADD', every, run_id)
+    redis.call('EXPIRE', every, keep)
+end
+"""
+"""A Lua function the scripts that store a run's record include: its fields (a JSON list of
+names and values) into the run's hash and the run into its conversation's two sets (runs in
+flight, every run), all kept `keep` seconds."""
+
+_BEGIN = (
+    PUT_RECORD
+    + """
 if ARGV[1] == '1' then
     for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do
         local fields = redis.call('HMGET', ARGV[5] .. id, 'status', 'lease')
@@ -41,14 +57,10 @@ if ARGV[1] == '1' then
         end
     end
 end
-redis.call('HSET', KEYS[1], unpack(cjson.decode(ARGV[2])))
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('SADD', KEYS[2], ARGV[7])
-redis.call('EXPIRE', KEYS[2], ARGV[6])
-redis.call('SADD', KEYS[3], ARGV[7])
-redis.call('EXPIRE', KEYS[3], ARGV[6])
+put_record(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[6], ARGV[7])
 return 1
 """
+)
 # KEYS: run hash, conversation set, conversation's every run. ARGV: exclusive, fields (JSON
 # list), active statuses, now, run key prefix, keep seconds, run id.
 
@@ -64,19 +76,17 @@ return 1
 # KEYS: run hash, channel. ARGV: mode, payload, active statuses.
 
 
-STORE_STATUS = """
+STORE_STATUS = (
+    PUT_RECORD
+    + """
 local function store_status(run, conversation, every, fields, keep, run_id, status)
     local now = redis.call('HGET', run, 'status')
     if now and now ~= 'queued' and now ~= 'running' then return end
-    redis.call('HSET', run, unpack(cjson.decode(fields)))
+    put_record(run, conversation, every, fields, keep, run_id)
     redis.call('HSET', run, 'status', status)
-    redis.call('EXPIRE', run, keep)
-    redis.call('SADD', conversation, run_id)
-    redis.call('EXPIRE', conversation, keep)
-    redis.call('SADD', every, run_id)
-    redis.call('EXPIRE', every, keep)
 end
 """
+)
 """A Lua function another script includes to store a run's record as `put` does, with
 `status` (`queued` or `running`), unless the run's status is already another one (a run
 cancelled meanwhile stays cancelled): the conversation lock's script stores the run's status

@@ -71,7 +71,7 @@ from ..._errors import ConversationTaken
 from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead
 from .connection import RedisConnection, lock_key
-from .control import RedisRunRegistry, status_keys_args
+from .control import PUT_RECORD, RedisRunRegistry, status_keys_args
 from .history import RedisHistory
 from .owners import RedisConversationOwners
 
@@ -89,19 +89,17 @@ DRAIN_SECONDS = 5.0
 their locks lapse by themselves)."""
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 
-_RELEASE_RUN = """
-redis.call('HSET', KEYS[2], unpack(cjson.decode(ARGV[2])))
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('SADD', KEYS[3], ARGV[4])
-redis.call('EXPIRE', KEYS[3], ARGV[3])
-redis.call('SADD', KEYS[4], ARGV[4])
-redis.call('EXPIRE', KEYS[4], ARGV[3])
+_RELEASE_RUN = (
+    PUT_RECORD
+    + """
+put_record(KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3], ARGV[4])
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('DEL', KEYS[1])
     return 1
 end
 return 0
 """
+)
 """The lock's release (as redis-py's, only while the key holds our token) that first stores
 the run's end in its status record, as `RedisRunRegistry.put` does
 (`contracts.LockedStatus.end`): the run's end and the unlock are one round trip."""
