@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
+import redis as redis_client
 
 from atmosphere_harness import HarnessSettings
 from atmosphere_harness import _events as events
@@ -571,7 +571,7 @@ _OURS = ("info", "hello", "client|setinfo")
 
 def _commands(server: PrivateRedis) -> dict[str, int]:
     """Calls so far by command on a private Redis (`INFO commandstats`)."""
-    client = redis.Redis(host="127.0.0.1", port=server.port)
+    client = redis_client.Redis(host="127.0.0.1", port=server.port)
     try:
         stats = client.info("commandstats")
     finally:

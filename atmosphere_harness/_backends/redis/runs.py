@@ -26,14 +26,17 @@ What makes it a multi-replica store, as `PostgresRunStore`:
 - It is also the frame feed (durable runs off): runs owned as `FEED_OWNER`... are never
   claimed, their appends are refused once the run is finished, an append whose last frame is
   terminal is pipelined with `finish` (one round trip for both), and `abandon` ends those whose
-  replica died (lease run out) with a terminal `error` frame.
+  replica died (lease run out) with a terminal `error` frame. Between a feed run's first write
+  and its end, its frames go in `append_feeds` (every run of a replica in one script), which
+  costs each run one `HMGET`, one `ZADD` of all its frames and one `PUBLISH`.
 - Each append of frames also `PUBLISH`es `'{seq} {run_id}'` on the run's own channel,
   `runs:frames:{run_id}`, from its script (no round trip of its own; the frames are written
   when it is sent). A replica with readers following runs from here (`watch`) subscribes to
   those runs' channels, while it has readers of them, on one pub/sub connection and wakes them
   at once instead of at their next poll; a replica without readers receives nothing.
-- Every key also has a TTL (`SAFETY_TTL`, refreshed by writes and heartbeats; shorter once a
-  run finished), so nothing outlives a Redis whose replicas all went away.
+- Every key also has a TTL (`SAFETY_TTL`, refreshed by heartbeats and by `append`, not by the
+  frame feed's batches; shorter once a run finished), so nothing outlives a Redis whose
+  replicas all went away.
 
 Needs a standalone Redis 7 or later (scripts touch keys they compute, as the other parts do).
 """
