@@ -81,7 +81,7 @@ POOL_MAX = 10
 """PostgreSQL connections a replica's pool may open (`_backends/postgres/database.py`)."""
 PG_EXTRA = 2
 """A replica's connections besides the pool: `LISTEN`, and the conversation locks'."""
-REDIS_MAX = 16
+REDIS_MAX = 64
 """Redis connections a replica's pool may open (`_backends/redis/connection.py`)."""
 MODEL_MAX = 1000
 """HTTP connections the `openai` SDK's client opens to the model at most (its default)."""
