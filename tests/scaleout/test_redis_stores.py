@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from atmosphere_harness import Message
 from atmosphere_harness._backends.redis import (
@@ -17,6 +18,7 @@ from atmosphere_harness._backends.redis import (
     RedisLongTermMemory,
     RedisPlanStore,
 )
+from atmosphere_harness._backends.redis.connection import MAX_CONNECTIONS
 from atmosphere_harness._errors import PlanStoreError
 from atmosphere_harness._memory.history import ConversationKey, HistoryBackend
 from atmosphere_harness._memory.long_term import LongTermMemory
@@ -52,7 +54,7 @@ from tests.memory.test_memory_long_term import (  # noqa: F401
     test_users_are_isolated,
     test_users_do_not_share_facts_for_deduplication,
 )
-from tests.scaleout.redis_service import keys_under
+from tests.scaleout.redis_service import PrivateRedis, keys_under
 
 pytestmark = pytest.mark.services
 
@@ -233,3 +235,23 @@ async def test_the_plan_cap_evicts_idle_plans_and_spares_recent_ones(
     with pytest.raises(PlanStoreError, match="already has 8 plans in use"):
         await busy.put("a", "c9", plan("g9"))
     await busy.put("a", "c0", plan("rewrite"))  # rewriting an existing plan always works
+
+
+async def test_a_burst_of_commands_shares_a_bounded_pool(tmp_path: Path) -> None:
+    """Commands sent at once beyond the pool's bound wait for a connection instead of opening
+    one each (the pool never closes what it opened: each is memory for the process's life),
+    and all of them are answered."""
+    server = PrivateRedis(tmp_path).start()
+    connection = RedisConnection(server.url())
+    counter = redis.Redis(host="127.0.0.1", port=server.port)
+    try:
+        await connection.open()
+        await connection.client.set("t:x", "1")
+        replies = await asyncio.gather(*(connection.client.get("t:x") for _ in range(200)))
+        assert replies == ["1"] * 200
+        opened = int(counter.info("clients")["connected_clients"]) - 1  # (the counter's own)
+        assert 1 <= opened <= MAX_CONNECTIONS
+    finally:
+        counter.close()
+        await connection.aclose()
+        server.stop()

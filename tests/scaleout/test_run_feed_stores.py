@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis as redis_client
 
 from atmosphere_harness import HarnessSettings
 from atmosphere_harness import _events as events
@@ -34,7 +36,7 @@ from atmosphere_harness._kernel.remote import RemoteRun, resolved
 from atmosphere_harness._kernel.writer import encode
 
 from .postgres_service import create_database, drop_database
-from .redis_service import url_for
+from .redis_service import PrivateRedis, url_for
 from .test_postgres_runs import frame, stored
 
 pytestmark = pytest.mark.services
@@ -561,3 +563,73 @@ async def test_a_run_whose_batched_write_is_refused_stops_sharing_and_goes_on(
     finally:
         await local.aclose()
         await runs_a.aclose()
+
+
+_OURS = ("info", "hello", "client|setinfo")
+"""The commands `_used` itself sends (a connection of its own)."""
+
+
+def _commands(server: PrivateRedis) -> dict[str, int]:
+    """Calls so far by command on a private Redis (`INFO commandstats`)."""
+    client = redis_client.Redis(host="127.0.0.1", port=server.port)
+    try:
+        stats = client.info("commandstats")
+    finally:
+        client.close()
+    return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
+
+
+async def _used(server: PrivateRedis, write: Any) -> dict[str, int]:
+    """The commands Redis ran for `await write()`, by name."""
+    before = _commands(server)
+    await write()
+    after = _commands(server)
+    used = {name: count - before.get(name, 0) for name, count in after.items()}
+    return {name: count for name, count in used.items() if count and name not in _OURS}
+
+
+async def test_a_redis_batch_costs_one_zadd_and_one_publish_a_run_whatever_its_frames(
+    tmp_path: Path,
+) -> None:
+    """On Redis, a batch of the frame feed costs each run one `HMGET` (owner, finished), one
+    `ZADD` of all its frames and one `PUBLISH`, whatever the number of its frames: no `EXPIRE`
+    (the keys keep the TTL of the run's first write, which `heartbeat` moves), no per-frame
+    replace. A run first written without frames gets its frames' TTL in its first batch, and
+    a burst of frames beyond what one `ZADD` takes still lands whole, in order."""
+    server = PrivateRedis(tmp_path).start()
+    connection = RedisConnection(server.url("feed:"))
+    try:
+        await connection.open()
+        store = RedisRunStore(connection)
+        owner = FEED_OWNER + "a"
+        runs = [f"run-{n}" for n in range(4)]
+        for n, run in enumerate(runs):
+            first = [frame(1)] if n else []  # run-0: its first write holds no frame
+            await store.append(run, first, [], create=stored(run, n), owner=owner, lease_seconds=60)
+        # (the script loaded first: Redis runs it by its digest from then on)
+        await store.append(
+            "warm", [frame(1)], [], create=stored("warm"), owner=owner, lease_seconds=60
+        )
+        assert await store.append_feeds(owner, [("warm", [frame(2)])]) == {}
+        batch = [(run, [frame(seq) for seq in range(2, 7)]) for run in runs]
+        used = await _used(server, lambda: store.append_feeds(owner, batch))
+        # run-0's frames key did not exist: its TTL is set once (EXPIRE), and the mark cleared.
+        assert used == {"evalsha": 1, "hmget": 4, "zadd": 4, "publish": 4, "expire": 1, "hdel": 1}
+        batch = [(run, [frame(7)]) for run in runs]
+        used = await _used(server, lambda: store.append_feeds(owner, batch))
+        assert used == {"evalsha": 1, "hmget": 4, "zadd": 4, "publish": 4}
+        client = connection.client
+        for run in runs:
+            assert 0 < await client.ttl(f"feed:run:{run}:frames") <= redis_runs.SAFETY_TTL
+            frames, finished = await store.frames_after(run, 0, 100)
+            expected = list(range(1 if run != "run-0" else 2, 8))
+            assert ([f.seq for f in frames], finished) == (expected, False)
+        burst = [frame(seq, f"t{seq}") for seq in range(8, 8 + 1203)]
+        assert await store.append_feeds(owner, [("run-1", burst)]) == {}
+        frames, _ = await store.frames_after("run-1", 7, 2000)
+        assert [(f.seq, f.data["text"]) for f in frames] == [
+            (seq, f"t{seq}") for seq in range(8, 8 + 1203)
+        ]
+    finally:
+        await connection.aclose()
+        server.stop()

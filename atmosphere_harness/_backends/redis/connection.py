@@ -36,7 +36,10 @@ log = get_logger(__name__)
 VARIABLE = "ATMOSPHERE_REDIS_URL"
 DEFAULT_PREFIX = "atmosphere:"
 MAX_CONNECTIONS = 64
-"""Commands in flight at once per process; one more waits up to `POOL_TIMEOUT` for a slot."""
+"""Commands in flight at once per process; one more waits up to `POOL_TIMEOUT` for a slot.
+The pool never closes a connection it opened (about 29 KiB of the process's RSS each, so 1.8
+MiB at most): a bound of 16 saved that memory but Redis worked more a short run (fewer
+commands per wake-up), so the bound stays where a burst of runs is not made to wait."""
 POOL_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5.0
 SOCKET_TIMEOUT = 15.0

@@ -26,14 +26,17 @@ What makes it a multi-replica store, as `PostgresRunStore`:
 - It is also the frame feed (durable runs off): runs owned as `FEED_OWNER`... are never
   claimed, their appends are refused once the run is finished, an append whose last frame is
   terminal is pipelined with `finish` (one round trip for both), and `abandon` ends those whose
-  replica died (lease run out) with a terminal `error` frame.
+  replica died (lease run out) with a terminal `error` frame. Between a feed run's first write
+  and its end, its frames go in `append_feeds` (every run of a replica in one script), which
+  costs each run one `HMGET`, one `ZADD` of all its frames and one `PUBLISH`.
 - Each append of frames also `PUBLISH`es `'{seq} {run_id}'` on the run's own channel,
   `runs:frames:{run_id}`, from its script (no round trip of its own; the frames are written
   when it is sent). A replica with readers following runs from here (`watch`) subscribes to
   those runs' channels, while it has readers of them, on one pub/sub connection and wakes them
   at once instead of at their next poll; a replica without readers receives nothing.
-- Every key also has a TTL (`SAFETY_TTL`, refreshed by writes and heartbeats; shorter once a
-  run finished), so nothing outlives a Redis whose replicas all went away.
+- Every key also has a TTL (`SAFETY_TTL`, refreshed by heartbeats and by `append`, not by the
+  frame feed's batches; shorter once a run finished), so nothing outlives a Redis whose
+  replicas all went away.
 
 Needs a standalone Redis 7 or later (scripts touch keys they compute, as the other parts do).
 """
@@ -105,6 +108,7 @@ if creating == '1' then
         end
         redis.call('ZADD', KEYS[4], tonumber(ARGV[i + 5]), id)
         redis.call('EXPIRE', KEYS[4], ttl)
+        if nframes == 0 and feed(owner) then redis.call('HSET', KEYS[1], 'bare', '1') end
     end
     i = i + 6
 else
@@ -149,37 +153,41 @@ local refused = {}
 for r = 1, tonumber(ARGV[4]) do
     local id, nframes = ARGV[i], tonumber(ARGV[i + 1])
     i = i + 2
+    local stop = i + 2 * nframes - 1
     local key = runkey(prefix, id)
-    local current = redis.call('HGET', key, 'owner')
+    local run = redis.call('HMGET', key, 'owner', 'finished', 'bare')
     local why = false
-    if not current then
+    if not run[1] then
         why = 'missing'
-    elseif current ~= owner or redis.call('HEXISTS', key, 'finished') == 1 then
+    elseif run[1] ~= owner or run[2] then
         why = 'ended'
     end
     if why then
         refused[#refused + 1] = id
         refused[#refused + 1] = why
-        i = i + 2 * nframes
     else
-        local frames, last = key .. ':frames', nil
-        for n = 1, nframes do
-            local seq = ARGV[i]
-            redis.call('ZREMRANGEBYSCORE', frames, seq, seq)
-            redis.call('ZADD', frames, seq, ARGV[i + 1])
-            last = seq
-            i = i + 2
+        local frames = key .. ':frames'
+        for first = i, stop, 1000 do
+            redis.call('ZADD', frames, unpack(ARGV, first, math.min(first + 999, stop)))
         end
-        redis.call('EXPIRE', frames, ttl)
-        redis.call('EXPIRE', key, ttl)
-        redis.call('PUBLISH', prefix .. 'runs:frames:' .. id, last .. ' ' .. id)
+        if run[3] then
+            redis.call('EXPIRE', frames, ttl)
+            redis.call('HDEL', key, 'bare')
+        end
+        redis.call('PUBLISH', prefix .. 'runs:frames:' .. id, ARGV[stop - 1] .. ' ' .. id)
     end
+    i = stop + 1
 end
 return refused
 """
 )
 # No KEYS (each run's keys follow from its id). ARGV: prefix, owner, ttl, #runs, then per run:
-#   id, #frames, frames (seq, member)... Returns the refused runs: id, why (`ended`, `missing`).
+#   id, #frames (at least one), frames (seq, member)... Returns the refused runs: id, why
+#   (`ended`, `missing`). A frame-feed run's seqs are each written once (its writer never sends
+#   one again), so a plain `ZADD` of all of them stands for `append`'s replace-then-add, and its
+#   keys keep the TTL its first write gave them (moved by `heartbeat`): only a run first written
+#   without frames (`bare`: its frames key did not exist yet) has its frames' TTL set here.
+#   `ZADD` takes the frames 500 at a time (`unpack` of a whole burst could overflow Lua's stack).
 
 _CLAIM = (
     _LIB
