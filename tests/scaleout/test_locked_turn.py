@@ -295,6 +295,25 @@ async def test_a_durable_run_or_a_run_outside_its_block_stores_its_turn_itself(
     assert await status.end(record(run_id, conversation, "completed"))
 
 
+async def test_the_trim_and_the_conversation_cap_hold_for_turns_the_release_stores(
+    replica: Replica,
+) -> None:
+    bounded = RedisHistory(replica.connection, max_messages=3, max_conversations=4, min_idle=0)
+    replica.history = bounded
+    replica.memory = ConversationMemory(bounded, endpoint=PATH)
+    for text in ("one", "two"):
+        run_id, status = await a_turn(replica, "trimmed", text)
+        assert await status.end(record(run_id, "trimmed", "completed"))
+    assert await stored_texts(replica, "trimmed") == ["answer to one", "two", "answer to two"]
+    for n in range(5):
+        run_id, status = await a_turn(replica, f"many-{n}", "hello")
+        assert await status.end(record(run_id, f"many-{n}", "completed"))
+    kept = await replica.connection.client.zcard(bounded._all)
+    assert kept <= 4
+    assert await stored_texts(replica, "many-4") == ["hello", "answer to hello"]
+    assert await stored_texts(replica, "trimmed") == []  # (the least recently active went)
+
+
 async def test_a_server_s_turn_that_cannot_be_stored_ends_its_run_failed(
     prefix: str, tmp_path: Any
 ) -> None:
@@ -411,3 +430,56 @@ async def test_a_server_s_turn_whose_reply_is_lost_is_stored_once_and_completes(
     finally:
         server.kill()
         await proxy.aclose()
+
+
+async def test_a_server_s_run_cancelled_mid_turn_stores_its_turn_with_its_end(
+    prefix: str, tmp_path: Any
+) -> None:
+    """A run cancelled while the model answers: its turn (the user's message, without an
+    answer) rides on the release with the `cancelled` end; the next prompt sees it, at once."""
+    import httpx2
+
+    from tests.reliability.server import ServerProcess
+
+    from .redis_app import PATH as APP_PATH
+    from .replicas import prompt, summary
+
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    env = {
+        "ATMOSPHERE_REDIS_URL": url_for(prefix),
+        "ATMOSPHERE_DURABLE_RUNS_ENABLED": "false",
+        "ATMOSPHERE_AI_HARNESS_ENABLED": "true",
+    }
+    server = await asyncio.to_thread(
+        ServerProcess("redis", workspace, tmp_path / "server.log", env).start
+    )
+    conversation = f"c-{uuid.uuid4().hex[:8]}"
+    headers = {"X-User-Id": "alice"}
+    try:
+        async with httpx2.AsyncClient(timeout=30) as client:
+            frames: list[dict[str, Any]] = []
+            body = {"message": "slow 3000 stopped", "conversationId": conversation}
+            async with client.stream(
+                "POST", server.url + APP_PATH, json=body, headers=headers
+            ) as response:
+                run_id = response.headers["X-Run-Id"]
+                await asyncio.sleep(0.5)
+                cancel = await client.post(
+                    f"{server.url}{APP_PATH}/runs/{run_id}/cancel", headers=headers
+                )
+                assert cancel.status_code == 202, cancel.text
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        frames.append(json.loads(line[5:].strip()))
+                        if frames[-1]["event"] in ("complete", "error"):
+                            break
+            assert frames[-1]["data"]["type"] == "RunCancelled", frames[-1]
+            answer = await client.get(f"{server.url}{APP_PATH}/runs/{run_id}", headers=headers)
+            assert answer.json()["status"] == "cancelled", answer.json()
+            started = time.monotonic()
+            said = await prompt(client, server.url, "next", conversation, path=APP_PATH)
+            assert summary(said) == "seen: slow 3000 stopped | next"
+            assert time.monotonic() - started < 2.5  # (the lock was freed with the end)
+    finally:
+        server.kill()

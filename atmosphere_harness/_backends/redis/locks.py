@@ -34,12 +34,18 @@ The release runs in a task of its own: the run does not wait for that round trip
 `complete` frame leaves sooner), unless the lock's script stored the run's status: then the
 release waits for the run's end (`contracts.LockedStatus.end`) and stores it in the same
 script (`_RELEASE_RUN`), which the run waits for before its last frame, so the end and the
-unlock cost one round trip. A release that cannot reach Redis is tried again (backing off
-up to a second) until the lock would have lapsed anyway, so after an outage the conversation is
-free as soon as Redis is back, not a lease later. The next prompt of the conversation on this
-replica waits for the release first (so it never polls against its own replica's lock); a
-prompt on another replica may find the lock still taken for that round trip and polls as it
-would anyway. When the pool closes, the releases still running get `DRAIN_SECONDS` to finish.
+unlock cost one round trip. While its block runs, such a lock also takes the run's turn
+(`contracts.LockedStatus.hand`, from `ConversationMemory`): the release stores the turn, the end
+and the unlock in one script (`_APPEND_RELEASE_RUN`), the turn first. If that script fails (or
+its reply is lost), or the end does not come in time, the release stores the turn on its own
+(`RedisHistory.store_turn`, with the turn's write key: stored once) before it frees the lock,
+and tells the run how it went (`LockedStatus.wrote`). A release that cannot reach Redis is
+tried again (backing off up to a second) until the lock would have lapsed anyway, so after an
+outage the conversation is free as soon as Redis is back, not a lease later. The next prompt of
+the conversation on this replica waits for the release first (so it never polls against its
+own replica's lock); a prompt on another replica may find the lock still taken for that round
+trip and polls as it would anyway. When the pool closes, the releases still running get
+`DRAIN_SECONDS` to finish.
 
 The acquisition loop and the renewal end when their task is cancelled, even when the driver
 swallowed the cancellation (`_cancel.reraise_cancellation`): a stopped run never goes on
