@@ -1,10 +1,11 @@
-"""Instructions a streamed token costs the real server (callgrind): the same whatever the load.
+"""Instructions a streamed token costs the real server (callgrind): steadier than CPU time.
 
     python benchmarks/token_instructions.py [--runs 5] [--tokens 200] [--tokens-per-s 10]
         [--fast] [--checkout PATH]
 
 CPU time a token moves with the machine's load (a server short of CPU handles more tokens a turn
-of its loop, and each costs less), so two versions are compared here by instructions. The server
+of its loop, and each costs less), so two versions are compared here by instructions (they move
+too when the machine is busy enough that frames queue up: alternate the two). The server
 (`inflight.py --serve`: one uvicorn process, asyncio + h11, `--fast` for uvloop + httptools) runs
 under `valgrind --tool=callgrind` with its counting off; the fake model (`inflight.py --fake`) and
 the clients are plain processes. After a warm-up two windows are counted (`callgrind_control -i

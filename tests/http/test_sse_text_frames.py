@@ -83,7 +83,8 @@ async def test_a_paced_stream_writes_each_text_frame_as_to_json_does(workspace: 
     assert len(texts) == FRAMES
     assert events[-1][1] == b"complete"
     for index, (seq, _, data) in enumerate(texts):
-        assert b"\n" not in data and b"\r" not in data
+        assert b"\n" not in data
+        assert b"\r" not in data
         wire = json.loads(data)
         assert wire["data"] == {"text": f"{TEXTS[index % len(TEXTS)]} {index}"}
         # The very bytes `Frame.to_json` gives (one line, line separators escaped).
