@@ -2,7 +2,7 @@
 
     python benchmarks/inflight.py [--levels 100,200,400,...] [--variants embedded,postgres,...]
         [--tokens-per-s 20] [--seconds 30] [--tool-call] [--threshold-ms 100]
-        [--profile-at N] [--heap-at N] [--server-env KEY=VALUE ...] [--smoke]
+        [--profile-at N] [--heap-at N] [--server-env KEY=VALUE ...] [--pin] [--smoke]
 
 Three kinds of process on loopback, so no side's CPU is counted as another's:
 
@@ -43,6 +43,13 @@ and the share of samples with each package anywhere on the stack).
 app's start-up; slower: its delays mean nothing) and takes a snapshot before the runs
 start and one in the middle of the window; the JSON gives what was added per run in flight, by
 the source line that allocated it (the largest first).
+
+`--pin` gives the server one core of its own: every server process (all its threads, every
+worker) runs on the first CPU this process may use, the model and the clients on the others
+(`sched_setaffinity`), so the server's CPU a token and the runs one server core holds are
+measured without the load generators competing for that core (other processes of the machine
+still may). The JSON then says which cores, and each level gives `runs_a_core_at_this_cost`: the
+runs one core would hold at that level's CPU a token if it did nothing else.
 
 `--smoke` is a quick check that everything runs (tiny levels, short streams); its figures mean
 nothing. Prints one JSON document.
@@ -551,6 +558,25 @@ def tree(pid: int) -> list[int]:
     return pids
 
 
+def pin(pid: int, cores: set[int] | None) -> None:
+    """Every thread of `pid` and of its children on `cores` (threads made later inherit it)."""
+    if not cores:
+        return
+    for each in tree(pid):
+        with contextlib.suppress(OSError):
+            for thread in Path(f"/proc/{each}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(thread.name), cores)
+
+
+def split_cores() -> tuple[set[int], set[int]]:
+    """`--pin`: the first CPU this process may use for the server, the others for the load."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        raise SystemExit("--pin needs at least two CPUs")
+    return {allowed[0]}, set(allowed[1:])
+
+
 def machine_idle() -> tuple[int, int]:
     """(idle, total) jiffies of every core, from /proc/stat."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -838,6 +864,8 @@ class Settings:
     per_client: int
     root: Path
     server_env: dict[str, str] = field(default_factory=dict)
+    server_cores: set[int] | None = None
+    load_cores: set[int] | None = None
 
 
 def measure_level(
@@ -877,9 +905,9 @@ def measure_level(
         spec_path = settings.root / f"spec-{tag}-{index}.json"
         spec_path.write_text(json.dumps(spec))
         command = [sys.executable, __file__, "--client", str(spec_path)]
-        procs.append(
-            (subprocess.Popen(command, env=environment({}), stdout=subprocess.DEVNULL), out)
-        )
+        client = subprocess.Popen(command, env=environment({}), stdout=subprocess.DEVNULL)
+        pin(client.pid, settings.load_cores)
+        procs.append((client, out))
     rss_before = server.rss()
     if heap is not None:
         os.kill(server.process.pid, signal.SIGUSR1)
@@ -922,6 +950,7 @@ def measure_level(
     steady = window_delays(procs)
     tokens = len(steady)
     cpu_s = (cpu1 - cpu0) / TICKS
+    per_token_us = cpu_s * 1e6 / tokens if tokens else None
     idle = (idle1[0] - idle0[0]) / max(1, idle1[1] - idle0[1])
     errors = sum(v for k, v in outcomes.items() if k != "complete")
     return {
@@ -929,7 +958,10 @@ def measure_level(
         "clients": clients,
         "frame_delay_ms": spread(sorted(steady), 1000.0),
         "frame_delay_ms_whole_run": spread(ordered, 1000.0),
-        "server_cpu_us_per_token": round(cpu_s * 1e6 / tokens, 1) if tokens else None,
+        "server_cpu_us_per_token": round(per_token_us, 1) if per_token_us else None,
+        "runs_a_core_at_this_cost": (
+            round(1e6 / per_token_us / settings.tokens_per_s) if per_token_us else None
+        ),
         "server_cpu_cores": round(cpu_s / seconds, 2),
         "tokens_per_s_delivered": round(tokens / seconds),
         "rss_kib_per_run": round((rss_mid - rss_before) / 1024 / n, 1),
@@ -1111,6 +1143,7 @@ def ramp(
     found: dict[str, Any] = {"levels": {}, "held": 0}
     try:
         wait_for_port(model_port, model)
+        pin(model.pid, settings.load_cores)
         venv = None
         if variant.backend.startswith("aegra"):
             from peers import install
@@ -1140,6 +1173,7 @@ def ramp(
                         heap.mkdir()
                         server_env |= {"BENCH_HEAP_DIR": str(heap)}
                     server = Server(variant, model_port, server_env, root)
+                pin(server.process.pid, settings.server_cores)
                 try:
                     warm_up(server.port, server.protocol)
                     profile = profile_out if profile_at == n else None
@@ -1204,6 +1238,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         root=root,
         server_env=dict(item.split("=", 1) for item in args.server_env),
     )
+    if args.pin:
+        settings.server_cores, settings.load_cores = split_cores()
     document: dict[str, Any] = {
         "benchmark": "inflight",
         "workload": {
@@ -1214,6 +1250,12 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             "threshold_ms": args.threshold_ms,
             "levels": levels,
             "server_env": args.server_env,
+            "pinned": {
+                "server_cores": sorted(settings.server_cores),
+                "load_cores": sorted(settings.load_cores or ()),
+            }
+            if settings.server_cores
+            else None,
         },
         "variants": {},
         "machine": machine(),
@@ -1290,6 +1332,11 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--profile-out", type=Path, default=HERE / "results" / "inflight-profile.txt"
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the server on one core, the model and the clients on the others",
     )
     parser.add_argument("--smoke", action="store_true", help="tiny levels: a check, not figures")
     parsed = parser.parse_args()

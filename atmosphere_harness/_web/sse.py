@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextvars import ContextVar
+from json.encoder import encode_basestring
 from typing import Any
 
 from sse_starlette import EventSourceResponse
@@ -30,7 +32,7 @@ from sse_starlette.sse import (
 from starlette.types import Message, Receive, Scope, Send
 
 from .._contracts import LiveRunHandle
-from .._events import Frame
+from .._events import TEXT, Frame, line_safe
 from .._kernel.control import RunTicket
 from .._kernel.endpoint import HostedEndpoint
 from .._kernel.entry import Entry
@@ -281,7 +283,25 @@ _PING: Message = {"type": "http.response.body", "body": b": ping\r\n\r\n", "more
 def frame_bytes(frame: Frame) -> bytes:
     """One frame as one SSE event: `id:` its seq, `event:` its type, `data:` the JSON frame
     (one line: `Frame.to_json` escapes line breaks)."""
+    data = frame.data
+    if frame.event == TEXT and len(data) == 1 and type(text := data.get("text")) is str:
+        # A token: its JSON written around its text (the same bytes `to_json` gives).
+        seq = frame.seq
+        return (
+            f'id: {seq}\r\nevent: text\r\ndata: {{"event":"text","data":{{"text":'
+            f"{line_safe(encode_basestring(text))}}},"
+            f'{_ids(frame.session_id, frame.conversation_id)}"seq":{seq}}}\r\n\r\n'
+        ).encode()
     return f"id: {frame.seq}\r\nevent: {frame.event}\r\ndata: {frame.to_json()}\r\n\r\n".encode()
+
+
+@functools.lru_cache(maxsize=1024)
+def _ids(session_id: str, conversation_id: str) -> str:
+    """`"sessionId":...,"conversationId":...,` as a frame's JSON spells them."""
+    return (
+        f'"sessionId":{line_safe(encode_basestring(session_id))},'
+        f'"conversationId":{line_safe(encode_basestring(conversation_id))},'
+    )
 
 
 def frames_chunk(batch: Sequence[Frame]) -> bytes:

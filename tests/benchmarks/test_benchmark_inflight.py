@@ -33,3 +33,18 @@ def test_heap_at_gives_what_a_run_in_flight_holds_by_source_line() -> None:
     assert heap["traced_kib_per_run"] > 0
     assert heap["top_bytes_per_run"]
     assert all(":" in line for line in heap["top_bytes_per_run"])
+
+
+def test_pin_gives_the_server_a_core_of_its_own_and_the_runs_a_core_holds() -> None:
+    result = run_benchmark(
+        "inflight.py", "--smoke", "--levels", "3", "--variants", "embedded", "--pin"
+    )
+    pinned = result["workload"]["pinned"]
+    assert len(pinned["server_cores"]) == 1
+    assert pinned["load_cores"]
+    assert not set(pinned["server_cores"]) & set(pinned["load_cores"])
+    level = result["variants"]["embedded"]["levels"]["3"]
+    assert level["outcomes"] == {"complete": 3}
+    # One core's worth of runs at the level's cost: 10^6 / (µs a token x tokens a second).
+    expected = 1e6 / level["server_cpu_us_per_token"] / result["workload"]["tokens_per_s"]
+    assert abs(level["runs_a_core_at_this_cost"] - expected) <= 0.01 * expected + 1
