@@ -655,6 +655,19 @@ class LockedRead:
         return delivered, result
 
 
+class LockedWrite:
+    """A write a run hands its conversation lock's release (`LockedStatus.hand`) instead of
+    making it itself: the turn's history append (the memory primitive's
+    `memory.history.HistoryWrite`). A release that can, stores it in the round trip that stores
+    the run's end and frees the lock; any other calls `store` before it frees the lock."""
+
+    __slots__ = ()
+
+    async def store(self) -> None:
+        """Make the write on its own (as its writer would have)."""
+        raise NotImplementedError
+
+
 class LockedStatus:
     """A run's status record, offered to its conversation's lock with the run's `LockedRead`
     (its `status`), so that the lock's round trip stores it too.
@@ -671,9 +684,28 @@ class LockedStatus:
     run whether the record was stored (`released`); the run writes it itself otherwise. A run
     that will not end here (a durable run suspended to resume) says so (`no_end`), and the
     lock is freed at once.
+
+    A lock whose release can store a write of the run's with its end (`carries_write`, the
+    Redis lock: the turn's history append) takes the run's last write too (`hand`), so the
+    write, the end and the unlock are one round trip. The write is stored before the end and
+    the unlock whatever happens (alone, if their round trip failed); the run waits for its
+    outcome (`written`) before it reports its end, and a write that could not be stored fails
+    the run as the write would have made it fail itself.
     """
 
-    __slots__ = ("_end", "_outcome", "carries_end", "record", "registry", "stored")
+    __slots__ = (
+        "_end",
+        "_failure",
+        "_outcome",
+        "_write",
+        "_wrote",
+        "carries_end",
+        "carries_write",
+        "keeps_writes",
+        "record",
+        "registry",
+        "stored",
+    )
 
     END_WAIT_SECONDS = 2.0
     """How long a release waits for the run's end before it frees the lock without it."""
@@ -684,8 +716,17 @@ class LockedStatus:
         self.stored: str | None = None
         self.carries_end = False
         """Set by a lock that stored the status: its release stores the run's end too."""
+        self.carries_write = False
+        """Set by a lock that carries the end while its block runs: its release can also store
+        a write the run hands it (`hand`)."""
+        self.keeps_writes = False
+        """Set by the kernel for a run that must make its writes itself (a durable run journals
+        each history write once it is stored): `hand` refuses them."""
         self._end: asyncio.Future[RunRecord | None] | None = None
         self._outcome: asyncio.Future[bool] | None = None
+        self._write: LockedWrite | None = None
+        self._wrote: asyncio.Future[None] | None = None
+        self._failure: Exception | None = None
 
     def _futures(self) -> tuple[asyncio.Future[RunRecord | None], asyncio.Future[bool]]:
         if self._end is None or self._outcome is None:
@@ -733,6 +774,43 @@ class LockedStatus:
         _end, outcome = self._futures()
         if not outcome.done():
             outcome.set_result(stored)
+
+    # --- a write riding on the release ----------------------------------------------------------
+
+    def hand(self, write: LockedWrite) -> bool:
+        """Give `write` to the lock's release to store (see the class docstring): whether it
+        took it. Refused unless the lock carries writes and its block still runs, one at a
+        time (take the previous one back first: `take_write`)."""
+        if not self.carries_write or self.keeps_writes or self._write is not None:
+            return False
+        self._write = write
+        self._wrote = asyncio.get_running_loop().create_future()
+        return True
+
+    def take_write(self) -> LockedWrite | None:
+        """The write handed and not taken yet, once: the release takes it to store it, or its
+        writer takes it back to make it itself. Whoever took it reports with `wrote`."""
+        write, self._write = self._write, None
+        return write
+
+    def wrote(self, failure: Exception | None) -> None:
+        """The write taken last was stored (`None`), or could not be (`failure`)."""
+        if failure is not None and self._failure is None:
+            self._failure = failure
+        if self._wrote is not None and not self._wrote.done():
+            self._wrote.set_result(None)
+
+    @property
+    def handed(self) -> bool:
+        """A write was handed (the run's end waits for its outcome: `written`)."""
+        return self._wrote is not None
+
+    async def written(self) -> Exception | None:
+        """Once the handed write's outcome is known: why it (or an earlier one) could not be
+        stored, or `None` (stored, or nothing was handed)."""
+        if self._wrote is not None:
+            await asyncio.shield(self._wrote)
+        return self._failure
 
 
 class LockedClaim:

@@ -14,7 +14,10 @@ waits). A streamed run announces itself (`announce`) instead of writing `queued`
 nothing stored its record within `QUEUED_AFTER` (a lock that carries no status, or none
 offered), the ticket writes it. The end is written before the last frame: by the lock's
 release, in the same round trip as the unlock, where the lock stored the status
-(`LockedStatus.end`), else by the ticket.
+(`LockedStatus.end`), else by the ticket. Where the run's last history write rides on that
+release too (`LockedStatus.hand`), the end waits for the write's outcome, as the run would
+have waited for the write: a write that could not be stored ends the run `failed`, with the
+write's error (`settle` returns it, for the run's `error` frame).
 
 Cancelling goes through the run's own task, not a hook: `RunControl.cancel` asks the registry,
 which wakes the replica that runs it (in this process: at once); that replica's ticket cancels
@@ -93,7 +96,7 @@ class RunTicket:
         self.cancel_mode: str | None = None
         """Set by a cancel request: `cancel`, `interrupt` or `rollback`."""
         self.run: Run | None = None
-        self.live: LiveRunHandle | None = None
+        self._live: LiveRunHandle | None = None
         self._version = 0
         self._written = 0
         self._writer: asyncio.Task[None] | None = None
@@ -102,10 +105,23 @@ class RunTicket:
         self._offered: LockedStatus | None = None
         self._carrier: LockedStatus | None = None
         """The status offered to the run's lock: its release may store the run's end."""
+        self._handoff: LockedStatus | None = None
+        """The same, kept after the end went: a write handed to the release is waited for."""
 
     @property
     def active(self) -> bool:
         return self.status in ACTIVE_STATUSES
+
+    @property
+    def live(self) -> LiveRunHandle | None:
+        """The run's journal, once it started."""
+        return self._live
+
+    @live.setter
+    def live(self, live: LiveRunHandle | None) -> None:
+        self._live = live
+        if self._handoff is not None and live is not None and live.durable:
+            self._handoff.keeps_writes = True  # (it journals each write once it is stored)
 
     def record(self) -> RunRecord:
         usage = self.run.usage.to_wire() if self.run is not None else None
@@ -144,7 +160,8 @@ class RunTicket:
             return
         if self.status == "queued":
             self._offered = read.status = LockedStatus(self.control.registry, self._as)
-            self._carrier = self._offered
+            self._carrier = self._handoff = self._offered
+            self._offered.keeps_writes = self._live is not None and self._live.durable
         else:
             self._store_pending()
 
@@ -201,15 +218,23 @@ class RunTicket:
             self.error = {"type": type(error).__name__, "message": str(error)}
         self._set(status)
 
-    async def settle(self, status: str, error: BaseException | None = None) -> None:
+    async def settle(self, status: str, error: BaseException | None = None) -> Exception | None:
         """`finish`, and wait (a little) until the registry holds it: called before the stream's
         last frame, so that a client that read it and sends its next prompt (`multitask:
-        reject`) on any replica finds the run ended."""
+        reject`) on any replica finds the run ended.
+
+        Where the run's last history write rides on its lock's release (`LockedStatus.hand`),
+        the write is waited for whatever it takes (as the run waited for it before); returned
+        is why it could not be stored (the run then ends `failed`, with that error), else
+        `None`."""
         self.finish(status, error)
+        handoff = self._handoff
+        failure = await handoff.written() if handoff is not None and handoff.handed else None
         writer = self._writer
         if writer is not None and not writer.done():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(writer), SETTLE_SECONDS)
+        return failure
 
     def ended(self, task: asyncio.Task[object]) -> None:
         """The run's task is done: a run that did not say how it ended was stopped (by a
@@ -222,6 +247,13 @@ class RunTicket:
             self.control._forget(self)  # it resumes (here or elsewhere) under this id
             return
         self.finish("interrupted" if self.control.stopping else "cancelled")
+
+    def _failed_write(self, failure: Exception) -> None:
+        """The run's last history write, handed to its lock's release, could not be stored:
+        the run failed with its error, whatever it ended with."""
+        self.status = "failed"
+        self.error = {"type": type(failure).__name__, "message": str(failure)}
+        self._version += 1
 
     # --- cancelling ---------------------------------------------------------------------------
 
@@ -260,7 +292,12 @@ class RunTicket:
                     # The end rides on the lock's release where the lock stored the status
                     # (one round trip for both); else, or if that failed, it is put here.
                     self._carrier = None
-                    if await carrier.end(record):
+                    stored = await carrier.end(record)
+                    failure = await carrier.written()
+                    if failure is not None:
+                        self._failed_write(failure)
+                        continue  # (the run failed: that end is put here)
+                    if stored:
                         self._written = version
                         continue
                 await self.control.registry.put(record)

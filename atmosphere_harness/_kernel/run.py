@@ -224,7 +224,9 @@ async def execute_prompt(
             if entry is not None:
                 entry.close()  # (a run that ended before it used its lock frees it)
         if ticket is not None:
-            await ticket.settle("completed")
+            failure = await ticket.settle("completed")
+            if failure is not None:
+                raise failure  # (the turn, stored with the run's end, could not be stored)
         await session.complete()
     except asyncio.CancelledError:
         if ticket is None or ticket.cancel_mode is None or run.suspended:
@@ -238,7 +240,7 @@ async def execute_prompt(
         elif not run.discarded:  # (that one is logged where it was decided, and is no failure)
             fault(log, "prompt run failed", exc, endpoint=endpoint.path)
         if ticket is not None:
-            await ticket.settle("failed", exc)
+            exc = await ticket.settle("failed", exc) or exc
         await session.error(exc)
     return run
 
@@ -257,5 +259,5 @@ async def _cancelled(run: RunContext, ticket: RunTicket) -> None:
     }.get(ticket.cancel_mode or "", "the run was cancelled")
     error = RunCancelled(reason)
     log.info("run cancelled", endpoint=run.endpoint.path, run=ticket.run_id, how=ticket.cancel_mode)
-    await ticket.settle("cancelled", error)
-    await run.session.error(error)
+    failure = await ticket.settle("cancelled", error)
+    await run.session.error(failure or error)

@@ -3,6 +3,12 @@
 It is the endpoint's `HistoryStore`: `load(run)` returns the compacted view of the run's
 conversation, `append(run, turn)` stores the finished turn in full. It is also injectable into a
 `@prompt` method, for code that wants to read or clear a conversation itself.
+
+Where the run's conversation lock can store the turn with its release (`contracts.LockedStatus.
+hand`: the Redis lock, whose release stores the turn, the run's end and the unlock in one
+script), `append` hands the turn to it instead of storing it, and the run's end waits for it.
+Anything this memory does next with that conversation (a second `load` of the run, a `view`, a
+`clear`, ...) takes the turn back and stores it first, so every read through it sees the turn.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .._contracts import Key
 from .._runtimes.base import Message
 from .compaction import CompactionStrategy, SlidingWindowCompaction, Summary
-from .history import ConversationKey, HistoryBackend, HistoryRead, InMemoryHistory
+from .history import ConversationKey, HistoryBackend, HistoryRead, HistoryWrite, InMemoryHistory
 
 if TYPE_CHECKING:
     from .._contracts import Run
@@ -24,6 +30,9 @@ MAX_UNSUMMARIZED = 500
 """Messages after the summary checkpoint read per load (bounds a strategy switch on old data)."""
 
 _LOCKED_READ: Key[HistoryRead] = Key("memory.history.locked-read")
+_HANDOFF: Key[HistoryRead] = Key("memory.history.handoff")
+"""Run state: the read offered to the run's lock, kept for the whole run (its `status` may
+take the run's turn: `contracts.LockedStatus.hand`)."""
 
 
 class ConversationMemory:
@@ -66,6 +75,10 @@ class ConversationMemory:
         self._offered: weakref.WeakSet[HistoryRead] = weakref.WeakSet()
         """Reads offered to a lock and not loaded yet: a write to their conversation through
         this memory drops what they hold (`_forget`)."""
+        self._handed: weakref.WeakValueDictionary[ConversationKey, HistoryWrite] = (
+            weakref.WeakValueDictionary()
+        )
+        """Turns handed to their lock's release and maybe not stored yet, by conversation."""
 
     def key(self, conversation_id: str, user_id: str | None = None) -> ConversationKey:
         return ConversationKey(self.endpoint, user_id, conversation_id)
@@ -92,6 +105,7 @@ class ConversationMemory:
         else:
             read = HistoryRead(self.backend, key, 0, self.max_messages)
         run.state.set(_LOCKED_READ, read)
+        run.state.set(_HANDOFF, read)
         self._offered.add(read)
         return read
 
@@ -99,6 +113,7 @@ class ConversationMemory:
         for hook in self.on_load:
             hook(run)
         key = self.key(run.conversation_id, run.user_id)
+        await self._store_handed(key)
         read = run.state.pop(_LOCKED_READ)
         if read is not None:
             self._offered.discard(read)
@@ -111,7 +126,34 @@ class ConversationMemory:
         if messages:
             key = self.key(run.conversation_id, run.user_id)
             self._forget(key)
+            await self._store_handed(key)
+            read = run.state.get(_HANDOFF)
+            if read is not None and read.key == key and read.status is not None:
+                write = HistoryWrite(self.backend, key, messages, read.status)
+                if read.status.hand(write):
+                    self._handed[key] = write  # (stored by the lock's release)
+                    return
             await self.backend.append(key, messages)
+
+    async def _store_handed(self, key: ConversationKey) -> None:
+        """Store now the turn of `key` handed to its lock's release, if the release has not
+        taken it yet (reads and writes through this memory come after it, as if it had been
+        stored when it was appended)."""
+        write = self._handed.pop(key, None)
+        if write is None:
+            return
+        status = write.status
+        if status.take_write() is not write:
+            return  # (the release has it)
+        try:
+            await write.store()
+        except Exception as exc:
+            status.wrote(exc)
+            raise
+        except BaseException:
+            status.wrote(RuntimeError("the turn's write was stopped: it may not be stored"))
+            raise
+        status.wrote(None)
 
     def _forget(self, key: ConversationKey) -> None:
         """Drop what a lock delivered for `key` and nobody loaded yet (it is stale now)."""
@@ -129,6 +171,7 @@ class ConversationMemory:
         two marks for equality sees as a change too.
         """
         key = self.key(run.conversation_id, run.user_id)
+        await self._store_handed(key)
         _summary, newest = await self.backend.since_summary(key, 1)
         return newest[-1][0] if newest else 0
 
@@ -140,6 +183,8 @@ class ConversationMemory:
 
     async def _view(self, key: ConversationKey, read: Any = None) -> list[Message]:
         """The compacted history of `key`; `read` is what a `HistoryRead` delivered for it."""
+        if read is None:
+            await self._store_handed(key)
         found: tuple[Summary | None, list[tuple[int, Message]]] | None = read
         if self.strategy.summarizes:
             if found is None:
@@ -158,10 +203,13 @@ class ConversationMemory:
 
     async def messages(self, conversation_id: str, user_id: str | None = None) -> list[Message]:
         """Every stored message of the conversation, oldest first (nothing is compacted away)."""
-        return await self.backend.messages(self.key(conversation_id, user_id))
+        key = self.key(conversation_id, user_id)
+        await self._store_handed(key)
+        return await self.backend.messages(key)
 
     async def clear(self, conversation_id: str, user_id: str | None = None) -> None:
         """Forget the conversation entirely."""
         key = self.key(conversation_id, user_id)
         self._forget(key)
+        await self._store_handed(key)
         await self.backend.clear(key)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from .._contracts import LockedRead
+from .._contracts import LockedRead, LockedStatus, LockedWrite
 from .._runtimes.base import Message
 from .compaction import Summary
 
@@ -98,6 +98,30 @@ class HistoryRead(LockedRead):
         self.key = key
         self.after_seq = after_seq
         self.limit = limit
+
+
+class HistoryWrite(LockedWrite):
+    """A run's turn, handed to its conversation lock's release (`contracts.LockedWrite`): the
+    Redis lock stores it in the script that stores the run's end and frees the lock
+    (`RedisHistory.turn`); `store` appends it as `ConversationMemory` would have."""
+
+    __slots__ = ("__weakref__", "backend", "key", "messages", "status")
+
+    def __init__(
+        self,
+        backend: HistoryBackend,
+        key: ConversationKey,
+        messages: Sequence[Message],
+        status: LockedStatus,
+    ) -> None:
+        self.backend = backend
+        self.key = key
+        self.messages = list(messages)
+        self.status = status
+        """The run's status it was handed to (its writer takes it back there)."""
+
+    async def store(self) -> None:
+        await self.backend.append(self.key, self.messages)
 
 
 # --- in memory -----------------------------------------------------------------------------

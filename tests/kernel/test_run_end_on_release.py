@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from atmosphere_harness._contracts import LockedRead, LockedStatus, RunRecord
+from atmosphere_harness._contracts import LockedRead, LockedStatus, LockedWrite, RunRecord
 from atmosphere_harness._kernel.control import InProcessRunRegistry, RunControl, RunTicket
 
 
@@ -85,3 +85,80 @@ async def test_a_lock_that_carries_no_end_leaves_the_end_to_the_ticket() -> None
     ticket.running()
     await ticket.settle("completed")
     assert registry.puts[-1] == "completed"
+
+
+class Turn(LockedWrite):
+    """A write handed to the release (the memory primitive's `HistoryWrite` in an app)."""
+
+    def __init__(self) -> None:
+        self.stored = False
+
+    async def store(self) -> None:
+        self.stored = True
+
+
+def carrying_writes(registry: CountingRegistry) -> tuple[RunTicket, LockedStatus]:
+    ticket, status = ticket_with_offer(registry)
+    status.carries_write = True  # (what the Redis lock sets while its block runs)
+    return ticket, status
+
+
+async def test_a_write_stored_with_the_end_is_waited_for_and_the_run_completes() -> None:
+    registry = CountingRegistry()
+    ticket, status = carrying_writes(registry)
+    write = Turn()
+    assert status.hand(write)
+    assert not status.hand(Turn())  # (one at a time)
+
+    async def release() -> None:
+        record = await status.ending()
+        assert status.take_write() is write
+        await asyncio.sleep(0.05)  # (a slow script: the end waits for it)
+        assert record is not None
+        await registry.put(record)
+        status.wrote(None)
+        status.released(True)
+
+    releasing = asyncio.create_task(release())
+    assert await ticket.settle("completed") is None
+    await releasing
+    assert registry.puts == ["completed"]
+
+
+async def test_a_write_the_release_could_not_store_fails_the_run() -> None:
+    """The script failed and so did the write sent on its own: the run ends `failed` with the
+    write's error (`settle` returns it for the `error` frame), whatever it ended with."""
+    registry = CountingRegistry()
+    ticket, status = carrying_writes(registry)
+    assert status.hand(Turn())
+    failure = RuntimeError("Redis is unavailable while storing the conversation's turn")
+
+    async def release() -> None:
+        await status.ending()
+        assert status.take_write() is not None
+        status.wrote(failure)
+        status.released(False)
+
+    releasing = asyncio.create_task(release())
+    assert await ticket.settle("completed") is failure
+    await releasing
+    assert registry.puts == ["failed"]
+    got = await registry.get(ticket.run_id)
+    assert got is not None
+    assert (got.status, got.error) == (
+        "failed",
+        {"type": "RuntimeError", "message": str(failure)},
+    )
+
+
+async def test_a_durable_run_keeps_its_writes() -> None:
+    registry = CountingRegistry()
+    ticket, status = carrying_writes(registry)
+
+    class Journal:
+        durable = True
+
+    ticket.live = Journal()  # type: ignore[assignment]
+    assert status.keeps_writes
+    assert not status.hand(Turn())
+    status.carries_write = False

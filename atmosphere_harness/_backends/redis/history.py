@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..._log import get_logger
 from ..._memory import codec
@@ -45,34 +45,45 @@ EVICT_BATCH = 64
 EXTRACTION_CLAIM = 300
 """Seconds one replica's claim to extract a conversation holds if it never finishes."""
 
-_APPEND = """
-if redis.call('HGET', KEYS[1], 'write') == ARGV[8] then
-    return {tonumber(redis.call('HGET', KEYS[1], 'last')), redis.call('ZCARD', KEYS[4])}
+APPEND_FUNCTION = """
+local function append_turn(meta, messages, open, all, at)
+    local write = ARGV[at + 8]
+    if redis.call('HGET', meta, 'write') == write then
+        return {tonumber(redis.call('HGET', meta, 'last')), redis.call('ZCARD', all)}
+    end
+    local now, name = ARGV[at + 1], ARGV[at + 6]
+    local first = redis.call('HGET', meta, 'first')
+    if not first then
+        redis.call('HSET', meta, 'first', 1, 'last', 0, 'extracted', 0, 'summary_seq', 0)
+    end
+    local last = tonumber(redis.call('HGET', meta, 'last'))
+    local count = #ARGV - at - 8
+    for i = at + 9, #ARGV, 500 do
+        redis.call('RPUSH', messages, unpack(ARGV, i, math.min(i + 499, #ARGV)))
+    end
+    redis.call('HSET', meta, 'last', last + count, 'updated', now, 'closed', 0,
+        'endpoint', ARGV[at + 2], 'user', ARGV[at + 3], 'conversation', ARGV[at + 4],
+        'lock', ARGV[at + 5], 'write', write)
+    redis.call('ZADD', open, now, name)
+    redis.call('ZADD', all, now, name)
+    local size = redis.call('LLEN', messages)
+    local keep = tonumber(ARGV[at + 7])
+    if size > keep then
+        redis.call('LTRIM', messages, size - keep, -1)
+        redis.call('HINCRBY', meta, 'first', size - keep)
+    end
+    return {last, redis.call('ZCARD', all)}
 end
-local first = redis.call('HGET', KEYS[1], 'first')
-if not first then
-    redis.call('HSET', KEYS[1], 'first', 1, 'last', 0, 'extracted', 0, 'summary_seq', 0)
-end
-local last = tonumber(redis.call('HGET', KEYS[1], 'last'))
-local count = #ARGV - 8
-for i = 9, #ARGV, 500 do
-    redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 499, #ARGV)))
-end
-redis.call('HSET', KEYS[1], 'last', last + count, 'updated', ARGV[1], 'closed', 0,
-    'endpoint', ARGV[2], 'user', ARGV[3], 'conversation', ARGV[4], 'lock', ARGV[5],
-    'write', ARGV[8])
-redis.call('ZADD', KEYS[3], ARGV[1], ARGV[6])
-redis.call('ZADD', KEYS[4], ARGV[1], ARGV[6])
-local size = redis.call('LLEN', KEYS[2])
-local keep = tonumber(ARGV[7])
-if size > keep then
-    redis.call('LTRIM', KEYS[2], size - keep, -1)
-    redis.call('HINCRBY', KEYS[1], 'first', size - keep)
-end
-return {last, redis.call('ZCARD', KEYS[4])}
 """
-# KEYS: meta, messages, open zset, all zset.
-# ARGV: now, endpoint, user, conversation, lock key, digest, max messages, write key, message...
+"""A Lua function the scripts that store a turn include (`_APPEND`, and the lock's release
+that carries the turn, `locks._APPEND_RELEASE_RUN`): the turn's messages after the last, the
+bookkeeping, both activity sets, the trim to `max_messages`; `{last seq before, conversations}`.
+Its first command reads the turn's write key: a turn whose key the conversation already holds
+(its script ran, and its reply was lost) is stored once, and nothing is written."""
+# KEYS (passed): meta, messages, open zset, all zset. ARGV after `at`: now, endpoint, user,
+# conversation, lock key, digest, max messages, write key, message...
+
+_APPEND = APPEND_FUNCTION + "return append_turn(KEYS[1], KEYS[2], KEYS[3], KEYS[4], 0)\n"
 # The write key is made once per turn: the same script sent again (its reply was lost and
 # something re-sent it) finds it in the hash and stores nothing.
 
@@ -226,6 +237,15 @@ return removed
 # KEYS: all zset, open zset. ARGV: key base prefix, cap, now, min idle, batch.
 
 
+class Turn(NamedTuple):
+    """One turn to store: `APPEND_FUNCTION`'s keys and arguments (its write key included, so
+    the same turn sent twice is stored once), and when it was made."""
+
+    keys: list[str]
+    args: list[Any]
+    now: float
+
+
 class RedisHistory:
     """A `memory.history.HistoryBackend` in Redis (see the module docstring)."""
 
@@ -289,25 +309,39 @@ class RedisHistory:
     async def append(self, key: ConversationKey, messages: Sequence[Message]) -> None:
         if not messages:
             return
-        encoded = [codec.encode_text(message) for message in messages]
+        await self.store_turn(self.turn(key, messages))
+
+    def turn(self, key: ConversationKey, messages: Sequence[Message]) -> Turn:
+        """`messages` as `APPEND_FUNCTION` takes them, with the turn's own write key."""
         now = time.time()
+        return Turn(
+            [self._meta(key), self._messages(key), self._open, self._all],
+            [
+                repr(now),
+                key.endpoint,
+                key.user_key,
+                key.conversation_id,
+                lock_key(self.connection, key.endpoint, key.conversation_id),
+                self._name(key),
+                self.max_messages,
+                uuid.uuid4().hex,
+                *[codec.encode_text(message) for message in messages],
+            ],
+            now,
+        )
+
+    async def store_turn(self, turn: Turn) -> None:
+        """Store `turn` (`_APPEND`; a turn the conversation already holds is stored once), and
+        make room past the conversation cap."""
         with self.connection.unavailable("storing the conversation's turn"):
-            _last, count = await self._append(
-                keys=[self._meta(key), self._messages(key), self._open, self._all],
-                args=[
-                    repr(now),
-                    key.endpoint,
-                    key.user_key,
-                    key.conversation_id,
-                    lock_key(self.connection, key.endpoint, key.conversation_id),
-                    self._name(key),
-                    self.max_messages,
-                    uuid.uuid4().hex,
-                    *encoded,
-                ],
-            )
-            if int(count) > self.max_conversations:
-                await self._make_room(now)
+            _last, count = await self._append(keys=turn.keys, args=turn.args)
+            await self.stored(turn, int(count))
+
+    async def stored(self, turn: Turn, conversations: int) -> None:
+        """A turn was stored and the app now keeps `conversations`: past the cap, the least
+        recently active ones nobody uses are deleted (`_EVICT`)."""
+        if conversations > self.max_conversations:
+            await self._make_room(turn.now)
 
     async def _make_room(self, now: float) -> None:
         removed = await self._evict(

@@ -34,12 +34,18 @@ The release runs in a task of its own: the run does not wait for that round trip
 `complete` frame leaves sooner), unless the lock's script stored the run's status: then the
 release waits for the run's end (`contracts.LockedStatus.end`) and stores it in the same
 script (`_RELEASE_RUN`), which the run waits for before its last frame, so the end and the
-unlock cost one round trip. A release that cannot reach Redis is tried again (backing off
-up to a second) until the lock would have lapsed anyway, so after an outage the conversation is
-free as soon as Redis is back, not a lease later. The next prompt of the conversation on this
-replica waits for the release first (so it never polls against its own replica's lock); a
-prompt on another replica may find the lock still taken for that round trip and polls as it
-would anyway. When the pool closes, the releases still running get `DRAIN_SECONDS` to finish.
+unlock cost one round trip. While its block runs, such a lock also takes the run's turn
+(`contracts.LockedStatus.hand`, from `ConversationMemory`): the release stores the turn, the end
+and the unlock in one script (`_APPEND_RELEASE_RUN`), the turn first. If that script fails (or
+its reply is lost), or the end does not come in time, the release stores the turn on its own
+(`RedisHistory.store_turn`, with the turn's write key: stored once) before it frees the lock,
+and tells the run how it went (`LockedStatus.wrote`). A release that cannot reach Redis is
+tried again (backing off up to a second) until the lock would have lapsed anyway, so after an
+outage the conversation is free as soon as Redis is back, not a lease later. The next prompt of
+the conversation on this replica waits for the release first (so it never polls against its
+own replica's lock); a prompt on another replica may find the lock still taken for that round
+trip and polls as it would anyway. When the pool closes, the releases still running get
+`DRAIN_SECONDS` to finish.
 
 The acquisition loop and the renewal end when their task is cancelled, even when the driver
 swallowed the cancellation (`_cancel.reraise_cancellation`): a stopped run never goes on
@@ -66,13 +72,13 @@ from redis.exceptions import LockError, LockNotOwnedError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._cancel import reraise_cancellation
-from ..._contracts import LockedClaim, LockedRead, LockedStatus
+from ..._contracts import LockedClaim, LockedRead, LockedStatus, LockedWrite
 from ..._errors import ConversationTaken
 from ..._log import fault, get_logger
-from ..._memory.history import HistoryRead
+from ..._memory.history import HistoryRead, HistoryWrite
 from .connection import RedisConnection, lock_key
 from .control import PUT_RECORD, RedisRunRegistry, status_keys_args
-from .history import RedisHistory
+from .history import APPEND_FUNCTION, RedisHistory, Turn
 from .owners import RedisConversationOwners
 
 log = get_logger(__name__)
@@ -105,6 +111,27 @@ the run's end in its status record, as `RedisRunRegistry.put` does
 (`contracts.LockedStatus.end`): the run's end and the unlock are one round trip."""
 # KEYS: the lock, then `control.status_keys_args`'s. ARGV: the token, then its arguments.
 
+_APPEND_RELEASE_RUN = (
+    PUT_RECORD
+    + APPEND_FUNCTION
+    + """
+local ours = redis.call('GET', KEYS[1]) == ARGV[1]
+local stored = append_turn(KEYS[5], KEYS[6], KEYS[7], KEYS[8], 4)
+put_record(KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3], ARGV[4])
+if ours then redis.call('DEL', KEYS[1]) end
+return {ours and 1 or 0, stored[2]}
+"""
+)
+"""`_RELEASE_RUN` that first stores the run's turn, as `RedisHistory.append` does (the
+turn handed to the release, `contracts.LockedStatus.hand`): the turn, the run's end and the
+unlock are one round trip, in that order, and the script runs alone, so no replica can take the
+lock and read the history without the turn. Everything it checks (whose the lock is, whether
+the turn is stored already) is read before its first write; a turn stored under a lock that
+lapsed and another replica took is stored all the same, as `append` would (the lock is then
+left to its holder). `{whether the lock was ours, conversations kept}`."""
+# KEYS: the lock, `control.status_keys_args`'s, `RedisHistory.turn`'s. ARGV: the token,
+# `status_keys_args`'s arguments, then `turn`'s.
+
 
 __all__ = ["LOCK_TTL", "POLL", "RedisConversationLocks", "lock_key"]
 
@@ -124,6 +151,7 @@ class RedisConversationLocks:
         self._releasing: dict[str, asyncio.Task[None]] = {}
         """Releases not finished yet, by lock key (the next hold of that key waits for it)."""
         self._release_run: Any = connection.client.register_script(_RELEASE_RUN)
+        self._append_release_run: Any = connection.client.register_script(_APPEND_RELEASE_RUN)
         connection.on_close(self.drain)
 
     def __repr__(self) -> str:
@@ -184,11 +212,14 @@ class RedisConversationLocks:
             end = served.status if served is not None and self._carries(served.status) else None
             if end is not None:
                 end.carries_end = True  # (the release stores the run's end: `_RELEASE_RUN`)
+                end.carries_write = True  # (and the turn, handed: `_APPEND_RELEASE_RUN`)
             try:
                 yield
             finally:
+                if end is not None:
+                    end.carries_write = False  # (a turn written from now on is its writer's)
                 renewal.cancel()
-                self._schedule(key, self._release(lock, renewal, conversation_id, end))
+                self._schedule(key, self._release(lock, renewal, conversation_id, end), end)
 
     def _serves(self, read: HistoryRead) -> bool:
         """Whether `read` reads a history on this lock's Redis (one script can make both)."""
@@ -266,18 +297,25 @@ class RedisConversationLocks:
                 return
             await asyncio.sleep(self.poll)  # another replica's lock: polled, as `Lock` does
 
-    def _schedule(self, key: str, release: Coroutine[Any, Any, None]) -> None:
+    def _schedule(
+        self, key: str, release: Coroutine[Any, Any, None], end: LockedStatus | None = None
+    ) -> None:
         task = asyncio.get_running_loop().create_task(release, name="redis-lock-release")
         self._releasing[key] = task
-        task.add_done_callback(functools.partial(self._released_one, key))
+        task.add_done_callback(functools.partial(self._released_one, key, end))
 
     async def _free(self, lock: Lock) -> None:
         with contextlib.suppress(LockError, RedisError, OSError):
             await lock.release()
 
-    def _released_one(self, key: str, task: asyncio.Task[None]) -> None:
+    def _released_one(self, key: str, end: LockedStatus | None, task: asyncio.Task[None]) -> None:
         if self._releasing.get(key) is task:
             del self._releasing[key]
+        if end is not None and end.take_write() is not None:
+            # (a release cancelled before it ran: the run must not wait for its turn forever)
+            end.wrote(RuntimeError("the conversation's turn was not stored: the server stopped"))
+            end.no_end()
+            end.released(False)
 
     async def drain(self) -> None:
         """Let the releases still running finish (before the pool closes), for at most
@@ -291,6 +329,18 @@ class RedisConversationLocks:
         if left:
             await asyncio.wait(left, timeout=DRAIN_SECONDS)
 
+    def _turn(self, write: LockedWrite | None) -> tuple[RedisHistory, Turn] | None:
+        """The turn `write` holds, if it is one of a history on this lock's Redis (one script
+        can store it with the release)."""
+        if (
+            isinstance(write, HistoryWrite)
+            and isinstance(write.backend, RedisHistory)
+            and write.backend.connection is self.connection
+            and write.messages
+        ):
+            return write.backend, write.backend.turn(write.key, write.messages)
+        return None
+
     async def _release(
         self,
         lock: Lock,
@@ -301,18 +351,39 @@ class RedisConversationLocks:
         await asyncio.wait([renewal])
         if end is not None:
             stored = False
+            write: LockedWrite | None = None
+            turn: tuple[RedisHistory, Turn] | None = None
             try:
                 record = await end.ending()
+                write = end.take_write()
+                if write is None and end.handed:
+                    await end.written()  # (taken back and being stored: it comes first)
                 token = lock.local.token
-                if record is not None and token is not None:
+                turn = self._turn(write)
+                if record is not None and token is not None and (write is None or turn):
                     keys, args = status_keys_args(self.connection, record)
-                    await self._release_run(keys=[lock.name, *keys], args=[token, *args])
+                    if turn is None:
+                        await self._release_run(keys=[lock.name, *keys], args=[token, *args])
+                    else:
+                        history, made = turn
+                        _ours, kept = await self._append_release_run(
+                            keys=[lock.name, *keys, *made.keys], args=[token, *args, *made.args]
+                        )
+                        write = None
+                        end.wrote(None)
+                        await self._make_room(history, made, int(kept))
                     stored = True
                     lock.local.token = None
                     return  # (freed, or lapsed and another holder's: left to it)
-            except (RedisError, OSError) as exc:
+            except Exception as exc:
                 log.debug("a run's end did not ride on its lock's release", error=str(exc))
             finally:
+                write = write or end.take_write()  # (a release stopped before it took it)
+                if write is not None:
+                    # Stored on its own before the lock is freed (the run waits for it), as the
+                    # run would have stored it: sent again with its write key, a turn the
+                    # script above stored (its reply lost) is stored once.
+                    await self._store(end, write, turn)
                 end.no_end()
                 end.released(stored)
         loop = asyncio.get_running_loop()
@@ -341,6 +412,39 @@ class RedisConversationLocks:
                 conversation=conversation_id,
             )
             return
+
+    async def _store(
+        self, end: LockedStatus, write: LockedWrite, turn: tuple[RedisHistory, Turn] | None
+    ) -> None:
+        """Store the turn handed to the release on its own and tell the run how it went."""
+        try:
+            if turn is not None:
+                history, made = turn
+                await history.store_turn(made)
+            else:
+                await write.store()
+        except Exception as exc:
+            log.debug("the turn handed to a lock's release was not stored", error=str(exc))
+            end.wrote(exc)  # (the run fails with it)
+        except BaseException:
+            end.wrote(RuntimeError("the conversation's turn was not stored: the server stopped"))
+            raise
+        else:
+            end.wrote(None)
+
+    async def _make_room(self, history: RedisHistory, turn: Turn, kept: int) -> None:
+        """Past the conversation cap after a turn the release stored, make room
+        (`RedisHistory.stored`); the turn is stored whatever this does."""
+        try:
+            await history.stored(turn, kept)
+        except Exception as exc:
+            fault(
+                log,
+                "could not delete conversations past the cap; the next turn tries again",
+                exc,
+                every=False,
+                scrub=self.connection.scrub,
+            )
 
     async def _renew(self, lock: Lock, path: str, conversation_id: str) -> None:
         """Extend the lock every third of its TTL while the block runs. A lock that lapsed
