@@ -113,6 +113,32 @@ async def prompt(
     return parse_sse(response.text)
 
 
+async def post_chunks(base: str, path: str) -> list[bytes]:
+    """`POST path` over a raw socket; the response body's HTTP chunks, as written."""
+    host, port = base.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port), limit=2**24)
+    body = json.dumps({"message": "go"}).encode()
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    raw = await asyncio.wait_for(reader.read(), 60)
+    writer.close()
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    chunks: list[bytes] = []
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        chunks.append(rest[:size])
+        rest = rest[size + 2 :]
+    return chunks
+
+
 def of_type(frames: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
     return [frame for frame in frames if frame["event"] == event]
 

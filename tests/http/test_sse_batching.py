@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
 from atmosphere_harness import ScriptedRuntime, StreamingSession, ai_endpoint, prompt
-from tests.support import make_app, serve
+from tests.support import make_app, post_chunks, serve
 
 BURST = 40
 PATH = "/atmosphere/burst"
@@ -21,36 +20,10 @@ class Burst:
             await session.emit("burst", {"index": index})
 
 
-async def read_chunks(base: str) -> list[bytes]:
-    """`POST P` over a raw socket; the response body's HTTP chunks, as sent."""
-    host, port = base.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    body = json.dumps({"message": "go"}).encode()
-    writer.write(
-        f"POST {PATH} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-        + body
-    )
-    await writer.drain()
-    raw = await asyncio.wait_for(reader.read(), 30)
-    writer.close()
-    head, _, rest = raw.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), head
-    chunks: list[bytes] = []
-    while rest:
-        size_line, _, rest = rest.partition(b"\r\n")
-        size = int(size_line.split(b";")[0], 16)
-        if size == 0:
-            break
-        chunks.append(rest[:size])
-        rest = rest[size + 2 :]
-    return chunks
-
-
 async def test_frames_published_together_are_written_in_one_chunk(workspace: Path) -> None:
     app = make_app([Burst], runtime=ScriptedRuntime(["hi"]), workspace=workspace)
     async with serve(app) as base:
-        chunks = await read_chunks(base)
+        chunks = await post_chunks(base, PATH)
     body = b"".join(chunks)
     assert body.count(b"event: burst\r\n") == BURST
     assert b'"event":"complete"' in body

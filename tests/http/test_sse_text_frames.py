@@ -14,7 +14,7 @@ import pytest
 from atmosphere_harness import ScriptedRuntime, StreamingSession, ai_endpoint, prompt
 from atmosphere_harness._events import Frame
 from atmosphere_harness._web.sse import frame_bytes
-from tests.support import make_app, serve
+from tests.support import make_app, post_chunks, serve
 
 PACED = "/atmosphere/paced"
 FRAMES = 60
@@ -35,32 +35,6 @@ class Paced:
         for index in range(FRAMES):
             await session.send(f"{TEXTS[index % len(TEXTS)]} {index}")
             await asyncio.sleep(0.002)  # each frame published on its own
-
-
-async def post_chunks(base: str, path: str) -> list[bytes]:
-    """`POST path` over a raw socket; the response body's HTTP chunks, as written."""
-    host, port = base.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port), limit=2**24)
-    body = json.dumps({"message": "go"}).encode()
-    writer.write(
-        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-        + body
-    )
-    await writer.drain()
-    raw = await asyncio.wait_for(reader.read(), 60)
-    writer.close()
-    head, _, rest = raw.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), head
-    chunks: list[bytes] = []
-    while rest:
-        size_line, _, rest = rest.partition(b"\r\n")
-        size = int(size_line.split(b";")[0], 16)
-        if size == 0:
-            break
-        chunks.append(rest[:size])
-        rest = rest[size + 2 :]
-    return chunks
 
 
 def events_of(chunks: list[bytes]) -> list[tuple[bytes, bytes, bytes]]:

@@ -29,6 +29,7 @@ from atmosphere_harness._contracts import LockedStatus, RunRecord, TypedMap
 from atmosphere_harness._memory.conversation import ConversationMemory
 from atmosphere_harness._memory.history import ConversationKey, HistoryWrite
 from atmosphere_harness._runtimes.base import Message
+from tests.reliability.server import ServerProcess
 
 from .redis_service import delete_prefix, new_prefix, require_redis, url_for
 from .tcp_proxy import LossyProxy
@@ -314,6 +315,20 @@ async def test_the_trim_and_the_conversation_cap_hold_for_turns_the_release_stor
     assert await stored_texts(replica, "trimmed") == []  # (the least recently active went)
 
 
+async def start_server(tmp_path: Any, redis_url: str) -> ServerProcess:
+    """A real server process of `redis_app` on `redis_url`, durable runs off."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    env = {
+        "ATMOSPHERE_REDIS_URL": redis_url,
+        "ATMOSPHERE_DURABLE_RUNS_ENABLED": "false",
+        "ATMOSPHERE_AI_HARNESS_ENABLED": "true",
+    }
+    return await asyncio.to_thread(
+        ServerProcess("redis", workspace, tmp_path / "server.log", env).start
+    )
+
+
 async def test_a_server_s_turn_that_cannot_be_stored_ends_its_run_failed(
     prefix: str, tmp_path: Any
 ) -> None:
@@ -324,20 +339,10 @@ async def test_a_server_s_turn_that_cannot_be_stored_ends_its_run_failed(
     import httpx2
 
     from atmosphere_harness._backends.redis.connection import digest
-    from tests.reliability.server import ServerProcess
 
     from .redis_app import PATH as APP_PATH
 
-    workspace = tmp_path / "workspace"
-    workspace.mkdir()
-    env = {
-        "ATMOSPHERE_REDIS_URL": url_for(prefix),
-        "ATMOSPHERE_DURABLE_RUNS_ENABLED": "false",
-        "ATMOSPHERE_AI_HARNESS_ENABLED": "true",
-    }
-    server = await asyncio.to_thread(
-        ServerProcess("redis", workspace, tmp_path / "server.log", env).start
-    )
+    server = await start_server(tmp_path, url_for(prefix))
     helper = RedisConnection(url_for(prefix))
     await helper.open()
     conversation = f"c-{uuid.uuid4().hex[:8]}"
@@ -397,22 +402,11 @@ async def test_a_server_s_turn_whose_reply_is_lost_is_stored_once_and_completes(
     used to end the run with an error."""
     import httpx2
 
-    from tests.reliability.server import ServerProcess
-
     from .redis_app import PATH as APP_PATH
     from .replicas import prompt, summary
 
     proxy = await LossyProxy("127.0.0.1", 6379).start()
-    workspace = tmp_path / "workspace"
-    workspace.mkdir()
-    env = {
-        "ATMOSPHERE_REDIS_URL": url_for(prefix, port=proxy.port),
-        "ATMOSPHERE_DURABLE_RUNS_ENABLED": "false",
-        "ATMOSPHERE_AI_HARNESS_ENABLED": "true",
-    }
-    server = await asyncio.to_thread(
-        ServerProcess("redis", workspace, tmp_path / "server.log", env).start
-    )
+    server = await start_server(tmp_path, url_for(prefix, port=proxy.port))
     conversation = f"c-{uuid.uuid4().hex[:8]}"
     lost = f"lost-{uuid.uuid4().hex[:8]}"
     try:
@@ -439,21 +433,10 @@ async def test_a_server_s_run_cancelled_mid_turn_stores_its_turn_with_its_end(
     answer) rides on the release with the `cancelled` end; the next prompt sees it, at once."""
     import httpx2
 
-    from tests.reliability.server import ServerProcess
-
     from .redis_app import PATH as APP_PATH
     from .replicas import prompt, summary
 
-    workspace = tmp_path / "workspace"
-    workspace.mkdir()
-    env = {
-        "ATMOSPHERE_REDIS_URL": url_for(prefix),
-        "ATMOSPHERE_DURABLE_RUNS_ENABLED": "false",
-        "ATMOSPHERE_AI_HARNESS_ENABLED": "true",
-    }
-    server = await asyncio.to_thread(
-        ServerProcess("redis", workspace, tmp_path / "server.log", env).start
-    )
+    server = await start_server(tmp_path, url_for(prefix))
     conversation = f"c-{uuid.uuid4().hex[:8]}"
     headers = {"X-User-Id": "alice"}
     try:
