@@ -25,7 +25,7 @@ from atmosphere_harness._backends.redis import RedisConnection
 from atmosphere_harness._backends.redis.control import RedisRunRegistry
 from atmosphere_harness._backends.redis.history import RedisHistory
 from atmosphere_harness._backends.redis.locks import RedisConversationLocks, lock_key
-from atmosphere_harness._contracts import LockedStatus, RunRecord, TypedMap
+from atmosphere_harness._contracts import LockedStatus, TypedMap
 from atmosphere_harness._memory.conversation import ConversationMemory
 from atmosphere_harness._memory.history import ConversationKey, HistoryWrite
 from atmosphere_harness._runtimes.base import Message
@@ -33,6 +33,7 @@ from tests.reliability.server import ServerProcess
 
 from .redis_service import delete_prefix, new_prefix, require_redis, url_for
 from .tcp_proxy import LossyProxy
+from .test_locked_end import record
 
 pytestmark = pytest.mark.services
 
@@ -63,20 +64,6 @@ class Replica:
 
     async def releases_done(self) -> None:
         await asyncio.gather(*self.locks._releasing.values(), return_exceptions=True)
-
-
-def record(run_id: str, conversation: str, status: str) -> RunRecord:
-    return RunRecord(
-        run_id=run_id,
-        path=PATH,
-        conversation_id=conversation,
-        user_id=None,
-        status=status,
-        usage=None,
-        owner="this-replica",
-        lease_until=time.time() + 15 if status == "running" else 0.0,
-        started_at=time.time(),
-    )
 
 
 async def open_replica(url: str) -> Replica:
