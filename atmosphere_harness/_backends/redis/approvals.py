@@ -144,11 +144,11 @@ class RedisApprovalStore:
         self.replica = secrets.token_hex(8)
         self._local: dict[str, PendingApproval] = {}
         self._listener: asyncio.Task[None] | None = None
-        self._open_script = connection.client.register_script(_OPEN)
-        self._reopen_script = connection.client.register_script(_REOPEN)
-        self._answer_script = connection.client.register_script(_ANSWER)
-        self._close_script = connection.client.register_script(_CLOSE)
-        self._forget_script = connection.client.register_script(_FORGET)
+        self._open_script = connection.script(_OPEN)
+        self._reopen_script = connection.script(_REOPEN)
+        self._answer_script = connection.script(_ANSWER)
+        self._close_script = connection.script(_CLOSE)
+        self._forget_script = connection.script(_FORGET)
         connection.on_close(self.aclose)
 
     def __repr__(self) -> str:

@@ -16,15 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._cancel import reraise_cancellation
@@ -92,6 +93,24 @@ def lock_key(connection: RedisConnection, path: str, conversation_id: str) -> st
     return connection.key("lock", digest(path, conversation_id))
 
 
+class Script:
+    """A Lua script of a store, run with `EVALSHA` on the app's pool (`RedisConnection.run`);
+    called as redis-py's registered scripts are: `await script(keys=[...], args=[...])`."""
+
+    __slots__ = ("connection", "sha", "text")
+
+    def __init__(self, connection: RedisConnection, text: str) -> None:
+        self.connection = connection
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    async def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
+        (reply,) = await self.connection.run((self, keys, args))
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+
 class RedisConnection:
     """The app's Redis pool and key namespace; opened and closed by the host (`Resource`)."""
 
@@ -118,6 +137,53 @@ class RedisConnection:
     def key(self, *parts: str) -> str:
         """A key of this app: the prefix, then `parts` joined by `:`."""
         return self.prefix + ":".join(parts)
+
+    def script(self, text: str) -> Script:
+        """A store's Lua script on this pool (`Script`)."""
+        return Script(self, text)
+
+    async def run(self, *calls: tuple[Script, Sequence[Any], Sequence[Any]]) -> list[Any]:
+        """Run `calls` (script, keys, args) in one round trip, in order: each one's reply, or
+        the error Redis answered for it (an exception object, not raised). A connection
+        failure raises (nothing is sent again).
+
+        The stores' hot path. redis-py's `Redis.execute_command` does per command what these
+        scripts never need (its retry and observability wrappers, its argument encoder in
+        Python, reply callbacks), so this takes a connection from the same pool, packs with
+        hiredis (the bytes redis-py's own packer makes) and sends and reads with the
+        connection's methods, which close the connection on any error or cancellation, as
+        `execute_command` does: a connection never goes back to the pool with a reply
+        unread. A script Redis no longer holds (restarted, flushed) answers `NOSCRIPT`
+        before it runs anything: it is loaded and that call alone is sent once more."""
+        commands = [("EVALSHA", sha.sha, len(keys), *keys, *args) for sha, keys, args in calls]
+        replies = await self._send(commands)
+        for index, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):
+                script, _keys, _args = calls[index]
+                loaded, again = await self._send([("SCRIPT", "LOAD", script.text), commands[index]])
+                if isinstance(loaded, Exception):
+                    raise loaded
+                replies[index] = again
+        return replies
+
+    async def _send(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """`commands` pipelined on one pooled connection: each reply or error reply."""
+        pool = self.client.connection_pool
+        used = await pool.get_connection()  # type: ignore[no-untyped-call]  # (redis-py's)
+        try:
+            await used.send_packed_command(
+                b"".join([hiredis.pack_command(command) for command in commands]),
+                check_health=False,
+            )
+            replies: list[Any] = []
+            for _command in commands:
+                try:
+                    replies.append(await used.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+            return replies
+        finally:
+            await pool.release(used)
 
     def on_close(self, callback: Callable[[], Awaitable[None]]) -> None:
         """Run `callback` when the pool closes (first), e.g. to stop a listener task."""

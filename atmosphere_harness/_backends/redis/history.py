@@ -267,16 +267,15 @@ class RedisHistory:
         self.max_messages = max_messages
         self.max_conversations = max_conversations
         self.min_idle = min_idle
-        client = connection.client
-        self._append = client.register_script(_APPEND)
-        self._read = client.register_script(_READ)
-        self._lock_read = client.register_script(_LOCK_READ)
-        self._lock_read_run = client.register_script(_LOCK_READ_RUN)
-        self._claim_lock_read_run = client.register_script(_CLAIM_LOCK_READ_RUN)
-        self._save_summary = client.register_script(_SAVE_SUMMARY)
-        self._close = client.register_script(_CLOSE)
-        self._mark = client.register_script(_MARK)
-        self._evict = client.register_script(_EVICT)
+        self._append = connection.script(_APPEND)
+        self._read = connection.script(_READ)
+        self._lock_read = connection.script(_LOCK_READ)
+        self._lock_read_run = connection.script(_LOCK_READ_RUN)
+        self._claim_lock_read_run = connection.script(_CLAIM_LOCK_READ_RUN)
+        self._save_summary = connection.script(_SAVE_SUMMARY)
+        self._close = connection.script(_CLOSE)
+        self._mark = connection.script(_MARK)
+        self._evict = connection.script(_EVICT)
 
     def __repr__(self) -> str:
         return f"RedisHistory({self.connection!r})"

@@ -103,9 +103,9 @@ class RedisLongTermMemory(LongTermMemory):
             raise ValueError("max_facts_per_user must be positive")
         self.connection = connection
         self.max_facts_per_user = max_facts_per_user
-        self._save = connection.client.register_script(_SAVE)
-        self._clear = connection.client.register_script(_CLEAR)
-        self._newest = connection.client.register_script(_NEWEST)
+        self._save = connection.script(_SAVE)
+        self._clear = connection.script(_CLEAR)
+        self._newest = connection.script(_NEWEST)
 
     def __repr__(self) -> str:
         return f"RedisLongTermMemory({self.connection!r})"

@@ -94,9 +94,9 @@ class RedisConversationOwners:
 
     def __init__(self, connection: RedisConnection) -> None:
         self.connection = connection
-        self._claim = connection.client.register_script(_CLAIM)
-        self._forget = connection.client.register_script(_FORGET)
-        self._expired = connection.client.register_script(_EXPIRED)
+        self._claim = connection.script(_CLAIM)
+        self._forget = connection.script(_FORGET)
+        self._expired = connection.script(_EXPIRED)
 
     def _key(self, path: str, conversation_id: str) -> str:
         return self.connection.key("owner", digest(path, conversation_id))

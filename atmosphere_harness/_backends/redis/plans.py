@@ -92,8 +92,8 @@ class RedisPlanStore:
         self.max_plans = max_plans
         self.min_idle = min_idle
         self._base = connection.key("plan", digest(owner), "")
-        self._put = connection.client.register_script(_PUT)
-        self._forget = connection.client.register_script(_FORGET)
+        self._put = connection.script(_PUT)
+        self._forget = connection.script(_FORGET)
 
     @classmethod
     def for_root(cls, connection: RedisConnection, root: Path) -> RedisPlanStore:

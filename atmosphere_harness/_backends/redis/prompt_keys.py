@@ -34,8 +34,8 @@ class RedisPromptKeys:
 
     def __init__(self, connection: RedisConnection) -> None:
         self.connection = connection
-        self._claim = connection.client.register_script(_CLAIM)
-        self._forget = connection.client.register_script(_FORGET)
+        self._claim = connection.script(_CLAIM)
+        self._forget = connection.script(_FORGET)
 
     def _conversation(self, path: str, conversation_id: str) -> str:
         return self.connection.key("pk", "conversation", digest(path, conversation_id))

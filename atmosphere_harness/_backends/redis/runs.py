@@ -50,8 +50,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import NoScriptError
-
 from ..._contracts import FEED_OWNER, StoredRun
 from ..._errors import LeaseLost
 from ..._events import TERMINAL, Frame
@@ -394,16 +392,15 @@ class RedisRunStore:
 
     def __init__(self, connection: RedisConnection) -> None:
         self.connection = connection
-        client = connection.client
-        self._append = client.register_script(_APPEND)
-        self._append_feeds = client.register_script(_APPEND_FEEDS)
-        self._claim = client.register_script(_CLAIM)
-        self._heartbeat = client.register_script(_HEARTBEAT)
-        self._release = client.register_script(_RELEASE)
-        self._finish = client.register_script(_FINISH)
-        self._expire = client.register_script(_EXPIRE)
-        self._abandon = client.register_script(_ABANDON)
-        self._forget = client.register_script(_FORGET)
+        self._append = connection.script(_APPEND)
+        self._append_feeds = connection.script(_APPEND_FEEDS)
+        self._claim = connection.script(_CLAIM)
+        self._heartbeat = connection.script(_HEARTBEAT)
+        self._release = connection.script(_RELEASE)
+        self._finish = connection.script(_FINISH)
+        self._expire = connection.script(_EXPIRE)
+        self._abandon = connection.script(_ABANDON)
+        self._forget = connection.script(_FORGET)
         self._watchers = RunWatchers(self._subscribe, self._unsubscribe)
         self._listener: asyncio.Task[None] | None = None
         self._pubsub: Any = None
@@ -514,24 +511,14 @@ class RedisRunStore:
         return dict(zip(items[::2], items[1::2], strict=True))
 
     async def _append_and_finish(self, run_id: str, keys: list[str], args: list[Any]) -> Any:
-        """`_APPEND` then `_FINISH` in one round trip. By `EVALSHA` in a plain pipeline: a
-        registered `Script` in a pipeline asks `SCRIPT EXISTS` first on every execute (a second
-        round trip); a server that lost its scripts (restarted, flushed) gets them loaded by the
-        one-by-one calls, which is rare enough to cost the extra round trips."""
+        """`_APPEND` then `_FINISH` in one round trip (`RedisConnection.run`)."""
         finish_keys = self._finish_keys(run_id)
-        finish_args = self._finish_args(run_id)
-        async with self.connection.client.pipeline(transaction=False) as pipe:
-            pipe.evalsha(self._append.sha, len(keys), *keys, *args)
-            pipe.evalsha(self._finish.sha, len(finish_keys), *finish_keys, *finish_args)
-            reply, finished = await pipe.execute(raise_on_error=False)
-        if isinstance(reply, NoScriptError):
-            reply = await self._append(keys=keys, args=args)
-        elif isinstance(reply, Exception):
-            raise reply
-        if isinstance(finished, NoScriptError):
-            finished = await self._finish(keys=finish_keys, args=finish_args)
-        elif isinstance(finished, Exception):
-            raise finished
+        reply, finished = await self.connection.run(
+            (self._append, keys, args), (self._finish, finish_keys, self._finish_args(run_id))
+        )
+        for answer in (reply, finished):
+            if isinstance(answer, Exception):
+                raise answer
         return reply
 
     async def load(self, run_id: str, limit: int) -> tuple[dict[str, Any], list[Frame]]:

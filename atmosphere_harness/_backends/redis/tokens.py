@@ -41,8 +41,8 @@ class RedisUserTokens:
 
     def __init__(self, connection: RedisConnection) -> None:
         self.connection = connection
-        self._reserve: Any = connection.client.register_script(_RESERVE)
-        self._settle: Any = connection.client.register_script(_SETTLE)
+        self._reserve: Any = connection.script(_RESERVE)
+        self._settle: Any = connection.script(_SETTLE)
 
     def _key(self, user_id: str, day: str) -> str:
         return self.connection.key("tokens", day, user_id)
