@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -44,7 +45,45 @@ commands per wake-up), so the bound stays where a burst of runs is not made to w
 POOL_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5.0
 SOCKET_TIMEOUT = 15.0
-"""A command that gets no answer for this long fails (longer than every blocking read we do)."""
+"""A command that gets no answer for this long fails (longer than every blocking read we do):
+one timer a round trip (`bounded`), not redis-py's `socket_timeout`, which costs every command
+a task of its own for the write besides a timer for the read."""
+
+NO_ANSWER = f"no answer from Redis within {SOCKET_TIMEOUT:g} s"
+
+
+@contextlib.asynccontextmanager
+async def bounded() -> AsyncIterator[None]:
+    """At most `SOCKET_TIMEOUT` for the round trip inside, then redis-py's `TimeoutError`.
+    The timeout cancels the connection's write or read, and a connection cancelled there closes
+    itself (redis-py's own rule), so it goes back to the pool with no reply left unread."""
+    try:
+        async with asyncio.timeout(SOCKET_TIMEOUT):
+            yield
+    except TimeoutError:
+        raise RedisTimeoutError(NO_ANSWER) from None
+
+
+class BoundedRedis(Redis):
+    """The pool's client: each command and each pipeline bounded by `SOCKET_TIMEOUT`
+    (`bounded`), the pool's connections having no `socket_timeout` of their own."""
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        async with bounded():
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]  # (redis-py's)
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
+        return BoundedPipeline(
+            self.connection_pool, self.response_callbacks, transaction, shard_hint
+        )
+
+
+class BoundedPipeline(Pipeline):
+    """A pipeline of `BoundedRedis`: its round trip bounded by `SOCKET_TIMEOUT`."""
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        async with bounded():
+            return await super().execute(raise_on_error)
 
 
 def _never_resend() -> Retry:
@@ -123,11 +162,11 @@ class RedisConnection:
             max_connections=max_connections,
             timeout=POOL_TIMEOUT,
             socket_connect_timeout=CONNECT_TIMEOUT,
-            socket_timeout=SOCKET_TIMEOUT,
+            socket_timeout=None,  # (redis-py's default is 5 s; `BoundedRedis` bounds instead)
             decode_responses=True,
             retry=_never_resend(),
         )
-        self.client: Redis = Redis.from_pool(pool)
+        self.client: Redis = BoundedRedis.from_pool(pool)
         self._closed = False
         self._on_close: list[Callable[[], Awaitable[None]]] = []
 
@@ -171,17 +210,20 @@ class RedisConnection:
         pool = self.client.connection_pool
         used = await pool.get_connection()  # type: ignore[no-untyped-call]  # (redis-py's)
         try:
-            await used.send_packed_command(
-                b"".join([hiredis.pack_command(command) for command in commands]),
-                check_health=False,
-            )
-            replies: list[Any] = []
-            for _command in commands:
-                try:
-                    replies.append(await used.read_response())
-                except ResponseError as exc:
-                    replies.append(exc)
-            return replies
+            async with asyncio.timeout(SOCKET_TIMEOUT):  # (`bounded`, inline: the hot path)
+                await used.send_packed_command(
+                    b"".join([hiredis.pack_command(command) for command in commands]),
+                    check_health=False,
+                )
+                replies: list[Any] = []
+                for _command in commands:
+                    try:
+                        replies.append(await used.read_response())
+                    except ResponseError as exc:
+                        replies.append(exc)
+                return replies
+        except TimeoutError:
+            raise RedisTimeoutError(NO_ANSWER) from None
         finally:
             await pool.release(used)
 
