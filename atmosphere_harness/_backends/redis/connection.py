@@ -49,7 +49,10 @@ SOCKET_TIMEOUT = 15.0
 one timer a round trip (`bounded`), not redis-py's `socket_timeout`, which costs every command
 a task of its own for the write besides a timer for the read."""
 
-NO_ANSWER = f"no answer from Redis within {SOCKET_TIMEOUT:g} s"
+
+def no_answer() -> RedisTimeoutError:
+    """The error of a round trip that got no answer within `SOCKET_TIMEOUT`."""
+    return RedisTimeoutError(f"no answer from Redis within {SOCKET_TIMEOUT:g} s")
 
 
 @contextlib.asynccontextmanager
@@ -61,7 +64,7 @@ async def bounded() -> AsyncIterator[None]:
         async with asyncio.timeout(SOCKET_TIMEOUT):
             yield
     except TimeoutError:
-        raise RedisTimeoutError(NO_ANSWER) from None
+        raise no_answer() from None
 
 
 class BoundedRedis(Redis):
@@ -206,26 +209,28 @@ class RedisConnection:
         return replies
 
     async def _send(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """`commands` pipelined on one pooled connection: each reply or error reply."""
+        """`commands` pipelined on one pooled connection: each reply or error reply, within
+        `SOCKET_TIMEOUT` (`bounded`, inline here: the hot path), connecting included."""
         pool = self.client.connection_pool
-        used = await pool.get_connection()  # type: ignore[no-untyped-call]  # (redis-py's)
         try:
-            async with asyncio.timeout(SOCKET_TIMEOUT):  # (`bounded`, inline: the hot path)
-                await used.send_packed_command(
-                    b"".join([hiredis.pack_command(command) for command in commands]),
-                    check_health=False,
-                )
-                replies: list[Any] = []
-                for _command in commands:
-                    try:
-                        replies.append(await used.read_response())
-                    except ResponseError as exc:
-                        replies.append(exc)
-                return replies
+            async with asyncio.timeout(SOCKET_TIMEOUT):
+                used = await pool.get_connection()  # type: ignore[no-untyped-call]  # (redis-py's)
+                try:
+                    await used.send_packed_command(
+                        b"".join([hiredis.pack_command(command) for command in commands]),
+                        check_health=False,
+                    )
+                    replies: list[Any] = []
+                    for _command in commands:
+                        try:
+                            replies.append(await used.read_response())
+                        except ResponseError as exc:
+                            replies.append(exc)
+                    return replies
+                finally:
+                    await pool.release(used)
         except TimeoutError:
-            raise RedisTimeoutError(NO_ANSWER) from None
-        finally:
-            await pool.release(used)
+            raise no_answer() from None
 
     def on_close(self, callback: Callable[[], Awaitable[None]]) -> None:
         """Run `callback` when the pool closes (first), e.g. to stop a listener task."""
