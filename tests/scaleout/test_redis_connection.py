@@ -1,4 +1,4 @@
-"""The Redis pool's round trips: the stores' scripts (`RedisConnection.run`) and every other
+"""The Redis pool's round trips: the stores' scripts (`RedisConnection.scripts`) and every other
 command keep what redis-py's own command path promised, for less client work.
 
 - A script call is `EVALSHA` packed by hiredis (the bytes redis-py packs), sent and read on a
@@ -140,7 +140,7 @@ async def test_a_script_redis_lost_is_loaded_and_runs_once(
         await connection.client.script_flush()
         assert await count(keys=[counter]) == 2
         await connection.client.script_flush()
-        first, second = await connection.run((count, [counter], []), (count, [counter], []))
+        first, second = await connection.scripts((count, [counter], []), (count, [counter], []))
         assert (first, second) == (3, 4)
         assert int(await connection.client.get(counter)) == 4
     finally:
@@ -155,7 +155,7 @@ async def test_a_script_redis_lost_is_loaded_and_runs_once(
     ],
 )
 def test_the_stores_pack_what_redis_py_packs(args: tuple[Any, ...]) -> None:
-    """Identity on purpose: `RedisConnection.run` packs with hiredis, redis-py's other commands
+    """Identity on purpose: `RedisConnection.scripts` packs with hiredis, redis-py's other commands
     with redis-py's packer, and Redis must read the same bytes from both."""
     ours = hiredis.pack_command(args)
     assert ours == b"".join(Connection().pack_command(*args))

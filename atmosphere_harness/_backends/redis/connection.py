@@ -6,6 +6,13 @@ address, never its password. Every store turns the driver's connection errors in
 `BackendUnavailable` (`unavailable()`), so a run that meets an outage ends with a clear `error`
 frame and a route answers 503; the pool reconnects by itself once Redis is back.
 
+The stores' Lua scripts, every command of a turn, go through `scripts()`: `EVALSHA` packed by
+hiredis and sent and read on a connection of the pool, without redis-py's per-command
+wrappers (retries, which are off anyway, observability hooks, its Python argument encoder).
+Each round trip is bounded by one timer (`SOCKET_TIMEOUT`), and so is every other command
+(`BoundedRedis`): the pool's connections have no `socket_timeout`, whose write costs redis-py a
+task per command.
+
 The URL is redis-py's (`redis://[:password@]host:port/db`, `rediss://`, `unix://`) plus one
 parameter of ours: `key_prefix=` (default `atmosphere:`) puts every key of the app under that
 prefix, so two apps (or two test runs) can share one database.
@@ -61,10 +68,12 @@ async def bounded() -> AsyncIterator[None]:
     The timeout cancels the connection's write or read, and a connection cancelled there closes
     itself (redis-py's own rule), so it goes back to the pool with no reply left unread."""
     try:
-        async with asyncio.timeout(SOCKET_TIMEOUT):
+        async with asyncio.timeout(SOCKET_TIMEOUT) as bound:
             yield
     except TimeoutError:
-        raise no_answer() from None
+        if bound.expired():
+            raise no_answer() from None
+        raise
 
 
 class BoundedRedis(Redis):
@@ -136,7 +145,7 @@ def lock_key(connection: RedisConnection, path: str, conversation_id: str) -> st
 
 
 class Script:
-    """A Lua script of a store, run with `EVALSHA` on the app's pool (`RedisConnection.run`);
+    """A Lua script of a store, run with `EVALSHA` on the app's pool (`RedisConnection.scripts`);
     called as redis-py's registered scripts are: `await script(keys=[...], args=[...])`."""
 
     __slots__ = ("connection", "sha", "text")
@@ -147,7 +156,7 @@ class Script:
         self.sha = hashlib.sha1(text.encode()).hexdigest()
 
     async def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
-        (reply,) = await self.connection.run((self, keys, args))
+        (reply,) = await self.connection.scripts((self, keys, args))
         if isinstance(reply, Exception):
             raise reply
         return reply
@@ -184,7 +193,7 @@ class RedisConnection:
         """A store's Lua script on this pool (`Script`)."""
         return Script(self, text)
 
-    async def run(self, *calls: tuple[Script, Sequence[Any], Sequence[Any]]) -> list[Any]:
+    async def scripts(self, *calls: tuple[Script, Sequence[Any], Sequence[Any]]) -> list[Any]:
         """Run `calls` (script, keys, args) in one round trip, in order: each one's reply, or
         the error Redis answered for it (an exception object, not raised). A connection
         failure raises (nothing is sent again).
@@ -197,7 +206,9 @@ class RedisConnection:
         `execute_command` does: a connection never goes back to the pool with a reply
         unread. A script Redis no longer holds (restarted, flushed) answers `NOSCRIPT`
         before it runs anything: it is loaded and that call alone is sent once more."""
-        commands = [("EVALSHA", sha.sha, len(keys), *keys, *args) for sha, keys, args in calls]
+        commands = [
+            ("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls
+        ]
         replies = await self._send(commands)
         for index, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):
@@ -213,7 +224,7 @@ class RedisConnection:
         `SOCKET_TIMEOUT` (`bounded`, inline here: the hot path), connecting included."""
         pool = self.client.connection_pool
         try:
-            async with asyncio.timeout(SOCKET_TIMEOUT):
+            async with asyncio.timeout(SOCKET_TIMEOUT) as bound:
                 used = await pool.get_connection()  # type: ignore[no-untyped-call]  # (redis-py's)
                 try:
                     await used.send_packed_command(
@@ -230,7 +241,9 @@ class RedisConnection:
                 finally:
                     await pool.release(used)
         except TimeoutError:
-            raise no_answer() from None
+            if bound.expired():
+                raise no_answer() from None
+            raise
 
     def on_close(self, callback: Callable[[], Awaitable[None]]) -> None:
         """Run `callback` when the pool closes (first), e.g. to stop a listener task."""

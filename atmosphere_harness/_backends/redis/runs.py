@@ -511,9 +511,9 @@ class RedisRunStore:
         return dict(zip(items[::2], items[1::2], strict=True))
 
     async def _append_and_finish(self, run_id: str, keys: list[str], args: list[Any]) -> Any:
-        """`_APPEND` then `_FINISH` in one round trip (`RedisConnection.run`)."""
+        """`_APPEND` then `_FINISH` in one round trip (`RedisConnection.scripts`)."""
         finish_keys = self._finish_keys(run_id)
-        reply, finished = await self.connection.run(
+        reply, finished = await self.connection.scripts(
             (self._append, keys, args), (self._finish, finish_keys, self._finish_args(run_id))
         )
         for answer in (reply, finished):
