@@ -8,6 +8,7 @@ retry then runs on a fresh connection through the same proxy.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,8 +17,9 @@ import pytest
 
 from atmosphere_harness import ModelRequest, ScriptedRuntime, ToolCall, agent
 from atmosphere_harness._backends.postgres import PostgresDatabase
-from atmosphere_harness._backends.postgres.history import PostgresHistory
+from atmosphere_harness._backends.postgres.history import APPEND, RECENT_WRITES, PostgresHistory
 from atmosphere_harness._backends.postgres.workspace import PostgresAgentFileSystem
+from atmosphere_harness._memory import codec
 from atmosphere_harness._memory.history import ConversationKey
 from atmosphere_harness._runtimes.base import Message
 from tests.agents import echo
@@ -72,6 +74,39 @@ async def test_a_new_conversation_whose_first_turn_lost_its_acknowledgement(
     await history.append(KEY, [Message("user", "hello"), Message("assistant", "hi")])
     assert proxy.cuts == 1
     assert [m.content for m in await history.messages(KEY)] == ["hello", "hi"]
+
+
+async def test_a_turn_sent_again_after_later_turns_is_stored_once(
+    proxied: tuple[LossyProxy, PostgresDatabase],
+) -> None:
+    """A turn whose acknowledgement was lost, sent again with its key after other turns of the
+    conversation were stored (another replica took the conversation meanwhile: the lock went
+    with a lost connection), is still stored once: the row keeps the keys of the latest
+    `RECENT_WRITES` turns, and no more."""
+    _proxy, database = proxied
+    history = PostgresHistory(database)
+
+    async def send(text: str, write: str) -> None:
+        turn = [codec.encode_ascii(Message("user", text))]
+        args = (KEY.endpoint, KEY.user_key, KEY.conversation_id, time.time(), turn, write)
+        await database.run(lambda connection: connection.execute(APPEND, *args))
+
+    lost = uuid.uuid4().hex
+    await send("first", lost)
+    for i in range(1, RECENT_WRITES):
+        await history.append(KEY, [Message("user", f"later {i}")])
+    await send("first", lost)
+    stored = [message.content for message in await history.messages(KEY)]
+    assert stored == ["first", *(f"later {i}" for i in range(1, RECENT_WRITES))]
+    for i in range(RECENT_WRITES, 3 * RECENT_WRITES):
+        await history.append(KEY, [Message("user", f"later {i}")])
+    writes = await database.run(
+        lambda connection: connection.fetchval(
+            "SELECT last_write FROM atmosphere_conversations WHERE conversation_id = $1",
+            KEY.conversation_id,
+        )
+    )
+    assert len(writes.split(" ")) == RECENT_WRITES
 
 
 async def workspace(database: PostgresDatabase) -> PostgresAgentFileSystem:

@@ -19,6 +19,7 @@ from atmosphere_harness._backends.redis import (
     RedisPlanStore,
 )
 from atmosphere_harness._backends.redis.connection import MAX_CONNECTIONS
+from atmosphere_harness._backends.redis.history import RECENT_WRITES
 from atmosphere_harness._errors import PlanStoreError
 from atmosphere_harness._memory.history import ConversationKey, HistoryBackend
 from atmosphere_harness._memory.long_term import LongTermMemory
@@ -88,6 +89,29 @@ async def test_two_replicas_append_to_one_history_in_order(
         question, answer = stored[position], stored[position + 1]
         assert question.content[1:] == answer.content[1:]
     assert await b.messages(key) == stored
+
+
+async def test_a_turn_sent_again_after_later_turns_is_stored_once(
+    connection: RedisConnection, other_connection: RedisConnection
+) -> None:
+    """A turn whose reply was lost is sent again with its write key; by then another replica
+    may have stored turns of the conversation (a lost reply to the lock's release frees the
+    conversation first). The keys of the latest `RECENT_WRITES` turns are kept, so it is
+    still stored once; the list of keys stays bounded."""
+    mine, theirs = RedisHistory(connection), RedisHistory(other_connection)
+    key = ConversationKey("/e", "alice", "resent")
+    lost = mine.turn(key, turn(0))
+    await mine.store_turn(lost)
+    for i in range(1, RECENT_WRITES):
+        await theirs.append(key, turn(i))
+    await mine.store_turn(lost)  # (its reply was lost: sent again)
+    assert await mine.messages(key) == [
+        message for i in range(RECENT_WRITES) for message in turn(i)
+    ]
+    for i in range(RECENT_WRITES, 3 * RECENT_WRITES):
+        await theirs.append(key, turn(i))
+    writes = await connection.client.hget(mine._meta(key), "write")
+    assert len(writes.split(" ")) == RECENT_WRITES
 
 
 async def test_a_conversation_keeps_its_newest_messages(connection: RedisConnection) -> None:

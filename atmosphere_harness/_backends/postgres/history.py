@@ -34,7 +34,10 @@ EXTRACTION_CLAIM = 300.0
 """Seconds one replica's claim to extract a conversation holds if it never finishes."""
 
 
-APPEND = """
+RECENT_WRITES = 8
+"""How many of a conversation's latest turns keep their write keys (each 32 characters)."""
+
+APPEND = f"""
 WITH conversation AS (
     INSERT INTO atmosphere_conversations
         (endpoint, user_key, conversation_id, updated_at, last_seq, last_write)
@@ -43,8 +46,13 @@ WITH conversation AS (
         updated_at = excluded.updated_at,
         closed_at = NULL,
         last_seq = atmosphere_conversations.last_seq + cardinality($5::text[]),
-        last_write = excluded.last_write
-    WHERE atmosphere_conversations.last_write IS DISTINCT FROM excluded.last_write
+        last_write = left(
+            excluded.last_write || coalesce(' ' || atmosphere_conversations.last_write, ''),
+            {RECENT_WRITES * 33 - 1}
+        )
+    WHERE strpos(
+        coalesce(atmosphere_conversations.last_write, ''), excluded.last_write
+    ) = 0
     RETURNING id, last_seq - cardinality($5::text[]) AS base
 )
 INSERT INTO atmosphere_messages (conversation, seq, payload)
@@ -60,9 +68,11 @@ same bytes whatever the database's encoding (a LATIN1 database could not hold an
 
 `$6` is the append's key, made once before its first attempt: when the connection dies before
 the answer comes back, `PostgresDatabase.run` sends the statement again, and the conversation
-row then already holds that key if the first attempt committed. The upsert's `WHERE` skips the
-row (it is still locked, so a first attempt the server has not finished yet is waited for), no
-base is returned and no message is inserted: the turn is stored once."""
+row then already holds that key if the first attempt committed (`last_write` keeps the keys of
+the `RECENT_WRITES` latest turns, newest first, space-separated, so it still does if other
+turns were stored in between). The upsert's `WHERE` skips the row (it is still locked, so a
+first attempt the server has not finished yet is waited for), no base is returned and no
+message is inserted: the turn is stored once."""
 
 NEWEST = """
 SELECT c.summary, c.summary_covered, m.seq, m.payload

@@ -45,12 +45,20 @@ EVICT_BATCH = 64
 EXTRACTION_CLAIM = 300
 """Seconds one replica's claim to extract a conversation holds if it never finishes."""
 
-APPEND_FUNCTION = """
+RECENT_WRITES = 8
+"""How many of a conversation's latest turns keep their write keys (each 32 characters)."""
+
+APPEND_FUNCTION = (
+    f"local RECENT_WRITES_CHARS = {RECENT_WRITES * 33 - 1}\n"
+    + """
 local function append_turn(meta, messages, open, all, at)
     local write = ARGV[at + 8]
-    if redis.call('HGET', meta, 'write') == write then
+    local writes = redis.call('HGET', meta, 'write') or ''
+    if string.find(' ' .. writes .. ' ', ' ' .. write .. ' ', 1, true) then
         return {tonumber(redis.call('HGET', meta, 'last')), redis.call('ZCARD', all)}
     end
+    if writes ~= '' then writes = string.sub(write .. ' ' .. writes, 1, RECENT_WRITES_CHARS)
+    else writes = write end
     local now, name = ARGV[at + 1], ARGV[at + 6]
     local first = redis.call('HGET', meta, 'first')
     if not first then
@@ -63,7 +71,7 @@ local function append_turn(meta, messages, open, all, at)
     end
     redis.call('HSET', meta, 'last', last + count, 'updated', now, 'closed', 0,
         'endpoint', ARGV[at + 2], 'user', ARGV[at + 3], 'conversation', ARGV[at + 4],
-        'lock', ARGV[at + 5], 'write', write)
+        'lock', ARGV[at + 5], 'write', writes)
     redis.call('ZADD', open, now, name)
     redis.call('ZADD', all, now, name)
     local size = redis.call('LLEN', messages)
@@ -75,11 +83,15 @@ local function append_turn(meta, messages, open, all, at)
     return {last, redis.call('ZCARD', all)}
 end
 """
+)
 """A Lua function the scripts that store a turn include (`_APPEND`, and the lock's release
 that carries the turn, `locks._APPEND_RELEASE_RUN`): the turn's messages after the last, the
 bookkeeping, both activity sets, the trim to `max_messages`; `{last seq before, conversations}`.
-Its first command reads the turn's write key: a turn whose key the conversation already holds
-(its script ran, and its reply was lost) is stored once, and nothing is written."""
+Its first command reads the write keys of the conversation's latest turns (`RECENT_WRITES`,
+newest first, space-separated in the `write` field): a turn whose key is among them (its script
+ran, and its reply was lost) is stored once, and nothing is written, even when other turns were
+stored between the first attempt and the one sent again (a lost reply to the lock's release
+frees the conversation before the turn is sent again)."""
 # KEYS (passed): meta, messages, open zset, all zset. ARGV after `at`: now, endpoint, user,
 # conversation, lock key, digest, max messages, write key, message...
 
