@@ -343,10 +343,20 @@ class ToolStep:
     answer: str | None = None
     """`proceed` answers the call with this instead of running anything; the result hooks
     still see it (a durable run's `interrupted` answer)."""
-    before_handler: Callable[[Mapping[str, Any]], Awaitable[None]] | None = None
-    """Awaited with the final arguments once every gate passed, right before the handler runs
-    (a durable run journals that the call started). A hook that sets it calls the one it
-    replaces."""
+    before_handler: BeforeHandler | None = None
+    """Called with the step and the final arguments once every gate passed, right before the
+    handler runs, and awaited if it returns an awaitable (a durable run journals that the call
+    started). The executor gives each step the run's `BEFORE_HANDLER`, if its state has one; a
+    hook that sets another calls the one it replaces."""
+
+
+BeforeHandler = Callable[[ToolStep, Mapping[str, Any]], "Awaitable[None] | None"]
+"""A `ToolStep.before_handler`: `None` when it did its work at once (a call that waits for
+nothing costs no coroutine), else what the executor awaits before the handler runs."""
+
+BEFORE_HANDLER: Key[BeforeHandler] = Key("kernel.before-handler")
+"""Run state: the `before_handler` the executor gives every tool step of the run (a durable
+run's bind sets it), so a hook need not build each call's step again to set it."""
 
 
 ToolStatus = Literal[

@@ -30,12 +30,13 @@ first life's seq numbering.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import fields, replace
+from collections.abc import Awaitable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import _events as events
 from .._contracts import (
+    BEFORE_HANDLER,
     CALL_JOURNAL,
     PENDING_APPROVALS,
     RUN_CHECKPOINTS,
@@ -159,6 +160,26 @@ class Replay:
     async def record(self, call: ToolCall, kind: str, value: Any, *, wait: bool = False) -> None:
         await self.journal(f"{kind}:{self.turn}:{call.id}", value, wait=wait)
 
+    # --- contracts.BeforeHandler ----------------------------------------------------------
+
+    def started(self, step: ToolStep, arguments: Mapping[str, Any]) -> Awaitable[None] | None:
+        """Journal that `step`'s call passed its gates and its handler runs now, with its final
+        arguments (`true` when they are the model's own). For a tool that must not run twice,
+        the executor waits until the mark is stored; for the others it goes with the run's
+        next write (a plain call: no coroutine)."""
+        tool = step.tool
+        if tool is None or step.run is not self.run:
+            return None
+        call = step.call
+        own = call.arguments
+        mapping = type(own) is dict or isinstance(own, Mapping)
+        value = True if mapping and arguments == own else dict(arguments)
+        key = f"{STARTED}{step.turn}:{call.id}"
+        if _at_most_once(tool):
+            return self.journal(key, value, wait=True)
+        self.note(key, value)
+        return None
+
 
 class _Notes:
     """A durable run's `contracts.RunCheckpoints`: hooks' notes, under `note:<key>`."""
@@ -187,6 +208,7 @@ class DurableReplay(RunHooks):
         run.state.set(_REPLAY, replay)
         run.state.set(CALL_JOURNAL, replay)
         run.state.set(RUN_CHECKPOINTS, _Notes(replay))
+        run.state.set(BEFORE_HANDLER, replay.started)
         return replay.publish if replay.replaying else live.publish
 
     # `around_model` and `around_tool` run for every model turn and tool call of a durable
@@ -213,74 +235,24 @@ class DurableReplay(RunHooks):
         if replay is None:
             return await proceed(step)
         key = f"{step.turn}:{step.call.id}"
-        tool = step.tool
         if replay.checkpoints:
             replayed = replay.recalled(RESULT + key)
             if replayed is not None:
                 return ToolOutcome(str(replayed), "replayed", frames="none")
             replay.go_live()
+            tool = step.tool
             if tool is not None and step.refusal is None:
                 restarted = _restarted(step, tool, replay.recalled(STARTED + key))
                 if restarted is not None:
-                    step, tool = restarted, None
-        if tool is not None and step.refusal is None:
-            step = _with_before_handler(step, _Started(replay, STARTED + key, step.call, tool))
+                    step = restarted
+        # The call's `started` mark is the run's `BEFORE_HANDLER` (`Replay.started`), which the
+        # executor gives the step: a first life's call passes here without a new step.
         outcome = await proceed(step)
         replay.note(RESULT + key, outcome.result)
         return outcome
 
     def wrap_history(self, history: HistoryStore) -> HistoryStore:
         return _JournalledHistory(history)
-
-
-class _Started:
-    """A call's `before_handler`: journal that it started, with its final arguments."""
-
-    __slots__ = ("call", "key", "replay", "tool")
-
-    def __init__(self, replay: Replay, key: str, call: ToolCall, tool: Tool) -> None:
-        self.replay, self.key, self.call, self.tool = replay, key, call, tool
-
-    async def __call__(self, arguments: Mapping[str, Any]) -> None:
-        own = isinstance(self.call.arguments, Mapping) and arguments == self.call.arguments
-        value = True if own else dict(arguments)
-        if _at_most_once(self.tool):
-            # For a tool that must not run twice, stored before it runs.
-            await self.replay.journal(self.key, value, wait=True)
-        else:
-            self.replay.note(self.key, value)
-
-
-def _with_before_handler(
-    step: ToolStep, handler: Callable[[Mapping[str, Any]], Awaitable[None]]
-) -> ToolStep:
-    """`dataclasses.replace(step, before_handler=handler)`, made directly (`replace` walks the
-    fields on every call: a tenth of what a durable run added to a tool call).
-    `_STEP_FIELDS` says which fields this knows; a `ToolStep` with others fails at import."""
-    return ToolStep(
-        step.run,
-        step.call,
-        step.tool,
-        step.turn,
-        step.refusal,
-        step.admitted,
-        step.answer,
-        handler,
-    )
-
-
-_STEP_FIELDS = (
-    "run",
-    "call",
-    "tool",
-    "turn",
-    "refusal",
-    "admitted",
-    "answer",
-    "before_handler",
-)
-if tuple(field.name for field in fields(ToolStep)) != _STEP_FIELDS:  # pragma: no cover
-    raise ImportError("ToolStep's fields changed: update durable.replay._with_before_handler")
 
 
 def _at_most_once(tool: Tool) -> bool:

@@ -14,8 +14,9 @@ a hook answered it, the gates in this order, the same for every tool and every r
 6. approval hook -> may answer instead of the tool, or replace the arguments: replaced ones are
    validated and pass the admission hooks again (step 3, then 4), so an approver's edit cannot
    slip past a policy; a denial then answers the call;
-7. the step's `before_handler` (a durable run journals that the call started), then the
-   handler, bounded by the tool's timeout; an exception becomes an error result;
+7. the step's `before_handler` (the run's `BEFORE_HANDLER`: a durable run journals that the
+   call started), then the handler, bounded by the tool's timeout; an exception becomes an
+   error result;
 8. result hooks (tool-output offload) reshape the text the model gets;
 9. once the `around_tool` hooks returned: the `tool-result` frame carrying exactly that text.
 
@@ -32,7 +33,15 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .. import _events as events
-from .._contracts import ProceedTool, Run, RunHooks, ToolOutcome, ToolStatus, ToolStep
+from .._contracts import (
+    BEFORE_HANDLER,
+    ProceedTool,
+    Run,
+    RunHooks,
+    ToolOutcome,
+    ToolStatus,
+    ToolStep,
+)
 from .._errors import ToolArgumentError
 from .._log import get_logger
 from .._runtimes.base import ToolCall
@@ -70,8 +79,12 @@ async def execute_calls(
     """
     tools = run.endpoint.tools
     refusals = refusals or {}
+    before = run.state.get(BEFORE_HANDLER)
     steps = [
-        ToolStep(run, call, tools.get(call.name), turn, refusals.get(call.id)) for call in calls
+        ToolStep(
+            run, call, tools.get(call.name), turn, refusals.get(call.id), before_handler=before
+        )
+        for call in calls
     ]
     results: list[str] = [""] * len(calls)
     index = 0
@@ -122,7 +135,10 @@ async def _prefetch(tool: Tool, steps: Sequence[ToolStep]) -> Callable[[], None]
 
 async def execute_call(call: ToolCall, run: Run, turn: int = 0) -> str:
     """Run one tool call through the hooks and every gate; returns the model-facing text."""
-    return await _execute(ToolStep(run, call, run.endpoint.tools.get(call.name), turn))
+    tool = run.endpoint.tools.get(call.name)
+    return await _execute(
+        ToolStep(run, call, tool, turn, before_handler=run.state.get(BEFORE_HANDLER))
+    )
 
 
 async def _execute(step: ToolStep) -> str:
@@ -182,7 +198,9 @@ async def _gated(step: ToolStep, handler: Handler) -> ToolOutcome:
                 if answer is not None:
                     return await _finish(step, tool, answer, status)
     if step.before_handler is not None:
-        await step.before_handler(arguments)
+        waiting = step.before_handler(step, arguments)
+        if waiting is not None:
+            await waiting
     text, status = await handler(tool, step, arguments)
     return await _finish(step, tool, text, status)
 

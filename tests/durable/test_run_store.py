@@ -13,13 +13,12 @@ import subprocess
 import sys
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from atmosphere_harness._contracts import LiveRunHandle, StoredRun, ToolStep
+from atmosphere_harness._contracts import LiveRunHandle, StoredRun
 from atmosphere_harness._durable import SqliteRunStore
 from atmosphere_harness._durable import writer as durable_writer
 from atmosphere_harness._durable.journal import DurableRuns
@@ -30,7 +29,6 @@ from atmosphere_harness._kernel.remote import REFERENCE
 from atmosphere_harness._kernel.remote import resolved as _resolved
 from atmosphere_harness._kernel.writer import encode
 from atmosphere_harness._memory.sqlite import SqliteDatabase
-from atmosphere_harness._runtimes.base import ToolCall
 
 HOST = socket.gethostname()
 
@@ -332,32 +330,6 @@ async def test_a_burst_of_turns_arms_one_timer_and_never_cancels_it(
     assert len(journalled) == 41  # every model turn, every result, the history mark
     assert len(armed) == 1
     assert cancelled == []
-
-
-async def test_the_durable_hooks_set_a_calls_before_handler_and_keep_every_other_field() -> None:
-    # `_with_before_handler` builds the step directly (`dataclasses.replace` walks the fields on
-    # every call): it must give what `replace` gives, whatever the step holds.
-    from atmosphere_harness._durable.replay import _with_before_handler
-
-    step = ToolStep(
-        run=object(),  # type: ignore[arg-type]  # (only carried)
-        call=ToolCall("t", {"a": 1}, "c1"),
-        tool=None,
-        turn=3,
-        refusal="no",
-        admitted={"a": 2},
-        answer="done",
-        before_handler=None,
-    )
-
-    async def handler(arguments: Any) -> None:
-        return None
-
-    made = _with_before_handler(step, handler)
-    assert made == replace(step, before_handler=handler)
-    assert [getattr(made, f.name) for f in fields(ToolStep)][:-1] == [
-        getattr(step, f.name) for f in fields(ToolStep)
-    ][:-1]
 
 
 @pytest.mark.parametrize("call_id", ["call_1", 'odd "id" \\ é \x00 \ud800'])

@@ -6,7 +6,7 @@ driven as the HTTP routes drive a run (`start_run`, the frames read from its jou
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -17,10 +17,13 @@ import pytest
 from atmosphere_harness import HarnessSettings, ScriptedRuntime, ToolCall, agent, prompt, tool
 from atmosphere_harness._assembly import default_primitives
 from atmosphere_harness._contracts import (
+    BEFORE_HANDLER,
     Key,
     ModelStep,
     ProceedModel,
+    ProceedRun,
     ProceedTool,
+    Run,
     RunHooks,
     ToolOutcome,
     ToolStep,
@@ -136,6 +139,56 @@ async def test_hooks_wrap_each_call_outermost_first(workspace: Path) -> None:
         "tool-start",
         "tool-result",
     ] * 4
+
+
+class BeforeHandlers(RunHooks):
+    """Gives the run a `BEFORE_HANDLER` that records each call it sees; every other call's
+    wait is a coroutine the executor must await."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    async def around_run(self, run: Run, proceed: ProceedRun) -> None:
+        def before(step: ToolStep, arguments: Mapping[str, Any]) -> Awaitable[None] | None:
+            assert step.run is run
+            self.log.append(f"before {step.call.name} {step.turn} {dict(arguments)}")
+            if len(self.log) % 2:
+                return None  # (done at once: nothing to await)
+            return self.waited(step.call.name)
+
+        run.state.set(BEFORE_HANDLER, before)
+        await proceed()
+
+    async def waited(self, name: str) -> None:
+        self.log.append(f"awaited {name}")
+
+
+async def test_the_runs_before_handler_sees_each_call_that_reaches_its_handler(
+    workspace: Path,
+) -> None:
+    # The executor gives every tool step the run's `BEFORE_HANDLER` (no hook builds each
+    # call's step again to set it), calls it once the gates passed, and awaits what it returns
+    # only when it returns something.
+    log: list[str] = []
+    runtime = ScriptedRuntime(
+        [
+            [ToolCall("add", {"a": 1, "b": 2}, "c1"), ToolCall("boom", {}, "c2")],
+            [ToolCall("nope", {}, "c3"), ToolCall("add", {"a": "x"}, "c4")],
+            [ToolCall("add", {"a": 3, "b": 4}, "c5")],
+            "done",
+        ]
+    )
+    async with hosted(workspace, runtime, [BeforeHandlers(log)]) as host:
+        frames = await run(host)
+    assert frames[-1].event == "complete"
+    assert results(frames)[0] == "3"
+    assert log == [
+        "before add 1 {'a': 1, 'b': 2}",
+        "before boom 1 {}",
+        "awaited boom",
+        "before add 3 {'a': 3, 'b': 4}",
+        "awaited add",
+    ]
 
 
 class Answering(RunHooks):
