@@ -262,7 +262,7 @@ class _Turn:
     def add(self, chunk: Mapping[str, Any]) -> str:
         """Take one chunk; returns its text delta."""
         usage = chunk.get("usage")
-        if isinstance(usage, Mapping):
+        if usage is not None and isinstance(usage, Mapping):  # (no ABC check a token)
             self.usage = _usage(usage)
         delta_text = ""
         for choice in chunk.get("choices") or ():

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -233,18 +234,19 @@ async def sse_events(response: httpx2.Response) -> AsyncIterator[Event]:
     own decoders do: a model's text may hold U+2028 or U+0085 raw inside a JSON string, where
     a text line reader (`str.splitlines`, so `httpx`'s `aiter_lines`) would break the event in
     two. A chunk of the body usually holds one whole event; it is split with one
-    `bytes.splitlines` and its payload parsed from the bytes, no text decoding in between.
+    `bytes.splitlines` and its payload parsed as `json.loads` parses bytes (`_decode`).
     """
     data: list[bytes] = []
     partial: list[bytes] = []
     """The start of a line whose end has not arrived yet."""
     skip_lf = False
     """The last chunk ended with CR: an LF starting the next one ends no second line."""
-    async for chunk in _body(response):
+    read = _reader(response)
+    while chunk := await read():
         if skip_lf and chunk[:1] == b"\n":
             chunk = chunk[1:]
-        if not chunk:
-            continue
+            if not chunk:
+                continue
         last = chunk[-1]
         skip_lf = last == CR
         lines = chunk.splitlines()
@@ -275,15 +277,17 @@ async def sse_events(response: httpx2.Response) -> AsyncIterator[Event]:
             yield _decode(payload)
 
 
-def _body(response: httpx2.Response) -> AsyncIterator[bytes]:
-    """The response's body as it comes; a `ChunkedBody` read directly, not through the
-    client's `aiter_bytes`: that generator closes the whole response when it is finalized,
-    which, once `sse_events` returned at `[DONE]`, may come while `_drain` still waits for the
-    body's last chunk, and the connection is then dropped instead of reused."""
+def _reader(response: httpx2.Response) -> Callable[[], Awaitable[bytes]]:
+    """What reads the response's body, a piece a call, `b""` at its end: a `ChunkedBody`'s
+    `next_data`, called directly (not through an async generator, one layer less a token), or
+    the client's `aiter_bytes`. (Not the client's generator for a `ChunkedBody`: it closes the
+    whole response when it is finalized, which, once `sse_events` returned at `[DONE]`, may
+    come while `_drain` still waits for the body's last chunk, and the connection is then
+    dropped instead of reused.)"""
     body = getattr(response.stream, "_stream", None)  # (inside `httpx2`'s timing wrapper)
     if isinstance(body, ChunkedBody):
-        return body.__aiter__()
-    return response.aiter_bytes()
+        return body.next_data
+    return functools.partial(anext, response.aiter_bytes(), b"")
 
 
 async def _drain(response: httpx2.Response) -> None:
@@ -302,12 +306,26 @@ async def _drain(response: httpx2.Response) -> None:
 
 def _decode(payload: bytes) -> Event:
     try:
-        event = json.loads(payload)
+        if payload.startswith(b'{"'):
+            # What `json.loads(payload)` does, without its layers (one event a token): a
+            # payload that opens with `{"` is UTF-8 to it (no BOM, no UTF-16 or -32), decoded
+            # the same way, and may end in JSON whitespace only.
+            text = payload.decode("utf-8", "surrogatepass")
+            event, end = _DECODER.raw_decode(text)
+            if end != len(text) and text[end:].strip(JSON_SPACE):
+                raise ValueError("extra data after the JSON value")
+        else:
+            event = json.loads(payload)
     except ValueError:
         raise ModelError(f"the model server sent malformed JSON: {_shown(payload)}") from None
     if not isinstance(event, dict):
         raise ModelError(f"the model server sent an unexpected event: {_shown(payload)}")
     return event
+
+
+_DECODER = json.JSONDecoder()
+JSON_SPACE = " \t\n\r"
+"""The whitespace JSON allows around a value."""
 
 
 def _shown(payload: bytes) -> str:

@@ -270,6 +270,54 @@ async def test_a_malformed_or_cut_chunked_answer_is_a_transient_model_error(
     assert isinstance(bodies.made[0], loop_transport.ChunkedBody)
 
 
+@pytest.mark.parametrize("size", [b"1a", b"1A", b"001a", b"1a ;x=1", b"1a;x"])
+async def test_a_chunk_a_read_is_taken_whole_whatever_its_size_line_spells(
+    size: bytes, bodies: Bodies
+) -> None:
+    """Each chunk in its own write after the first (as a model streams its tokens): the
+    chunk is taken in one step, its size line read as `h11` reads it (pins the behaviour of
+    that path)."""
+    event = b'data: {"choices":[{"delta":{"content":"xxxxxx"}}]}\n\n'
+    assert len(event) == 0x1A * 2
+    half = (event[:26], event[26:])
+    pieces = [b"%x\r\n%s\r\n" % (len(event), event)]
+    pieces += [size + b"\r\n" + part + b"\r\n" for part in half]
+    pieces += [b"e\r\ndata: [DONE]\n\n\r\n", b"0\r\n\r\n"]
+    server, accepted = await raw_server([pieces, pieces], bodies.headers_read)
+    port = server.sockets[0].getsockname()[1]
+    runtime = OpenAIRuntime("fake-model", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0)
+    try:
+        one = await runtime.complete(ModelRequest("", (Message.user("hi"),)))
+        two = await runtime.complete(ModelRequest("", (Message.user("hi"),)))
+    finally:
+        await runtime.aclose()
+        server.close()
+    assert one.text == two.text == "x" * 12
+    assert accepted == [1]
+    assert all(isinstance(body, loop_transport.ChunkedBody) for body in bodies.made)
+
+
+@pytest.mark.parametrize("size", [b"0x1a", b"+1a", b"1_a", b" 1a", b"", b"1" * 17])
+async def test_a_size_line_h11_would_reject_is_malformed_in_a_chunk_a_read_too(
+    size: bytes, bodies: Bodies
+) -> None:
+    """A size `int(..., 16)` would take but the chunked format does not (pins the behaviour
+    of the path that takes a whole chunk in one step)."""
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"' + b"x" * 9 + b'"}}]}\n\n'
+    pieces = [b"%x\r\n%s\r\n" % (len(event), event), size + b"\r\n" + event + b"\r\n"]
+    server, _ = await raw_server([pieces], bodies.headers_read)
+    port = server.sockets[0].getsockname()[1]
+    runtime = OpenAIRuntime(
+        "fake-model", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0, timeout=5
+    )
+    try:
+        with pytest.raises(ModelError, match="illegal chunk header"):
+            await runtime.complete(ModelRequest("", (Message.user("hi"),)))
+    finally:
+        await runtime.aclose()
+        server.close()
+
+
 @pytest.mark.parametrize("with_head", [10, 71, 73, 150, 166, 100_000])
 async def test_a_body_whose_start_came_with_its_headers_is_read_here_too(
     with_head: int, bodies: Bodies

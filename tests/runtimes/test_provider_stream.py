@@ -161,3 +161,33 @@ def test_paired_repairs_orphans_duplicates_and_missing_results() -> None:
 )
 def test_parse_arguments(text: str, parsed: object) -> None:
     assert parse_arguments(text) == parsed
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"a": "\xed\xa0\x80"}',  # an encoded lone surrogate: json.loads lets it through
+        b'{"a": "\\ud83d\\ude00 \xe2\x80\xa8"} \t\r\n',  # escapes, U+2028, JSON whitespace after
+        b'{"a": NaN, "b": [1.5e3, true, null]}',
+        b'\xef\xbb\xbf{"a": 1}',  # a UTF-8 BOM: json.loads reads past it
+        b'{"a": 1} x',  # extra data
+        b'{"a": 1}{"b": 2}',
+        b'{"a": 1}\x0c',  # a form feed is no JSON whitespace
+        b'{"a": "\xff"}',  # not UTF-8
+        b'{"a": 1',  # cut
+    ],
+)
+async def test_an_event_is_decoded_as_json_loads_decodes_its_bytes(payload: bytes) -> None:
+    """The payload is decoded without `json.loads`'s layers (one event a token) but accepts
+    exactly what `json.loads(bytes)` accepts, with the same result; what it rejects is a
+    `ModelError` (pins the behaviour of the cheaper path)."""
+    try:
+        expected: Any = json.loads(payload)
+    except ValueError:
+        expected = ModelError
+    body = b"data: " + payload + b"\n\n"
+    if expected is ModelError:
+        with pytest.raises(ModelError, match="malformed JSON"):
+            await events_of(body)
+    else:
+        assert await events_of(body) == [expected]
