@@ -171,9 +171,8 @@ class Replay:
         if tool is None or step.run is not self.run:
             return None
         call = step.call
-        own = call.arguments
-        mapping = type(own) is dict or isinstance(own, Mapping)
-        value = True if mapping and arguments == own else dict(arguments)
+        own = isinstance(call.arguments, Mapping) and arguments == call.arguments
+        value = True if own else dict(arguments)
         key = f"{STARTED}{step.turn}:{call.id}"
         if _at_most_once(tool):
             return self.journal(key, value, wait=True)

@@ -30,6 +30,16 @@ class ConversationKey(NamedTuple):
         return self.user_id or ""
 
 
+RECENT_WRITES = 8
+"""How many of a conversation's latest turns a shared backend (PostgreSQL, Redis) remembers by
+their write keys: a turn sent again after its reply was lost is stored once if its key is among
+them, even when other replicas stored turns in between."""
+
+WRITE_KEYS_CHARS = RECENT_WRITES * 33 - 1
+"""Those keys (32 hex characters each, `uuid4().hex`) as the backends keep them: newest first,
+separated by spaces, cut to this length."""
+
+
 class HistoryBackend(Protocol):
     """Storage for `ConversationMemory`; every method is safe to call concurrently."""
 

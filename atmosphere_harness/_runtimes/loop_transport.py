@@ -348,12 +348,12 @@ class ChunkedBody(httpx2.AsyncByteStream):
         end = buffer.find(b"\r\n", 2)
         if end < 3:
             return None
-        digits = buffer[2:end].split(b";", 1)[0].rstrip(b" \t")
-        if not 0 < len(digits) <= 16 or digits.strip(HEX_DIGITS):
-            return None
-        stop = end + 2 + int(digits, 16)
-        if stop == end + 2 or len(buffer) < stop:
-            return None  # (the last chunk, or one still arriving)
+        size = _chunk_size(buffer[2:end])
+        if not size:
+            return None  # (a size line `_next_chunk` rejects, or the last chunk)
+        stop = end + 2 + size
+        if len(buffer) < stop:
+            return None  # (one still arriving)
         self._buffer = buffer[stop:]
         return buffer[end + 2 : stop]
 
@@ -388,11 +388,11 @@ class ChunkedBody(httpx2.AsyncByteStream):
             if len(buffer) > MAX_CHUNK_LINE:
                 raise _malformed("a chunk size line that never ends")
             buffer = self._buffer = buffer + await self._read()
-        digits = buffer[:end].split(b";", 1)[0].rstrip(b" \t")
-        if not 0 < len(digits) <= 16 or digits.strip(HEX_DIGITS):
+        size = _chunk_size(buffer[:end])
+        if size is None:
             raise _malformed(f"illegal chunk header: {buffer[:end][:40]!r}")
         self._take(buffer, end + 2)
-        self._left = int(digits, 16)
+        self._left = size
         if self._left:
             return
         # The last chunk: a trailer section (header lines) until an empty line.
@@ -445,6 +445,15 @@ class ChunkedBody(httpx2.AsyncByteStream):
 HEX_DIGITS = b"0123456789abcdefABCDEF"
 """A chunk size's digits: 1 to 16 of these (checked by stripping them, cheaper a token than a
 regular expression)."""
+
+
+def _chunk_size(line: bytes) -> int | None:
+    """The size a chunk's size line (without its CR LF) gives, extensions ignored; `None` when
+    it is malformed."""
+    digits = line.split(b";", 1)[0].rstrip(b" \t")
+    if not 0 < len(digits) <= 16 or digits.strip(HEX_DIGITS):
+        return None
+    return int(digits, 16)
 
 
 def _malformed(what: str) -> httpx2.RemoteProtocolError:

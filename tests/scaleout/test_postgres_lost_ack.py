@@ -17,10 +17,10 @@ import pytest
 
 from atmosphere_harness import ModelRequest, ScriptedRuntime, ToolCall, agent
 from atmosphere_harness._backends.postgres import PostgresDatabase
-from atmosphere_harness._backends.postgres.history import APPEND, RECENT_WRITES, PostgresHistory
+from atmosphere_harness._backends.postgres.history import APPEND, PostgresHistory
 from atmosphere_harness._backends.postgres.workspace import PostgresAgentFileSystem
 from atmosphere_harness._memory import codec
-from atmosphere_harness._memory.history import ConversationKey
+from atmosphere_harness._memory.history import RECENT_WRITES, ConversationKey
 from atmosphere_harness._runtimes.base import Message
 from tests.agents import echo
 from tests.support import client_for, make_app, prompt

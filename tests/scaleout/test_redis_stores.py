@@ -19,9 +19,8 @@ from atmosphere_harness._backends.redis import (
     RedisPlanStore,
 )
 from atmosphere_harness._backends.redis.connection import MAX_CONNECTIONS
-from atmosphere_harness._backends.redis.history import RECENT_WRITES
 from atmosphere_harness._errors import PlanStoreError
-from atmosphere_harness._memory.history import ConversationKey, HistoryBackend
+from atmosphere_harness._memory.history import RECENT_WRITES, ConversationKey, HistoryBackend
 from atmosphere_harness._memory.long_term import LongTermMemory
 from atmosphere_harness._planning.model import AgentPlan, PlanStep
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..._memory import codec
 from ..._memory.compaction import Summary
-from ..._memory.history import ConversationKey, HistoryRead
+from ..._memory.history import WRITE_KEYS_CHARS, ConversationKey, HistoryRead
 from ..._runtimes.base import Message
 from .database import PostgresDatabase
 
@@ -33,9 +33,6 @@ _KEY = "endpoint = $1 AND user_key = $2 AND conversation_id = $3"
 EXTRACTION_CLAIM = 300.0
 """Seconds one replica's claim to extract a conversation holds if it never finishes."""
 
-
-RECENT_WRITES = 8
-"""How many of a conversation's latest turns keep their write keys (each 32 characters)."""
 
 APPEND = f"""
 WITH conversation AS (
@@ -48,7 +45,7 @@ WITH conversation AS (
         last_seq = atmosphere_conversations.last_seq + cardinality($5::text[]),
         last_write = left(
             excluded.last_write || coalesce(' ' || atmosphere_conversations.last_write, ''),
-            {RECENT_WRITES * 33 - 1}
+            {WRITE_KEYS_CHARS}
         )
     WHERE strpos(
         coalesce(atmosphere_conversations.last_write, ''), excluded.last_write
@@ -69,8 +66,8 @@ same bytes whatever the database's encoding (a LATIN1 database could not hold an
 `$6` is the append's key, made once before its first attempt: when the connection dies before
 the answer comes back, `PostgresDatabase.run` sends the statement again, and the conversation
 row then already holds that key if the first attempt committed (`last_write` keeps the keys of
-the `RECENT_WRITES` latest turns, newest first, space-separated, so it still does if other
-turns were stored in between). The upsert's `WHERE` skips the row (it is still locked, so a
+the latest turns, `memory.history.RECENT_WRITES`, so it still does if other turns were stored
+in between). The upsert's `WHERE` skips the row (it is still locked, so a
 first attempt the server has not finished yet is waited for), no base is returned and no
 message is inserted: the turn is stored once."""
 

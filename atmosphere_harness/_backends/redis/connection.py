@@ -221,29 +221,24 @@ class RedisConnection:
 
     async def _send(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """`commands` pipelined on one pooled connection: each reply or error reply, within
-        `SOCKET_TIMEOUT` (`bounded`, inline here: the hot path), connecting included."""
+        `SOCKET_TIMEOUT` (`bounded`), connecting included."""
         pool = self.client.connection_pool
-        try:
-            async with asyncio.timeout(SOCKET_TIMEOUT) as bound:
-                used = await pool.get_connection()  # type: ignore[no-untyped-call]  # (redis-py's)
-                try:
-                    await used.send_packed_command(
-                        b"".join([hiredis.pack_command(command) for command in commands]),
-                        check_health=False,
-                    )
-                    replies: list[Any] = []
-                    for _command in commands:
-                        try:
-                            replies.append(await used.read_response())
-                        except ResponseError as exc:
-                            replies.append(exc)
-                    return replies
-                finally:
-                    await pool.release(used)
-        except TimeoutError:
-            if bound.expired():
-                raise no_answer() from None
-            raise
+        async with bounded():
+            used = await pool.get_connection()  # type: ignore[no-untyped-call]  # (redis-py's)
+            try:
+                await used.send_packed_command(
+                    b"".join([hiredis.pack_command(command) for command in commands]),
+                    check_health=False,
+                )
+                replies: list[Any] = []
+                for _command in commands:
+                    try:
+                        replies.append(await used.read_response())
+                    except ResponseError as exc:
+                        replies.append(exc)
+                return replies
+            finally:
+                await pool.release(used)
 
     def on_close(self, callback: Callable[[], Awaitable[None]]) -> None:
         """Run `callback` when the pool closes (first), e.g. to stop a listener task."""

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 from ..._log import get_logger
 from ..._memory import codec
 from ..._memory.compaction import Summary
-from ..._memory.history import ConversationKey, HistoryRead
+from ..._memory.history import WRITE_KEYS_CHARS, ConversationKey, HistoryRead
 from ..._runtimes.base import Message
 from .connection import RedisConnection, as_str, digest, lock_key
 from .control import STORE_STATUS, status_keys_args
@@ -45,11 +45,8 @@ EVICT_BATCH = 64
 EXTRACTION_CLAIM = 300
 """Seconds one replica's claim to extract a conversation holds if it never finishes."""
 
-RECENT_WRITES = 8
-"""How many of a conversation's latest turns keep their write keys (each 32 characters)."""
-
 APPEND_FUNCTION = (
-    f"local RECENT_WRITES_CHARS = {RECENT_WRITES * 33 - 1}\n"
+    f"local WRITE_KEYS_CHARS = {WRITE_KEYS_CHARS}\n"
     + """
 local function append_turn(meta, messages, open, all, at)
     local write = ARGV[at + 8]
@@ -57,7 +54,7 @@ local function append_turn(meta, messages, open, all, at)
     if string.find(' ' .. writes .. ' ', ' ' .. write .. ' ', 1, true) then
         return {tonumber(redis.call('HGET', meta, 'last')), redis.call('ZCARD', all)}
     end
-    if writes ~= '' then writes = string.sub(write .. ' ' .. writes, 1, RECENT_WRITES_CHARS)
+    if writes ~= '' then writes = string.sub(write .. ' ' .. writes, 1, WRITE_KEYS_CHARS)
     else writes = write end
     local now, name = ARGV[at + 1], ARGV[at + 6]
     local first = redis.call('HGET', meta, 'first')
@@ -87,8 +84,8 @@ end
 """A Lua function the scripts that store a turn include (`_APPEND`, and the lock's release
 that carries the turn, `locks._APPEND_RELEASE_RUN`): the turn's messages after the last, the
 bookkeeping, both activity sets, the trim to `max_messages`; `{last seq before, conversations}`.
-Its first command reads the write keys of the conversation's latest turns (`RECENT_WRITES`,
-newest first, space-separated in the `write` field): a turn whose key is among them (its script
+Its first command reads the write keys of the conversation's latest turns (the `write` field,
+`memory.history.RECENT_WRITES`): a turn whose key is among them (its script
 ran, and its reply was lost) is stored once, and nothing is written, even when other turns were
 stored between the first attempt and the one sent again (a lost reply to the lock's release
 frees the conversation before the turn is sent again)."""
