@@ -13,11 +13,13 @@ command keep what redis-py's own command path promised, for less client work.
 - The scripts keep their connections between round trips (`PARKED`, at most an eighth of the
   pool) instead of taking one from the pool each time; a kept connection Redis closed is
   reconnected before use, and the rest of the pool stays free for the other commands.
+- A key's digest is computed once for the latest `DIGESTS` tuples, and names the same key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -224,3 +226,18 @@ async def test_the_kept_connections_are_bounded_and_the_pool_stays_usable(
     finally:
         await connection.aclose()
     assert connection._parked == []
+
+
+def test_a_digest_is_computed_once_and_names_the_same_keys() -> None:
+    """Kept (`DIGESTS`), a digest names the keys it always named: every replica, whatever its
+    version, finds the same conversation under the same key."""
+    parts = ("/atmosphere/agent/scribe", "conversation é:1")
+    spelled = hashlib.blake2b(digest_size=12)
+    for part in parts:
+        data = part.encode("utf-8", "surrogatepass")
+        spelled.update(len(data).to_bytes(4, "big"))
+        spelled.update(data)
+    assert module.digest(*parts) == spelled.hexdigest()
+    hits = module.digest.cache_info().hits
+    assert module.digest(*parts) == spelled.hexdigest()
+    assert module.digest.cache_info().hits == hits + 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
@@ -134,8 +135,16 @@ def split_url(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=urlencode(kept))), prefix
 
 
+DIGESTS = 4096
+"""Digests kept (`digest`): a turn names one conversation's keys by the same few digests
+several times (its lock, history, owner, runs), and its next turn names them again."""
+
+
+@functools.lru_cache(maxsize=DIGESTS)
 def digest(*parts: str) -> str:
-    """A short, key-safe name for a tuple of arbitrary strings (ids may hold `:` or spaces)."""
+    """A short, key-safe name for a tuple of arbitrary strings (ids may hold `:` or spaces).
+    Kept for the `DIGESTS` latest tuples: a hash computed in Python costs a key about as much
+    as the rest of its command's client side."""
     hasher = hashlib.blake2b(digest_size=12)
     for part in parts:
         data = part.encode("utf-8", "surrogatepass")
