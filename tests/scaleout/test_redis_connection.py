@@ -10,11 +10,16 @@ command keep what redis-py's own command path promised, for less client work.
 - A cancelled call never leaves its reply on a connection of the pool.
 - A script Redis lost (restart, `SCRIPT FLUSH`) is loaded and runs once: `NOSCRIPT` comes before
   it runs anything.
+- The scripts keep their connections between round trips (`PARKED`, at most an eighth of the
+  pool) instead of taking one from the pool each time; a kept connection Redis closed is
+  reconnected before use, and the rest of the pool stays free for the other commands.
+- A key's digest is computed once for the latest `DIGESTS` tuples, and names the same key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -159,3 +164,80 @@ def test_the_stores_pack_what_redis_py_packs(args: tuple[Any, ...]) -> None:
     with redis-py's packer, and Redis must read the same bytes from both."""
     ours = hiredis.pack_command(args)
     assert ours == b"".join(Connection().pack_command(*args))
+
+
+async def test_the_scripts_keep_their_connection_between_round_trips(
+    connection: RedisConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = connection.client.connection_pool
+    echo = connection.script("return ARGV[1]")
+    assert await echo(args=["warm"]) == "warm"
+    taken: list[Any] = []
+    get_connection = pool.get_connection
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        taken.append(args)
+        return await get_connection(*args, **kwargs)
+
+    monkeypatch.setattr(pool, "get_connection", counted)
+    for n in range(5):
+        assert await echo(args=[str(n)]) == str(n)
+    assert taken == []  # (one kept connection served all five)
+    assert await connection.client.get(connection.key("absent")) is None  # (from the pool)
+
+
+async def test_a_kept_connection_redis_closed_is_reconnected_before_use(
+    private_redis: PrivateRedis,
+) -> None:
+    connection = RedisConnection(private_redis.url())
+    await connection.open()
+    echo = connection.script("return ARGV[1]")
+    try:
+        assert await echo(args=["before"]) == "before"
+        killer = connection.dedicated()
+        try:
+            assert await killer.client_kill_filter(_type="normal", skipme=True) >= 1
+        finally:
+            await killer.aclose()
+        await asyncio.sleep(0.05)  # (the close reaches this side)
+        assert await echo(args=["after"]) == "after"
+    finally:
+        await connection.aclose()
+
+
+async def test_the_kept_connections_are_bounded_and_the_pool_stays_usable(
+    redis_prefix: str,
+) -> None:
+    from .redis_service import url_for
+
+    connection = RedisConnection(url_for(redis_prefix), max_connections=16)
+    await connection.open()
+    slow = connection.script(_SLOW)
+    try:
+        answers = await asyncio.gather(*(slow(args=[20_000, str(n)]) for n in range(12)))
+        assert answers == [str(n) for n in range(12)]
+        assert len(connection._parked) == 16 // 8  # (the rest went back to the pool)
+        # The pool serves its other commands at once, with every connection it has left.
+        async with asyncio.timeout(2):
+            got = await asyncio.gather(
+                *(connection.client.get(connection.key("absent")) for _ in range(14))
+            )
+        assert got == [None] * 14
+    finally:
+        await connection.aclose()
+    assert connection._parked == []
+
+
+def test_a_digest_is_computed_once_and_names_the_same_keys() -> None:
+    """Kept (`DIGESTS`), a digest names the keys it always named: every replica, whatever its
+    version, finds the same conversation under the same key."""
+    parts = ("/atmosphere/agent/scribe", "conversation é:1")
+    spelled = hashlib.blake2b(digest_size=12)
+    for part in parts:
+        data = part.encode("utf-8", "surrogatepass")
+        spelled.update(len(data).to_bytes(4, "big"))
+        spelled.update(data)
+    assert module.digest(*parts) == spelled.hexdigest()
+    hits = module.digest.cache_info().hits
+    assert module.digest(*parts) == spelled.hexdigest()
+    assert module.digest.cache_info().hits == hits + 1

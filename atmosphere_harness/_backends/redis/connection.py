@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
@@ -50,6 +51,12 @@ The pool never closes a connection it opened (about 29 KiB of the process's RSS 
 MiB at most): a bound of 16 saved that memory but Redis worked more a short run (fewer
 commands per wake-up), so the bound stays where a burst of runs is not made to wait."""
 POOL_TIMEOUT = 10.0
+PARKED = 8
+"""Connections the scripts keep between their round trips instead of giving them back to the
+pool (`RedisConnection._send`), at most an eighth of the pool: taking one from redis-py's
+blocking pool and giving it back (its lock, condition, timer and observability counters) cost
+a round trip more of this process's CPU than sending and reading it. They stay counted in the
+pool's bound, so the other commands always have the other seven eighths."""
 CONNECT_TIMEOUT = 5.0
 SOCKET_TIMEOUT = 15.0
 """A command that gets no answer for this long fails (longer than every blocking read we do):
@@ -128,8 +135,16 @@ def split_url(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=urlencode(kept))), prefix
 
 
+DIGESTS = 4096
+"""Digests kept (`digest`): a turn names one conversation's keys by the same few digests
+several times (its lock, history, owner, runs), and its next turn names them again."""
+
+
+@functools.lru_cache(maxsize=DIGESTS)
 def digest(*parts: str) -> str:
-    """A short, key-safe name for a tuple of arbitrary strings (ids may hold `:` or spaces)."""
+    """A short, key-safe name for a tuple of arbitrary strings (ids may hold `:` or spaces).
+    Kept for the `DIGESTS` latest tuples: a hash computed in Python costs a key about as much
+    as the rest of its command's client side."""
     hasher = hashlib.blake2b(digest_size=12)
     for part in parts:
         data = part.encode("utf-8", "surrogatepass")
@@ -179,6 +194,10 @@ class RedisConnection:
             retry=_never_resend(),
         )
         self.client: Redis = BoundedRedis.from_pool(pool)
+        self._parked: list[Any] = []
+        """Connections taken from the pool for the scripts, idle between their round trips
+        (in use as far as the pool knows)."""
+        self._park = min(PARKED, max_connections // 8)
         self._closed = False
         self._on_close: list[Callable[[], Awaitable[None]]] = []
 
@@ -220,11 +239,12 @@ class RedisConnection:
         return replies
 
     async def _send(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """`commands` pipelined on one pooled connection: each reply or error reply, within
-        `SOCKET_TIMEOUT` (`bounded`), connecting included."""
-        pool = self.client.connection_pool
+        """`commands` pipelined on one connection of the pool: each reply or error reply,
+        within `SOCKET_TIMEOUT` (`bounded`), connecting included. The connection is parked
+        for the next round trip (`PARKED`) once every reply was read; one that failed (closed
+        by the driver on any error or cancellation) goes back to the pool."""
         async with bounded():
-            used = await pool.get_connection()  # type: ignore[no-untyped-call]  # (redis-py's)
+            used = await self._checkout()
             try:
                 await used.send_packed_command(
                     b"".join([hiredis.pack_command(command) for command in commands]),
@@ -236,9 +256,28 @@ class RedisConnection:
                         replies.append(await used.read_response())
                     except ResponseError as exc:
                         replies.append(exc)
-                return replies
-            finally:
-                await pool.release(used)
+            except BaseException:
+                await self.client.connection_pool.release(used)
+                raise
+            if len(self._parked) < self._park and not self._closed:
+                self._parked.append(used)
+            else:
+                await self.client.connection_pool.release(used)
+            return replies
+
+    async def _checkout(self) -> Any:
+        """A parked connection, checked as the pool checks the ones it hands out (reconnected
+        if Redis closed it, refused if it holds unread data), else one from the pool."""
+        pool = self.client.connection_pool
+        if not self._parked:
+            return await pool.get_connection()  # type: ignore[no-untyped-call]  # (redis-py's)
+        used = self._parked.pop()
+        try:
+            await pool.ensure_connection(used)
+        except BaseException:
+            await pool.release(used)
+            raise
+        return used
 
     def on_close(self, callback: Callable[[], Awaitable[None]]) -> None:
         """Run `callback` when the pool closes (first), e.g. to stop a listener task."""
@@ -281,6 +320,7 @@ class RedisConnection:
                 await callback()
             except Exception as exc:
                 log.warning("redis backend part failed to close", error=self.scrub(exc))
+        self._parked.clear()  # (in use as far as the pool knows: it closes them too)
         await self.client.aclose(close_connection_pool=True)
 
     @contextlib.contextmanager
