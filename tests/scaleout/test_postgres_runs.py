@@ -13,12 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from atmosphere_harness import HarnessSettings
 from atmosphere_harness._backends import resolve_backends
 from atmosphere_harness._backends.postgres import PostgresDatabase, PostgresRunStore
-from atmosphere_harness._contracts import LiveRunHandle, StoredRun
+from atmosphere_harness._backends.postgres.runs import channel
+from atmosphere_harness._contracts import FEED_OWNER, LiveRunHandle, StoredRun
 from atmosphere_harness._durable import writer as durable_writer
 from atmosphere_harness._durable.journal import DurableRuns
 from atmosphere_harness._errors import LeaseLost
@@ -263,3 +265,53 @@ async def test_a_replica_that_lost_its_run_stops_it_without_a_trace(
     _, frames = await b.load(taken.run_id, 10)
     assert [f.seq for f in frames] == [1]  # nothing of it written into the new owner's journal
     await runs.aclose()
+
+
+async def test_a_run_s_writes_notify_only_while_a_replica_follows_it(
+    url: str, stores: list[PostgresRunStore]
+) -> None:
+    """Every `NOTIFY` wakes every replica's `LISTEN` backend in PostgreSQL (whatever its
+    channels), so a run's writes (the frame feed's, alone or in a batch, and a durable run's)
+    send their notice only while a replica follows the run: none before, each write's while a
+    reader on another replica watches it, none once it left."""
+    a, b = stores
+    owner = FEED_OWNER + "a"
+    heard: list[str] = []
+    spy = await asyncpg.connect(url)  # hears the channels, follows nothing
+    try:
+        for run_id in ("feed", "durable"):
+            await spy.add_listener(channel(run_id), lambda *args: heard.append(args[3]))
+        await a.append("feed", [frame(1)], [], create=stored("feed"), owner=owner, lease_seconds=60)
+        await a.append("feed", [frame(2)], [], owner=owner)
+        assert await a.append_feeds(owner, [("feed", [frame(3)])]) == {}
+        await a.append("durable", [frame(1)], [], create=stored("durable"), owner="replica-a")
+        await a.append("durable", [frame(2)], [], owner="replica-a")
+        await asyncio.sleep(0.3)
+        assert heard == []
+
+        woken: list[int] = []
+        unwatch = [b.watch(run_id, woken.append) for run_id in ("feed", "durable")]
+        async with asyncio.timeout(10):
+            while b._watchers.listening != {"feed", "durable"}:
+                await asyncio.sleep(0.01)
+        await a.append("feed", [frame(4)], [], owner=owner)
+        assert await a.append_feeds(owner, [("feed", [frame(5)])]) == {}
+        await a.append("durable", [frame(3)], [], owner="replica-a")
+        async with asyncio.timeout(10):
+            while len(heard) < 3 or not {4, 5, 3} <= set(woken):
+                await asyncio.sleep(0.01)
+        assert heard == ["4 feed", "5 feed", "3 durable"]
+
+        for leave in unwatch:
+            leave()
+        async with asyncio.timeout(10):
+            while b._watchers.listening:
+                await asyncio.sleep(0.01)
+            while await spy.fetchval("SELECT max(followers) FROM atmosphere_runs"):
+                await asyncio.sleep(0.01)
+        await a.append("feed", [frame(6)], [], owner=owner)
+        await a.append("durable", [frame(4)], [], owner="replica-a")
+        await asyncio.sleep(0.3)
+        assert heard == ["4 feed", "5 feed", "3 durable"]
+    finally:
+        await spy.close()

@@ -28,9 +28,13 @@ compresses values past ~2 kB itself, TOAST). What makes it a multi-replica store
   whose replica died (lease run out) with a terminal `error` frame.
 - Each write of frames also sends `NOTIFY atmosphere_run_{digest}, '{seq} {run_id}'` (the
   run's own channel, `channel`) from the same statement (no round trip of its own; PostgreSQL
-  delivers it once the write commits). A replica `LISTEN`s on a run's channel while it has a
-  reader following that run (`watch`), which reads the new frames at once instead of at its
-  next poll; a replica without readers receives none of these notices.
+  delivers it once the write commits), but only while a replica follows the run: a replica
+  `LISTEN`s on a run's channel while it has a reader following that run (`watch`), which reads
+  the new frames at once instead of at its next poll, and counts itself in the run's
+  `followers` meanwhile. A run nobody follows sends no notice: every `NOTIFY` wakes the
+  PostgreSQL backend of every replica's `LISTEN` connection (it reads the queue in a
+  transaction of its own, whatever the channel), so unconditional notices cost PostgreSQL
+  CPU in proportion to the replicas, for every write.
 """
 
 from __future__ import annotations
@@ -45,7 +49,10 @@ from ..._contracts import FEED_OWNER, StoredRun
 from ..._errors import LeaseLost
 from ..._events import TERMINAL, Frame
 from ..._kernel.remote import RunWatchers
+from ..._log import fault, get_logger
 from .database import PostgresDatabase
+
+log = get_logger(__name__)
 
 NOW = "extract(epoch FROM clock_timestamp())"
 """The database's clock, in epoch seconds: what every lease is measured against."""
@@ -72,13 +79,16 @@ def channel(run_id: str) -> str:
     )
 
 
-def notice(param: int) -> str:
+def notice(param: int, followed: str) -> str:
     """A statement's `WITH` entry that announces its frames on the run's channel (`$param`,
-    `channel`): `$1` the run id, `$2` the seqs (text, oldest first). Joined into the
-    `INSERT`, it runs only when a frame is written."""
+    `channel`) if a replica follows the run (`followed`: a query of the run's `followers`,
+    made after the statement locked or wrote the row): `$1` the run id, `$2` the seqs (text,
+    oldest first). Always one row (what it sent), so that joined into the `INSERT` it runs
+    once, whether it sent anything or not."""
     return (
-        f"notice AS (SELECT pg_notify(${param}::text, "
-        "($2::text[])[cardinality($2::text[])] || ' ' || $1::text))"
+        "notice AS (SELECT count(*) AS sent FROM (SELECT pg_notify("
+        f"${param}::text, ($2::text[])[cardinality($2::text[])] || ' ' || $1::text) "
+        f"FROM ({followed}) AS run WHERE run.followers > 0) AS sent)"
     )
 
 
@@ -86,20 +96,23 @@ RUN_COLUMNS = "id, run_id, path, conversation_id, user_key, session_id, message,
 
 APPEND_FEEDS = (
     "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), "
-    "run AS (SELECT id, run_id FROM atmosphere_runs, relaxed WHERE run_id = ANY($5::text[]) "
+    "run AS (SELECT id, run_id, followers FROM atmosphere_runs, relaxed "
+    "WHERE run_id = ANY($5::text[]) "
     "AND owner = $8 AND finished_at IS NULL ORDER BY id FOR NO KEY UPDATE OF atmosphere_runs), "
     "written AS (INSERT INTO atmosphere_run_frames (run, seq, event, data) "
     "SELECT run.id, f.seq::integer, f.event, f.data FROM run JOIN "
     "unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS f (run_id, seq, event, data) "
     "ON f.run_id = run.run_id "
     "ON CONFLICT (run, seq) DO UPDATE SET event = EXCLUDED.event, data = EXCLUDED.data), "
-    "notice AS (SELECT n.run_id, pg_notify(n.channel, n.last || ' ' || n.run_id) FROM run JOIN "
+    "notice AS (SELECT n.run_id, (SELECT count(*) FROM (SELECT pg_notify(n.channel, "
+    "n.last || ' ' || n.run_id) WHERE run.followers > 0) AS sent) AS sent FROM run JOIN "
     "unnest($5::text[], $6::text[], $7::text[]) AS n (run_id, channel, last) "
     "ON n.run_id = run.run_id) "
-    "SELECT run_id FROM notice"
+    "SELECT run_id, sent FROM notice"
 )
 """`PostgresRunStore.append_feeds`: `$1`-`$4` every frame's run id, seq, event and data;
-`$5`-`$7` each run's id, notice channel and last seq; `$8` the owner. Returns the runs written."""
+`$5`-`$7` each run's id, notice channel and last seq; `$8` the owner. Returns the runs written
+(and whether a notice went: only for a run some replica follows)."""
 
 
 def _seqs(frames: Sequence[tuple[int, str, str]]) -> list[str]:
@@ -205,7 +218,9 @@ class PostgresRunStore:
                     row = found["id"]
                 if frames:
                     await connection.execute(
-                        f"WITH {notice(6)} "
+                        "WITH "
+                        + notice(6, "SELECT followers FROM atmosphere_runs WHERE id = $5")
+                        + " "
                         "INSERT INTO atmosphere_run_frames (run, seq, event, data) "
                         "SELECT $5, f.seq::integer, f.event, f.data FROM notice, "
                         "unnest($2::text[], $3::text[], $4::text[]) AS f (seq, event, data) "
@@ -254,25 +269,26 @@ class PostgresRunStore:
                 "session_id, message, started_at, owner, lease_until, finished_at) "
                 f"SELECT $1, $6, $7, $8, $9, $10, $11, $12, {NOW} + $13, $14 FROM relaxed "
                 # A retry (the first attempt's commit reply was lost) finds its row.
-                "ON CONFLICT (run_id) DO UPDATE SET run_id = EXCLUDED.run_id RETURNING id"
+                "ON CONFLICT (run_id) DO UPDATE SET run_id = EXCLUDED.run_id "
+                "RETURNING id, followers"
             )
             args: tuple[Any, ...] = (*_described(create), owner, lease_seconds, finished)
         elif finished is not None:
             run = (
                 "UPDATE atmosphere_runs SET finished_at = $7, message = '' FROM relaxed "
                 "WHERE run_id = $1 AND owner = $6 AND finished_at IS NULL "
-                "RETURNING atmosphere_runs.id"
+                "RETURNING atmosphere_runs.id, atmosphere_runs.followers"
             )
             args = (owner, finished)
         else:
             run = (
-                "SELECT id FROM atmosphere_runs, relaxed WHERE run_id = $1 AND owner = $6 "
-                "AND finished_at IS NULL FOR NO KEY UPDATE OF atmosphere_runs"
+                "SELECT id, followers FROM atmosphere_runs, relaxed WHERE run_id = $1 "
+                "AND owner = $6 AND finished_at IS NULL FOR NO KEY UPDATE OF atmosphere_runs"
             )
             args = (owner,)
         statement = (
             "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), "
-            f"run AS ({run}), {notice(5)} "
+            f"run AS ({run}), {notice(5, 'SELECT followers FROM run')} "
             "INSERT INTO atmosphere_run_frames (run, seq, event, data) "
             "SELECT run.id, f.seq::integer, f.event, f.data FROM run, notice, "
             "unnest($2::text[], $3::text[], $4::text[]) AS f (seq, event, data) "
@@ -559,13 +575,37 @@ class PostgresRunStore:
         return self._watchers.watch(run_id, wake)
 
     async def _subscribe(self, runs: list[str]) -> None:
+        """`LISTEN` on each run's channel, then count this replica among the run's followers
+        (`followers`, which its writes' notices wait for), then wake its readers to read once
+        more. The count takes the run's row lock, as a write does: a write that locked it
+        first is committed before the readers' read; one that comes later sees the count."""
         for run_id in runs:
             if await self.database.subscribe(channel(run_id), self._watchers.notified):
+                await self._follow(run_id, 1)
                 self._watchers.subscribed_to(run_id)
 
     async def _unsubscribe(self, runs: list[str]) -> None:
         for run_id in runs:
             await self.database.unsubscribe(channel(run_id), self._watchers.notified)
+            await self._follow(run_id, -1)
+
+    async def _follow(self, run_id: str, change: int) -> None:
+        """Count this replica in (`1`) or out (`-1`) of the run's followers. A failure costs
+        its readers the notices (they poll), or the run notices nobody hears (a count left
+        too high, as when a follower's replica dies: only until the run ends)."""
+
+        async def work(connection: Any) -> None:
+            await connection.execute(
+                "UPDATE atmosphere_runs SET followers = greatest(followers + $2, 0) "
+                "WHERE run_id = $1",
+                run_id,
+                change,
+            )
+
+        try:
+            await self.database.run(work)
+        except Exception as exc:
+            fault(log, "could not count a run's follower", exc, every=False, run=run_id)
 
     async def abandon(self, message: str, limit: int) -> int:
         """End the frame-feed runs whose replica died: a terminal `error` frame after the last

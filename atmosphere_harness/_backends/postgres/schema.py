@@ -422,6 +422,11 @@ MIGRATIONS: tuple[str, ...] = (
     END
     $$;
     """,
+    # 16: how many replicas follow a run (`PostgresRunStore.watch`): a write of its frames
+    # sends its notice only while one does.
+    """
+    ALTER TABLE atmosphere_runs ADD COLUMN followers integer NOT NULL DEFAULT 0;
+    """,
 )
 """Migration `n` (1-based) is `MIGRATIONS[n - 1]`; append, never edit a released one."""
 
