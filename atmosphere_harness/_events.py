@@ -39,8 +39,8 @@ def line_safe(text: str) -> str:
     encoded as UTF-8 at all. All of these only ever occur inside JSON strings, where a `\\u`
     escape means the same character, so each is spelled as one.
     """
-    if _LINE_UNSAFE.search(text) is None:
-        return text
+    if text.isascii() or _LINE_UNSAFE.search(text) is None:
+        return text  # (`isascii` reads a flag the string keeps: no scan for most texts)
     return _LINE_UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
 
 

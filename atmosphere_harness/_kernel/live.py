@@ -132,6 +132,9 @@ class LiveRun:
         self._stored_seq = 0
         """Durable: the last seq the store holds; readers never get past it."""
         self._start_seq = 0
+        self._newest: Frame | None = None
+        """The frame `publish` took last, as it came: a reader that keeps up reads it back
+        as it is (`_after`) instead of one rebuilt from the journal."""
         for frame in frames or ():
             self._append(frame)
         if self._frames:
@@ -175,6 +178,7 @@ class LiveRun:
         if self.session_id is None:
             self.session_id = frame.session_id
         self._append(frame)
+        self._newest = frame
         self._trim()
         if self._writer is not None:
             # Readers get it once the store holds it (`_stored`), not before.
@@ -237,6 +241,8 @@ class LiveRun:
 
     def _trim(self) -> None:
         """Drop the oldest frames past the byte budget, never one an attached reader lacks."""
+        if self._bytes <= JOURNAL_BYTES:
+            return  # (every publish looks: most find nothing to drop)
         read = min(self._readers.values()) if self._readers else None
         frames = self._frames
         while len(frames) > 1 and self._bytes > JOURNAL_BYTES:
@@ -313,10 +319,14 @@ class LiveRun:
     def _after(self, seq: int) -> list[Frame]:
         """The next batch after `seq`: at most `BATCH_FRAMES` frames and about `BATCH_BYTES`
         (always one), so a reader stalled in a send holds at most one batch in its buffers."""
+        readable = self._last_seq if self._writer is None else self._stored_seq
+        if seq >= readable:
+            return []
+        newest = self._newest
+        if newest is not None and newest.seq == seq + 1 == readable:
+            return [newest]  # (a reader that keeps up: one frame a wake-up)
         # Seqs are contiguous within the journal, so the first one after `seq` is found by index.
         frames = self._frames
-        if not frames:
-            return []
         first = self._first_seq()
         start = max(0, seq - first + 1)
         stop = len(frames)
@@ -409,15 +419,13 @@ class LiveRun:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    async def _changed(self) -> None:
+    def _changed(self) -> asyncio.Future[None]:
+        """What the writer or a reader awaits until the next change (`_signal`): a future, not
+        a coroutine around one (one call less a token). A wait cancelled leaves its future in
+        `_waiting` until the next signal, which skips it; a reader that leaves signals."""
         waiter = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            with contextlib.suppress(ValueError):
-                self._waiting.remove(waiter)
-            raise
+        return waiter
 
 
 class LiveRuns:

@@ -330,10 +330,9 @@ class ChunkedBody(httpx2.AsyncByteStream):
             if self._done:
                 return b""
             if self._started and self._owed is None:
-                data = self._whole_chunk(self._buffer)
-                if data is None and len(self._buffer) <= 2:
+                if len(self._buffer) <= 2:  # (at most the last chunk's CR LF: none to take yet)
                     self._buffer += await self._read()
-                    data = self._whole_chunk(self._buffer)
+                data = self._whole_chunk(self._buffer)
                 if data is not None:
                     return data
             await self._next_chunk()

@@ -101,3 +101,27 @@ def test_a_text_subclass_is_encoded_as_json_encodes_it() -> None:
     data: Any = json.loads(frame_bytes(frame).split(b"data: ", 1)[1])
     assert data["data"] == {"text": 'a "b"'}
     assert frame_bytes(frame).split(b"data: ", 1)[1] == frame.to_json().encode() + b"\r\n\r\n"
+
+
+def test_an_ascii_text_is_line_safe_without_a_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token in ASCII holds none of the characters `line_safe` escapes: the string's own
+    flag says so, and the regular expression is not run (one a token); any other text is
+    scanned as before."""
+    from atmosphere_harness import _events
+
+    scanned: list[str] = []
+    pattern = _events._LINE_UNSAFE
+
+    class Spy:
+        def search(self, text: str) -> object:
+            scanned.append(text)
+            return pattern.search(text)
+
+        def sub(self, *args: Any) -> str:
+            return pattern.sub(*args)
+
+    monkeypatch.setattr(_events, "_LINE_UNSAFE", Spy())
+    assert _events.line_safe('"a \\"plain\\" token"') == '"a \\"plain\\" token"'
+    assert scanned == []
+    assert _events.line_safe('"\u2028 é"') == '"\\u2028 é"'
+    assert scanned == ['"\u2028 é"']

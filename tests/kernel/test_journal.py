@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from atmosphere_harness._events import Frame
 from atmosphere_harness._kernel import live as journal
 from atmosphere_harness._kernel.live import LiveRun
+from atmosphere_harness._kernel.writer import StoreWriter
 
 
 def frame(seq: int, event: str = "text") -> Frame:
@@ -130,6 +131,47 @@ async def test_the_last_reader_leaving_cancels_the_run_unless_it_is_held() -> No
             await follower.aclose()
             await asyncio.sleep(0.01)
             assert task.cancelled()
+
+
+async def test_a_reader_that_keeps_up_is_handed_each_frame_as_it_was_published() -> None:
+    # One frame a token: a caught-up reader gets the `Frame` the run published, not one
+    # rebuilt from the journal; a reader behind gets equal frames rebuilt from it.
+    live = LiveRun("/p", "conv", None)
+    batches = live.follow_batches(0)
+    waiting = asyncio.ensure_future(anext(batches))
+    await asyncio.sleep(0)
+    published = [Frame("text", {"text": f"t{seq}"}, "session-1", "conv", seq) for seq in (1, 2, 3)]
+    await live.publish(published[0])
+    assert (await waiting)[0] is published[0]
+    await live.publish(published[1])
+    await live.publish(published[2])
+    behind = await anext(batches)
+    assert behind == published[1:]
+    assert behind[0] is not published[1]
+    live.finish()
+    assert [batch async for batch in batches] == []
+
+
+async def test_a_durable_reader_gets_the_newest_frame_only_once_it_is_stored() -> None:
+    class Unstored:
+        """A durable journal's writer whose store takes nothing until `_stored` says so."""
+
+        def frame(self, frame: Frame) -> None:
+            pass
+
+    live = LiveRun("/p", "conv", None, writer=cast(StoreWriter, Unstored()))
+    batches = live.follow_batches(0)
+    waiting = asyncio.ensure_future(anext(batches))
+    await live.publish(frame(1))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    live._stored(1)
+    assert [f.seq for f in await asyncio.wait_for(waiting, 5)] == [1]
+    await live.publish(frame(2))
+    await live.publish(frame(3))
+    live._stored(2)
+    assert [f.seq for f in await asyncio.wait_for(anext(batches), 5)] == [2]
+    await batches.aclose()
 
 
 async def test_a_reader_takes_the_frames_ready_together_in_bounded_batches(

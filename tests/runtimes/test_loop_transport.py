@@ -297,6 +297,33 @@ async def test_a_chunk_a_read_is_taken_whole_whatever_its_size_line_spells(
     assert all(isinstance(body, loop_transport.ChunkedBody) for body in bodies.made)
 
 
+async def test_a_chunk_is_looked_for_whole_only_once_bytes_of_it_came(
+    bodies: Bodies, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between two chunks the buffer holds at most the last one's CR LF: the next read comes
+    first, then the one look for a whole chunk (never a look that cannot find one)."""
+    looked: list[bytes] = []
+    original = loop_transport.ChunkedBody._whole_chunk
+
+    def spy(self: loop_transport.ChunkedBody, buffer: bytes) -> bytes | None:
+        looked.append(buffer)
+        return original(self, buffer)
+
+    monkeypatch.setattr(loop_transport.ChunkedBody, "_whole_chunk", spy)
+    texts = [f"token {n} " for n in range(20)]
+    server, _ = await raw_server([split(sse_chunks(texts), 97)], bodies.headers_read)
+    port = server.sockets[0].getsockname()[1]
+    runtime = OpenAIRuntime("fake-model", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0)
+    try:
+        answer = await runtime.complete(ModelRequest("", (Message.user("hi"),)))
+    finally:
+        await runtime.aclose()
+        server.close()
+    assert answer.text == "".join(texts)
+    assert looked
+    assert all(len(buffer) > 2 for buffer in looked)
+
+
 @pytest.mark.parametrize("size", [b"0x1a", b"+1a", b"1_a", b" 1a", b"", b"1" * 17])
 async def test_a_size_line_h11_would_reject_is_malformed_in_a_chunk_a_read_too(
     size: bytes, bodies: Bodies
