@@ -18,7 +18,6 @@ checkout's code (its `benchmarks/inflight.py` and package) with this script. The
 
 import argparse
 import asyncio
-import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +38,7 @@ root = Path(args.checkout)
 bench = root / "benchmarks"
 sys.path.insert(0, str(bench))
 sys.path.insert(0, str(root))
+import callgrind_window  # noqa: E402
 import inflight  # noqa: E402
 
 work = Path(tempfile.mkdtemp(prefix="token-instructions-"))
@@ -104,29 +104,7 @@ async def runs(message: str, n: int) -> None:
 
 
 def control(*flags: str) -> None:
-    subprocess.run(
-        ["callgrind_control", *flags, str(server.pid)],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-def counted() -> int:
-    """Instructions counted since the last zero (dumps, then reads the newest dump's total)."""
-    before = set(work.glob("callgrind.out*"))
-    control("--dump")
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        new = set(work.glob("callgrind.out*")) - before
-        if new:
-            time.sleep(1)
-            text = max(new, key=lambda p: p.stat().st_mtime).read_text(errors="replace")
-            match = re.search(r"^totals: (\d+)", text, re.M)
-            if match:
-                return int(match.group(1))
-        time.sleep(0.5)
-    raise RuntimeError("no dump")
+    callgrind_window.control(server.pid, *flags)
 
 
 try:
@@ -141,7 +119,7 @@ try:
         started = time.time()
         asyncio.run(runs(message, args.runs))
         control("-i", "off")
-        figures[name] = counted()
+        figures[name] = callgrind_window.dumped_total(work, server.pid)
         figures[name + "_s"] = round(time.time() - started, 1)
     per_token = (figures["long"] - figures["short"]) / (args.runs * (args.tokens - 3))
     print(

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -44,6 +43,7 @@ import uuid
 from pathlib import Path
 
 import httpx2
+from callgrind_window import control, dumped_total
 
 CONVERSATIONS = 10
 WARM_UP = 20
@@ -97,23 +97,6 @@ async def turns(url: str, count: int, tag: str) -> None:
     async with httpx2.AsyncClient(base_url=url, timeout=600) as client:
         for n in range(count):
             await one_turn(client, f"turn {n}", f"{tag}-{n % CONVERSATIONS}")
-
-
-def counted(work: Path, pid: int) -> int:
-    """Instructions counted since the last zero (dumps, then reads the newest dump's total)."""
-    before = set(work.glob("callgrind.out*"))
-    subprocess.run(["callgrind_control", "--dump", str(pid)], check=True, capture_output=True)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        new = set(work.glob("callgrind.out*")) - before
-        if new:
-            time.sleep(1)
-            text = max(new, key=lambda p: p.stat().st_mtime).read_text(errors="replace")
-            match = re.search(r"^totals: (\d+)", text, re.M)
-            if match:
-                return int(match.group(1))
-        time.sleep(0.5)
-    raise RuntimeError("no dump")
 
 
 def main() -> None:
@@ -207,8 +190,8 @@ def main() -> None:
         if stats:
             server.send_signal(signal.SIGUSR1)
         else:
-            subprocess.run(["callgrind_control", "--zero", str(server.pid)], check=True)
-            subprocess.run(["callgrind_control", "-i", "on", str(server.pid)], check=True)
+            control(server.pid, "--zero")
+            control(server.pid, "-i", "on")
         started = time.time()
         asyncio.run(turns(url, args.turns, f"t-{uuid.uuid4().hex[:6]}"))
         time.sleep(0.25)
@@ -218,8 +201,8 @@ def main() -> None:
             time.sleep(3)
             print(f"{root} {args.backend}: profile of {args.turns} turns in {stats}")
             return
-        subprocess.run(["callgrind_control", "-i", "off", str(server.pid)], check=True)
-        total = counted(work, server.pid)
+        control(server.pid, "-i", "off")
+        total = dumped_total(work, server.pid)
         if args.keep:
             newest = max(work.glob("callgrind.out*"), key=lambda p: p.stat().st_mtime)
             shutil.copy(newest, args.keep)
