@@ -165,9 +165,9 @@ class RedisRunRegistry:
         self.connection = connection
         self._listener: CancelListener | None = None
         self._task: asyncio.Task[None] | None = None
-        self._begin: Any = connection.script(_BEGIN)
-        self._cancel: Any = connection.script(_CANCEL)
-        self._forget: Any = connection.script(_FORGET)
+        self._begin = connection.script(_BEGIN)
+        self._cancel = connection.script(_CANCEL)
+        self._forget = connection.script(_FORGET)
 
     def _run_key(self, run_id: str) -> str:
         return self.connection.key("rc", "run", run_id)

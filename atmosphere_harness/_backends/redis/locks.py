@@ -150,8 +150,8 @@ class RedisConversationLocks:
         self._local: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._releasing: dict[str, asyncio.Task[None]] = {}
         """Releases not finished yet, by lock key (the next hold of that key waits for it)."""
-        self._release_run: Any = connection.script(_RELEASE_RUN)
-        self._append_release_run: Any = connection.script(_APPEND_RELEASE_RUN)
+        self._release_run = connection.script(_RELEASE_RUN)
+        self._append_release_run = connection.script(_APPEND_RELEASE_RUN)
         connection.on_close(self.drain)
 
     def __repr__(self) -> str:

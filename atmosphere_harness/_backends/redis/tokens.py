@@ -9,8 +9,6 @@ second key keeps the user's last call, the floor of the next reservation. Both l
 
 from __future__ import annotations
 
-from typing import Any
-
 from .connection import RedisConnection
 
 KEEP_SECONDS = 2 * 24 * 3600
@@ -41,8 +39,8 @@ class RedisUserTokens:
 
     def __init__(self, connection: RedisConnection) -> None:
         self.connection = connection
-        self._reserve: Any = connection.script(_RESERVE)
-        self._settle: Any = connection.script(_SETTLE)
+        self._reserve = connection.script(_RESERVE)
+        self._settle = connection.script(_SETTLE)
 
     def _key(self, user_id: str, day: str) -> str:
         return self.connection.key("tokens", day, user_id)
