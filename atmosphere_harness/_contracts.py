@@ -1361,6 +1361,10 @@ class RunStoreNow(Protocol):
     ) -> bool: ...
 
 
+AskListener = Callable[[str, str, str | None], None]
+"""Called with `(path, conversation_id, session_id)` for each `RunFeed.ask` heard."""
+
+
 @runtime_checkable
 class RunFeed(Protocol):
     """A `RunStore` other processes can follow a run from while it runs elsewhere.
@@ -1369,8 +1373,8 @@ class RunFeed(Protocol):
     run another replica executes (`kernel.remote.RemoteRun` reads it whenever `watch` says
     frames were stored, and polls it slowly in case a notice was lost). A store without it
     serves re-attaching only on the replica that runs the run. With durable runs off, the
-    journal still writes a run's frames to it (the frame feed, owner `FEED_OWNER`...) so that
-    other replicas can follow the run; see `kernel.feed`.
+    journal writes a run's frames to it only once another replica asks for them (`ask`, heard
+    by `hear_asks`): the frame feed, owner `FEED_OWNER`..., see `kernel.feed`.
     """
 
     async def latest(
@@ -1390,6 +1394,18 @@ class RunFeed(Protocol):
         they are committed), and `wake(0)` when notices may have been lost (a reconnect, or
         the watch just started hearing them); returns the call that stops watching. Best
         effort: a reader still polls."""
+        ...
+
+    async def ask(self, path: str, conversation_id: str, session_id: str | None) -> None:
+        """Ask every replica to share its run of the conversation (the one `session_id` names,
+        else the one `latest` would pick) in this store: one notice every replica's `hear_asks`
+        hears. Best effort: the asker reads the store afterwards and gives up after a while."""
+        ...
+
+    async def hear_asks(self, on_ask: AskListener) -> None:
+        """From now on call `on_ask(path, conversation_id, session_id)` for every `ask` of any
+        replica (until the store closes). Asks made while the listening connection is down are
+        lost (the asker gives up; its client may re-attach again)."""
         ...
 
     async def abandon(self, message: str, limit: int) -> int:

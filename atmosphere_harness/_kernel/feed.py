@@ -1,16 +1,18 @@
 """The frame feed: with durable runs off and a shared store that is a `contracts.RunFeed`
-(PostgreSQL or Redis), a run's frames are shared there so that another replica can follow it
-(`kernel.remote.RemoteRun`).
+(PostgreSQL, Redis), a run's frames are shared there once another replica asks for them
+(`RunFeed.ask`: a client re-attached there), so that that replica can follow it
+(`kernel.remote.RemoteRun`). A run nobody follows from elsewhere writes nothing.
 
-Frames go to the store grouped and in the background, but readers never wait for it, nothing
-else is journalled (no checkpoints, no message), and the runs are owned as
-`contracts.FEED_OWNER`..., so no replica ever claims or resumes them. A store that can write
-several runs' frames at once (`FeedBatches`: PostgreSQL, Redis) gets the frames between a run's
-first write and its end from every run of the process together (`FeedBatch`): one write for all
-the runs that streamed a token meanwhile, instead of one per token per run. A write that fails
-or lags costs remote readers frames, never the run or its local readers. A replica that dies
-leaves its runs unfinished: once their lease runs out, any replica's upkeep ends them with an
-`error` frame (`RunFeed.abandon`), so their readers stop.
+Once asked, a run writes the frames its journal keeps, then each new one, grouped and in the
+background: readers never wait for it, nothing else is journalled (no checkpoints, no
+message), and the runs are owned as `contracts.FEED_OWNER`..., so no replica ever claims or
+resumes them. A store that can write several runs' frames at once (`FeedBatches`: PostgreSQL,
+Redis) gets the frames between a run's first write and its end from every shared run of the
+process together (`FeedBatch`): one write for all the runs that streamed a token meanwhile,
+instead of one per token per run. A write that fails or lags costs remote readers frames, never
+the run or its local readers. A replica that dies leaves its shared runs unfinished: once their
+lease runs out, any replica's upkeep ends them with an `error` frame (`RunFeed.abandon`), so
+their readers stop.
 """
 
 from __future__ import annotations
@@ -35,11 +37,6 @@ FEED_LINGER_SECONDS = 0.01
 (a model's streamed token, at tens a second) is written at once, a burst is gathered into one
 write. So a run costs about 100 writes a second at most, and a remote reader (woken by each write's
 notice, `RunFeed.watch`) gets a frame at most this much later than it would unbatched."""
-FEED_FIRST_SECONDS = 0.01
-"""The frame feed's first write (the run's record) waits this long, or until the run's terminal
-frame if that comes sooner: a run that ends within it (a scripted or cached answer, a refusal)
-is shared in one write instead of two, and another replica finds a longer one 10 ms after it
-started instead of about a round trip after (a re-attach there answers 404 meanwhile)."""
 ABANDONED = "the server running this run stopped; the frames it had not shared are lost"
 """The frame feed's last word on a run whose replica died (`RunFeed.abandon`)."""
 STOPPED = "the run was stopped before it finished"
@@ -47,11 +44,12 @@ STOPPED = "the run was stopped before it finished"
 
 
 class FeedWriter(StoreWriter):
-    """The frame feed's writer: a `StoreWriter` whose first write (the run's record, so that
-    other replicas find the run) goes after `FEED_FIRST_SECONDS`, and whose later writes start
-    at least `FEED_LINGER_SECONDS` apart (a frame that comes later than that after the last
-    write goes at once); the terminal frame cuts either wait short. A run that ends within the
-    first wait costs one write (with its terminal frame, which also finishes it: `RunStore`).
+    """The frame feed's writer: a `StoreWriter` that writes nothing until `share` (another
+    replica asked for the run). Then its first write (the run's record with the frames it was
+    given) goes at once, and its later writes start at least `FEED_LINGER_SECONDS` apart (a
+    frame that comes later than that after the last write goes at once); the terminal frame
+    cuts the wait short. A run shared after its end costs one write (with its terminal frame,
+    which also finishes it: `RunStore`).
 
     With a `batch`, the frames between the first write and the terminal frame go in the
     process's `FeedBatch` instead (no linger: the batch's next write takes them), and the
@@ -60,6 +58,8 @@ class FeedWriter(StoreWriter):
 
     def __init__(self, *args: Any, batch: FeedBatch | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.sharing = False
+        """Asked for: frames are written (before, `frame` drops them: the journal has them)."""
         self._ended = asyncio.Event()
         self._written_at = -FEED_LINGER_SECONDS
         """When the last write started (the loop's clock)."""
@@ -72,10 +72,26 @@ class FeedWriter(StoreWriter):
         store = self.store
         return store if isinstance(store, FeedStore) else None
 
+    @property
+    def pending(self) -> bool:
+        return self.sharing and super().pending
+
     def frame(self, frame: Frame) -> None:
+        if not self.sharing:
+            return
         if frame.terminal:
             self._ended.set()
         super().frame(frame)
+
+    def share(self, frames: Sequence[Frame]) -> None:
+        """Start sharing: write `frames` (what the run's journal keeps), then each new one."""
+        if self.sharing or self.lost:
+            return
+        self.sharing = True
+        for frame in frames:
+            self.frame(frame)
+        if not self._writing():
+            StoreWriter._kick(self, now=True)  # (the record, even without a frame yet)
 
     def _kick(self, *, hold: bool = False, now: bool = False) -> None:
         batch = self._batch
@@ -101,9 +117,8 @@ class FeedWriter(StoreWriter):
     async def _drain(self) -> None:
         await self._after_batch()  # (its earlier frames first)
         loop = asyncio.get_running_loop()
-        if self._create is not None:
-            wait = FEED_FIRST_SECONDS
-        else:
+        wait = 0.0
+        if self._create is None:
             wait = self._written_at + FEED_LINGER_SECONDS - loop.time()
         if wait > 0 and not self._ended.is_set():
             with contextlib.suppress(TimeoutError):

@@ -114,6 +114,8 @@ class HarnessHost:
             lease_seconds=settings.groups.backends.durable_runs_lease_seconds,
         )
         """Every run's status and cancel requests, over replicas (`kernel.control`)."""
+        if isinstance(self.runs, LiveRuns):
+            self.runs.in_flight = self.control.active  # (who to ask for a run's frames)
         self.hooks: list[RunHooks] = (
             list(hooks) if hooks is not None else [h for h in (self.runs.hooks,) if h is not None]
         )

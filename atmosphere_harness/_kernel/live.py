@@ -22,10 +22,10 @@ Rules, in order:
   `Span`): a reader gets each frame back as it was published, whatever seq it asks after.
 
 Journals are in this process's memory: a restart forgets them. With a shared store that is a
-`contracts.RunFeed` (`feed`, durable runs off), frames are also shared there so that other
-replicas can follow a run (`kernel.feed`). Durable runs (`durable.DurableRuns`) extend this
-journal: every frame is written to a `RunStore` before any reader gets it, and runs outlive the
-process.
+`contracts.RunFeed` (`feed`, durable runs off), a run's frames are also shared there once
+another replica asks for them, so that it can follow the run (`kernel.feed`). Durable runs
+(`durable.DurableRuns`) extend this journal: every frame is written to a `RunStore` before any
+reader gets it, and runs outlive the process.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import struct
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import Any, cast
 
 from .. import _events as events
@@ -51,6 +51,7 @@ from .._contracts import (
     Run,
     RunFeed,
     RunHooks,
+    RunRecord,
     RunStore,
     StoredRun,
 )
@@ -77,6 +78,11 @@ RUNS_PER_CONVERSATION = 4
 LEASE_SECONDS = 15.0
 """How long a run's owner may go silent before its lease runs out (another process then takes a
 durable run over, or ends a followed one)."""
+ASK_SECONDS = 1.0
+"""How long a replica waits for another to share a run it asked for (`LiveRuns.find`) before
+it answers that there is none to follow."""
+ASK_FIRST_PAUSE = 0.002
+"""The first wait before reading the store after an ask; each next one is twice as long."""
 RESTARTING = "server is restarting; the run resumes"
 STOPPING = "server is shutting down; the run was stopped"
 MOVED = "another server took this run over; re-attach to follow it"
@@ -351,6 +357,11 @@ class LiveRun:
     def _first_seq(self) -> int:
         return self._last_seq - len(self._frames) + 1
 
+    def kept(self) -> list[Frame]:
+        """Every frame the journal keeps, oldest first."""
+        first = self._first_seq()
+        return [self._unpack(entry, first + index) for index, entry in enumerate(self._frames)]
+
     def _pack(self, frame: Frame) -> Packed | str:
         """A frame as the journal keeps it: a text frame of this run as its bare text (its seq
         is its place in the journal; `_join` makes spans of them), any other as a `Packed`
@@ -456,6 +467,9 @@ class LiveRuns:
             FeedBatch(batches, self.owner) if isinstance(batches, FeedBatches) else None
         )
         """The frame feed's writes of every run of this process, grouped (`kernel.feed`)."""
+        self.in_flight: Callable[[str, str], Awaitable[list[RunRecord]]] | None = None
+        """The conversation's runs in flight on any replica (`RunControl.active`, set by the
+        host): `find` asks for them when this replica runs none of them."""
         self._runs: dict[tuple[str, str], list[LiveRun]] = {}
         self._finished: OrderedDict[int, LiveRun] = OrderedDict()
         self._keeper: asyncio.Task[None] | None = None
@@ -560,20 +574,26 @@ class LiveRuns:
         """The run `session_id` names, else the oldest unfinished run, else the newest one.
 
         Runs of this process first; with a store (or frame feed) that is a `RunFeed`, a run that
-        another replica executes is found there and followed from it (`kernel.remote.RemoteRun`)."""
+        another replica executes is found there and followed from it (`kernel.remote.RemoteRun`).
+        A frame-feed run is in the store only once asked for: when the registry has a run of the
+        conversation in flight on another replica (`in_flight`), or the client names a session
+        not here, this replica asks (`RunFeed.ask`) and reads the store until the run is there,
+        `ASK_SECONDS` at most."""
         local = self._find_local(path, conversation_id, session_id)
         shared = self.shared
         feed: object = shared
         if shared is None or not isinstance(feed, RunFeed):
             return local
-        if (
-            local is not None
-            and not local.finished
-            and (session_id is None or local.session_id == session_id)
+        if local is not None and (
+            local.session_id == session_id if session_id is not None else not local.finished
         ):
-            return local
+            return local  # (a session names one run: this one, finished or not)
         try:
             found = await feed.latest(path, conversation_id, session_id=session_id)
+            if (found is None or found[1]) and await self._elsewhere(
+                path, conversation_id, session_id
+            ):
+                found = await self._ask(feed, path, conversation_id, session_id, found)
         except Exception as exc:
             fault(log, "could not look for the run in the shared journal", exc, every=False)
             return local
@@ -593,6 +613,43 @@ class LiveRuns:
             if not kept:
                 return None
         return RemoteRun(feed, stored, resolved, shared, durable=self.durable)
+
+    async def _elsewhere(self, path: str, conversation_id: str, session_id: str | None) -> bool:
+        """Another replica may run the conversation's run unshared: the client names its
+        session, or the registry has a run in flight there."""
+        if self.feed is None:
+            return False  # (a durable journal: every run's frames are in the store)
+        if session_id is not None:
+            return True
+        if self.in_flight is None:
+            return False
+        runs = await self.in_flight(path, conversation_id)
+        return any(record.owner != self.owner for record in runs)
+
+    async def _ask(
+        self,
+        feed: RunFeed,
+        path: str,
+        conversation_id: str,
+        session_id: str | None,
+        before: tuple[StoredRun, bool] | None,
+    ) -> tuple[StoredRun, bool] | None:
+        """Ask the other replicas to share the conversation's run (`RunFeed.ask`), then read the
+        store until it is there (`ASK_SECONDS` at most): what `latest` finds then."""
+        await feed.ask(path, conversation_id, session_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ASK_SECONDS
+        pause = ASK_FIRST_PAUSE
+        while True:
+            await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+            found = await feed.latest(path, conversation_id, session_id=session_id)
+            if found is not None and (
+                before is None or found[0].run_id != before[0].run_id or not found[1]
+            ):
+                return found
+            if loop.time() >= deadline:
+                return before
+            pause *= 2
 
     def _find_local(
         self, path: str, conversation_id: str, session_id: str | None
@@ -618,7 +675,23 @@ class LiveRuns:
             return
         self._opened = True
         await self.feed.open()
+        feed: object = self.feed
+        if isinstance(feed, RunFeed):
+            await feed.hear_asks(self.share)
         self._keeper = asyncio.get_running_loop().create_task(self._keep_feed(), name="run-feed")
+
+    def share(self, path: str, conversation_id: str, session_id: str | None = None) -> None:
+        """Share the conversation's run that `find` would pick here (if this replica runs or
+        still keeps it) in the frame feed: another replica asked for it (`RunFeed.ask`)."""
+        live = self._find_local(path, conversation_id, session_id)
+        if live is None or live._feed is None or not isinstance(live._feed, FeedWriter):
+            return
+        writer = live._feed
+        if writer.sharing:
+            return
+        writer.share(live.kept())
+        if live.finished:
+            self._close_later(self._finish_feed(live))
 
     async def _keep_feed(self) -> None:
         """The frame feed's upkeep, every third of a lease: extend this replica's leases (so
@@ -702,7 +775,8 @@ class LiveRuns:
 
     def _finish(self, live: LiveRun) -> None:
         self._finished_now(live)
-        if live._feed is not None:
+        feed = live._feed
+        if feed is not None and (not isinstance(feed, FeedWriter) or feed.sharing):
             self._close_later(self._finish_feed(live))
 
     def _close_later(self, work: Coroutine[Any, Any, None]) -> None:

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from .. import _events as events
-from .._contracts import FrameSink, Run, RunFeed, RunStore, StoredRun
+from .._contracts import AskListener, FrameSink, Run, RunFeed, RunStore, StoredRun
 from .._events import Frame
 from .._log import fault, get_logger
 
@@ -206,6 +207,21 @@ def resolved(frames: list[Frame], checkpoints: Mapping[str, Any]) -> list[Frame]
                         break
         out.append(frame)
     return out
+
+
+def ask_payload(path: str, conversation_id: str, session_id: str | None) -> str:
+    """A `RunFeed.ask` as its stores send it (JSON: the same on PostgreSQL and Redis)."""
+    return json.dumps([path, conversation_id, session_id])
+
+
+def deliver_ask(payload: str, on_ask: AskListener) -> None:
+    """Hand a heard ask to `on_ask`; a payload of any other shape is ignored."""
+    try:
+        path, conversation_id, session_id = json.loads(payload)
+    except (ValueError, TypeError):
+        return
+    if isinstance(path, str) and isinstance(conversation_id, str):
+        on_ask(path, conversation_id, session_id if isinstance(session_id, str) else None)
 
 
 class RunWatchers:

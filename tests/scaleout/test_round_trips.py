@@ -9,11 +9,8 @@ first read are one round trip (`owner+lock+status+history.load`: the claim comes
 status says `running` and the read is made once the lock is taken, inside that statement or
 script), and so are the lock's release and the run's end (`unlock+run.status`, before the last
 frame); on Redis the turn's history append rides on that release too
-(`history.append+unlock+run.status`, one script). The run frame feed's writes (durable
-runs off) are counted apart: they go in the background, never on the turn's path, one per
-scripted turn (the run's record, its frames and its end: the run ends within the feed's first
-wait, `journal.FEED_FIRST_SECONDS`), or two if the machine was slow enough that the wait ran
-out first.
+(`history.append+unlock+run.status`, one script). The run frame feed (durable runs off)
+writes nothing: no other replica asked for these runs.
 """
 
 from __future__ import annotations
@@ -42,7 +39,6 @@ WARM_UP = 3
 BACKGROUND = ("SELECT 1", "PING")
 """The `LISTEN` connection's health probe, a pub/sub keep-alive: not the turn's."""
 
-FEED_WRITES_PER_TURN = (1, 2)
 STATUS_WRITES_PER_TURN = 0
 """The run's status record (`GET P/runs/{runId}`) costs a turn no round trip of its own:
 `running` rides on the lock's round trip, its end on the lock's release (`unlock+run.status`,
@@ -135,10 +131,7 @@ async def turns_on_the_wire(
     # The last release runs after the `complete` frame: wait for it (hang guard), then a moment
     # more, so a round trip too many would be seen too.
     async with asyncio.timeout(10):
-        while (
-            len(counted(proxy))
-            < (expected + FEED_WRITES_PER_TURN[0] + STATUS_WRITES_PER_TURN) * TURNS
-        ):
+        while len(counted(proxy)) < (expected + STATUS_WRITES_PER_TURN) * TURNS:
             await asyncio.sleep(0.01)
     await settle(proxy)
     return counted(proxy)
@@ -179,11 +172,10 @@ def per_turn(
 def assert_turns(
     bursts: list[Burst], names: Mapping[str, str], expected: list[str], ordered: int = 2
 ) -> None:
-    """Every round trip has a known purpose, the feed wrote 1-2 times a turn, and each turn made
+    """Every round trip has a known purpose, the feed wrote nothing, and each turn made
     exactly `expected`, in that order (its last `ordered` ones after the reads)."""
     assert [b.label for b in bursts if purpose(b, names) == b.label] == []
-    fewest, most = FEED_WRITES_PER_TURN
-    assert fewest * TURNS <= feed_writes(bursts, names) <= most * TURNS, [b.label for b in bursts]
+    assert feed_writes(bursts, names) == 0, [b.label for b in bursts]
     statuses = sum(purpose(burst, names) == "run.status" for burst in bursts)
     assert statuses == STATUS_WRITES_PER_TURN * TURNS, [b.label for b in bursts]
     turns = own(bursts, names)

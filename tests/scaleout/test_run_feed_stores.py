@@ -25,7 +25,7 @@ from atmosphere_harness._backends.postgres import PostgresDatabase, PostgresRunS
 from atmosphere_harness._backends.postgres import runs as postgres_runs
 from atmosphere_harness._backends.redis import RedisConnection, RedisRunStore
 from atmosphere_harness._backends.redis import runs as redis_runs
-from atmosphere_harness._contracts import FEED_OWNER, LiveRunHandle, StoredRun
+from atmosphere_harness._contracts import FEED_OWNER, LiveRunHandle, RunRecord, StoredRun
 from atmosphere_harness._errors import LeaseLost
 from atmosphere_harness._events import Frame
 from atmosphere_harness._kernel import feed as journal
@@ -196,6 +196,7 @@ async def test_feed_mode_shares_frames_without_checkpoints_and_never_resumes(
 
     runs_a = LiveRuns(feed=a, lease_seconds=0.6)
     runs_b = LiveRuns(feed=b, lease_seconds=0.6)
+    runs_b.in_flight = in_flight_on(runs_a)
     await runs_a.open(resume)
     await runs_b.open(resume)
     try:
@@ -256,7 +257,10 @@ async def test_a_feed_run_stopped_before_its_end_tells_remote_readers(
         await anext(local)
         await local.aclose()  # its only client left: the run is stopped
         runs_b = LiveRuns(feed=b, lease_seconds=60)
-        remote = await until(lambda: runs_b.find("/p", "conv"), RemoteRun)
+        # Asked for after its end (a client naming its session): shared with a last frame.
+        remote = await until(
+            lambda: runs_b.find("/p", "conv", session_id=live.session_id), RemoteRun
+        )
         seen = [f async for f in remote.follow()]
         assert [(f.seq, f.event) for f in seen] == [(1, "text"), (2, events.ERROR)]
         assert seen[-1].data == {"message": STOPPED, "type": "RunStopped"}
@@ -303,15 +307,15 @@ class _Counted:
         await self.store.append(run_id, frames, checkpoints, **kwargs)
 
 
-async def test_a_feed_run_that_ends_within_the_first_wait_is_one_write(
-    stores: list[Store], monkeypatch: pytest.MonkeyPatch
+async def test_a_run_nobody_asks_for_writes_nothing_and_one_asked_for_after_its_end_one_write(
+    stores: list[Store],
 ) -> None:
-    """The first write waits `FEED_FIRST_SECONDS` (here long, so the run surely ends within it)
-    and the terminal frame cuts the wait short: the run, all its frames and its end in one."""
-    monkeypatch.setattr(journal, "FEED_FIRST_SECONDS", 30.0, raising=False)
+    """A run no other replica follows costs the store nothing; asked for after its end (while
+    its replica keeps it), the run, all its frames and its end go in one write."""
     a, b = stores
     counted = _Counted(a)
     runs_a = LiveRuns(feed=counted, lease_seconds=60)  # type: ignore[arg-type]
+    runs_b = LiveRuns(feed=b, lease_seconds=60)
 
     async def work(handle: LiveRunHandle) -> None:
         await handle.publish(Frame("text", {"text": "one"}, "s", "quick", 1))
@@ -321,23 +325,31 @@ async def test_a_feed_run_that_ends_within_the_first_wait_is_one_write(
     await runs_a.open(_no_resume)
     try:
         live = runs_a.start(work, path="/p", conversation_id="quick", user_id=None)
-        async with asyncio.timeout(10):  # far less than the 30 s wait: the end cut it short
-            while not counted.appends:
-                await asyncio.sleep(0.01)
         assert [f.event async for f in live.follow()] == ["text", events.COMPLETE]
+        await asyncio.sleep(0.2)
+        assert counted.appends == []
+        assert await b.latest("/p", "quick") is None
+        assert await runs_b.find("/p", "quick") is None  # (no run in flight: nothing asked)
+        remote = await until(
+            lambda: runs_b.find("/p", "quick", session_id=live.session_id), RemoteRun
+        )
+        assert [f.event async for f in remote.follow()] == ["text", events.COMPLETE]
         assert counted.appends == [(True, ["text", events.COMPLETE])]
         assert (await b.frames_after(live_run_id(live), 0, 10))[1] is True  # finished
     finally:
         await runs_a.aclose()
 
 
-async def test_a_longer_feed_run_is_found_after_the_first_wait_then_written_in_groups(
+async def test_a_run_asked_for_mid_run_is_written_at_once_then_in_groups(
     stores: list[Store],
 ) -> None:
+    """A replica whose registry says another runs the conversation asks for it: its replica
+    writes what it has at once, then the rest as it comes."""
     a, b = stores
     counted = _Counted(a)
     runs_a = LiveRuns(feed=counted, lease_seconds=60)  # type: ignore[arg-type]
     runs_b = LiveRuns(feed=b, lease_seconds=60)
+    runs_b.in_flight = in_flight_on(runs_a)
     go_on = asyncio.Event()
 
     async def work(handle: LiveRunHandle) -> None:
@@ -404,6 +416,15 @@ async def until(find: Any, kind: type[RemoteRun]) -> RemoteRun:
             if isinstance(found, kind):
                 return found
             await asyncio.sleep(0.02)
+
+
+def in_flight_on(runs: LiveRuns) -> Any:
+    """A registry's answer for `LiveRuns.in_flight`: `runs`' replica runs every conversation."""
+
+    async def in_flight(path: str, conversation_id: str) -> list[RunRecord]:
+        return [RunRecord("run", path, conversation_id, None, "running", owner=runs.owner)]
+
+    return in_flight
 
 
 def live_run_id(live: Any) -> str:
@@ -477,7 +498,6 @@ async def test_the_runs_of_a_replica_share_their_frames_in_common_writes(
     """Between its first write and its end, a run's frames go in the replica's batch: the
     frames of every run that published meanwhile in one write, each run's in order, and each
     run's end in its own write after them."""
-    monkeypatch.setattr(journal, "FEED_FIRST_SECONDS", 0.0)
     a, b = stores
     counted = _Batched(a)
     runs_a = LiveRuns(feed=counted, lease_seconds=60)  # type: ignore[arg-type]
@@ -498,6 +518,9 @@ async def test_the_runs_of_a_replica_share_their_frames_in_common_writes(
         lives = [
             runs_a.start(work, path="/p", conversation_id=name, user_id=None) for name in names
         ]
+        await asyncio.sleep(0.05)  # (each run published its first frame)
+        for name in names:
+            runs_a.share("/p", name)
         async with asyncio.timeout(10):  # every run's first write done
             for live in lives:
                 while not (await b.frames_after(live_run_id(live), 0, 10))[0]:
@@ -531,7 +554,6 @@ async def test_a_run_whose_batched_write_is_refused_stops_sharing_and_goes_on(
     """A replica that stalled past its lease finds its run ended by another's upkeep: the
     batch's write is refused for that run, which stops sharing frames (nothing more lands after
     the `error` frame that ended it) while its local reader still gets every frame."""
-    monkeypatch.setattr(journal, "FEED_FIRST_SECONDS", 0.0)
     a, b = stores
     runs_a = LiveRuns(feed=a, lease_seconds=0.3)  # never opened: no heartbeat keeps its lease
     go_on = asyncio.Event()
@@ -546,6 +568,7 @@ async def test_a_run_whose_batched_write_is_refused_stops_sharing_and_goes_on(
     local = live.follow()
     try:
         assert (await anext(local)).seq == 1
+        runs_a.share("/p", "conv")
         async with asyncio.timeout(10):
             while not (await b.frames_after(live_run_id(live), 0, 10))[0]:
                 await asyncio.sleep(0.01)

@@ -45,10 +45,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..._contracts import FEED_OWNER, StoredRun
+from ..._contracts import FEED_OWNER, AskListener, StoredRun
 from ..._errors import LeaseLost
 from ..._events import TERMINAL, Frame
-from ..._kernel.remote import RunWatchers
+from ..._kernel.remote import RunWatchers, ask_payload, deliver_ask
 from ..._log import fault, get_logger
 from .database import PostgresDatabase
 
@@ -69,6 +69,11 @@ after it finished (`ON DELETE CASCADE`)."""
 CHANNEL = "atmosphere_run_"
 """Each run's notices go to `CHANNEL` + a digest of its id (`channel`): only a replica with a
 reader of that run `LISTEN`s there (`RunFeed.watch`), so the others receive none of them."""
+
+
+ASK_CHANNEL = "atmosphere_run_asks"
+"""Where a replica asks the others to share a run in the frame feed (`RunFeed.ask`): every
+replica with a frame feed `LISTEN`s to it."""
 
 
 def channel(run_id: str) -> str:
@@ -606,6 +611,19 @@ class PostgresRunStore:
             await self.database.run(work)
         except Exception as exc:
             fault(log, "could not count a run's follower", exc, every=False, run=run_id)
+
+    async def ask(self, path: str, conversation_id: str, session_id: str | None) -> None:
+        async def work(connection: Any) -> None:
+            await connection.execute(
+                "SELECT pg_notify($1, $2)",
+                ASK_CHANNEL,
+                ask_payload(path, conversation_id, session_id),
+            )
+
+        await self.database.run(work)
+
+    async def hear_asks(self, on_ask: AskListener) -> None:
+        await self.database.subscribe(ASK_CHANNEL, lambda payload: deliver_ask(payload, on_ask))
 
     async def abandon(self, message: str, limit: int) -> int:
         """End the frame-feed runs whose replica died: a terminal `error` frame after the last

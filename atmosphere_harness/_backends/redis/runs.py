@@ -50,10 +50,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..._contracts import FEED_OWNER, StoredRun
+from ..._contracts import FEED_OWNER, AskListener, StoredRun
 from ..._errors import LeaseLost
 from ..._events import TERMINAL, Frame
-from ..._kernel.remote import RunWatchers
+from ..._kernel.remote import RunWatchers, ask_payload, deliver_ask
 from ..._log import get_logger
 from .connection import RedisConnection, as_str, digest, listen
 
@@ -405,6 +405,8 @@ class RedisRunStore:
         self._listener: asyncio.Task[None] | None = None
         self._pubsub: Any = None
         """The listening connection's pub/sub while it is up (`_listen`)."""
+        self._asks: asyncio.Task[None] | None = None
+        """The listener of other replicas' asks (`hear_asks`)."""
         connection.on_close(self._stop_listening)
 
     def __repr__(self) -> str:
@@ -697,11 +699,12 @@ class RedisRunStore:
 
     async def _stop_listening(self) -> None:
         await self._watchers.aclose()
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
+        for listener in (self._listener, self._asks):
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listener
+        self._listener = self._asks = None
 
     async def frames_after(self, run_id: str, after: int, limit: int) -> tuple[list[Frame], bool]:
         run = self._run(run_id)
@@ -717,6 +720,39 @@ class RedisRunStore:
             [_frame(member, session, conversation or "") for member in members],
             finished is not None,
         )
+
+    async def ask(self, path: str, conversation_id: str, session_id: str | None) -> None:
+        with self.connection.unavailable("asking for a run"):
+            await self.connection.client.publish(
+                self._asks_channel, ask_payload(path, conversation_id, session_id)
+            )
+
+    @property
+    def _asks_channel(self) -> str:
+        return self.connection.key("runs", "asks")
+
+    async def hear_asks(self, on_ask: AskListener) -> None:
+        """Listen (one pub/sub connection of its own) until the connection closes; returns
+        once Redis confirmed the subscription, or after 5 s (it goes on trying)."""
+        if self._asks is not None:
+            return
+        ready = asyncio.Event()
+
+        async def subscribed(_reconnected: bool) -> None:
+            ready.set()
+
+        self._asks = asyncio.get_running_loop().create_task(
+            listen(
+                self.connection,
+                self._asks_channel,
+                lambda payload: deliver_ask(payload, on_ask),
+                lost="run ask listener lost Redis; other replicas cannot follow runs here",
+                subscribed=subscribed,
+            ),
+            name="redis-run-asks",
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ready.wait(), 5)
 
     async def abandon(self, message: str, limit: int) -> int:
         """End the frame-feed runs whose replica died: a terminal `error` frame after the last
