@@ -22,7 +22,7 @@ def test_the_postgres_benchmark_runs_turns_plan_updates_and_counts_round_trips()
     floor = result["floor"]
     assert floor["iterations"] == 5
     assert floor["median_ms"] > 0
-    assert floor["synchronous_commit"] == "on"
+    assert floor["synchronous_commit"]  # the server's own setting, reported as is
     assert floor["added_median_ms"] == result["turn_ms"]["added_median_ms_postgres"]
     assert floor["added_over_floor_ms"] == round(floor["added_median_ms"] - floor["median_ms"], 3)
 
