@@ -1,7 +1,7 @@
 """The Redis backend against the embedded default, side by side in one run.
 
     python benchmarks/redis_backend.py [--turns 200] [--rounds 5] [--updates 500]
-        [--url redis://127.0.0.1:6379/15]
+        [--url redis://127.0.0.1:6379/15] [--floor-turns 1000]
 
 1. **Per-turn cost over HTTP.** The scale-out test app (`tests.scaleout.redis_app`, one agent
    with the whole harness on a scripted model: one model call, no tool) in a uvicorn process of
@@ -15,6 +15,11 @@
    fifth server, Redis without the run frame feed (`benchmarks/without_run_feed.py`: as before
    the feed existed), takes its turns in the same rounds: `added_median_ms_run_feed` is what the
    feed (each run's frames shared in Redis so other replicas can follow it) adds to a turn.
+   **The floor** (`floor`): what a turn waits for from Redis, from a bare client in this
+   process: two `EVALSHA` of a one-`INCR` script, one after another, on one connection of
+   redis-py's asyncio client with hiredis, `--floor-turns` times, alone; median and p90, a
+   `PING`'s median, and `added_over_floor_ms`: the added median minus the floor's, what is ours
+   rather than Redis's round trips.
 2. **Throughput**, turns/s with 16 concurrent conversations: embedded with one replica, Redis
    with one and with two replicas (the load spread over both). The load generator shares the
    machine's cores with the servers, so the 2-replica figure is no scaling claim.
@@ -216,6 +221,47 @@ async def round_trips(root: Path, url: str, turns: int) -> dict[str, Any]:
     return found
 
 
+FLOOR_SCRIPT = "return redis.call('INCR', KEYS[1])"
+
+
+async def floor(url: str, prefix: str, iterations: int) -> dict[str, Any]:
+    """What a turn waits for Redis, from a bare client in this process: two `EVALSHA` of a
+    trivial script, one after another, on one connection of redis-py's asyncio client (with
+    hiredis, as the stores use it)."""
+    import redis.asyncio
+    from redis.utils import HIREDIS_AVAILABLE
+
+    client = redis.asyncio.Redis.from_url(url.split("?")[0], single_connection_client=True)
+    key = f"{prefix}floor"
+    try:
+        sha = await client.script_load(FLOOR_SCRIPT)
+
+        async def turn() -> float:
+            started = time.perf_counter()
+            await client.evalsha(sha, 1, key)
+            await client.evalsha(sha, 1, key)
+            return (time.perf_counter() - started) * 1000
+
+        for _ in range(min(iterations, 50)):  # warm-up
+            await turn()
+        samples = [await turn() for _ in range(iterations)]
+        pings = []
+        for _ in range(iterations):
+            started = time.perf_counter()
+            await client.ping()
+            pings.append((time.perf_counter() - started) * 1000)
+    finally:
+        await client.aclose()
+    return {
+        "what": "2 EVALSHA of a one-INCR script, one after another, redis-py asyncio client",
+        "hiredis": HIREDIS_AVAILABLE,
+        "iterations": iterations,
+        "median_ms": round(statistics.median(samples), 3),
+        "p90_ms": round(percentile(samples, 0.9), 3),
+        "ping_median_ms": round(statistics.median(pings), 3),
+    }
+
+
 async def throughput(urls: list[str], turns: int) -> float:
     clients = [httpx2.AsyncClient(base_url=u, timeout=60) for u in urls]
     try:
@@ -317,9 +363,16 @@ async def main(args: argparse.Namespace) -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="atmosphere-redis-bench-") as tmp:
             root = Path(tmp)
+            per_turn_http = await per_turn(root, url, args.turns, args.rounds)
+            floor_ms = await floor(url, prefix, args.floor_turns)
+            floor_ms["added_median_ms"] = per_turn_http["added_median_ms"]
+            floor_ms["added_over_floor_ms"] = round(
+                floor_ms["added_median_ms"] - floor_ms["median_ms"], 3
+            )
             document = {
                 "benchmark": "redis_backend",
-                "per_turn_http": await per_turn(root, url, args.turns, args.rounds),
+                "per_turn_http": per_turn_http,
+                "floor": floor_ms,
                 "turns_per_second": await turns_per_second(root, url, args.turns),
                 "round_trips": await round_trips(root, url, max(min(args.turns, 40), 4)),
                 "plan_fan_out": await plan_latency(url, args.updates),
@@ -336,4 +389,5 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--updates", type=int, default=500)
     parser.add_argument("--url", default="redis://127.0.0.1:6379/15")
+    parser.add_argument("--floor-turns", type=int, default=1000)
     asyncio.run(main(parser.parse_args()))

@@ -62,14 +62,14 @@ SCRIPTS: dict[str, tuple[str, list[str], list[str]]] = {
     "scaleout_postgres": (
         "scaleout_postgres.py",
         ["--turns", "300", "--updates", "200", "--rounds", "3"],
-        ["--turns", "6", "--updates", "3", "--rounds", "1"],
+        ["--turns", "6", "--updates", "3", "--rounds", "1", "--floor-turns", "20"],
     ),
     # Needs Redis on 127.0.0.1:6379 (every machine of this project has it); keys go under a
     # random prefix on database 15 and are deleted at the end.
     "redis_backend": (
         "redis_backend.py",
         ["--turns", "200", "--rounds", "3", "--updates", "200"],
-        ["--turns", "4", "--rounds", "1", "--updates", "3"],
+        ["--turns", "4", "--rounds", "1", "--updates", "3", "--floor-turns", "20"],
     ),
     # Two replicas on PostgreSQL and on Redis, a run on A followed from B, frame by frame.
     "follower_lag": (
@@ -101,6 +101,8 @@ HEADLINES = (
     "durable_added_50k",
     "backend_added_per_turn_postgres",
     "backend_added_per_turn_redis",
+    "backend_floor_postgres",
+    "backend_floor_redis",
     "follower_lag_p50_postgres",
     "follower_lag_p99_postgres",
     "follower_lag_p50_redis",
@@ -138,11 +140,13 @@ def headlines(documents: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]
     if postgres is not None and "turn_ms" in postgres:
         added = postgres["turn_ms"]["added_median_ms_postgres"]
         found["backend_added_per_turn_postgres"] = figure(added, None)
+        found["backend_floor_postgres"] = figure(postgres["floor"]["median_ms"], None)
     redis = documents.get("redis_backend")
     if redis is not None:
         found["backend_added_per_turn_redis"] = figure(
             redis["per_turn_http"]["added_median_ms"], None
         )
+        found["backend_floor_redis"] = figure(redis["floor"]["median_ms"], None)
     lag = documents.get("follower_lag")
     if lag is not None:
         for kind, measured in lag["backends"].items():

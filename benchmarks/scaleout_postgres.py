@@ -2,6 +2,7 @@
 and how fast a plan update reaches a viewer on another replica.
 
     python benchmarks/scaleout_postgres.py [--turns 300] [--updates 200] [--rounds 3]
+        [--floor-turns 1000]
 
 Servers are uvicorn subprocesses (one worker each) on one workspace root; with PostgreSQL they
 share a database this script creates on 127.0.0.1:5432 and drops at the end. The model is
@@ -21,6 +22,14 @@ Figures (one JSON document on stdout):
   (target: <= 1 ms), and `added_median_ms_run_feed` what the frame feed (each run's
   frames shared in PostgreSQL so other replicas can follow it) adds: postgres minus
   postgres_without_run_feed;
+- `floor`: the turn's three waits from a bare asyncpg client in this process (`--floor-turns`
+  times, alone), each a stand-in of the stores' statement on the same kind of connection and
+  with the same commit: claim and end write a row without waiting for the WAL flush and take
+  and free an advisory lock on a connection of their own, the append inserts a row into a
+  scratch table through a pool and waits for the flush (the server's `synchronous_commit`);
+  median and p90, `wal_flush_ms` (that append with `synchronous_commit` on minus off: the
+  disk's share), `select_1_median_ms` (one bare round trip), and `added_over_floor_ms`: the
+  added median minus the floor's, what is ours rather than PostgreSQL's protocol and disk;
 - `turns_per_s`: 16 concurrent clients, for embedded (1 replica) and PostgreSQL with 1 and 2
   replicas (the load generator shares the machine's cores, so the 2-replica ratio is no goal);
 - `round_trips`: the round trips one turn makes to PostgreSQL, counted on the wire by a proxy
@@ -218,6 +227,92 @@ async def round_trips(root: Path, url: str, turns: int = 40) -> dict[str, Any]:
             return proxy.summary(turns, ignore=("SELECT 1",))
 
 
+# The floor: what a turn waits for PostgreSQL, from a bare asyncpg client in this process, each
+# wait a stand-in of the statement the stores send, on the same kind of connection (the lock
+# connection, `asyncpg.connect`; the pool, `asyncpg.create_pool` without its reset query) and
+# with the same commit: the claim and the run's end write a row committed without waiting for
+# the WAL flush (`synchronous_commit` off for their own transaction, as the stores' are) and
+# take and free an advisory lock; the turn's append inserts a row committed with the server's
+# default `synchronous_commit`.
+FLOOR_TABLES = (
+    "CREATE TABLE bench_floor_status (id int PRIMARY KEY, n bigint NOT NULL);"
+    "INSERT INTO bench_floor_status VALUES (1, 0);"
+    "CREATE TABLE bench_floor_turns (id bigserial PRIMARY KEY, conversation text NOT NULL,"
+    " payload bytea NOT NULL)"
+)
+RELAXED = "relaxed AS (SELECT set_config('synchronous_commit', 'off', true))"
+STATUS = "status AS (UPDATE bench_floor_status SET n = n + 1 FROM relaxed WHERE id = 1 RETURNING n)"
+FLOOR_CLAIM = f"WITH {RELAXED}, {STATUS} SELECT pg_try_advisory_lock($1), (SELECT n FROM status)"
+FLOOR_APPEND = "INSERT INTO bench_floor_turns (conversation, payload) VALUES ($1, $2)"
+FLOOR_END = f"WITH {RELAXED}, {STATUS} SELECT pg_advisory_unlock($1), (SELECT n FROM status)"
+FLOOR_APPEND_RELAXED = (
+    f"WITH {RELAXED} INSERT INTO bench_floor_turns (conversation, payload)"
+    " SELECT $1, $2 FROM relaxed"
+)
+
+
+async def _no_reset(_connection: Any) -> None:
+    """The stores' pool skips asyncpg's reset query on release (one round trip less)."""
+
+
+async def floor(url: str, iterations: int) -> dict[str, Any]:
+    """The waits of a turn (claim, append with its WAL flush, end) from a bare client, and the
+    WAL flush alone (the append committed with `synchronous_commit` on minus off)."""
+    import asyncpg
+
+    from atmosphere_harness._backends.postgres.locks import lock_session
+
+    lock = await asyncpg.connect(url, server_settings=lock_session())
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=1, reset=_no_reset)
+    payload = b"x" * 256  # about a one-answer turn's two messages, encoded
+    try:
+        await lock.execute(FLOOR_TABLES)
+        setting = await lock.fetchval("SHOW synchronous_commit")
+
+        async def append(statement: str) -> float:
+            started = time.perf_counter()
+            async with pool.acquire() as connection:
+                await connection.execute(statement, "c", payload)
+            return (time.perf_counter() - started) * 1000
+
+        async def turn() -> float:
+            started = time.perf_counter()
+            await lock.fetchrow(FLOOR_CLAIM, 42)
+            await append(FLOOR_APPEND)
+            await lock.fetchrow(FLOOR_END, 42)
+            return (time.perf_counter() - started) * 1000
+
+        for _ in range(min(iterations, 50)):  # warm-up: statements prepared, pages cached
+            await turn()
+        turns = [await turn() for _ in range(iterations)]
+        flushed: list[float] = []
+        relaxed: list[float] = []
+        for _ in range(iterations):  # alternated, so both meet the same disk
+            flushed.append(await append(FLOOR_APPEND))
+            relaxed.append(await append(FLOOR_APPEND_RELAXED))
+        trivial = []
+        for _ in range(iterations):
+            started = time.perf_counter()
+            await lock.fetchval("SELECT 1")
+            trivial.append((time.perf_counter() - started) * 1000)
+    finally:
+        await pool.close()
+        await lock.close()
+    waits = quantiles(turns)
+    return {
+        "what": "claim (lock connection, no WAL flush), append (pool, server default commit), "
+        "end (lock connection, no WAL flush), one after another",
+        "synchronous_commit": setting,
+        "iterations": iterations,
+        "median_ms": waits["p50"],
+        "p90_ms": waits["p90"],
+        "wal_flush_ms": round(statistics.median(flushed) - statistics.median(relaxed), 3),
+        "append_median_ms": round(statistics.median(flushed), 3),
+        "append_synchronous_commit_off_median_ms": round(statistics.median(relaxed), 3),
+        "select_1_median_ms": round(statistics.median(trivial), 3),
+    }
+
+
 def quantiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {
@@ -286,6 +381,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     turn_ms["postgres"]["p50"] - turn_ms["postgres_without_run_feed"]["p50"], 3
                 )
                 result["turn_ms"] = turn_ms
+                floor_ms = await floor(url, args.floor_turns)
+                floor_ms["added_median_ms"] = turn_ms["added_median_ms_postgres"]
+                floor_ms["added_over_floor_ms"] = round(
+                    floor_ms["added_median_ms"] - floor_ms["median_ms"], 3
+                )
+                result["floor"] = floor_ms
                 result["turns_per_s"] = {
                     "embedded_1_replica": round(await throughput([embedded.base], args.turns), 1),
                     "postgres_1_replica": round(await throughput([a.base], args.turns), 1),
@@ -311,4 +412,5 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--updates", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--floor-turns", type=int, default=1000)
     print(json.dumps(asyncio.run(main(parser.parse_args())), indent=2))

@@ -31,6 +31,8 @@ NAMES = [
     "durable_added_50k",
     "backend_added_per_turn_postgres",
     "backend_added_per_turn_redis",
+    "backend_floor_postgres",
+    "backend_floor_redis",
     "follower_lag_p50_postgres",
     "follower_lag_p99_postgres",
     "follower_lag_p50_redis",
