@@ -11,10 +11,8 @@
    and times each from the POST to the `complete` frame. The servers run side by side and the
    client alternates between them round by round (`--rounds`, the order turned each round), so
    load from elsewhere on the machine hits all alike. Reported: median and p90 per turn, and the
-   median each adds to the embedded one without durable runs (`added_median_ms_*`). A
-   fifth server, Redis without the run frame feed (`benchmarks/without_run_feed.py`: as before
-   the feed existed), takes its turns in the same rounds: `added_median_ms_run_feed` is what the
-   feed (each run's frames shared in Redis so other replicas can follow it) adds to a turn.
+   median each adds to the embedded one without durable runs (`added_median_ms_*`). No other
+   replica follows these runs, so the run frame feed writes nothing.
    **The floor** (`floor`): what a turn waits for from Redis, from a bare client in this
    process: two `EVALSHA` of a one-`INCR` script, one after another, on one connection of
    redis-py's asyncio client with hiredis, `--floor-turns` times, alone; median and p90, a
@@ -97,9 +95,7 @@ async def one_turn(client: httpx2.AsyncClient, message: str, conversation: str) 
     raise RuntimeError("stream ended without a complete frame")
 
 
-def start(
-    workspace: Path, log: Path, url: str | None, *, durable: bool = False, feed: bool = True
-) -> ServerProcess:
+def start(workspace: Path, log: Path, url: str | None, *, durable: bool = False) -> ServerProcess:
     env = {
         "ATMOSPHERE_AI_HARNESS_ENABLED": "true",
         # Explicit: `enabled=true` alone would turn durable runs on.
@@ -107,30 +103,22 @@ def start(
     }
     if url:
         env["ATMOSPHERE_REDIS_URL"] = url
-    module = "tests.reliability.server" if feed else "benchmarks.without_run_feed"
-    return ServerProcess("redis", workspace, log, env, module=module).start()
+    return ServerProcess("redis", workspace, log, env).start()
 
 
 SERVERS = {
-    # name: (uses Redis, durable runs, run frame feed)
-    "embedded": (False, False, True),
-    "redis": (True, False, True),
-    "redis_without_run_feed": (True, False, False),
-    "embedded_durable_runs": (False, True, True),
-    "redis_durable_runs": (True, True, True),
+    # name: (uses Redis, durable runs)
+    "embedded": (False, False),
+    "redis": (True, False),
+    "embedded_durable_runs": (False, True),
+    "redis_durable_runs": (True, True),
 }
 
 
 async def per_turn(root: Path, url: str, turns: int, rounds: int) -> dict[str, Any]:
     servers = {
-        name: start(
-            root / name,
-            root / f"{name}.log",
-            url if redis else None,
-            durable=durable,
-            feed=feed,
-        )
-        for name, (redis, durable, feed) in SERVERS.items()
+        name: start(root / name, root / f"{name}.log", url if redis else None, durable=durable)
+        for name, (redis, durable) in SERVERS.items()
     }
     samples: dict[str, list[float]] = {name: [] for name in servers}
     clients = {
@@ -168,9 +156,6 @@ async def per_turn(root: Path, url: str, turns: int, rounds: int) -> dict[str, A
         result[f"added_median_ms_{name}"] = round(result[name]["median_ms"] - base, 3)
     result["durable_runs_added_median_ms_redis"] = round(
         result["redis_durable_runs"]["median_ms"] - result["redis"]["median_ms"], 3
-    )
-    result["added_median_ms_run_feed"] = round(
-        result["redis"]["median_ms"] - result["redis_without_run_feed"]["median_ms"], 3
     )
     return result
 

@@ -16,12 +16,9 @@ Figures (one JSON document on stdout):
   `embedded`, `postgres` (the server's default `synchronous_commit=on`: each stored turn waits
   for its WAL flush) and `postgres_synchronous_commit_off` (the URL's `?synchronous_commit=off`:
   the embedded SQLite's durability class, see `docs/scale-out.md`) and `postgres_durable_runs`
-  (durable runs on: the run journalled in PostgreSQL) and `postgres_without_run_feed` (as
-  before the run frame feed existed: `benchmarks/without_run_feed.py`), measured in rounds so
-  background load hits all alike; `added_median_ms_*` is the difference to embedded
-  (target: <= 1 ms), and `added_median_ms_run_feed` what the frame feed (each run's
-  frames shared in PostgreSQL so other replicas can follow it) adds: postgres minus
-  postgres_without_run_feed;
+  (durable runs on: the run journalled in PostgreSQL), measured in rounds so background load
+  hits all alike; `added_median_ms_*` is the difference to embedded (no other replica follows
+  these runs, so the run frame feed writes nothing);
 - `floor`: the turn's three waits from a bare asyncpg client in this process (`--floor-turns`
   times, alone), each a stand-in of the stores' statement on the same kind of connection and
   with the same commit: claim and end write a row without waiting for the WAL flush and take
@@ -97,10 +94,6 @@ def serve(port: int, workspace: str) -> None:
         todos = [{"content": f"step {i}", "status": "pending"} for i in range(5)]
         return [ToolCall("write_todos", {"todos": todos, "goal": str(time.monotonic_ns())})]
 
-    if os.environ.pop("BENCH_WITHOUT_RUN_FEED", None):
-        from without_run_feed import disable
-
-        disable()
     os.environ["ATMOSPHERE_WORKSPACE_ROOT"] = workspace
     os.environ["ATMOSPHERE_AI_CONVERSATION_IDLE_TIMEOUT"] = "0"
     app = FastAPI()
@@ -109,17 +102,13 @@ def serve(port: int, workspace: str) -> None:
 
 
 class Server:
-    def __init__(
-        self, workspace: Path, url: str | None, *, durable: bool = False, feed: bool = True
-    ) -> None:
+    def __init__(self, workspace: Path, url: str | None, *, durable: bool = False) -> None:
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("ATMOSPHERE_")}
         if url:
             env["ATMOSPHERE_POSTGRES_URL"] = url
         if durable:
             env["ATMOSPHERE_DURABLE_RUNS_ENABLED"] = "true"
-        if not feed:
-            env["BENCH_WITHOUT_RUN_FEED"] = "1"
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--serve", str(self.port), str(workspace)], env=env
         )
@@ -354,11 +343,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     Server(pg_root, url + "?synchronous_commit=off")
                 )
                 durable = await stack.enter_async_context(Server(pg_root, url, durable=True))
-                no_feed = await stack.enter_async_context(Server(pg_root, url, feed=False))
                 bases = {
                     "embedded": embedded.base,
                     "postgres": a.base,
-                    "postgres_without_run_feed": no_feed.base,
                     "postgres_synchronous_commit_off": relaxed.base,
                     "postgres_durable_runs": durable.base,
                 }
@@ -377,9 +364,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     turn_ms[f"added_median_ms_{key}"] = round(
                         turn_ms[key]["p50"] - turn_ms["embedded"]["p50"], 3
                     )
-                turn_ms["added_median_ms_run_feed"] = round(
-                    turn_ms["postgres"]["p50"] - turn_ms["postgres_without_run_feed"]["p50"], 3
-                )
                 result["turn_ms"] = turn_ms
                 floor_ms = await floor(url, args.floor_turns)
                 floor_ms["added_median_ms"] = turn_ms["added_median_ms_postgres"]

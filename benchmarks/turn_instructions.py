@@ -1,22 +1,17 @@
 """Instructions a turn costs the real server over HTTP (callgrind), embedded or on Redis.
 
     python benchmarks/turn_instructions.py [--backend redis|embedded] [--turns 100]
-        [--url redis://127.0.0.1:6379/15] [--checkout PATH] [--feed-first S] [--module M]
-        [--profile FILE] [--keep FILE]
+        [--url redis://127.0.0.1:6379/15] [--checkout PATH] [--profile FILE] [--keep FILE]
 
 What `benchmarks/redis_backend.py` times, counted instead: the scale-out test app
 (`python -m tests.reliability.server redis`: one agent with the whole harness on the scripted
 model, a user from `X-User-Id`) runs under `valgrind --tool=callgrind` with its counting off,
-durable runs off (so, on Redis, with the run frame feed). After a warm-up of 20 turns, counting
-is turned on around `--turns` turns sent one after another (10 conversations in turn, as
-`redis_backend.py` sends them), and a quarter of a second after the last one's `complete`
-frame (the lock's release and the frame feed's last write run after it). The lease is an hour
-and the idle sweep off, so no periodic work falls in the window (its share would follow the
-window's length, which follows the machine's load). The feed's first write waits 10 ms for the
-run's end: a turn under callgrind takes longer, so the feed writes more groups than the one a
-full-speed scripted turn writes, as many as the load makes it; `--feed-first 5` makes it wait
-up to 5 s (one write a turn, as at full speed; far steadier pairs). `--module
-benchmarks.without_run_feed` serves the app without the feed. Prints the server's
+durable runs off (no other replica follows these runs: the run frame feed writes nothing).
+After a warm-up of 20 turns, counting is turned on around `--turns` turns sent one after another
+(10 conversations in turn, as `redis_backend.py` sends them), and a quarter of a second after
+the last one's `complete` frame (the lock's release runs after it). The lease is an hour and
+the idle sweep off, so no periodic work falls in the window (its share would follow the
+window's length, which follows the machine's load). Prints the server's
 user-space instructions a turn (the kernel's socket work is not counted); the Redis backend's
 added cost is this figure on Redis minus the embedded one. Instructions move little with the
 machine's load, so two versions compare in pairs (`--checkout` runs another checkout's package
@@ -67,17 +62,13 @@ def serve_profiled(kind: str, out: str) -> None:
     _serve(kind)
 
 
-def serve(module: str, feed_first: float) -> None:
-    """`python -m {module} redis`, the frame feed's first wait set to `feed_first` if given."""
+def serve() -> None:
+    """`python -m tests.reliability.server redis` (the checkout's, from the working directory)."""
     import runpy
 
     sys.path.insert(0, os.getcwd())
-    if feed_first > 0:
-        from atmosphere_harness._kernel import feed
-
-        feed.FEED_FIRST_SECONDS = feed_first
-    sys.argv = [module, "redis"]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    sys.argv = ["tests.reliability.server", "redis"]
+    runpy.run_module("tests.reliability.server", run_name="__main__", alter_sys=True)
 
 
 async def one_turn(client: httpx2.AsyncClient, message: str, conversation: str) -> None:
@@ -106,17 +97,6 @@ def main() -> None:
     parser.add_argument("--url", default="redis://127.0.0.1:6379/15")
     parser.add_argument("--checkout", default=str(Path(__file__).resolve().parent.parent))
     parser.add_argument("--profile", default="")
-    parser.add_argument(
-        "--module",
-        default="tests.reliability.server",
-        help="the server module (`benchmarks.without_run_feed`: Redis without the frame feed)",
-    )
-    parser.add_argument(
-        "--feed-first",
-        type=float,
-        default=0.0,
-        help="seconds the frame feed's first write waits (0: the library's own)",
-    )
     parser.add_argument("--keep", default="", help="copy the window's callgrind dump here")
     args = parser.parse_args()
 
@@ -158,8 +138,6 @@ def main() -> None:
             sys.executable,
             str(Path(__file__).resolve()),
             "--serve",
-            args.module,
-            str(args.feed_first),
         ]
     server = subprocess.Popen(
         command,
@@ -231,7 +209,7 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--serve-profiled":
         sys.path.insert(0, os.getcwd())
         serve_profiled("redis", sys.argv[2])
-    elif len(sys.argv) == 4 and sys.argv[1] == "--serve":
-        serve(sys.argv[2], float(sys.argv[3]))
+    elif len(sys.argv) == 2 and sys.argv[1] == "--serve":
+        serve()
     else:
         main()
