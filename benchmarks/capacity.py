@@ -1,7 +1,7 @@
 """Per-component costs for sizing a deployment, checked at 1 and 2 replicas.
 
     python benchmarks/capacity.py [--backends postgres,redis] [--clients 50] [--seconds 10]
-        [--stream-runs 100] [--stream-seconds 20] [--tokens-per-s 20] [--smoke]
+        [--stream-runs 100] [--stream-seconds 20] [--tokens-per-s 20] [--followed 0.1] [--smoke]
 
 For each backend, replicas of the `inflight_app.py` server (separate uvicorn processes, asyncio
 + h11, durable runs off) on one fresh PostgreSQL database of 127.0.0.1:5432, or on a Redis
@@ -15,13 +15,14 @@ server of their own (`redis-server` started here on a free port, so its CPU and 
   database: every statement of a turn is its own transaction, so commits count statements) and
   WAL bytes (`pg_stat_wal`, which counts the whole cluster); Redis commands by name;
 - `stream_1`, `stream_2`: `--stream-runs` runs at once over 1 or 2 replicas, each streaming
-  `--tokens-per-s` for `--stream-seconds`. Per streamed token, over a steady window: CPU µs
-  of the servers, of PostgreSQL and of Redis, Redis commands; PostgreSQL transactions a token
-  (the phase's total less the runs' own cost from `turns_1`); the frame feed's writes a token
-  and CPU a write; resident memory added per run in flight;
-- `stream_2_one_busy`: the same runs all on one of two replicas: the idle one's CPU per feed
-  write of the busy one (`idle_replica_cpu_us_per_feed_write`: what a replica spends on the
-  writes of runs it has no reader for; their notices go only to the replicas that follow them);
+  `--tokens-per-s` for `--stream-seconds`, followed by no other replica (the frame feed writes
+  nothing for them). Per streamed token, over a steady window: CPU µs of the servers, of
+  PostgreSQL and of Redis, Redis commands; PostgreSQL transactions a token (the phase's total
+  less the runs' own cost from `turns_1`) and rows the feed inserted; resident memory added per
+  run in flight;
+- `stream_2_followed`: the same over 2 replicas, each run also followed by one reader on the
+  other replica (`GET P/conversations/{id}/events` there, once the run streams): the frame
+  feed's writes a token and the store's CPU a write, the followers' outcomes and tokens;
 - `connections`: in each phase's middle, per replica: open file descriptors and TCP sockets by
   peer (clients, PostgreSQL, Redis, the model), and the database's backends
   (`pg_stat_activity`).
@@ -31,7 +32,9 @@ each server process, Redis and the load generator run on one core at most, and e
 shares the CPU the machine's other processes left (measured in the same window):
 `min(R * 1000 / server_ms, 1000 / redis_ms, 1000 / client_ms, free_cores * 1000 / total_ms)`.
 `sizing` applies the measured costs to `--sizes` concurrent runs (each streaming
-`--tokens-per-s` for `--run-seconds`). `--smoke` is a quick check that everything runs.
+`--tokens-per-s` for `--run-seconds`), a share `--followed` of them followed from another
+replica: per-run cost x runs started/s + tokens/s x (the unfollowed runs' cost a token +
+`--followed` x what following added a token). `--smoke` is a quick check that everything runs.
 Prints one JSON document.
 """
 
@@ -64,6 +67,7 @@ from inflight import (
     cpu_ticks,
     exit_on_sigterm,
     fast_loop,
+    follow_bytes,
     free_port,
     machine_idle,
     raise_file_limit,
@@ -85,6 +89,10 @@ REDIS_MAX = 64
 """Redis connections a replica's pool may open (`_backends/redis/connection.py`)."""
 MODEL_MAX = 1000
 """HTTP connections the `openai` SDK's client opens to the model at most (its default)."""
+FOLLOWED = 0.1
+"""The sizing's default share of runs a reader follows from another replica: a client that
+re-attaches mid-run (a reload, a dropped mobile connection, a second tab) through a load balancer
+without sticky sessions (docs/capacity.md); an assumption, `--followed` changes it."""
 BUSY = 0.7
 """Share of a core a sized process is planned at (headroom for bursts and GC pauses)."""
 
@@ -165,6 +173,12 @@ class Store:
             return {}
         return asyncio.run(database_stats(self.postgres.name))
 
+    def frame_rows(self) -> int:
+        """Rows inserted into the frame feed's table so far (PostgreSQL; 0 on Redis)."""
+        if self.postgres is None:
+            return 0
+        return asyncio.run(frame_rows(self.postgres.name))
+
     def database_backends(self) -> int:
         return len(postgres_pids(self.postgres.name)) if self.postgres else 0
 
@@ -204,6 +218,20 @@ async def database_stats(name: str) -> dict[str, int]:
     found["wal_records_cluster"] = int(wal["wal_records"])
     found["wal_bytes_cluster"] = int(wal["wal_bytes"])
     return found
+
+
+async def frame_rows(name: str) -> int:
+    """`n_tup_ins` of `atmosphere_run_frames` in database `name` (`pg_stat_user_tables`)."""
+    import asyncpg
+
+    connection = await asyncpg.connect(f"{PG}/{name}", timeout=5)
+    try:
+        found = await connection.fetchval(
+            "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'atmosphere_run_frames'"
+        )
+    finally:
+        await connection.close()
+    return int(found or 0)
 
 
 # --- what a process holds ---------------------------------------------------------------------
@@ -413,10 +441,12 @@ def stream(
     args: argparse.Namespace,
     root: Path,
     runs_cost: Any,
-    busy: int | None = None,
+    followed: bool = False,
 ) -> Any:
-    """`--stream-runs` long runs at once over `replicas` (or all on replica `busy`, the others
-    idle): costs per streamed token and per run."""
+    """`--stream-runs` long runs at once, spread over `replicas`: costs per streamed token and
+    per run. `followed`: each run is also followed by one reader on the next replica
+    (`GET P/conversations/{id}/events` there, once its own stream has a token), so the frame
+    feed writes it to the store."""
     phase = Phase(store, model, replicas, root, args.settle)
     servers = phase.servers
 
@@ -430,6 +460,7 @@ def stream(
             (server.cpu() - cpu) / TICKS / max(time.monotonic() - rest_started, 0.1)
             for server, cpu in zip(servers, rest_before, strict=True)
         ]
+        rows_before = store.frame_rows()
         database_before = store.database_stats()
         rss_before = resident()
         load_before = os.getloadavg()
@@ -439,59 +470,76 @@ def stream(
             streams: list[Stream] = []
             firsts: list[float] = []
             finished: list[asyncio.Future[str]] = []
+            followers: list[tuple[Stream, asyncio.Future[str], int]] = []
+            follower_firsts: list[float] = []
+            attaching = []
             for index in range(args.stream_runs):
-                port = servers[index % len(servers) if busy is None else busy].port
+                port = servers[index % len(servers)].port
                 done: asyncio.Future[str] = loop.create_future()
-                data = request_bytes(port, PATH, "stream please", f"cap-{uuid.uuid4().hex}")
+                conversation = f"cap-{uuid.uuid4().hex}"
+                data = request_bytes(port, PATH, "stream please", conversation)
                 streams.append(Counted(data, done, firsts))
                 finished.append(done)
                 await loop.create_connection(lambda s=streams[-1]: s, "127.0.0.1", port)
-            # The steady window: from every run streaming to 1 s before the first one ends.
+                if followed:
+                    other = servers[(index + 1) % len(servers)].port
+                    attaching.append(
+                        follow(other, conversation, streams[-1], follower_firsts, followers)
+                    )
+            attached = asyncio.gather(*attaching)
+            # The steady window: from every run streaming (and followed) to 1 s before the first
+            # one ends.
             give_up = time.monotonic() + args.stream_seconds / 2
-            while len(firsts) < args.stream_runs and time.monotonic() < give_up:
+            while (
+                len(firsts) < args.stream_runs
+                or (followed and len(follower_firsts) < args.stream_runs)
+            ) and time.monotonic() < give_up:
                 await asyncio.sleep(0.05)
             end = min(firsts, default=time.monotonic()) + args.stream_seconds - 1.0
-            before, frames_before = Snapshot(servers, store), sum(s.frames for s in streams)
+
+            def frames() -> tuple[int, int]:
+                return sum(s.frames for s in streams), sum(f[0].frames for f in followers)
+
+            before, frames_before = Snapshot(servers, store), frames()
             await asyncio.sleep(max(0.25, (end - time.monotonic()) / 2))
             middle = phase.connections()
             held = resident()
             await asyncio.sleep(max(0.25, end - time.monotonic()))
-            after, frames_after = Snapshot(servers, store), sum(s.frames for s in streams)
+            after, frames_after = Snapshot(servers, store), frames()
             results = [await asyncio.wait_for(done, 300) for done in finished]
-            return results, frames_after - frames_before, before, after, middle, held
+            await attached
+            read = [await asyncio.wait_for(done, 300) for _, done, _ in followers]
+            retries = sum(tries for _, _, tries in followers)
+            return (
+                results,
+                read,
+                retries,
+                frames_after[0] - frames_before[0],
+                frames_after[1] - frames_before[1],
+                before,
+                after,
+                middle,
+                held,
+            )
 
-        results, tokens, before, after, middle, held = asyncio.run(load())
+        results, read, retries, tokens, relayed, before, after, middle, held = asyncio.run(load())
     finally:
         database_after = phase.close()
+    rows = store.frame_rows() - rows_before
     cpu = spent(before, after)
     tokens_total = args.stream_runs * round(args.tokens_per_s * args.stream_seconds)
     commands = delta(after.commands, before.commands)
     database = delta(database_after, database_before)
     per_run_xacts = runs_cost.get("postgres_per_run", {}).get("xact_commit", 0.0)
     feed_xacts = database.get("xact_commit", 0) - per_run_xacts * args.stream_runs
-    # The frame feed's writes: a transaction each on PostgreSQL, a script each on Redis.
-    if store.postgres is not None:
-        writes_per_token = feed_xacts / max(tokens_total, 1)
-        write_cpu = cpu["postgres"]
-    else:
-        writes_per_token = commands.get("evalsha", 0) / max(tokens, 1)
-        write_cpu = cpu["redis"]
-    writes_in_window = writes_per_token * tokens
-    # The idle replica's CPU beyond what it spends at rest (its timers), per write of the other.
-    idle = [
-        round((a - b - rest[index] * cpu["seconds"]) * 1e6 / max(writes_in_window, 1), 2)
-        for index, (a, b) in enumerate(zip(after.each, before.each, strict=True))
-        if busy is not None and index != busy
-    ]
-    outcomes: dict[str, int] = {}
-    for outcome in results:
-        outcomes[outcome.split(":")[0]] = outcomes.get(outcome.split(":")[0], 0) + 1
-    return {
+    # The frame feed's writes on Redis: a script each (its reads are plain commands).
+    writes_per_token = commands.get("evalsha", 0) / max(tokens, 1)
+    found: dict[str, Any] = {
         "replicas": replicas,
         "runs": args.stream_runs,
-        **({"idle_replica_cpu_us_per_feed_write": idle} if idle else {}),
+        "followed": followed,
         "server_cores_at_rest": [round(value, 4) for value in rest],
-        "outcomes": outcomes,
+        "outcomes": outcomes_of(results),
         "tokens_in_window": tokens,
         "window_seconds": round(cpu["seconds"], 2),
         "cpu_us_per_token": {
@@ -503,11 +551,6 @@ def stream(
         "load_average": [round(v, 2) for v in load_before],
         "rss_kib_per_run": round((held - rss_before) / 1024 / args.stream_runs, 1),
         "rss_mib_server_idle": round(rss_before / 2**20, 1),
-        "feed_writes_per_token": round(writes_per_token, 3),
-        "feed_write_cpu_us": round(write_cpu * 1e6 / max(writes_in_window, 1), 1),
-        "redis_commands_per_feed_write": round(
-            sum(commands.values()) / max(commands.get("evalsha", 0), 1), 1
-        ),
         "postgres_xacts_per_token": round(feed_xacts / max(tokens_total, 1), 3),
         "postgres_rows_written_per_token": round(
             sum(database.get(f"tup_{key}", 0) for key in ("inserted", "updated", "deleted"))
@@ -523,6 +566,66 @@ def stream(
         },
         "connections_mid_window": middle,
     }
+    if store.postgres is not None:
+        # Rows the feed inserted (`atmosphere_run_frames`), over every token of the phase.
+        found["postgres_frame_rows_per_token"] = round(rows / max(tokens_total, 1), 3)
+    else:
+        found["feed_writes_per_token"] = round(writes_per_token, 3)
+    if followed:
+        found["follower_outcomes"] = outcomes_of(read)
+        found["follower_tokens_in_window"] = relayed
+        found["follow_attempts_answered_404"] = retries
+        if store.postgres is not None:
+            # Its CPU a transaction (the feed's writes, the followers' reads, the upkeep).
+            found["postgres_cpu_us_per_xact"] = round(
+                cpu["postgres"] * 1e6 / max(feed_xacts * tokens / max(tokens_total, 1), 1), 1
+            )
+        else:
+            found["feed_write_cpu_us"] = round(
+                cpu["redis"] * 1e6 / max(writes_per_token * tokens, 1), 1
+            )
+            found["redis_commands_per_feed_write"] = round(
+                sum(commands.values()) / max(commands.get("evalsha", 0), 1), 1
+            )
+    return found
+
+
+def outcomes_of(results: list[str]) -> dict[str, int]:
+    outcomes: dict[str, int] = {}
+    for outcome in results:
+        outcomes[outcome.split(":")[0]] = outcomes.get(outcome.split(":")[0], 0) + 1
+    return outcomes
+
+
+FOLLOW_ATTEMPTS = 1000
+"""Tries to attach on the other replica before giving up (10 ms apart: 10 s, a hang guard)."""
+
+
+async def follow(
+    port: int,
+    conversation: str,
+    run: Stream,
+    firsts: list[float],
+    into: list[tuple[Stream, asyncio.Future[str], int]],
+) -> None:
+    """Follow `conversation`'s run from the replica on `port` once `run` (its own stream) has a
+    token: `GET P/conversations/{id}/events` with the headers the run's `POST` had (none: the
+    anonymous user), again after a 404 (the run not yet known there)."""
+    loop = asyncio.get_running_loop()
+    while run.frames == 0 and not run.done.done():
+        await asyncio.sleep(0.01)
+    for tries in range(FOLLOW_ATTEMPTS):
+        done: asyncio.Future[str] = loop.create_future()
+        reader = Counted(follow_bytes(port, PATH, conversation), done, firsts)
+        await loop.create_connection(lambda r=reader: r, "127.0.0.1", port)
+        while reader.frames == 0 and not done.done():
+            await asyncio.sleep(0.01)
+        if done.done() and " 404 " in done.result():
+            await asyncio.sleep(0.01)
+            continue
+        into.append((reader, done, tries))
+        return
+    raise RuntimeError(f"could not follow {conversation} on port {port}")
 
 
 class Counted(Stream):
@@ -583,75 +686,94 @@ def cores_for(tokens_s: float, starts_s: float, us_per_token: float, ms_per_run:
     return tokens_s * us_per_token / 1e6 + starts_s * ms_per_run / 1000
 
 
+def blend(
+    alone: dict[str, Any], followed: dict[str, Any], name: str, part: str | None, share: float
+) -> float:
+    """A figure a token of the unfollowed runs, plus `share` of what following added (>= 0)."""
+    base, more = alone[name], followed[name]
+    if part is not None:
+        base, more = base[part], more[part]
+    return float(base) + share * max(0.0, float(more) - float(base))
+
+
 def sizing(document: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """What `--sizes` concurrent runs need, from the measured costs: each run streams
-    `--tokens-per-s` for `--run-seconds` (so `N / run_seconds` runs start each second)."""
+    `--tokens-per-s` for `--run-seconds` (so `N / run_seconds` runs start each second), and a
+    share `--followed` of them is followed from another replica. A cost a token is the
+    unfollowed runs' (`stream_2`, else `stream_1`) plus, for that share, what following added
+    (`stream_2_followed` less the unfollowed, each part at least 0): per-run cost x starts/s
+    + tokens/s x (unfollowed + followed share x the feed's) a token."""
     found: dict[str, Any] = {}
+    share = args.followed
     for kind, measured in document["backends"].items():
-        if "stream_1" not in measured:
+        if "stream_1" not in measured or "stream_2_followed" not in measured:
             continue
-        # The phase closest to one feed write a token (what a store that keeps up receives).
-        streams = [measured[name] for name in ("stream_1", "stream_2") if name in measured]
-        stream = max(streams, key=lambda phase: float(phase["feed_writes_per_token"]))
-        notice = measured.get("stream_2_one_busy", {}).get("idle_replica_cpu_us_per_feed_write")
-        per_token = stream["cpu_us_per_token"]
+        alone = measured.get("stream_2", measured["stream_1"])
+        followed = measured["stream_2_followed"]
         per_run = measured["turns_1"]["cpu_ms_per_run"]
         xacts_run = measured["turns_1"]["postgres_per_run"].get("xact_commit", 0.0)
         commands_run = measured["turns_1"]["redis_commands_per_run"]
+
+        def per_token(name: str, part: str | None = None, fraction: float = share) -> float:
+            return blend(alone, followed, name, part, fraction)  # noqa: B023
+
         for size in args.sizes:
             tokens_s = size * args.tokens_per_s
             starts_s = size / args.run_seconds
 
-            def cores(part: str) -> float:
-                return cores_for(tokens_s, starts_s, per_token[part], per_run[part])  # noqa: B023
+            def cores(part: str, fraction: float = share) -> float:
+                us = per_token("cpu_us_per_token", part, fraction)
+                return cores_for(tokens_s, starts_s, us, per_run[part])  # noqa: B023
 
             server = cores("server")
             replicas = max(1, math.ceil(server / BUSY))
             runs_per_replica = math.ceil(size / replicas)
-            entry = {
-                "from": f"stream_{stream['replicas']}",
+            entry: dict[str, Any] = {
+                "from": f"{'stream_2' if 'stream_2' in measured else 'stream_1'}"
+                " + stream_2_followed",
+                "followed_share": share,
                 "tokens_per_s": round(tokens_s),
+                "followed_tokens_per_s": round(tokens_s * share),
                 "runs_started_per_s": round(starts_s, 1),
                 "server_cores": round(server, 1),
+                "server_cores_all_followed": round(cores("server", 1.0), 1),
                 "replicas_at_70_pct": replicas,
                 "runs_per_replica": runs_per_replica,
-                "memory_gib_runs": round(size * measured["stream_1"]["rss_kib_per_run"] / 2**20, 1),
-                "fds_per_replica": 2 * runs_per_replica + POOL_MAX + PG_EXTRA + 16,
+                "memory_gib_runs": round(size * per_token("rss_kib_per_run") / 2**20, 1),
+                # A run's client and model call, and its reader's socket where followed.
+                "fds_per_replica": math.ceil((2 + share) * runs_per_replica)
+                + POOL_MAX
+                + PG_EXTRA
+                + 16,
                 "model_pool_full": runs_per_replica > MODEL_MAX,
             }
             if kind == "postgres":
-                entry["postgres_xacts_per_s"] = round(
-                    tokens_s * measured["stream_1"]["postgres_xacts_per_token"]
+                xacts_token = per_token("postgres_xacts_per_token")
+                entry["postgres_xacts_per_s"] = round(tokens_s * xacts_token + starts_s * xacts_run)
+                entry["postgres_xacts_per_s_all_followed"] = round(
+                    tokens_s * per_token("postgres_xacts_per_token", fraction=1.0)
                     + starts_s * xacts_run
                 )
                 entry["postgres_cores"] = round(cores("postgres"), 1)
-                entry["postgres_xacts_per_s_one_write_a_token"] = round(
-                    tokens_s + starts_s * xacts_run
+                entry["postgres_cores_all_followed"] = round(cores("postgres", 1.0), 1)
+                # The bound if every followed token were a feed write of its own (no batching).
+                entry["postgres_xacts_per_s_one_write_a_followed_token"] = round(
+                    tokens_s * share + starts_s * xacts_run
                 )
-                entry["postgres_cores_one_write_a_token"] = round(
-                    cores_for(tokens_s, starts_s, stream["feed_write_cpu_us"], per_run["postgres"]),
-                    1,
+                entry["postgres_frame_rows_per_s"] = round(
+                    tokens_s * per_token("postgres_frame_rows_per_token")
                 )
                 entry["postgres_connections"] = replicas * (POOL_MAX + PG_EXTRA)
-                if notice:
-                    # What a replica with no reader of these runs spends on their writes (each
-                    # run's notices go only to the replicas that follow it: about nothing).
-                    entry["notice_cores_per_replica_without_readers"] = round(
-                        tokens_s * max(notice[0], 0.0) / 1e6, 2
-                    )
             else:
                 entry["redis_commands_per_s"] = round(
-                    tokens_s * measured["stream_1"]["redis_commands_per_token"]
+                    tokens_s * per_token("redis_commands_per_token") + starts_s * commands_run
+                )
+                entry["redis_commands_per_s_all_followed"] = round(
+                    tokens_s * per_token("redis_commands_per_token", fraction=1.0)
                     + starts_s * commands_run
                 )
                 entry["redis_cores"] = round(cores("redis"), 2)
-                entry["redis_commands_per_s_one_write_a_token"] = round(
-                    tokens_s * stream["redis_commands_per_feed_write"] + starts_s * commands_run
-                )
-                entry["redis_cores_one_write_a_token"] = round(
-                    cores_for(tokens_s, starts_s, stream["feed_write_cpu_us"], per_run["redis"]),
-                    2,
-                )
+                entry["redis_cores_all_followed"] = round(cores("redis", 1.0), 2)
                 entry["redis_connections_max"] = replicas * REDIS_MAX
             found.setdefault(kind, {})[str(size)] = entry
     return found
@@ -710,13 +832,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                         measured = found[f"turns_{replicas}"]["runs_per_s"]
                         print(f"capacity {kind} {replicas}: {measured} runs/s", file=sys.stderr)
                     if args.stream_runs:
-                        # A smoke run leaves out the 2-replica stream: one_busy starts two.
+                        # Runs nobody follows from another replica (a smoke run leaves out the
+                        # 2-replica ones), then each followed from the other replica.
                         for replicas in (1,) if args.smoke else (1, 2):
                             found[f"stream_{replicas}"] = stream(
                                 store, model, replicas, args, root, found["turns_1"]
                             )
-                        found["stream_2_one_busy"] = stream(
-                            store, model, 2, args, root, found["turns_1"], busy=0
+                        found["stream_2_followed"] = stream(
+                            store, model, 2, args, root, found["turns_1"], followed=True
                         )
                     found["model"] = check(found)
                     document["backends"][kind] = found
@@ -737,6 +860,12 @@ if __name__ == "__main__":
     parser.add_argument("--tokens-per-s", type=float, default=20.0)
     parser.add_argument("--run-seconds", type=float, default=30.0, help="sizing: a run's length")
     parser.add_argument("--sizes", default="10000,100000", help="sizing: concurrent runs")
+    parser.add_argument(
+        "--followed",
+        type=float,
+        default=FOLLOWED,
+        help="sizing: share of runs followed from another replica (docs/capacity.md)",
+    )
     parser.add_argument("--settle", type=float, default=SETTLE, help=argparse.SUPPRESS)
     parser.add_argument("--smoke", action="store_true", help="a few runs: a check, not figures")
     parsed = parser.parse_args()
