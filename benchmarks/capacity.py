@@ -92,7 +92,7 @@ MODEL_MAX = 1000
 FOLLOWED = 0.1
 """The sizing's default share of runs a reader follows from another replica: a client that
 re-attaches mid-run (a reload, a dropped mobile connection, a second tab) through a load balancer
-without sticky sessions (docs/capacity.md); an assumption, `--followed` changes it."""
+without affinity (docs/capacity.md); an assumption, `--followed` changes it."""
 BUSY = 0.7
 """Share of a core a sized process is planned at (headroom for bursts and GC pauses)."""
 
@@ -756,10 +756,6 @@ def sizing(document: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
                 )
                 entry["postgres_cores"] = round(cores("postgres"), 1)
                 entry["postgres_cores_all_followed"] = round(cores("postgres", 1.0), 1)
-                # The bound if every followed token were a feed write of its own (no batching).
-                entry["postgres_xacts_per_s_one_write_a_followed_token"] = round(
-                    tokens_s * share + starts_s * xacts_run
-                )
                 entry["postgres_frame_rows_per_s"] = round(
                     tokens_s * per_token("postgres_frame_rows_per_token")
                 )
