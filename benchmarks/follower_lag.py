@@ -9,10 +9,11 @@ workspace root, durable runs off: the run frame feed carries the frames between 
 fake OpenAI-compatible model of `inflight.py`, which streams `--tokens-per-s` tokens for
 `--seconds`, each stamped with the monotonic time it was written. `--runs` runs at once: each
 is posted to A (whose stream is read to its end) and followed from B with
-`GET P/conversations/{id}/events` as soon as B knows the run (it answers 404 for the first
-few milliseconds). Per `text` frame: the delay from the model's stamp to its arrival at A's
-client (the same replica: the floor) and at B's (the follower), counting at B only frames the
-model wrote after B's stream had opened (not the replay of what came before).
+`GET P/conversations/{id}/events` as soon as B knows the run (B asks A to share it once the
+run's status record is stored; it answers 404 before that). Per `text` frame: the delay from
+the model's stamp to its arrival at A's client (the same replica: the floor) and at B's (the
+follower), counting at B only frames the model wrote after B's stream had opened (not the replay
+of what came before).
 
 Prints one JSON document: per backend `same_replica_ms` and `follower_ms` (p50/p99/max/n) and
 `added_p50_ms` (follower minus same replica). A backend whose server is not running here is
