@@ -283,7 +283,6 @@ async def close_section(closes: int, extraction_ms: float) -> dict[str, Any]:
         ScriptedRuntime,
         agent,
         create_harness_router,
-        get_user_id,
     )
     from atmosphere_harness import prompt as prompt_method
     from atmosphere_harness._web.deps import user_id_from_header
@@ -311,9 +310,9 @@ async def close_section(closes: int, extraction_ms: float) -> dict[str, Any]:
             HarnessSettings(workspace_root=workspace, conversation_idle_timeout=0),
             agents=[Closer],
             runtime=ScriptedRuntime((), default=turn),
+            user_id=user_id_from_header,
         )
     )
-    app.dependency_overrides[get_user_id] = user_id_from_header
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     task = asyncio.create_task(server.serve())
     while not server.started:

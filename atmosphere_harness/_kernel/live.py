@@ -635,9 +635,12 @@ class LiveRuns:
         before: tuple[StoredRun, bool] | None,
     ) -> tuple[StoredRun, bool] | None:
         """Ask the other replicas to share the conversation's run (`RunFeed.ask`), then read the
-        store until it is there (`ASK_SECONDS` at most): what `latest` finds then."""
+        store until it is there (`ASK_SECONDS` at most): what `latest` finds then. The ask is
+        sent once more a quarter of the way (Redis's pub/sub drops what comes while a listener
+        reconnects)."""
         await feed.ask(path, conversation_id, session_id)
         loop = asyncio.get_running_loop()
+        again = loop.time() + ASK_SECONDS / 4
         deadline = loop.time() + ASK_SECONDS
         pause = ASK_FIRST_PAUSE
         while True:
@@ -649,6 +652,9 @@ class LiveRuns:
                 return found
             if loop.time() >= deadline:
                 return before
+            if again and loop.time() >= again:
+                again = 0.0
+                await feed.ask(path, conversation_id, session_id)
             pause *= 2
 
     def _find_local(

@@ -215,13 +215,18 @@ def ask_payload(path: str, conversation_id: str, session_id: str | None) -> str:
 
 
 def deliver_ask(payload: str, on_ask: AskListener) -> None:
-    """Hand a heard ask to `on_ask`; a payload of any other shape is ignored."""
+    """Hand a heard ask to `on_ask`; a payload of any other shape is ignored, and a failure of
+    `on_ask` is logged, never raised into the listener that heard it (it goes on listening)."""
     try:
         path, conversation_id, session_id = json.loads(payload)
     except (ValueError, TypeError):
         return
-    if isinstance(path, str) and isinstance(conversation_id, str):
+    if not (isinstance(path, str) and isinstance(conversation_id, str)):
+        return
+    try:
         on_ask(path, conversation_id, session_id if isinstance(session_id, str) else None)
+    except Exception as exc:
+        fault(log, "could not share a run another replica asked for", exc, every=False)
 
 
 class RunWatchers:

@@ -12,7 +12,7 @@ from .._kernel.host import HarnessHost
 from .._mcp.tools import server_of
 from .._skills.primitive import SKILLS_SERVICE
 from .._version import __version__
-from .deps import HarnessDep, identity_source
+from .deps import USER_ID_KEY, HarnessDep, identity_source
 from .errors import HarnessRoute
 
 
@@ -61,7 +61,8 @@ def console_info_router() -> APIRouter:
         # The app's `get_user_id` override is read where requests read it: on the app serving
         # this one (an override installed after start-up shows too).
         overrides = getattr(request.app, "dependency_overrides", {})
-        host.truth.set_identity(identity_source(overrides, host.settings))
+        custom = getattr(request.state, USER_ID_KEY, None) is not None
+        host.truth.set_identity(identity_source(overrides, host.settings, custom=custom))
         return console_info(host)
 
     return router

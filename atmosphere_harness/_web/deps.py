@@ -1,13 +1,17 @@
 """`Depends()` providers for the host's own routes.
 
 Override any of them in tests or to plug in your auth:
-`app.dependency_overrides[get_user_id] = current_user_id`.
+`app.dependency_overrides[get_user_id] = current_user_id`. For the user in production,
+`create_harness_router(user_id=current_user_id)` does the same without an override: while an
+app has any `dependency_overrides`, FastAPI rebuilds every route's dependency graph on every
+request (fastapi/fastapi#16342).
 """
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, HTTPException, WebSocketException
@@ -21,6 +25,12 @@ from .._preset import IDENTITY_CUSTOM, identity_of
 from .._settings import HarnessSettings
 
 STATE_KEY = "atmosphere_harness"
+USER_ID_KEY = "atmosphere_harness_user_id"
+"""Where the lifespan state holds `create_harness_router(user_id=...)`, when given."""
+
+UserIdSource = Callable[[HTTPConnection], str | Awaitable[str | None] | None]
+"""Who is asking, from the request (`create_harness_router(user_id=...)`): a user id, or `None`
+for anonymous; a plain or an `async` function."""
 
 CONVERSATION_ID_SCHEMA: dict[str, Any] = {"pattern": CONVERSATION_ID_PATTERN}
 """The shape of a conversation id, for the OpenAPI document only (`json_schema_extra`).
@@ -104,8 +114,13 @@ async def get_user_id(connection: HTTPConnection) -> str | None:
     With `user_id_header` set (`ATMOSPHERE_USER_ID_HEADER=X-Forwarded-User`), the user is that
     request header, as an auth proxy in front of the app sets it: absent means anonymous, a
     malformed or repeated one is refused (`user_id_in`). Or plug in your own authentication,
-    which wins over the header: `app.dependency_overrides[get_user_id] = current_user_id`.
+    which wins over the header: `create_harness_router(user_id=current_user_id)`, or
+    `app.dependency_overrides[get_user_id] = current_user_id` (which wins over both).
     """
+    custom: UserIdSource | None = getattr(connection.state, USER_ID_KEY, None)
+    if custom is not None:
+        found = custom(connection)
+        return await found if inspect.isawaitable(found) else found
     host = getattr(connection.state, STATE_KEY, None)
     if not isinstance(host, HarnessHost):
         return None
@@ -154,13 +169,16 @@ async def user_id_from_header(connection: HTTPConnection) -> str | None:
     return user_id_in(connection, USER_ID_HEADER)
 
 
-def identity_source(overrides: Mapping[Any, Any], settings: HarnessSettings) -> str:
+def identity_source(
+    overrides: Mapping[Any, Any], settings: HarnessSettings, *, custom: bool = False
+) -> str:
     """Where `get_user_id` takes the user from, as runtime truth reports it (`identity`).
 
     `CUSTOM` when the app overrides `get_user_id` (`overrides` is the app's
-    `dependency_overrides`: it wins over the header), `HEADER(<name>)` with `user_id_header`
-    set, `NONE` otherwise: every request is anonymous and long-term memory keeps nothing.
+    `dependency_overrides`: it wins over the header) or gave the router a `user_id` function
+    (`custom`), `HEADER(<name>)` with `user_id_header` set, `NONE` otherwise: every request is
+    anonymous and long-term memory keeps nothing.
     """
-    if get_user_id in overrides:
+    if custom or get_user_id in overrides:
         return IDENTITY_CUSTOM
     return identity_of(settings)

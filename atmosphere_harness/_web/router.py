@@ -34,7 +34,7 @@ from .._settings import HarnessSettings
 from .admin import admin_router, warn_admin_posture
 from .console import console_router
 from .console_info import console_info_router
-from .deps import STATE_KEY, identity_source
+from .deps import STATE_KEY, USER_ID_KEY, UserIdSource, identity_source
 from .errors import HarnessRoute
 from .route_spec import RouteSpec
 from .routes import ROUTE_BUILDERS
@@ -206,6 +206,7 @@ def create_harness_router(
     policies: Sequence[Any] = (),
     approval_policy: ToolApprovalPolicy | None = None,
     primitives: Sequence[Primitive] | None = None,
+    user_id: UserIdSource | None = None,
 ) -> HarnessRouter:
     """Build the harness router.
 
@@ -222,6 +223,12 @@ def create_harness_router(
         approval_policy: Which tool calls wait for a person (default
             `ToolApprovalPolicy.annotated()`; an agent class's `approval_policy` wins).
         primitives: Replace the built-in attach engines (advanced; tests use it).
+        user_id: Who is asking, for an app with its own authentication: called with each
+            request (or WebSocket) of the harness's routes, it returns the user's id or `None`
+            (anonymous); plain or `async`. It wins over `user_id_header`. It does what
+            `app.dependency_overrides[get_user_id] = user_id` does (an override still wins over
+            it) without its price: while an app has any dependency override, FastAPI rebuilds
+            every route's dependency graph on every request.
     """
 
     @asynccontextmanager
@@ -242,8 +249,9 @@ def create_harness_router(
         try:
             router.check_served(host)
             warn_admin_posture(resolved)
-            note_identity(host, identity_source(app.dependency_overrides, resolved))
-            yield {STATE_KEY: host}
+            custom = user_id is not None
+            note_identity(host, identity_source(app.dependency_overrides, resolved, custom=custom))
+            yield {STATE_KEY: host, **({USER_ID_KEY: user_id} if custom else {})}
         finally:
             await host.stop()
 

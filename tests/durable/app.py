@@ -38,7 +38,6 @@ from atmosphere_harness import (
     ToolContext,
     agent,
     create_harness_router,
-    get_user_id,
     prompt,
     tool,
 )
@@ -212,8 +211,9 @@ def create() -> FastAPI:
     runtime: Any = CountingRuntime()
     if os.environ.get("DURABLE_TEST_FALLBACK"):
         runtime = FallbackRuntime(Overloaded(), runtime)
-    app.include_router(create_harness_router(agents=[DurableAgent], runtime=runtime))
-    app.dependency_overrides[get_user_id] = user_id_from_header
+    app.include_router(
+        create_harness_router(agents=[DurableAgent], runtime=runtime, user_id=user_id_from_header)
+    )
     return app
 
 

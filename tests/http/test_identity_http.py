@@ -233,6 +233,55 @@ async def test_an_override_installed_after_start_up_is_reported(workspace: Path)
         assert keeper_truth(await truth(client))["identity"] == "NONE"
 
 
+def who(connection: HTTPConnection) -> str | None:
+    """An app's own authentication, as a plain function (here it trusts a test header)."""
+    return connection.headers.get("X-Who")
+
+
+async def who_async(connection: HTTPConnection) -> str | None:
+    return connection.headers.get("X-Who")
+
+
+@pytest.mark.parametrize("source", [who, who_async], ids=["plain", "async"])
+async def test_a_router_user_id_function_names_the_user_without_any_override(
+    workspace: Path, source: Any
+) -> None:
+    """`create_harness_router(user_id=...)`: the app keeps no `dependency_overrides` (whose
+    presence makes FastAPI rebuild every dependency graph per request), the function wins over
+    the header, ownership and long-term memory follow its user, the WebSocket asks it too."""
+    app = app_for(
+        [Keeper],
+        workspace,
+        model(),
+        trust_header=False,
+        long_term_memory=InMemoryLongTermMemory(),
+        user_id=source,
+        user_id_header=HEADER,
+    )
+    assert app.dependency_overrides == {}
+    async with serve(app) as base, client_for(app) as client:
+        assert keeper_truth(await truth(client))["identity"] == "CUSTOM"
+        alice = {"X-Who": "alice", HEADER: "mallory"}
+        body = {"message": "remember that I sail", "conversationId": "c1"}
+        assert (await client.post(KEEPER, json=body, headers=alice)).status_code == 200
+        closed = await client.post(f"{KEEPER}/conversations/c1/close", headers=alice)
+        assert closed.status_code == 200, closed.text
+        await eventually(lambda: _has(client, "alice", ["I sail"]))
+        assert await facts_of(client, "mallory") == []
+        theirs = await client.get(f"{KEEPER}/conversations/c1/events", headers={"X-Who": "bob"})
+        assert theirs.status_code == 404
+        url = ws_url(base, KEEPER, conversationId="ws-1")
+        async with connect(url, additional_headers={"X-Who": "carol"}) as socket:
+            await run_over(socket, {"message": "remember that I cook"})
+        await eventually(lambda: _has(client, "carol", ["I cook"]))
+        app.dependency_overrides[get_user_id] = fixed_user  # an override still wins
+        body = {"message": "remember that I row", "conversationId": "c2"}
+        assert (await client.post(KEEPER, json=body, headers=alice)).status_code == 200
+        closed = await client.post(f"{KEEPER}/conversations/c2/close", headers=alice)
+        assert closed.status_code == 200, closed.text
+        await eventually(lambda: _has(client, "override-user", ["I row"]))
+
+
 # --- the WebSocket and AG-UI routes resolve the user the same way ------------------------------
 
 

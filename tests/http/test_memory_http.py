@@ -65,9 +65,10 @@ def app_for(
     trust_header: bool = True,
     long_term_memory: LongTermMemory | None = None,
     primitives: list[Any] | None = None,
+    user_id: Any = None,
     **settings: Any,
 ) -> FastAPI:
-    router = {"long_term_memory": long_term_memory, "primitives": primitives}
+    router = {"long_term_memory": long_term_memory, "primitives": primitives, "user_id": user_id}
     app = make_app(agents, runtime=runtime, workspace=workspace, router=router, **settings)
     if trust_header:
         app.dependency_overrides[get_user_id] = user_id_from_header

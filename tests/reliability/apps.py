@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 
-from atmosphere_harness import HarnessSettings, ScriptedRuntime, create_harness_router, get_user_id
+from atmosphere_harness import HarnessSettings, ScriptedRuntime, create_harness_router
 from atmosphere_harness._governance.approval import ToolApprovalPolicy
 from atmosphere_harness._runtimes.base import AgentRuntime
 from atmosphere_harness._web.deps import user_id_from_header
@@ -57,7 +57,7 @@ def create(kind: str, settings: HarnessSettings | None = None) -> FastAPI:
             agents=[Assistant, Chat],
             runtime=RUNTIMES[kind](),
             approval_policy=APPROVALS.get(kind),
+            user_id=user_id_from_header,
         )
     )
-    app.dependency_overrides[get_user_id] = user_id_from_header
     return app

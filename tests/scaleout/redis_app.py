@@ -32,7 +32,6 @@ from atmosphere_harness import (
     ToolCall,
     agent,
     create_harness_router,
-    get_user_id,
     tool,
 )
 from atmosphere_harness._memory.extraction import EXTRACTION_SYSTEM_PROMPT
@@ -102,6 +101,9 @@ def create(settings: HarnessSettings | None = None) -> FastAPI:
     runtime = ScriptedRuntime((), default=turn)
     runtime.record_requests = False
     app = FastAPI(title="atmosphere-harness scale-out replica")
-    app.include_router(create_harness_router(settings, agents=[Scribe], runtime=runtime))
-    app.dependency_overrides[get_user_id] = user_id_from_header
+    app.include_router(
+        create_harness_router(
+            settings, agents=[Scribe], runtime=runtime, user_id=user_id_from_header
+        )
+    )
     return app

@@ -340,6 +340,65 @@ async def test_a_run_nobody_asks_for_writes_nothing_and_one_asked_for_after_its_
         await runs_a.aclose()
 
 
+class _FirstAskLost:
+    """A store whose first `ask` goes nowhere (as a pub/sub message sent while the listener
+    reconnects)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.asks = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def ask(self, path: str, conversation_id: str, session_id: str | None) -> None:
+        self.asks += 1
+        if self.asks > 1:
+            await self.store.ask(path, conversation_id, session_id)
+
+
+async def test_an_ask_that_was_lost_is_sent_again_before_the_asker_gives_up(
+    stores: list[Store],
+) -> None:
+    a, b = stores
+    runs_a = LiveRuns(feed=a, lease_seconds=60)
+    lossy = _FirstAskLost(b)
+    runs_b = LiveRuns(feed=lossy, lease_seconds=60)  # type: ignore[arg-type]
+    runs_b.in_flight = in_flight_on(runs_a)
+    go_on = asyncio.Event()
+
+    async def work(handle: LiveRunHandle) -> None:
+        await handle.publish(Frame("text", {"text": "one"}, "s", "lost", 1))
+        await go_on.wait()
+        await handle.publish(Frame(events.COMPLETE, {"summary": "ok"}, "s", "lost", 2))
+
+    await runs_a.open(_no_resume)
+    try:
+        runs_a.start(work, path="/p", conversation_id="lost", user_id=None)
+        await asyncio.sleep(0.05)
+        remote = await runs_b.find("/p", "lost")  # one call: the second ask gets it
+        assert isinstance(remote, RemoteRun)
+        assert lossy.asks == 2
+        go_on.set()
+        assert [f.event async for f in remote.follow()] == ["text", events.COMPLETE]
+    finally:
+        await runs_a.aclose()
+
+
+def test_a_failing_ask_listener_is_logged_and_a_malformed_ask_ignored() -> None:
+    heard: list[tuple[str, str, str | None]] = []
+
+    def failing(path: str, conversation_id: str, session_id: str | None) -> None:
+        heard.append((path, conversation_id, session_id))
+        raise RuntimeError("boom")
+
+    for payload in ("not json", "[1, 2, 3]", '["/p"]', "null"):
+        remote_module.deliver_ask(payload, failing)
+    assert heard == []
+    remote_module.deliver_ask(remote_module.ask_payload("/p", "c", None), failing)  # no raise
+    assert heard == [("/p", "c", None)]
+
+
 async def test_a_run_asked_for_mid_run_is_written_at_once_then_in_groups(
     stores: list[Store],
 ) -> None:
