@@ -192,7 +192,8 @@ def note_identity(host: HarnessHost, identity: str) -> None:
     if remembering:
         log.info(
             "long-term memory is attached but every request is anonymous, so it keeps no "
-            "facts: set ATMOSPHERE_USER_ID_HEADER behind an auth proxy, or override get_user_id",
+            "facts: set ATMOSPHERE_USER_ID_HEADER behind an auth proxy, or give "
+            "create_harness_router a user_id function",
             endpoints=remembering,
         )
 
