@@ -410,3 +410,27 @@ async def listen(
                 await pubsub.aclose()
             with contextlib.suppress(RedisError, OSError):
                 await client.aclose()
+
+
+async def listening(
+    connection: RedisConnection,
+    channel: str,
+    deliver: Callable[[str], None],
+    *,
+    lost: str,
+    name: str,
+    wait: float = 5.0,
+) -> asyncio.Task[None]:
+    """`listen` on `channel` in a task of its own, returned once Redis confirmed the
+    subscription or after `wait` seconds (it goes on trying): the caller cancels it to stop."""
+    ready = asyncio.Event()
+
+    async def subscribed(_reconnected: bool) -> None:
+        ready.set()
+
+    task = asyncio.get_running_loop().create_task(
+        listen(connection, channel, deliver, lost=lost, subscribed=subscribed), name=name
+    )
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(ready.wait(), wait)
+    return task

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..._contracts import ACTIVE_STATUSES, CancelListener, RunRecord
 from ..._log import get_logger
-from .connection import RedisConnection, as_str, digest, listen
+from .connection import RedisConnection, as_str, digest, listening
 
 log = get_logger(__name__)
 
@@ -187,12 +187,13 @@ class RedisRunRegistry:
 
     async def open(self, on_cancel: CancelListener) -> None:
         self._listener = on_cancel
-        ready = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(
-            self._listen(ready), name="redis-run-cancel"
+        self._task = await listening(
+            self.connection,
+            self._channel,
+            self._deliver,
+            lost="run cancel listener lost Redis; cancel requests are read on heartbeat",
+            name="redis-run-cancel",
         )
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ready.wait(), 5)
 
     async def aclose(self) -> None:
         self._listener = None
@@ -201,18 +202,6 @@ class RedisRunRegistry:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-
-    async def _listen(self, ready: asyncio.Event) -> None:
-        async def subscribed(_reconnected: bool) -> None:
-            ready.set()
-
-        await listen(
-            self.connection,
-            self._channel,
-            self._deliver,
-            lost="run cancel listener lost Redis; cancel requests are read on heartbeat",
-            subscribed=subscribed,
-        )
 
     def _deliver(self, data: str) -> None:
         with contextlib.suppress(ValueError, TypeError):

@@ -55,7 +55,7 @@ from ..._errors import LeaseLost
 from ..._events import TERMINAL, Frame
 from ..._kernel.remote import RunWatchers, ask_payload, deliver_ask
 from ..._log import get_logger
-from .connection import RedisConnection, as_str, digest, listen
+from .connection import RedisConnection, as_str, digest, listen, listening
 
 log = get_logger(__name__)
 
@@ -736,23 +736,13 @@ class RedisRunStore:
         once Redis confirmed the subscription, or after 5 s (it goes on trying)."""
         if self._asks is not None:
             return
-        ready = asyncio.Event()
-
-        async def subscribed(_reconnected: bool) -> None:
-            ready.set()
-
-        self._asks = asyncio.get_running_loop().create_task(
-            listen(
-                self.connection,
-                self._asks_channel,
-                lambda payload: deliver_ask(payload, on_ask),
-                lost="run ask listener lost Redis; other replicas cannot follow runs here",
-                subscribed=subscribed,
-            ),
+        self._asks = await listening(
+            self.connection,
+            self._asks_channel,
+            lambda payload: deliver_ask(payload, on_ask),
+            lost="run ask listener lost Redis; other replicas cannot follow runs here",
             name="redis-run-asks",
         )
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ready.wait(), 5)
 
     async def abandon(self, message: str, limit: int) -> int:
         """End the frame-feed runs whose replica died: a terminal `error` frame after the last
