@@ -247,6 +247,19 @@ async def sse_events(response: httpx2.Response) -> AsyncIterator[Event]:
             chunk = chunk[1:]
             if not chunk:
                 continue
+        if (
+            chunk.startswith(b"data: {")
+            and chunk.endswith(b"\n\n")
+            and not data
+            and not partial
+            and chunk.count(b"\n") == 2
+            and b"\r" not in chunk
+        ):
+            # A token: one whole event, its one data line alone in this chunk (what the
+            # lines below make of it, without cutting them).
+            skip_lf = False
+            yield _decode(chunk[6:-2])
+            continue
         last = chunk[-1]
         skip_lf = last == CR
         lines = chunk.splitlines()
@@ -261,7 +274,7 @@ async def sse_events(response: httpx2.Response) -> AsyncIterator[Event]:
             elif not line and data:
                 payload = b"\n".join(data) if len(data) > 1 else data[0]
                 data.clear()
-                if payload.strip() == b"[DONE]":
+                if not payload.startswith(b"{") and payload.strip() == b"[DONE]":
                     return
                 yield _decode(payload)
             # (`event:`/`id:` fields and comments: the payload carries its own type)
