@@ -302,11 +302,9 @@ class LiveRun:
         client): its position moves past a batch only once it asks for the next one.
         """
         token = next(self._tokens)
-        readers = self._readers
-        readers[token] = after
+        seq = self._readers[token] = after
         try:
             while True:
-                seq = readers[token]
                 batch = (
                     self._after(seq)
                     if seq < (self._last_seq if self._writer is None else self._stored_seq)
@@ -314,7 +312,7 @@ class LiveRun:
                 )
                 if batch:
                     yield batch
-                    readers[token] = batch[-1].seq
+                    seq = self._readers[token] = batch[-1].seq
                     if self._writer_waiting:
                         self._signal()
                     continue
@@ -326,7 +324,7 @@ class LiveRun:
                             {"message": self._interrupt, "type": "ServerShutdown"},
                             self.session_id or "",
                             self.conversation_id,
-                            self._readers[token],
+                            seq,
                         )
                     ]
                     return
