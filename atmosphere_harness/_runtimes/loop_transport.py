@@ -38,6 +38,7 @@ from httpcore2._async.http11 import HTTP11ConnectionByteStream
 from httpx2._transports.default import AsyncResponseStream
 
 READ_TIMEOUT = "timed out reading from the model server"
+"""The error a read that waited past its timeout raises (`httpcore2`'s or `httpx2`'s)."""
 HIGH_WATER = 256 * 1024
 """Bytes a connection buffers before it stops reading its socket (until they are read)."""
 READ_BYTES = 64 * 1024

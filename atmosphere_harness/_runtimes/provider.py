@@ -325,7 +325,7 @@ def _decode(payload: bytes) -> Event:
             # payload that opens with `{"` is UTF-8 to it (no BOM, no UTF-16 or -32), decoded
             # the same way, and may end in JSON whitespace only.
             text = payload.decode("utf-8", "surrogatepass")
-            event, end = _SCAN(text, 0)  # (`JSONDecoder.raw_decode`'s scanner, called directly)
+            event, end = _SCAN(text, 0)
             if end != len(text) and text[end:].strip(JSON_SPACE):
                 raise ValueError("extra data after the JSON value")
         else:
@@ -337,7 +337,10 @@ def _decode(payload: bytes) -> Event:
     return event
 
 
-_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_SCAN: Callable[[str, int], tuple[Any, int]]
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+"""What `JSONDecoder.raw_decode` calls, called directly: the value at an index and where it ends
+(`StopIteration` when no value starts there)."""
 JSON_SPACE = " \t\n\r"
 """The whitespace JSON allows around a value."""
 

@@ -124,10 +124,10 @@ class EventStream(HarnessEventSource):
 
     It overrides sse-starlette's private pieces (`_stream_response`, `_send_with_timeout`) and
     uses the state they share with the rest of it and the shutdown watcher's (written against
-    3.7); `tests/http/test_planning_http.py`,
-    `tests/http/test_hosting_http.py`, `tests/http/test_stream_disconnect.py` and the durable
-    restart tests hold the behaviour (pings, a stalled reader cut off, a client that leaves, the
-    shutdown frame) so a change in the library shows up as a failing test, not a silent one.
+    3.7); `tests/http/test_planning_http.py`, `tests/http/test_hosting_http.py`,
+    `tests/http/test_stream_disconnect.py` and the durable restart tests hold the behaviour
+    (pings, a stalled reader cut off, a client that leaves, the shutdown frame) so a change in
+    the library shows up as a failing test, not a silent one.
     """
 
     def __init__(
