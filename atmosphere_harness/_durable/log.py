@@ -415,7 +415,8 @@ class RunLogs:
         self._read.pop(row, None)
         path = self.path(row)
         if fd is not None and len(self._spares) < SPARES:
-            spare = self.directory / f"{os.getpid()}-{self._token}-{next(self._named)}{SPARE_SUFFIX}"
+            name = f"{os.getpid()}-{self._token}-{next(self._named)}{SPARE_SUFFIX}"
+            spare = self.directory / name
             try:
                 os.ftruncate(fd, 0)
                 os.rename(path, spare)
