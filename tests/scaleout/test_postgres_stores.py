@@ -725,3 +725,56 @@ async def test_queries_survive_terminated_connections(
     await terminate_backends(postgres_url)
     await a.history.append(KEY, [Message("user", "after")])
     assert [m.content for m in await a.history.messages(KEY)] == ["before", "after"]
+
+
+async def test_statements_one_after_another_keep_their_connection_out_of_the_pool(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`PostgresDatabase.run` keeps its connection for the next statement instead of handing it
+    back to asyncpg's pool (whose release and next acquire cost more client CPU than the round
+    trip); a run that waits for the pool meanwhile is handed the connection, and a closed
+    connection is never used again."""
+    released = 0
+    release = asyncpg.Pool.release
+
+    async def counting(pool: asyncpg.Pool, connection: object, **kwargs: object) -> None:
+        nonlocal released
+        released += 1
+        await release(pool, connection, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(asyncpg.Pool, "release", counting)
+
+    async def backend(connection: asyncpg.Connection) -> int:
+        return int(await connection.fetchval("SELECT pg_backend_pid()"))
+
+    async def slow(connection: asyncpg.Connection) -> int:
+        await connection.execute("SELECT pg_sleep(0.05)")
+        return await backend(connection)
+
+    def closed(connection: asyncpg.Connection) -> bool:
+        try:
+            return connection.is_closed()
+        except asyncpg.InterfaceError:  # (given back to the pool as it closed)
+            return True
+
+    database = PostgresDatabase(postgres_url, pool_max=1)
+    await database.open()
+    try:
+        released = 0
+        pids = {await database.run(backend) for _ in range(10)}
+        assert len(pids) == 1
+        assert released == 0
+        # The pool's one connection is kept: a second run waits for the pool, and the first
+        # hands it over when it ends (hang guard: neither may wait for the other forever).
+        async with asyncio.timeout(10):
+            both = await asyncio.gather(database.run(slow), database.run(slow))
+        assert set(both) == pids
+        assert released == 1
+        kept = database._kept[0]
+        await terminate_backends(postgres_url)
+        async with asyncio.timeout(10):
+            while not closed(kept):  # (asyncpg reads the server's goodbye)
+                await asyncio.sleep(0.01)
+        assert await database.run(backend) not in pids
+    finally:
+        await database.aclose()
