@@ -135,7 +135,10 @@ def backend_lag(kind: str, args: argparse.Namespace, root: Path) -> dict[str, An
                     warm_up(b.port)
                     timeout = args.seconds * 4 + 60
                     asyncio.run(measure(a, b, 2, timeout))  # warm: the feed's statements
-                    return asyncio.run(measure(a, b, args.runs, timeout))
+                    measured = asyncio.run(measure(a, b, args.runs, timeout))
+                    if set(measured["follower_outcomes"]) != {"complete"}:
+                        measured["server_warnings"] = warnings(root / "server.log")
+                    return measured
                 finally:
                     b.close()
             finally:
@@ -144,6 +147,12 @@ def backend_lag(kind: str, args: argparse.Namespace, root: Path) -> dict[str, An
             backend.__exit__(None, None, None)
     finally:
         stop(model)
+
+
+def warnings(log: Path, most: int = 40) -> list[str]:
+    """The servers' last WARNING and ERROR lines: what a follower that never attached met."""
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    return [line for line in lines if "WARNING" in line or "ERROR" in line][-most:]
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:

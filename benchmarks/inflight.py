@@ -25,14 +25,15 @@ Three kinds of process on loopback, so no side's CPU is counted as another's:
   record the delay from the model's stamp to the frame's arrival (CLOCK_MONOTONIC is one clock
   for every process on Linux).
 
-For each level N (a fresh server each, after a warm-up), measured over the steady window (every
-run streaming: from the end of the ramp to the first run's last token): frame delay p50/p99/max,
-the server's CPU per streamed token and share of a core (`/proc/<pid>/stat` of every server
-process), resident memory added per run in flight (`VmRSS`, every server process, against the
-same server before the level), event-loop lag p50/p99/max and full GC pauses, errors (runs that
-ended in an `error` frame, broke off, or never finished), and the load generators' own CPU (the
-model's and the clients': they must not be the bottleneck). A variant's ramp stops at the first
-level whose p99 passes `--threshold-ms` or that has errors; `held` is the largest level before.
+For each level N (a fresh server each, after a warm-up), measured over the steady window (every run
+streaming: from the end of the ramp to the first run's last token): frame delay p50/p99/max, the
+server's CPU per streamed token (and the kernel's part of it: the sockets' system calls) and share
+of a core (`/proc/<pid>/stat` of every server process), resident memory added per run in flight
+(`VmRSS`, every server process, against the same server before the level), event-loop lag
+p50/p99/max and full GC pauses, errors (runs that ended in an `error` frame, broke off, or never
+finished), and the load generators' own CPU (the model's and the clients': they must not be the
+bottleneck). A variant's ramp stops at the first level whose p99 passes `--threshold-ms` or that
+has errors; `held` is the largest level before.
 
 `--profile-at N` records the server with py-spy (installed in the running Python's environment,
 `pip install py-spy`) during the steady window of level N of the first variant: the raw stacks go
@@ -523,13 +524,14 @@ def run_client(spec_path: str) -> None:
 # --- measuring --------------------------------------------------------------------------------
 
 
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of `pid` (clock ticks), 0 once it is gone."""
+def cpu_ticks(pid: int, *, kernel_only: bool = False) -> int:
+    """utime + stime of `pid` (clock ticks; only stime, the kernel's part, with
+    `kernel_only`), 0 once it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0
-    return int(fields[11]) + int(fields[12])
+    return int(fields[12]) + (0 if kernel_only else int(fields[11]))
 
 
 def rss_bytes(pid: int) -> int:
@@ -773,9 +775,9 @@ class Served:
     def pids(self) -> list[int]:
         return tree(self.process.pid)
 
-    def cpu(self) -> int:
-        """CPU clock ticks of every process of the server so far."""
-        return sum(cpu_ticks(pid) for pid in self.pids())
+    def cpu(self, *, kernel_only: bool = False) -> int:
+        """CPU clock ticks of every process of the server so far (`cpu_ticks`)."""
+        return sum(cpu_ticks(pid, kernel_only=kernel_only) for pid in self.pids())
 
     def rss(self) -> int:
         return sum(rss_bytes(pid) for pid in self.pids())
@@ -915,6 +917,7 @@ def measure_level(
     time.sleep(max(0.0, (window[0] - now_ns()) / 1e9))
     load_pids = [model.pid] + [p.pid for p, _ in procs]
     cpu0, load0, idle0 = server.cpu(), sum(cpu_ticks(p) for p in load_pids), machine_idle()
+    kernel0 = server.cpu(kernel_only=True)
     w0 = now_ns()
     spy = None
     if profile is not None:
@@ -929,6 +932,7 @@ def measure_level(
         os.kill(server.process.pid, signal.SIGUSR1)
     time.sleep(max(0.0, (window[1] - now_ns()) / 1e9))
     cpu1, load1, idle1 = server.cpu(), sum(cpu_ticks(p) for p in load_pids), machine_idle()
+    kernel1 = server.cpu(kernel_only=True)
     w1 = now_ns()
     if spy is not None:
         spy.wait(120)
@@ -959,6 +963,9 @@ def measure_level(
         "frame_delay_ms": spread(sorted(steady), 1000.0),
         "frame_delay_ms_whole_run": spread(ordered, 1000.0),
         "server_cpu_us_per_token": round(per_token_us, 1) if per_token_us else None,
+        "server_kernel_cpu_us_per_token": (
+            round((kernel1 - kernel0) / TICKS * 1e6 / tokens, 1) if tokens else None
+        ),
         "runs_a_core_at_this_cost": (
             round(1e6 / per_token_us / settings.tokens_per_s) if per_token_us else None
         ),

@@ -1,6 +1,7 @@
-"""Instructions a turn costs the real server over HTTP (callgrind), embedded or on Redis.
+"""Instructions a turn costs the real server over HTTP (callgrind): embedded, on Redis or on
+PostgreSQL.
 
-    python benchmarks/turn_instructions.py [--backend redis|embedded] [--turns 100]
+    python benchmarks/turn_instructions.py [--backend redis|postgres|embedded] [--turns 100]
         [--url redis://127.0.0.1:6379/15] [--checkout PATH] [--profile FILE] [--keep FILE]
 
 What `benchmarks/redis_backend.py` times, counted instead: the scale-out test app
@@ -11,9 +12,11 @@ After a warm-up of 20 turns, counting is turned on around `--turns` turns sent o
 (10 conversations in turn, as `redis_backend.py` sends them), and a quarter of a second after
 the last one's `complete` frame (the lock's release runs after it). The lease is an hour and
 the idle sweep off, so no periodic work falls in the window (its share would follow the
-window's length, which follows the machine's load). Prints the server's
-user-space instructions a turn (the kernel's socket work is not counted); the Redis backend's
-added cost is this figure on Redis minus the embedded one. Instructions move little with the
+window's length, which follows the machine's load). With `--backend postgres` the same app
+runs on a database this script creates on 127.0.0.1:5432 (user `postgres`) and drops at the end
+(`--url` is then ignored). Prints the server's user-space instructions a turn (the kernel's
+socket work is not counted); a backend's added cost is this figure on it minus the embedded
+one. Instructions move little with the
 machine's load, so two versions compare in pairs (`--checkout` runs another checkout's package
 and app with this script; alternate them anyway).
 
@@ -43,6 +46,22 @@ from callgrind_window import control, dumped_total
 CONVERSATIONS = 10
 WARM_UP = 20
 PATH = "/atmosphere/agent/scribe"
+
+
+PG = "postgresql://postgres@127.0.0.1:5432"
+
+
+def postgres_admin(statement: str) -> None:
+    import asyncpg
+
+    async def run() -> None:
+        connection = await asyncpg.connect(f"{PG}/postgres", timeout=10)
+        try:
+            await connection.execute(statement)
+        finally:
+            await connection.close()
+
+    asyncio.run(run())
 
 
 def serve_profiled(kind: str, out: str) -> None:
@@ -92,7 +111,7 @@ async def turns(url: str, count: int, tag: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", choices=("redis", "embedded"), default="redis")
+    parser.add_argument("--backend", choices=("redis", "postgres", "embedded"), default="redis")
     parser.add_argument("--turns", type=int, default=100)
     parser.add_argument("--url", default="redis://127.0.0.1:6379/15")
     parser.add_argument("--checkout", default=str(Path(__file__).resolve().parent.parent))
@@ -123,8 +142,12 @@ def main() -> None:
             "ATMOSPHERE_AI_CONVERSATION_IDLE_TIMEOUT": "0",
         }
     )
+    database = f"turns_{uuid.uuid4().hex[:10]}"
     if args.backend == "redis":
         env["ATMOSPHERE_REDIS_URL"] = f"{args.url}?key_prefix={prefix}"
+    elif args.backend == "postgres":
+        postgres_admin(f'CREATE DATABASE "{database}"')
+        env["ATMOSPHERE_POSTGRES_URL"] = f"{PG}/{database}"
     out = work / "callgrind.out"
     stats = str(Path(args.profile).resolve()) if args.profile else ""
     if stats:
@@ -202,6 +225,8 @@ def main() -> None:
             for key in client.scan_iter(match=prefix + "*", count=1000):
                 client.unlink(key)
             client.close()
+        elif args.backend == "postgres":
+            postgres_admin(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         shutil.rmtree(work, ignore_errors=True)
 
 

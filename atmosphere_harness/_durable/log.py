@@ -25,10 +25,12 @@ cache. The bytes on disk are the same either way.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import struct
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,8 +43,11 @@ ENTRY = struct.Struct("<cqII")
 OPEN_FILES = 64
 """Run logs kept open for appending at most (the least recently written is closed first)."""
 SPARE_SUFFIX = ".spare"
-"""Empty logs an earlier version made ahead, `<pid>-<token>.spare`: removed once their
-process is gone (`RunLogs.sweep_spares`)."""
+"""Emptied logs kept for the next runs, `<pid>-<token>-<n>.spare` (`RunLogs.remove`): removed
+once their process is gone (`RunLogs.sweep_spares`)."""
+SPARES = 4
+"""Finished runs' logs kept, emptied and open, for the next runs' first writes: a new run's log
+is a rename, not a new file (creating one cost 0.3 to 0.6 ms on a busy disk journal)."""
 
 RAW_FROM = 1024
 """Strings at least this long (characters) follow a payload's JSON as they are."""
@@ -329,6 +334,11 @@ class RunLogs:
         """Row -> an open descriptor for appending, least recently written first."""
         self._read: dict[int, int] = {}
         """Row -> the bytes of whole records a `read` found (the next writer cuts back to it)."""
+        self._spares: list[tuple[Path, int]] = []
+        """Emptied logs of finished runs and their open descriptors, for new runs (`SPARES`)."""
+        self._named = itertools.count()
+        self._token = uuid.uuid4().hex[:12]
+        """Names this instance's spares apart from another's on the same directory."""
         self.lock = threading.Lock()
         """Held around every use of the logs: the event loop never waits for it (it tries, and
         leaves the work to the database thread if another thread holds it)."""
@@ -357,6 +367,16 @@ class RunLogs:
             raise OSError(f"run log {self.path(row)}: short write ({written} of {size})")
 
     def _open(self, row: int, new: bool) -> int:
+        if new and self._spares:
+            spare, fd = self._spares.pop()
+            try:
+                os.rename(spare, self.path(row))  # (over any log of that row: it starts empty)
+            except OSError:
+                _close_and_unlink(fd, spare)
+            else:
+                self._files[row] = fd
+                self._close_oldest()
+                return fd
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
         try:
             fd = os.open(self.path(row), flags | (os.O_TRUNC if new else 0), 0o600)
@@ -388,12 +408,27 @@ class RunLogs:
         return entries
 
     def remove(self, row: int) -> None:
+        """Remove run `row`'s log. A log this process wrote is emptied first and kept, under a
+        spare's name, for a new run (`SPARES`); a crash in between leaves an empty log of a
+        finished run or a spare of a dead process, both swept at the next start."""
         fd = self._files.pop(row, None)
+        self._read.pop(row, None)
+        path = self.path(row)
+        if fd is not None and len(self._spares) < SPARES:
+            name = f"{os.getpid()}-{self._token}-{next(self._named)}{SPARE_SUFFIX}"
+            spare = self.directory / name
+            try:
+                os.ftruncate(fd, 0)
+                os.rename(path, spare)
+            except OSError:
+                pass
+            else:
+                self._spares.append((spare, fd))
+                return
         if fd is not None:
             os.close(fd)
-        self._read.pop(row, None)
         with contextlib.suppress(FileNotFoundError):
-            self.path(row).unlink()
+            path.unlink()
 
     def rows(self) -> list[int]:
         """The rows that have a log in the directory."""
@@ -419,6 +454,15 @@ class RunLogs:
                     (self.directory / name).unlink()
 
     def close(self) -> None:
-        """Close every descriptor (call with `lock` held)."""
+        """Close every descriptor and remove the spares (call with `lock` held)."""
         while self._files:
             os.close(self._files.popitem()[1])
+        while self._spares:
+            spare, fd = self._spares.pop()
+            _close_and_unlink(fd, spare)
+
+
+def _close_and_unlink(fd: int, path: Path) -> None:
+    os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()

@@ -27,6 +27,7 @@ from .._contracts import RunStoreNow
 from .._events import Frame
 from .._kernel.remote import REFERENCE
 from .._kernel.writer import StoreWriter, encode
+from .log import payload_size
 
 FOLLOWED = ("model:", "result:")
 """Checkpoints the kernel publishes right before a frame: a model turn (then its calls'
@@ -34,6 +35,12 @@ FOLLOWED = ("model:", "result:")
 GROUP_SECONDS = 0.002
 """With a `RunStoreNow`, the least time between two writes of one run's frames: a burst of them
 (an instant model, a batch of fast tools) shares writes; a frame waits at most this long."""
+GROUP_BYTES = 128 * 1024
+"""With a `RunStoreNow`, what waits for a write is written at once when its payloads reach this
+size: a group of large payloads (50 KiB tool-call arguments, fast turns one after another) stays
+within what the store writes on the event loop (the embedded one takes 256 KiB there). A larger
+group went to the database thread, whose write waited for the GIL while the run went on (2 to
+11 ms on a 2-core VM), with the frames behind it, the run's last one included."""
 STARTED = "started:"
 """A call's mark that its handler is about to run: it matters on a restart only for a tool that
 must not run twice, whose executor waits until it is stored (`flushed`); the others run again
@@ -79,6 +86,8 @@ class DurableWriter(StoreWriter):
         """The write of what waits for a later one, while one is due (see `_kick`)."""
         self._next_write = 0.0
         """Loop time before which a publish waits for a later write (see `_kick`)."""
+        self._bytes = 0
+        """The size of the payloads waiting for a write (`GROUP_BYTES`)."""
         self._calls: dict[str, tuple[str, Any]] = {}
         """The last model turn's calls: id -> (its checkpoint key, its arguments)."""
         self._result: tuple[Any, str] | None = None
@@ -102,7 +111,8 @@ class DurableWriter(StoreWriter):
         else:
             payload = self._encode(frame.data)
         self._frames.append((frame.seq, event, payload))
-        if event in events.TERMINAL:
+        self._bytes += len(payload) if type(payload) is str else payload_size(payload)
+        if event in events.TERMINAL or self._bytes >= GROUP_BYTES:
             self._kick(now=True)
         elif self._soon is None or self._time() >= self._next_write:
             self._kick()  # (else the armed timer, or the next publish past it, writes it)
@@ -110,6 +120,7 @@ class DurableWriter(StoreWriter):
     def checkpoint(self, key: str, value: Any) -> None:
         payload = self._true if value is True else self._encode(value)
         self._checkpoints.append((key, payload))
+        self._bytes += len(payload) if type(payload) is str else payload_size(payload)
         if key.startswith(FOLLOWED):
             if key[0] == "m":  # `model:`
                 if isinstance(value, Mapping):
@@ -122,7 +133,9 @@ class DurableWriter(StoreWriter):
                 if len(self._checkpoints) > 1:
                     self._moot(STARTED + key[len(RESULT) :])
                 self._result = (value, payload)
-            if self._soon is None:
+            if self._bytes >= GROUP_BYTES:
+                self._kick(now=True)
+            elif self._soon is None:
                 self._kick(hold=True)
         elif not key.startswith(STARTED):
             # A `started` mark goes with the next write (`flushed` writes it now for a caller
@@ -211,6 +224,7 @@ class DurableWriter(StoreWriter):
             if self._write_now():
                 self._next_write = loop.time() + GROUP_SECONDS
                 return
+        self._bytes = 0  # (the task takes what waits)
         self._task = loop.create_task(self._drain(), name=f"journal:{self.run_id}")
 
     def _drain_soon(self) -> None:
@@ -243,5 +257,6 @@ class DurableWriter(StoreWriter):
         except Exception:
             return False  # `append` says it (and logs it) the usual way
         self._frames, self._checkpoints, self._create = [], [], None
+        self._bytes = 0
         self.stored(frames)
         return True

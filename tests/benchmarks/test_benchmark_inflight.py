@@ -21,6 +21,7 @@ def test_every_stamped_token_reaches_its_client_through_a_tool_call() -> None:
     assert 0 < level["frame_delay_ms"]["n"] <= 3 * tokens
     assert level["frame_delay_ms"]["p50"] >= 0
     assert level["server_cpu_us_per_token"] > 0
+    assert 0 <= level["server_kernel_cpu_us_per_token"] <= level["server_cpu_us_per_token"]
     assert level["rss_mib_server"] > 0
     assert level["loop_lag_ms"]["n"] > 0
 

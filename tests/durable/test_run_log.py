@@ -149,7 +149,7 @@ def spares_of(tmp_path: Path) -> list[Path]:
     return sorted((tmp_path / "atmosphere.db-runs").glob("*.spare"))
 
 
-async def test_open_sweeps_the_spares_an_earlier_version_left(tmp_path: Path) -> None:
+async def test_open_sweeps_the_spares_a_gone_process_left(tmp_path: Path) -> None:
     directory = tmp_path / "atmosphere.db-runs"
     directory.mkdir()
     gone = directory / "999999999-0a1b2c.spare"  # (no such pid)
@@ -160,10 +160,33 @@ async def test_open_sweeps_the_spares_an_earlier_version_left(tmp_path: Path) ->
     await store.open()
     try:
         assert not gone.exists()
-        assert spares_of(tmp_path) == [alive]  # none made any more
+        assert spares_of(tmp_path) == [alive]
     finally:
         await store.aclose()
     assert spares_of(tmp_path) == [alive]
+
+
+async def test_a_finished_runs_log_emptied_is_the_next_runs_log(tmp_path: Path) -> None:
+    store = SqliteRunStore.under(tmp_path)
+    await store.open()
+    try:
+        assert store.append_now("first", [frame(1, "a" * 5000)], [], create=stored("first"))
+        await store.finish("first")
+        # Kept, empty, under a spare's name: the next run's log is a rename, not a new file.
+        assert logs_of(tmp_path) == []
+        [spare] = spares_of(tmp_path)
+        assert spare.stat().st_size == 0
+        inode = spare.stat().st_ino
+        assert store.append_now("second", [frame(1, "b")], [], create=stored("second"))
+        assert spares_of(tmp_path) == []
+        [log] = logs_of(tmp_path)
+        assert log.stat().st_ino == inode
+        assert [f.data["text"] for f in (await store.load("second", 10))[1]] == ["b"]
+        await store.finish("second")
+    finally:
+        await store.aclose()
+    assert spares_of(tmp_path) == []  # (removed at close)
+    assert logs_of(tmp_path) == []
 
 
 @pytest.mark.parametrize(

@@ -332,6 +332,41 @@ async def test_a_burst_of_turns_arms_one_timer_and_never_cancels_it(
     assert cancelled == []
 
 
+async def test_a_group_of_large_payloads_is_written_on_the_loop_as_it_grows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Model turns of 50 KiB arguments, faster than the group's time: the group is written as
+    # it reaches `GROUP_BYTES`, on the loop, never as one append past `INLINE_BYTES`, which the
+    # database thread would write (its write waits for the GIL while the run goes on).
+    monkeypatch.setattr(durable_writer, "GROUP_SECONDS", 60.0)  # (never runs out here)
+    store = SqliteRunStore.under(tmp_path)
+    threaded: list[int] = []
+    append = store.append
+
+    async def counted_append(run_id: str, frames: Any, checkpoints: Any, **kw: Any) -> None:
+        threaded.append(len(checkpoints))
+        await append(run_id, frames, checkpoints, **kw)
+
+    monkeypatch.setattr(store, "append", counted_append)
+    runs = DurableRuns(store)
+    content = "x" * (50 * 1024)
+    journalled: dict[str, Any] = {}
+
+    async def work(live: LiveRunHandle) -> None:
+        for turn in range(1, 9):
+            call, arguments = f"c{turn}", {"path": f"{turn}.txt", "content": content}
+            await live.checkpoint(f"model:{turn}", {"calls": [[call, "write_file", arguments]]})
+            start = {"toolCallId": call, "tool": "write_file", "arguments": arguments}
+            await live.publish(Frame("tool-start", start, "session", "conv", turn))
+        await live.checkpoint("history:1", 1, wait=True)
+        journalled.update((await store.load(live_run_id(runs), 100))[0])
+
+    assert await run_to_end(store, runs, work) == list(range(1, 9))
+    assert sorted(journalled) == ["history:1"] + [f"model:{turn}" for turn in range(1, 9)]
+    assert journalled["model:8"]["calls"][0][2]["content"] == content
+    assert threaded == []
+
+
 @pytest.mark.parametrize("call_id", ["call_1", 'odd "id" \\ é \x00 \ud800'])
 async def test_a_tool_start_with_the_models_arguments_refers_to_them(
     tmp_path: Path, call_id: str

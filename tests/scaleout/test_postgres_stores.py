@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 from atmosphere_harness import HarnessSettings
 from atmosphere_harness._backends import StateBackends, resolve_backends
 from atmosphere_harness._backends.postgres import PostgresDatabase, PostgresPlanStore, redact
+from atmosphere_harness._backends.postgres import history as history_module
 from atmosphere_harness._backends.postgres.history import LOCK_NEWEST, PostgresHistory
 from atmosphere_harness._backends.postgres.locks import MARK, PostgresConversationLocks
 from atmosphere_harness._backends.postgres.schema import SCHEMA_VERSION
@@ -242,6 +244,41 @@ async def test_a_conversation_closed_on_two_replicas_is_extracted_by_one(
     assert last == 4
     retaken, _ = await a.history.unextracted(KEY, 100)
     assert [m.content for m in retaken] == ["later"]
+
+
+async def test_a_read_decodes_only_payloads_this_process_has_not_decoded_before(
+    pair: tuple[StateBackends, StateBackends], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's first read returns its conversation's newest messages, most of which the
+    previous turn's read decoded already: those are decoded once per process (by their bytes,
+    so another replica's turn is still read, and decoded, by the next load), except payloads
+    too large to keep (`DECODED_MAX_BYTES`)."""
+    a, b = pair
+    assert a.history is not None
+    assert b.history is not None
+    decoded: list[bytes] = []
+    decode = history_module.codec.decode
+
+    def counting(codec: int, payload: bytes) -> Message:
+        decoded.append(payload)
+        return decode(codec, payload)
+
+    monkeypatch.setattr(history_module.codec, "decode", counting)
+    tag = uuid.uuid4().hex  # (payloads no other test stored: decoded nowhere before)
+    large = "x" * (history_module.DECODED_MAX_BYTES + 1)
+    await a.history.append(KEY, [Message("user", f"{tag} 1"), Message("assistant", large)])
+    first = await a.history.tail(KEY, 10)
+    assert len(decoded) == 2
+    assert await a.history.tail(KEY, 10) == first
+    assert len(decoded) == 3, "only the large payload is decoded again"
+    await b.history.append(KEY, [Message("user", f"{tag} 2"), Message("assistant", f"{tag} 3")])
+    assert [m.content for m in await a.history.tail(KEY, 10)] == [
+        f"{tag} 1",
+        large,
+        f"{tag} 2",
+        f"{tag} 3",
+    ]
+    assert len(decoded) == 6, "the other replica's turn and the large payload"
 
 
 # --- plans --------------------------------------------------------------------------------------
@@ -688,3 +725,56 @@ async def test_queries_survive_terminated_connections(
     await terminate_backends(postgres_url)
     await a.history.append(KEY, [Message("user", "after")])
     assert [m.content for m in await a.history.messages(KEY)] == ["before", "after"]
+
+
+async def test_statements_one_after_another_keep_their_connection_out_of_the_pool(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`PostgresDatabase.run` keeps its connection for the next statement instead of handing it
+    back to asyncpg's pool (whose release and next acquire cost more client CPU than the round
+    trip); a run that waits for the pool meanwhile is handed the connection, and a closed
+    connection is never used again."""
+    released = 0
+    release = asyncpg.Pool.release
+
+    async def counting(pool: asyncpg.Pool, connection: object, **kwargs: object) -> None:
+        nonlocal released
+        released += 1
+        await release(pool, connection, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(asyncpg.Pool, "release", counting)
+
+    async def backend(connection: asyncpg.Connection) -> int:
+        return int(await connection.fetchval("SELECT pg_backend_pid()"))
+
+    async def slow(connection: asyncpg.Connection) -> int:
+        await connection.execute("SELECT pg_sleep(0.05)")
+        return await backend(connection)
+
+    def closed(connection: asyncpg.Connection) -> bool:
+        try:
+            return connection.is_closed()
+        except asyncpg.InterfaceError:  # (given back to the pool as it closed)
+            return True
+
+    database = PostgresDatabase(postgres_url, pool_max=1)
+    await database.open()
+    try:
+        released = 0
+        pids = {await database.run(backend) for _ in range(10)}
+        assert len(pids) == 1
+        assert released == 0
+        # The pool's one connection is kept: a second run waits for the pool, and the first
+        # hands it over when it ends (hang guard: neither may wait for the other forever).
+        async with asyncio.timeout(10):
+            both = await asyncio.gather(database.run(slow), database.run(slow))
+        assert set(both) == pids
+        assert released == 1
+        kept = database._kept[0]
+        await terminate_backends(postgres_url)
+        async with asyncio.timeout(10):
+            while not closed(kept):  # (asyncpg reads the server's goodbye)
+                await asyncio.sleep(0.01)
+        assert await database.run(backend) not in pids
+    finally:
+        await database.aclose()

@@ -46,6 +46,9 @@ COMMAND_TIMEOUT = 30.0
 LISTEN_HEALTH_SECONDS = 5.0
 """How often the `LISTEN` connection is probed (a half-open TCP connection says nothing)."""
 RECONNECT_BACKOFF = (0.1, 0.25, 0.5, 1.0, 2.0)
+KEPT = 1
+"""Pooled connections `PostgresDatabase.run` keeps out of the pool between statements
+(`PostgresDatabase._keep`): one serves a replica's statements one after another."""
 
 DISCONNECTS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.ConnectionDoesNotExistError,
@@ -143,6 +146,10 @@ class PostgresDatabase:
         self.pool_min = pool_min
         self.pool_max = pool_max
         self._pool: Any = None
+        self._kept: list[Any] = []
+        """Pooled connections kept between `run`s (`_keep`), the latest last."""
+        self._acquiring = 0
+        """`run`s waiting for a connection from the pool."""
         self._listeners: dict[str, list[Callable[[str], None]]] = {}
         self._reconnect_hooks: list[Callable[[], None]] = []
         self._listen_task: asyncio.Task[None] | None = None
@@ -205,6 +212,8 @@ class PostgresDatabase:
         await self._close_pool()
 
     async def _close_pool(self) -> None:
+        if self._pool is not None:
+            await self._release_kept()
         pool, self._pool = self._pool, None
         if pool is not None:
             try:
@@ -250,29 +259,74 @@ class PostgresDatabase:
                 # The other idle connections were most likely cut too (a restart, a
                 # `pg_terminate_backend` sweep): have the pool replace them all, so the retry
                 # gets a fresh one instead of the next dead one.
+                await self._release_kept()
                 await self.pool.expire_connections()
         raise AssertionError("unreachable")
 
     async def _once(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        connection = await self._take_kept()
+        if connection is None:
+            self._acquiring += 1
+            try:
+                connection = await self.pool.acquire()
+            except (asyncpg.PostgresError, *CLIENT_ERRORS) as exc:
+                # No connection to be had (refused, the database closed to connections, the
+                # server starting up): an outage, whatever the reason's class.
+                raise ConnectionError(str(exc)) from exc
+            finally:
+                self._acquiring -= 1
+        kept = False
         try:
-            connection = await self.pool.acquire()
-        except (asyncpg.PostgresError, *CLIENT_ERRORS) as exc:
-            # No connection to be had (refused, the database closed to connections, the server
-            # starting up): an outage, whatever the reason's class.
-            raise ConnectionError(str(exc)) from exc
-        try:
-            return await work(connection)
+            result = await work(connection)
+            kept = self._keep(connection)
+            return result
         except CLIENT_ERRORS as exc:
             if connection_lost(exc, connection):
                 raise ConnectionError(str(exc)) from exc
             raise
         finally:
-            try:
-                await self.pool.release(connection)
-            except Exception as exc:
-                # The reset of a connection killed after `work` finished: the pool has
-                # terminated it and opens another; `work`'s own outcome stands.
-                log.debug("a dead connection was dropped from the pool", error=self.scrub(exc))
+            if not kept:
+                await self._release(connection)
+
+    async def _take_kept(self) -> Any:
+        """The connection `_keep` kept, if it is still open (a closed one goes back to the
+        pool, which opens another)."""
+        while self._kept:
+            connection = self._kept.pop()
+            if not _is_closed(connection):
+                return connection
+            await self._release(connection)
+        return None
+
+    def _keep(self, connection: Any) -> bool:
+        """Keep `connection` for the next `run` instead of releasing it to the pool: asyncpg's
+        release (a task of its own, the pool's timers) and its next acquire cost more of this
+        process's CPU than the round trip they wrap. Only a connection as the pool would hand it
+        out (open, no transaction), up to `KEPT` of them, and never while a `run` waits for the
+        pool (it gets this one from the pool instead)."""
+        if (
+            len(self._kept) >= KEPT
+            or self._acquiring
+            or self._closing
+            or _is_closed(connection)
+            or connection.is_in_transaction()
+        ):
+            return False
+        self._kept.append(connection)
+        return True
+
+    async def _release(self, connection: Any) -> None:
+        try:
+            await self.pool.release(connection)
+        except Exception as exc:
+            # The reset of a connection killed after `work` finished: the pool has
+            # terminated it and opens another; `work`'s own outcome stands.
+            log.debug("a dead connection was dropped from the pool", error=self.scrub(exc))
+
+    async def _release_kept(self) -> None:
+        kept, self._kept = self._kept, []
+        for connection in kept:
+            await self._release(connection)
 
     # --- LISTEN / NOTIFY ------------------------------------------------------------------
 
