@@ -185,7 +185,8 @@ class LiveRun:
             self.session_id = frame.session_id
         self._append(frame)
         self._newest = frame
-        self._trim()
+        if self._bytes > JOURNAL_BYTES:
+            self._trim()
         if self._writer is not None:
             # Readers get it once the store holds it (`_stored`), not before.
             self._writer.frame(frame)
@@ -198,16 +199,26 @@ class LiveRun:
         frames = self._frames
         if len(frames) == self.capacity:
             self._bytes -= _entry_size(frames[0], self._first_seq())
-        entry = self._pack(frame)
-        frames.append(entry)
         self._last_seq = frame.seq
-        if type(entry) is str:
-            self._bytes += TEXT_SIZE + len(entry)
+        data = frame.data
+        if (
+            frame.event == events.TEXT
+            and len(data) == 1
+            and type(text := data.get("text")) is str
+            and frame.session_id == self.session_id
+            and frame.conversation_id == self.conversation_id
+        ):
+            # A text frame of this run: its bare text (its seq is its place in the journal;
+            # `_join` makes spans of them).
+            frames.append(text)
+            self._bytes += TEXT_SIZE + len(text)
             self._loose += 1
             if self._loose >= SPAN_FRAMES:
                 self._join()
         else:
-            self._bytes += cast(Packed, entry)[5]
+            packed = _pack(frame)
+            frames.append(packed)
+            self._bytes += packed[5]
             self._loose = 0
 
     def _join(self) -> None:
@@ -291,17 +302,21 @@ class LiveRun:
         client): its position moves past a batch only once it asks for the next one.
         """
         token = next(self._tokens)
-        self._readers[token] = after
+        seq = self._readers[token] = after
         try:
             while True:
-                batch = self._after(self._readers[token])
+                batch = (
+                    self._after(seq)
+                    if seq < (self._last_seq if self._writer is None else self._stored_seq)
+                    else None
+                )
                 if batch:
                     yield batch
-                    self._readers[token] = batch[-1].seq
+                    seq = self._readers[token] = batch[-1].seq
                     if self._writer_waiting:
                         self._signal()
                     continue
-                if self._interrupt is not None and not self.finished:
+                if self._interrupt is not None and self.finished_at is None:
                     # Not journalled: the run goes on (in its next life, when durable).
                     yield [
                         Frame(
@@ -309,11 +324,11 @@ class LiveRun:
                             {"message": self._interrupt, "type": "ServerShutdown"},
                             self.session_id or "",
                             self.conversation_id,
-                            self._readers[token],
+                            seq,
                         )
                     ]
                     return
-                if self.finished:
+                if self.finished_at is not None:
                     return
                 await self._changed()
         finally:
@@ -323,11 +338,10 @@ class LiveRun:
             self._reader_left()
 
     def _after(self, seq: int) -> list[Frame]:
-        """The next batch after `seq`: at most `BATCH_FRAMES` frames and about `BATCH_BYTES`
-        (always one), so a reader stalled in a send holds at most one batch in its buffers."""
+        """The next batch after `seq`, which readers may have: at most `BATCH_FRAMES` frames and
+        about `BATCH_BYTES` (always one), so a reader stalled in a send holds at most one batch
+        in its buffers."""
         readable = self._last_seq if self._writer is None else self._stored_seq
-        if seq >= readable:
-            return []
         newest = self._newest
         if newest is not None and newest.seq == seq + 1 == readable:
             return [newest]  # (a reader that keeps up: one frame a wake-up)
@@ -361,21 +375,6 @@ class LiveRun:
         """Every frame the journal keeps, oldest first."""
         first = self._first_seq()
         return [self._unpack(entry, first + index) for index, entry in enumerate(self._frames)]
-
-    def _pack(self, frame: Frame) -> Packed | str:
-        """A frame as the journal keeps it: a text frame of this run as its bare text (its seq
-        is its place in the journal; `_join` makes spans of them), any other as a `Packed`
-        tuple."""
-        data = frame.data
-        if (
-            frame.event == events.TEXT
-            and len(data) == 1
-            and type(text := data.get("text")) is str
-            and frame.session_id == self.session_id
-            and frame.conversation_id == self.conversation_id
-        ):
-            return text
-        return _pack(frame)
 
     def _unpack(self, entry: Entry, seq: int) -> Frame:
         if type(entry) is str:
@@ -862,7 +861,7 @@ than a `Frame` and its dict. Readers get `Frame`s back (`_unpack`)."""
 Span = tuple[int, str, bytes]
 """Consecutive text frames of the journal's own run: the seq of the first, their texts joined,
 and where each text starts in it (`SPAN_FRAMES` + 1 unsigned 32-bit offsets, the last one the
-end). A text frame of the journal's own run is kept as its bare text (`LiveRun._pack`), and
+end). A text frame of the journal's own run is kept as its bare text (`LiveRun._append`), and
 every `SPAN_FRAMES` of them in a row become one span, the journal entry of each of them: a
 streamed token then keeps its characters, its offset and its entry, under 40 bytes for a 4
 character token instead of about 90 as a string of its own, 220 as a tuple. Like a `Packed`

@@ -72,8 +72,13 @@ class StreamingSession:
 
     async def send(self, text: str) -> None:
         """Stream a piece of answer text."""
-        if text:
-            await self._frame(events.TEXT, {"text": text})
+        if text and not self._closed:
+            # `_frame`, written out (one call a token).
+            self._seq += 1
+            run = self._run
+            await self._sink(
+                Frame(events.TEXT, {"text": text}, run.session_id, run.conversation_id, self._seq)
+            )
 
     async def emit(self, event: Event | str, data: Mapping[str, Any] | None = None) -> None:
         """Send any frame: an `Event`, or a type plus its data."""

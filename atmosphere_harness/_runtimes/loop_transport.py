@@ -37,6 +37,8 @@ from httpcore2._async.connection_pool import PoolByteStream
 from httpcore2._async.http11 import HTTP11ConnectionByteStream
 from httpx2._transports.default import AsyncResponseStream
 
+READ_TIMEOUT = "timed out reading from the model server"
+"""The error a read that waited past its timeout raises (`httpcore2`'s or `httpx2`'s)."""
 HIGH_WATER = 256 * 1024
 """Bytes a connection buffers before it stops reading its socket (until they are read)."""
 READ_BYTES = 64 * 1024
@@ -64,6 +66,17 @@ class _Protocol(asyncio.Protocol):
         self.deadline = 0.0
         """When the read waiting now (`waiter`) times out, on the loop's clock."""
         self.timer: asyncio.TimerHandle | None = None
+
+    def waiting(self, timeout: float | None) -> asyncio.Future[None]:
+        """The future the next read waits on (set when data comes), timing out after
+        `timeout` seconds (`None`: never); the reader clears `waiter` once it returns."""
+        loop = asyncio.get_running_loop()
+        waiter = self.waiter = loop.create_future()
+        if timeout is not None:
+            self.wait_until(loop, loop.time() + timeout)
+        else:
+            self.deadline = math.inf
+        return waiter
 
     def wait_until(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
         """Time out the waiting read at `deadline` (the armed timer is kept if it fires first)."""
@@ -136,18 +149,18 @@ class LoopStream(httpcore2.AsyncNetworkStream):
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         protocol = self._protocol
         if not protocol.chunks and not protocol.eof:
-            loop = asyncio.get_running_loop()
-            waiter = protocol.waiter = loop.create_future()
-            if timeout is not None:
-                protocol.wait_until(loop, loop.time() + timeout)
-            else:
-                protocol.deadline = math.inf
             try:
-                await waiter
+                await protocol.waiting(timeout)
             except TimeoutError:
-                raise httpcore2.ReadTimeout("timed out reading from the model server") from None
+                raise httpcore2.ReadTimeout(READ_TIMEOUT) from None
             finally:
                 protocol.waiter = None
+        return self.take(max_bytes)
+
+    def take(self, max_bytes: int) -> bytes:
+        """What is buffered, at most `max_bytes` (`b""` at the end; the error that ended the
+        connection, if one did): without waiting."""
+        protocol = self._protocol
         if protocol.chunks:
             data = protocol.chunks.popleft()
             if len(data) > max_bytes:
@@ -330,24 +343,34 @@ class ChunkedBody(httpx2.AsyncByteStream):
             if self._done:
                 return b""
             if self._started and self._owed is None:
-                if len(self._buffer) <= 2:  # (at most the last chunk's CR LF: none to take yet)
-                    self._buffer += await self._read()
-                data = self._whole_chunk(self._buffer)
-                if data is not None:
-                    return data
+                buffer = self._buffer
+                if buffer == b"\r\n":
+                    # The last chunk's CR LF alone: the next chunk comes with the next read,
+                    # looked at as it came (no copy of it behind that CR LF).
+                    buffer = await self._read()
+                    data = self._whole_chunk(buffer, 0)
+                    if data is not None:
+                        return data
+                    self._buffer = b"\r\n" + buffer
+                else:
+                    if len(buffer) < 2:
+                        buffer = self._buffer = buffer + await self._read()
+                    if buffer.startswith(b"\r\n"):
+                        data = self._whole_chunk(buffer, 2)
+                        if data is not None:
+                            return data
             await self._next_chunk()
 
-    def _whole_chunk(self, buffer: bytes) -> bytes | None:
-        """The data of the next chunk when `buffer` holds all of it, after the CR LF that ended
-        the last one (a model's token comes so, one chunk a read): taken in one step; `None`
-        leaves it to `_next_chunk`, which takes any chunk piece by piece. Only once `h11` holds
-        whole chunks (`_owed` is `None`: what it is owed is not counted here)."""
-        if not buffer.startswith(b"\r\n"):
+    def _whole_chunk(self, buffer: bytes, start: int) -> bytes | None:
+        """The data of the next chunk, whose size line begins at `start` (past the CR LF that
+        ended the last one), when `buffer` holds all of it (a model's token comes so, one chunk
+        a read): taken in one step; `None` leaves it to `_next_chunk`, which takes any chunk
+        piece by piece. Only once `h11` holds whole chunks (`_owed` is `None`: what it is owed
+        is not counted here)."""
+        end = buffer.find(b"\r\n", start)
+        if end <= start:
             return None
-        end = buffer.find(b"\r\n", 2)
-        if end < 3:
-            return None
-        size = _chunk_size(buffer[2:end])
+        size = _chunk_size(buffer[start:end])
         if not size:
             return None  # (a size line `_next_chunk` rejects, or the last chunk)
         stop = end + 2 + size
@@ -424,10 +447,18 @@ class ChunkedBody(httpx2.AsyncByteStream):
             raise _malformed("the body did not end where its last chunk said")
 
     async def _read(self) -> bytes:
+        # `LoopStream.read`, its wait awaited here (one coroutine less a token).
+        network = self._network
+        protocol = network._protocol
+        if not protocol.chunks and not protocol.eof:
+            try:
+                await protocol.waiting(self._timeout)
+            except TimeoutError:
+                raise httpx2.ReadTimeout(READ_TIMEOUT) from None
+            finally:
+                protocol.waiter = None
         try:
-            data = await self._network.read(READ_BYTES, self._timeout)
-        except httpcore2.ReadTimeout as exc:
-            raise httpx2.ReadTimeout(str(exc)) from exc
+            data = network.take(READ_BYTES)
         except httpcore2.ReadError as exc:
             raise httpx2.ReadError(str(exc)) from exc
         if not data:
@@ -449,6 +480,8 @@ regular expression)."""
 def _chunk_size(line: bytes) -> int | None:
     """The size a chunk's size line (without its CR LF) gives, extensions ignored; `None` when
     it is malformed."""
+    if not line.strip(HEX_DIGITS) and len(line) <= 16:
+        return int(line, 16) if line else None  # (the usual line: its digits alone)
     digits = line.split(b";", 1)[0].rstrip(b" \t")
     if not 0 < len(digits) <= 16 or digits.strip(HEX_DIGITS):
         return None

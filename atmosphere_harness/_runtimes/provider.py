@@ -233,8 +233,9 @@ async def sse_events(response: httpx2.Response) -> AsyncIterator[Event]:
     Read as bytes and cut into lines only at CR, LF and CRLF, as the SSE format and the SDKs'
     own decoders do: a model's text may hold U+2028 or U+0085 raw inside a JSON string, where
     a text line reader (`str.splitlines`, so `httpx`'s `aiter_lines`) would break the event in
-    two. A chunk of the body usually holds one whole event; it is split with one
-    `bytes.splitlines` and its payload parsed as `json.loads` parses bytes (`_decode`).
+    two. A chunk of the body usually holds one whole event: one that holds only its `data: {`
+    line and the blank line after it is not cut at all; any other is split with one
+    `bytes.splitlines`. A payload is parsed as `json.loads` parses bytes (`_decode`).
     """
     data: list[bytes] = []
     partial: list[bytes] = []
@@ -247,6 +248,19 @@ async def sse_events(response: httpx2.Response) -> AsyncIterator[Event]:
             chunk = chunk[1:]
             if not chunk:
                 continue
+        if (
+            chunk.startswith(b"data: {")
+            and chunk.endswith(b"\n\n")
+            and not data
+            and not partial
+            and chunk.count(b"\n") == 2
+            and b"\r" not in chunk
+        ):
+            # A token: one whole event, its one data line alone in this chunk (what the
+            # lines below make of it, without cutting them).
+            skip_lf = False
+            yield _decode(chunk[6:-2])
+            continue
         last = chunk[-1]
         skip_lf = last == CR
         lines = chunk.splitlines()
@@ -311,19 +325,22 @@ def _decode(payload: bytes) -> Event:
             # payload that opens with `{"` is UTF-8 to it (no BOM, no UTF-16 or -32), decoded
             # the same way, and may end in JSON whitespace only.
             text = payload.decode("utf-8", "surrogatepass")
-            event, end = _DECODER.raw_decode(text)
+            event, end = _SCAN(text, 0)
             if end != len(text) and text[end:].strip(JSON_SPACE):
                 raise ValueError("extra data after the JSON value")
         else:
             event = json.loads(payload)
-    except ValueError:
+    except (ValueError, StopIteration):  # (the scanner's StopIteration: no value at all)
         raise ModelError(f"the model server sent malformed JSON: {_shown(payload)}") from None
     if not isinstance(event, dict):
         raise ModelError(f"the model server sent an unexpected event: {_shown(payload)}")
     return event
 
 
-_DECODER = json.JSONDecoder()
+_SCAN: Callable[[str, int], tuple[Any, int]]
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+"""What `JSONDecoder.raw_decode` calls, called directly: the value at an index and where it ends
+(`StopIteration` when no value starts there)."""
 JSON_SPACE = " \t\n\r"
 """The whitespace JSON allows around a value."""
 

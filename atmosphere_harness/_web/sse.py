@@ -17,11 +17,19 @@ import contextlib
 import functools
 import logging
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Mapping,
+    Sequence,
+)
 from contextvars import ContextVar
 from json.encoder import encode_basestring
 from typing import Any
 
+import anyio
 from sse_starlette import EventSourceResponse
 from sse_starlette.sse import (
     AppStatus,
@@ -106,23 +114,25 @@ class EventStream(HarnessEventSource):
     pings, the server's exit signal, the client's disconnect), each with its cancel scope and
     handle, and bounds each send with `anyio.move_on_after` (about 11 us a send on the benchmark
     VM). A run in flight holds a response for as long as it streams, so this one does the same
-    work with less: the request's task writes the stream; one task waits for the client to
+    work with less: the request's task writes the stream (its content's chunks, or batches of a
+    run's frames written as one chunk each, sent as they come); one task waits for the client to
     disconnect; a timer (re-armed, one per response) sends the pings and cuts off a reader whose
     current send has not returned after `send_timeout` seconds; the server's exit signal is
     sse-starlette's one watcher per process, which calls `stopping` and, after the shutdown
     grace, ends the stream. Whatever ends it (the client gone, cut off, the server stopping),
     the stream's generator is closed at once, which cancels its run unless an approval holds it.
 
-    It uses sse-starlette's private pieces (`_stream_response`, `_send_with_timeout`, the shutdown
-    watcher's state; written against 3.7); `tests/http/test_planning_http.py`,
-    `tests/http/test_hosting_http.py`, `tests/http/test_stream_disconnect.py` and the durable
-    restart tests hold the behaviour (pings, a stalled reader cut off, a client that leaves, the
-    shutdown frame) so a change in the library shows up as a failing test, not a silent one.
+    It overrides sse-starlette's private pieces (`_stream_response`, `_send_with_timeout`) and
+    uses the state they share with the rest of it and the shutdown watcher's (written against
+    3.7); `tests/http/test_planning_http.py`, `tests/http/test_hosting_http.py`,
+    `tests/http/test_stream_disconnect.py` and the durable restart tests hold the behaviour
+    (pings, a stalled reader cut off, a client that leaves, the shutdown frame) so a change in
+    the library shows up as a failing test, not a silent one.
     """
 
     def __init__(
         self,
-        content: AsyncIterator[bytes],
+        content: AsyncIterable[bytes] | AsyncIterable[list[Frame]],
         *,
         send_timeout: float,
         closed: Callable[[], None] | None = None,
@@ -137,6 +147,7 @@ class EventStream(HarnessEventSource):
         self._streaming: asyncio.Task[Any] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._pinging: asyncio.Task[None] | None = None
+        self._content: AsyncIterable[bytes | list[Frame]] = content
         super().__init__(content, send_timeout=send_timeout, **kw)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -230,6 +241,58 @@ class EventStream(HarnessEventSource):
         if wake != math.inf:
             self._timer = loop.call_at(max(wake, now), self._tick, loop, send, next_ping)
 
+    async def _stream_response(self, send: Send) -> None:
+        """sse-starlette's writer, a send lighter: each chunk the content gives (or batch of
+        frames, written as one chunk) is sent as it is, its send timed for `_tick`, no encoding
+        step, log call or coroutine around it. A send that fails closes the content (bounded
+        by `cleanup_timeout`) before the error goes on, as sse-starlette does."""
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        self._response_started = True
+        time = asyncio.get_running_loop().time
+        content: AsyncIterator[bytes | list[Frame]] = aiter(self._content)
+        async for item in content:
+            self._sending_since = time()
+            try:
+                chunk = item if isinstance(item, bytes) else frames_chunk(item)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except BaseException:
+                self._send_interrupted = True
+                await self._close_content(content)
+                raise
+            finally:
+                self._sending_since = None
+            if not isinstance(item, bytes) and len(item) > 1:
+                # A backlog (a replay) comes batch after batch without the loop ever running
+                # in between, so a client gone after its first frame would not be noticed until
+                # all were written into the dead socket (one asyncio WARNING each). One turn of
+                # the loop per batch lets the server see the disconnect.
+                await asyncio.sleep(0)
+        async with self._send_lock:
+            # As sse-starlette: `active` flips only once the closing send returned.
+            try:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except BaseException:
+                self._send_interrupted = True
+                raise
+            self._response_complete = True
+            self.active = False
+
+    async def _close_content(self, content: AsyncIterator[Any]) -> None:
+        aclose = getattr(content, "aclose", None)
+        if aclose is None:
+            return
+        with anyio.move_on_after(self._cleanup_timeout, shield=True) as scope:
+            try:
+                await aclose()
+            except Exception:
+                log.exception("closing an SSE stream's content after a failed send failed")
+        if scope.cancel_called:
+            log.warning(
+                "an SSE stream's content was not closed in time", seconds=self._cleanup_timeout
+            )
+
     async def _send_ping(self, send: Send) -> None:
         try:
             async with self._send_lock:
@@ -287,9 +350,10 @@ def frame_bytes(frame: Frame) -> bytes:
     if frame.event == TEXT and len(data) == 1 and type(text := data.get("text")) is str:
         # A token: its JSON written around its text (the same bytes `to_json` gives).
         seq = frame.seq
+        quoted = encode_basestring(text)
         return (
             f'id: {seq}\r\nevent: text\r\ndata: {{"event":"text","data":{{"text":'
-            f"{line_safe(encode_basestring(text))}}},"
+            f"{quoted if quoted.isascii() else line_safe(quoted)}}},"
             f'{_ids(frame.session_id, frame.conversation_id)}"seq":{seq}}}\r\n\r\n'
         ).encode()
     return f"id: {frame.seq}\r\nevent: {frame.event}\r\ndata: {frame.to_json()}\r\n\r\n".encode()
@@ -450,6 +514,45 @@ def follow_run(live: LiveRunHandle, after: int) -> EventSourceResponse:
     return _follow(lambda: live, after, live.conversation_id)
 
 
+class _RunFrames:
+    """A run's frames for its `EventStream`, the frames ready together in one batch (one send;
+    a lone frame is sent at once). The run starts (`open_run`) when they are first asked for:
+    a response that never streams never starts one (and `never_opened` undoes what was begun
+    for it)."""
+
+    def __init__(
+        self,
+        open_run: Callable[[], LiveRunHandle],
+        after: int,
+        never_opened: Callable[[], None] | None,
+    ) -> None:
+        self._open_run = open_run
+        self._after = after
+        self._never_opened = never_opened
+        self._opened = False
+        self._live: LiveRunHandle | None = None
+        self._stopped = False
+
+    def __aiter__(self) -> AsyncIterator[list[Frame]]:
+        self._opened = True
+        live = self._live = self._open_run()
+        if self._stopped:
+            self.stopping()
+        return live.follow_batches(self._after)
+
+    def stopping(self) -> None:
+        # When the server stops, the stream ends with an `error` frame saying so (and a
+        # durable run is suspended, to resume on restart) instead of just being cut.
+        self._stopped = True
+        live = self._live
+        if live is not None:
+            live.interrupt(RESTARTING if live.durable else STOPPING)
+
+    def closed(self) -> None:
+        if not self._opened and self._never_opened is not None:
+            self._never_opened()
+
+
 def _follow(
     open_run: Callable[[], LiveRunHandle],
     after: int,
@@ -457,46 +560,13 @@ def _follow(
     run_id: str | None = None,
     never_opened: Callable[[], None] | None = None,
 ) -> EventSourceResponse:
-    opened = False
-    live: LiveRunHandle | None = None
-    stopped = False
-
-    # The run starts inside the generator: a response that never streams never starts one
-    # (and `never_opened` undoes what was begun for it).
-    async def events() -> AsyncIterator[bytes]:
-        nonlocal opened, live
-        opened = True
-        live = open_run()
-        if stopped:
-            stopping()
-        # The frames ready together go out in one send; a lone frame is sent at once.
-        async for batch in live.follow_batches(after):
-            yield frames_chunk(batch)
-            if len(batch) > 1:
-                # A backlog (a replay) comes batch after batch without the loop ever running
-                # in between, so a client gone after its first frame would not be noticed until
-                # all were written into the dead socket (one asyncio WARNING each). One turn of
-                # the loop per batch lets the server see the disconnect.
-                await asyncio.sleep(0)
-
-    def stopping() -> None:
-        # When the server stops, the stream ends with an `error` frame saying so (and a
-        # durable run is suspended, to resume on restart) instead of just being cut.
-        nonlocal stopped
-        stopped = True
-        if live is not None:
-            live.interrupt(RESTARTING if live.durable else STOPPING)
-
-    def closed() -> None:
-        if not opened and never_opened is not None:
-            never_opened()
-
+    frames = _RunFrames(open_run, after, never_opened)
     return EventStream(
-        events(),
+        frames,
         ping=PING_SECONDS,
         send_timeout=SEND_TIMEOUT,
         headers={"X-Conversation-Id": conversation_id} | ({"X-Run-Id": run_id} if run_id else {}),
         shutdown_grace_period=SHUTDOWN_GRACE,
-        closed=closed,
-        stopping=stopping,
+        closed=frames.closed,
+        stopping=frames.stopping,
     )

@@ -417,9 +417,9 @@ async def test_an_update_is_encoded_once_for_all_its_viewers() -> None:
 
 
 async def test_the_event_stream_uses_pieces_sse_starlette_still_has() -> None:
-    """`EventStream` serves with sse-starlette's private pieces (the stream's writer and its
-    per-send hook, the disconnect listener, the state they set, the one shutdown watcher that
-    sets every registered event); if one is renamed, fail here."""
+    """`EventStream` serves with sse-starlette's private pieces (its own stream writer and
+    per-send hook in their places, the disconnect listener, the state they set, the one shutdown
+    watcher that sets every registered event); if one is renamed, fail here."""
     import inspect
 
     from sse_starlette import sse
@@ -427,10 +427,9 @@ async def test_the_event_stream_uses_pieces_sse_starlette_still_has() -> None:
     from atmosphere_harness._web.sse import EventStream
 
     assert "_send_with_timeout" in EventStream.__dict__
-    writer = inspect.getsource(sse.EventSourceResponse._stream_response)
-    assert "await self._send_with_timeout(" in writer
-    assert "self._send_lock" in writer
-    assert "self.active = False" in writer
+    assert "_stream_response" in EventStream.__dict__
+    writer = inspect.getsource(sse.EventSourceResponse.__call__)
+    assert "self._stream_response" in writer
     listener = inspect.getsource(sse.EventSourceResponse._listen_for_disconnect)
     assert "self._client_disconnected = True" in listener
     assert "event.set()" in inspect.getsource(sse._shutdown_watcher)
@@ -447,6 +446,8 @@ async def test_the_event_stream_uses_pieces_sse_starlette_still_has() -> None:
         "_client_disconnected",
         "_send_interrupted",
         "_shutdown_grace_period",
+        "_cleanup_timeout",
+        "_send_lock",
         "active",
     ):
         assert hasattr(stream, name), name

@@ -305,9 +305,9 @@ async def test_a_chunk_is_looked_for_whole_only_once_bytes_of_it_came(
     looked: list[bytes] = []
     original = loop_transport.ChunkedBody._whole_chunk
 
-    def spy(self: loop_transport.ChunkedBody, buffer: bytes) -> bytes | None:
-        looked.append(buffer)
-        return original(self, buffer)
+    def spy(self: loop_transport.ChunkedBody, buffer: bytes, start: int) -> bytes | None:
+        looked.append(buffer[start:])
+        return original(self, buffer, start)
 
     monkeypatch.setattr(loop_transport.ChunkedBody, "_whole_chunk", spy)
     texts = [f"token {n} " for n in range(20)]
@@ -321,7 +321,7 @@ async def test_a_chunk_is_looked_for_whole_only_once_bytes_of_it_came(
         server.close()
     assert answer.text == "".join(texts)
     assert looked
-    assert all(len(buffer) > 2 for buffer in looked)
+    assert all(looked)
 
 
 @pytest.mark.parametrize("size", [b"0x1a", b"+1a", b"1_a", b" 1a", b"", b"1" * 17])
