@@ -13,6 +13,7 @@ from memory.
 from __future__ import annotations
 
 import bz2
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -107,3 +108,26 @@ def decode(codec: int, payload: bytes) -> Message:
     raw = bz2.decompress(payload) if codec == BZ2 else payload
     data: dict[str, Any] = json.loads(raw)
     return load_message(data)
+
+
+DECODED = 2048
+"""Plain payloads `decode_plain` keeps decoded, the latest used."""
+DECODED_MAX_BYTES = 4096
+"""Larger payloads are decoded each time, so the kept ones take at most `DECODED` times this."""
+
+
+def decode_plain(payload: bytes) -> Message:
+    """`decode(PLAIN, payload)`, kept for the next read of the same bytes. On PostgreSQL and
+    Redis a run's first history read returns its conversation's newest messages, most of which
+    the previous turn's read decoded already: decoding them again was a quarter of the
+    instructions PostgreSQL added to a turn. The same bytes are always the same message and a
+    `Message` is immutable, so every read may share it; rows are still read every time, so
+    another replica's turn is seen."""
+    if len(payload) > DECODED_MAX_BYTES:
+        return decode(PLAIN, payload)
+    return _decoded(payload)
+
+
+@functools.lru_cache(maxsize=DECODED)
+def _decoded(payload: bytes) -> Message:
+    return decode(PLAIN, payload)

@@ -252,7 +252,7 @@ async def test_a_read_decodes_only_payloads_this_process_has_not_decoded_before(
     """A run's first read returns its conversation's newest messages, most of which the
     previous turn's read decoded already: those are decoded once per process (by their bytes,
     so another replica's turn is still read, and decoded, by the next load), except payloads
-    too large to keep (`DECODED_MAX_BYTES`)."""
+    too large to keep (`codec.DECODED_MAX_BYTES`)."""
     a, b = pair
     assert a.history is not None
     assert b.history is not None
@@ -265,7 +265,7 @@ async def test_a_read_decodes_only_payloads_this_process_has_not_decoded_before(
 
     monkeypatch.setattr(history_module.codec, "decode", counting)
     tag = uuid.uuid4().hex  # (payloads no other test stored: decoded nowhere before)
-    large = "x" * (history_module.DECODED_MAX_BYTES + 1)
+    large = "x" * (history_module.codec.DECODED_MAX_BYTES + 1)
     await a.history.append(KEY, [Message("user", f"{tag} 1"), Message("assistant", large)])
     first = await a.history.tail(KEY, 10)
     assert len(decoded) == 2

@@ -10,15 +10,15 @@ guarantees hold across processes:
   first load is made in the statement that takes the conversation's lock (`LOCK_NEWEST`);
 - payloads are the compact JSON of `memory.codec` (PostgreSQL's TOAST compresses large ones
   itself, so there is no packer here);
-- nothing is cached in the process but decoded payloads, by their bytes (`DECODED`): every
-  load reads the rows, so another replica's turn is visible to the next load;
+- nothing is cached in the process but decoded payloads, by their bytes
+  (`codec.decode_plain`): every load reads the rows, so another replica's turn is visible to
+  the next load;
 - an append whose acknowledgement was lost (the connection died after the commit) and that
   `PostgresDatabase.run` therefore sends again is not stored twice (`APPEND`'s key).
 """
 
 from __future__ import annotations
 
-import functools
 import time
 import uuid
 from collections.abc import Sequence
@@ -98,26 +98,8 @@ def _key_args(key: ConversationKey) -> tuple[str, str, str]:
     return key.endpoint, key.user_key, key.conversation_id
 
 
-DECODED = 2048
-"""Payloads kept decoded (`_decode`), the latest used: a run's first read returns its
-conversation's newest messages, and the previous turn's read decoded all of them but the last
-turn's (decoding them again was a quarter of the instructions PostgreSQL added to a turn)."""
-DECODED_MAX_BYTES = 4096
-"""Larger payloads are decoded each time, so the kept ones take at most `DECODED` times this."""
-
-
 def _decode(payload: bytes) -> Message:
-    data = bytes(payload)
-    if len(data) > DECODED_MAX_BYTES:
-        return codec.decode(codec.PLAIN, data)
-    return _decoded(data)
-
-
-@functools.lru_cache(maxsize=DECODED)
-def _decoded(payload: bytes) -> Message:
-    """The message stored as `payload` (the same bytes are always the same message, and a
-    `Message` is immutable, so every read may share it)."""
-    return codec.decode(codec.PLAIN, payload)
+    return codec.decode_plain(bytes(payload))
 
 
 def newest_rows(rows: Sequence[Any]) -> tuple[Summary | None, list[tuple[int, Message]]]:

@@ -391,7 +391,7 @@ class RedisHistory:
             Summary(str(as_str(summary_text)), int(covered)) if summary_text is not None else None
         )
         decoded = [
-            (int(first) + offset, codec.decode(codec.PLAIN, str(item).encode()))
+            (int(first) + offset, codec.decode_plain(str(item).encode()))
             for offset, item in enumerate(items)
         ]
         return summary, decoded, int(last)
