@@ -259,7 +259,7 @@ class LiveRun:
     def _trim(self) -> None:
         """Drop the oldest frames past the byte budget, never one an attached reader lacks."""
         if self._bytes <= JOURNAL_BYTES:
-            return  # (every publish looks: most find nothing to drop)
+            return  # (`publish` looks first, the run's end and a leaving reader here)
         read = min(self._readers.values()) if self._readers else None
         frames = self._frames
         while len(frames) > 1 and self._bytes > JOURNAL_BYTES:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,32 @@ class FakeRun:
 
 def run(conversation_id: str, user_id: str | None = None) -> Any:
     return FakeRun(conversation_id, user_id)
+
+
+async def check_payloads_decoded_once(
+    a: HistoryBackend, b: HistoryBackend, key: ConversationKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For a shared history backend's replicas `a` and `b` (`codec.decode_plain`): a payload
+    read again is not decoded again (by its bytes, so another replica's turn is still read,
+    and decoded), except one too large to keep."""
+    decoded: list[bytes] = []
+    decode = codec.decode
+
+    def counting(kind: int, payload: bytes) -> Message:
+        decoded.append(payload)
+        return decode(kind, payload)
+
+    monkeypatch.setattr(codec, "decode", counting)
+    tag = uuid.uuid4().hex  # (payloads no other test stored: decoded nowhere before)
+    large = "x" * (codec.DECODED_MAX_BYTES + 1)
+    await a.append(key, [Message.user(f"{tag} 1"), Message.assistant(large)])
+    first = await a.tail(key, 10)
+    assert len(decoded) == 2
+    assert await a.tail(key, 10) == first
+    assert len(decoded) == 3, "only the large payload is decoded again"
+    await b.append(key, [Message.user(f"{tag} 2"), Message.assistant(f"{tag} 3")])
+    assert [m.content for m in await a.tail(key, 10)] == [f"{tag} 1", large, f"{tag} 2", f"{tag} 3"]
+    assert len(decoded) == 6, "the other replica's turn and the large payload"
 
 
 @pytest.fixture(params=["memory", "sqlite"])

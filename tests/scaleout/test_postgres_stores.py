@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,7 +17,6 @@ import pytest
 from atmosphere_harness import HarnessSettings
 from atmosphere_harness._backends import StateBackends, resolve_backends
 from atmosphere_harness._backends.postgres import PostgresDatabase, PostgresPlanStore, redact
-from atmosphere_harness._backends.postgres import history as history_module
 from atmosphere_harness._backends.postgres.history import LOCK_NEWEST, PostgresHistory
 from atmosphere_harness._backends.postgres.locks import MARK, PostgresConversationLocks
 from atmosphere_harness._backends.postgres.schema import SCHEMA_VERSION
@@ -28,6 +26,7 @@ from atmosphere_harness._memory.compaction import Summary
 from atmosphere_harness._memory.history import ConversationKey, HistoryRead
 from atmosphere_harness._planning.model import AgentPlan, PlanStatus, PlanStep
 from atmosphere_harness._runtimes.base import Message, ToolCall
+from tests.memory.test_memory_conversation import check_payloads_decoded_once
 
 from .postgres_service import postgres_url, terminate_backends
 
@@ -250,35 +249,11 @@ async def test_a_read_decodes_only_payloads_this_process_has_not_decoded_before(
     pair: tuple[StateBackends, StateBackends], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run's first read returns its conversation's newest messages, most of which the
-    previous turn's read decoded already: those are decoded once per process (by their bytes,
-    so another replica's turn is still read, and decoded, by the next load), except payloads
-    too large to keep (`codec.DECODED_MAX_BYTES`)."""
+    previous turn's read decoded already: those are decoded once per process."""
     a, b = pair
     assert a.history is not None
     assert b.history is not None
-    decoded: list[bytes] = []
-    decode = history_module.codec.decode
-
-    def counting(codec: int, payload: bytes) -> Message:
-        decoded.append(payload)
-        return decode(codec, payload)
-
-    monkeypatch.setattr(history_module.codec, "decode", counting)
-    tag = uuid.uuid4().hex  # (payloads no other test stored: decoded nowhere before)
-    large = "x" * (history_module.codec.DECODED_MAX_BYTES + 1)
-    await a.history.append(KEY, [Message("user", f"{tag} 1"), Message("assistant", large)])
-    first = await a.history.tail(KEY, 10)
-    assert len(decoded) == 2
-    assert await a.history.tail(KEY, 10) == first
-    assert len(decoded) == 3, "only the large payload is decoded again"
-    await b.history.append(KEY, [Message("user", f"{tag} 2"), Message("assistant", f"{tag} 3")])
-    assert [m.content for m in await a.history.tail(KEY, 10)] == [
-        f"{tag} 1",
-        large,
-        f"{tag} 2",
-        f"{tag} 3",
-    ]
-    assert len(decoded) == 6, "the other replica's turn and the large payload"
+    await check_payloads_decoded_once(a.history, b.history, KEY, monkeypatch)
 
 
 # --- plans --------------------------------------------------------------------------------------

@@ -21,13 +21,13 @@ from atmosphere_harness._backends.redis import (
 )
 from atmosphere_harness._backends.redis.connection import MAX_CONNECTIONS
 from atmosphere_harness._errors import PlanStoreError
-from atmosphere_harness._memory import codec
 from atmosphere_harness._memory.history import RECENT_WRITES, ConversationKey, HistoryBackend
 from atmosphere_harness._memory.long_term import LongTermMemory
 from atmosphere_harness._planning.model import AgentPlan, PlanStep
 
 # The contract every history backend and every long-term memory store keeps, run on Redis.
 from tests.memory.test_memory_conversation import (  # noqa: F401
+    check_payloads_decoded_once,
     test_clear_forgets_one_conversation,
     test_close_and_extraction_bookkeeping,
     test_conversations_are_isolated,
@@ -97,28 +97,10 @@ async def test_a_read_decodes_only_payloads_this_process_has_not_decoded_before(
     other_connection: RedisConnection,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """As on PostgreSQL: a payload read again is not decoded again (by its bytes, so another
-    replica's turn is still read, and decoded), except one too large to keep."""
+    """A payload read again is not decoded again; another replica's turn is."""
     a, b = RedisHistory(connection), RedisHistory(other_connection)
     key = ConversationKey("/e", "alice", f"c-{uuid.uuid4().hex}")
-    decoded: list[bytes] = []
-    decode = codec.decode
-
-    def counting(kind: int, payload: bytes) -> Message:
-        decoded.append(payload)
-        return decode(kind, payload)
-
-    monkeypatch.setattr(codec, "decode", counting)
-    tag = uuid.uuid4().hex  # (payloads no other test stored: decoded nowhere before)
-    large = "x" * (codec.DECODED_MAX_BYTES + 1)
-    await a.append(key, [Message.user(f"{tag} 1"), Message.assistant(large)])
-    first = await a.tail(key, 10)
-    assert len(decoded) == 2
-    assert await a.tail(key, 10) == first
-    assert len(decoded) == 3, "only the large payload is decoded again"
-    await b.append(key, [Message.user(f"{tag} 2"), Message.assistant(f"{tag} 3")])
-    assert [m.content for m in await a.tail(key, 10)] == [f"{tag} 1", large, f"{tag} 2", f"{tag} 3"]
-    assert len(decoded) == 6, "the other replica's turn and the large payload"
+    await check_payloads_decoded_once(a, b, key, monkeypatch)
 
 
 async def test_a_turn_sent_again_after_later_turns_is_stored_once(
