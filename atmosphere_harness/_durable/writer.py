@@ -123,12 +123,12 @@ class DurableWriter(StoreWriter):
         self._bytes += len(payload) if type(payload) is str else payload_size(payload)
         if key.startswith(FOLLOWED):
             if key[0] == "m":  # `model:`
-                if isinstance(value, Mapping):
-                    self._calls = {
-                        str(call[0]): (key, call[2])
-                        for call in value.get("calls") or ()
-                        if len(call) == 3
-                    }
+                if type(value) is dict or isinstance(value, Mapping):  # (no ABC check: a dict)
+                    calls: dict[str, tuple[str, Any]] = {}
+                    for call in value.get("calls") or ():  # (a loop: a comprehension is a call)
+                        if len(call) == 3:
+                            calls[str(call[0])] = (key, call[2])
+                    self._calls = calls
             else:  # `result:`
                 if len(self._checkpoints) > 1:
                     self._moot(STARTED + key[len(RESULT) :])
@@ -215,14 +215,17 @@ class DurableWriter(StoreWriter):
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-            self._time = loop.time
+            # asyncio's own clock is `time.monotonic`: read directly, it costs no Python call
+            # (a publish reads it while a timer is armed); another loop's (uvloop's) is its own.
+            base = type(loop).time is asyncio.BaseEventLoop.time
+            self._time = time.monotonic if base else loop.time
         if self._now is not None:
-            if not now and (hold or loop.time() < self._next_write):
+            if not now and (hold or self._time() < self._next_write):
                 if self._soon is None:
                     self._soon = loop.call_at(self._next_write, self._drain_soon)
                 return
             if self._write_now():
-                self._next_write = loop.time() + GROUP_SECONDS
+                self._next_write = self._time() + GROUP_SECONDS
                 return
         self._bytes = 0  # (the task takes what waits)
         self._task = loop.create_task(self._drain(), name=f"journal:{self.run_id}")
@@ -233,7 +236,7 @@ class DurableWriter(StoreWriter):
             return
         loop = self._loop
         assert loop is not None
-        if loop.time() < self._next_write:
+        if self._time() < self._next_write:
             self._soon = loop.call_at(self._next_write, self._drain_soon)
             return
         self._kick(now=True)
