@@ -181,7 +181,7 @@ def main() -> None:
         print(
             f"{root} seq {args.turns} {args.size} KiB: a turn {off:,.0f} instructions off, "
             f"{on:,.0f} on: +{on - off:,.0f} (+{(on / off - 1) * 100:.1f} %); "
-            f"off {[round(c) for c in counts['off']]}, on {[round(c) for c in counts['on']]}; "
+            f"off {[int(c) for c in counts['off']]}, on {[int(c) for c in counts['on']]}; "
             f"log writes a prompt {log_writes}"
         )
     finally:
