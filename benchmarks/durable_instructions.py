@@ -1,7 +1,7 @@
 """Instructions durable runs add to a turn (callgrind): `turns.py --sections durable`, counted.
 
     python benchmarks/durable_instructions.py [--size 1] [--turns 60] [--prompts 4]
-        [--group-scale 40] [--checkout PATH] [--keep DIR] [--profile FILE]
+        [--pace 60] [--checkout PATH] [--keep DIR] [--profile FILE]
 
 `turns.py --sections durable` times the same prompts with durable runs off and on; on a shared
 2-core VM its 1 KiB figure moves by more than a change to the journal does. This runs its prompts
@@ -14,9 +14,11 @@ and off before the history packer's pause, `--prompts` times each way, off and o
 Prints the median instructions a turn each way and `added` = on / off - 1, the share
 `durable_overhead_<size>k` measures in time, with the durable side's log writes a prompt.
 
-The journal groups a run's writes by time (`writer.GROUP_SECONDS`, 2 ms); under callgrind a turn
-takes about 40 times as long, so the group's time is multiplied by `--group-scale` to write about
-as often as a real prompt does (8 to 22 writes a 60-turn prompt on the 2-vCPU VMs). `--checkout`
+The journal groups a run's writes by time (`writer.GROUP_SECONDS`, 2 ms), and callgrind's pace
+follows the machine's load: in a counted window the loop's clock is the process's CPU time
+divided by `--pace` (60: a turn about as long as a real one), so that a prompt writes about as
+often as a real one does (8 to 22 times on the 2-vCPU VMs), and as often whatever the load.
+`--checkout`
 counts another checkout's package with this script (alternate them). `--keep DIR` keeps each
 window's dump (`callgrind_annotate`). `--profile FILE` runs the same windows under cProfile
 instead (no valgrind) and writes the durable side's stats to FILE and the other's to FILE.off.
@@ -34,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +48,16 @@ def child(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(HERE))
     from turns import Ours
 
-    from atmosphere_harness._durable import writer
+    clock = {"on": 0.0, "base": 0.0, "cpu": 0.0}
+    real = time.monotonic
 
-    writer.GROUP_SECONDS *= args.group_scale
+    def loop_time() -> float:
+        """The loop's clock: in a counted window, the process's CPU time over `--pace` (what
+        callgrind's pace does not change), else the real one; never going back."""
+        if not clock["on"]:
+            return real()
+        return clock["base"] + (time.process_time() - clock["cpu"]) / args.pace
+
     profiles: dict[str, Any] = {}
     if args.profile:
         import cProfile
@@ -56,6 +66,7 @@ def child(args: argparse.Namespace) -> None:
     writes = {"n": 0}
 
     async def main() -> None:
+        asyncio.get_running_loop().time = loop_time  # type: ignore[method-assign]
         root = Path(args.work)
         async with (
             Ours(root / "off", args.turns) as off,
@@ -81,9 +92,13 @@ def child(args: argparse.Namespace) -> None:
                         assert sys.stdin.readline().strip() == "go"
                         if profiles:
                             profiles[name].enable()
+                        clock.update(base=real(), cpu=time.process_time(), on=1.0)
                     await ours.prompt_journalled(message)
-                    while getattr(ours.host.runs, "_closers", None):
-                        await asyncio.sleep(0.001)
+                    closers = getattr(ours.host.runs, "_closers", None)
+                    while closers:  # (the run's compaction)
+                        await asyncio.wait(set(closers))
+                        await asyncio.sleep(0)
+                    clock["on"] = 0.0
                     if counted_window:
                         if profiles:
                             profiles[name].disable()
@@ -103,7 +118,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1, help="KiB a turn writes (1 or 50)")
     parser.add_argument("--turns", type=int, default=60)
     parser.add_argument("--prompts", type=int, default=4, help="counted prompts each way")
-    parser.add_argument("--group-scale", type=float, default=40.0)
+    parser.add_argument("--pace", type=float, default=60.0)
     parser.add_argument("--checkout", default=str(HERE.parent))
     parser.add_argument("--keep", default="", help="copy each window's dump into this folder")
     parser.add_argument("--profile", default="")
@@ -121,9 +136,10 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ATMOSPHERE_", "LLM_"))}
     env["PYTHONPATH"] = str(root)
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONHASHSEED"] = "0"  # (the same dict and set orders in every count)
     me = [sys.executable, str(Path(__file__).resolve()), "--child", "--work", str(work)]
     me += ["--size", str(args.size), "--turns", str(args.turns), "--prompts", str(args.prompts)]
-    me += ["--group-scale", str(args.group_scale if not args.profile else 1.0)]
+    me += ["--pace", str(args.pace if not args.profile else 1.0)]
     if args.profile:
         command = [*me, "--profile", str(Path(args.profile).resolve())]
     else:

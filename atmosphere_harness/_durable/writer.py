@@ -62,6 +62,9 @@ def _writes_now(store: object) -> TypeGuard[RunStoreNow]:
 
 _NOW_KINDS: dict[type, bool] = {}
 
+_BASE_TIME = asyncio.BaseEventLoop.time
+"""asyncio's loop clock, `time.monotonic()` (unless a loop's class or the loop replaces it)."""
+
 _STRING: Callable[[str], str] = encode_basestring_ascii
 """`encode` of a string: the JSON encoder's own string function (C in CPython), called
 directly."""
@@ -130,8 +133,13 @@ class DurableWriter(StoreWriter):
                             calls[str(call[0])] = (key, call[2])
                     self._calls = calls
             else:  # `result:`
-                if len(self._checkpoints) > 1:
-                    self._moot(STARTED + key[len(RESULT) :])
+                pending = self._checkpoints
+                if len(pending) > 1:
+                    started = STARTED + key[len(RESULT) :]
+                    if pending[-2][0] == started:  # (most often: `_moot` without its call)
+                        del pending[-2]
+                    else:
+                        self._moot(started)
                 self._result = (value, payload)
             if self._bytes >= GROUP_BYTES:
                 self._kick(now=True)
@@ -217,7 +225,7 @@ class DurableWriter(StoreWriter):
             loop = self._loop = asyncio.get_running_loop()
             # asyncio's own clock is `time.monotonic`: read directly, it costs no Python call
             # (a publish reads it while a timer is armed); another loop's (uvloop's) is its own.
-            base = type(loop).time is asyncio.BaseEventLoop.time
+            base = type(loop).time is _BASE_TIME and "time" not in vars(loop)
             self._time = time.monotonic if base else loop.time
         if self._now is not None:
             if not now and (hold or self._time() < self._next_write):
