@@ -280,7 +280,7 @@ class PostgresConversationLocks:
             del self._releasing[key]
         if end is not None and end.take_write() is not None:
             # (a release cancelled before it ran: the run must not wait for its turn forever)
-            end.wrote(RuntimeError("the conversation's turn was not stored: the server stopped"))
+            end.wrote(RuntimeError("the conversation's turn was not stored: the server shut down"))
             end.no_end()
             end.released(False)
 
@@ -445,7 +445,7 @@ class PostgresConversationLocks:
             # The run stores its end itself (`released(False)`), the turn is stored below.
             fault(log, "a run's end did not ride on its lock's release", exc, every=False)
         finally:
-            write = write or end.take_write()  # (a release stopped before it took it)
+            write = write or end.take_write()  # (a release cancelled before it took it)
             if write is not None:
                 # Stored on its own before the lock is freed (the run waits for it): sent again
                 # with its write key, a turn `APPEND_END` stored (its reply lost) is stored once.
@@ -478,7 +478,7 @@ class PostgresConversationLocks:
             log.debug("the turn handed to a lock's release was not stored", error=str(exc))
             end.wrote(exc)  # (the run fails with it)
         except BaseException:
-            end.wrote(RuntimeError("the conversation's turn was not stored: the server stopped"))
+            end.wrote(RuntimeError("the conversation's turn was not stored: the server shut down"))
             raise
         else:
             end.wrote(None)
