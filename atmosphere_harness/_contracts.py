@@ -696,8 +696,9 @@ class LockedStatus:
     lock is freed at once.
 
     A lock whose release can store a write of the run's with its end (`carries_write`, the
-    Redis lock: the turn's history append) takes the run's last write too (`hand`), so the
-    write, the end and the unlock are one round trip. The write is stored before the end and
+    PostgreSQL and Redis locks: the turn's history append) takes the run's last write too
+    (`hand`), so the write and the end are one round trip (with the unlock on Redis; on
+    PostgreSQL the unlock follows, not waited for). The write is stored before the end and
     the unlock whatever happens (alone, if their round trip failed); the run waits for its
     outcome (`written`) before it reports its end, and a write that could not be stored fails
     the run as the write would have made it fail itself.

@@ -6,7 +6,8 @@ conversation, `append(run, turn)` stores the finished turn in full. It is also i
 
 Where the run's conversation lock can store the turn with its release (`contracts.LockedStatus.
 hand`: the Redis lock, whose release stores the turn, the run's end and the unlock in one
-script), `append` hands the turn to it instead of storing it, and the run's end waits for it.
+script, and the PostgreSQL lock, whose release stores the turn and the end in one statement),
+`append` hands the turn to it instead of storing it, and the run's end waits for it.
 Anything this memory does next with that conversation (a second `load` of the run, a `view`, a
 `clear`, ...) takes the turn back and stores it first, so every read through it sees the turn.
 """

@@ -113,7 +113,8 @@ class HistoryRead(LockedRead):
 class HistoryWrite(LockedWrite):
     """A run's turn, handed to its conversation lock's release (`contracts.LockedWrite`): the
     Redis lock stores it in the script that stores the run's end and frees the lock
-    (`RedisHistory.turn`); `store` appends it as `ConversationMemory` would have."""
+    (`RedisHistory.turn`), the PostgreSQL lock in the statement that stores the run's end
+    (`PostgresHistory.turn`); `store` appends it as `ConversationMemory` would have."""
 
     __slots__ = ("__weakref__", "backend", "key", "messages", "status")
 

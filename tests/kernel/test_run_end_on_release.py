@@ -99,7 +99,7 @@ class Turn(LockedWrite):
 
 def carrying_writes(registry: CountingRegistry) -> tuple[RunTicket, LockedStatus]:
     ticket, status = ticket_with_offer(registry)
-    status.carries_write = True  # (what the Redis lock sets while its block runs)
+    status.carries_write = True  # (what the PostgreSQL and Redis locks set while their block runs)
     return ticket, status
 
 

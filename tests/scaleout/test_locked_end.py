@@ -1,11 +1,12 @@
 """A run's end rides on its conversation lock's release (`contracts.LockedStatus.end`).
 
 Where the lock stored the run's status in the round trip that took it, its release waits for
-the run's final record and stores it with the unlock, in one statement (PostgreSQL) or script
-(Redis): once `end` returned `True`, the record is stored and the conversation is free for any
-replica. A run that ends elsewhere (`no_end`: a durable run suspended to resume) frees the lock
-without an end, and an end that comes after the release went is refused (`False`: the run's
-ticket stores it itself).
+the run's final record and stores it: with the unlock in one script on Redis (once `end`
+returned `True`, the conversation is free for any replica), in a statement of its own on a
+pooled connection on PostgreSQL, the unlock following without the run waiting for it. A run
+that ends elsewhere (`no_end`: a durable run suspended to resume) frees the lock without an
+end, and an end that comes after the release went is refused (`False`: the run's ticket stores
+it itself).
 """
 
 from __future__ import annotations
@@ -140,10 +141,13 @@ async def test_the_run_s_end_is_stored_by_the_release_that_frees_the_conversatio
     # The block is over, but the release waits for the end: the conversation stays taken.
     assert not await backend.free(conversation)
     assert await status.end(record(run_id, conversation, "completed"))
-    # Once `end` said so, the end is stored and the lock is free, without waiting for more.
+    # Once `end` said so, the end is stored; the lock is free (on PostgreSQL, once the
+    # release's unlock, which the run does not wait for, went).
     stored = await backend.registry.get(run_id)
     assert stored is not None
     assert (stored.status, stored.usage) == ("completed", {"inputTokens": 3})
+    if backend.name == "postgres":
+        await releases_done(backend)
     assert await backend.free(conversation)
 
 

@@ -7,9 +7,10 @@ counts every round trip the server made, with its purpose. The list is the one
 trip to a turn fails here. The owner's claim, the lock, the run's status and the history's
 first read are one round trip (`owner+lock+status+history.load`: the claim comes first, the
 status says `running` and the read is made once the lock is taken, inside that statement or
-script), and so are the lock's release and the run's end (`unlock+run.status`, before the last
-frame); on Redis the turn's history append rides on that release too
-(`history.append+unlock+run.status`, one script). The run frame feed (durable runs off)
+script). The turn's history append and the run's end are one more, before the last frame: on
+Redis with the unlock (`history.append+unlock+run.status`, one script), on PostgreSQL in one
+statement on a pooled connection (`history.append+run.status`), the unlock following on the
+lock connection without the run waiting for it (`unlock`). The run frame feed (durable runs off)
 writes nothing: no other replica asked for these runs.
 """
 
@@ -41,14 +42,14 @@ BACKGROUND = ("SELECT 1", "PING")
 
 STATUS_WRITES_PER_TURN = 0
 """The run's status record (`GET P/runs/{runId}`) costs a turn no round trip of its own:
-`running` rides on the lock's round trip, its end on the lock's release (`unlock+run.status`,
-stored before the last frame is sent); `queued` is stored only for a run that waits."""
+`running` rides on the lock's round trip, its end on the lock's release (with the turn's
+append, stored before the last frame is sent); `queued` is stored only for a run that waits."""
 ASIDE = ("feed", "upkeep", "run.status")
 """Not the turn's own round trips: the frame feed's background writes, the lease upkeep, the run
 status writes (counted apart)."""
 
 POSTGRES_PURPOSES = {
-    "FROM status OFFSET 0": "unlock+run.status",
+    "status AS (INSERT INTO atmosphere_run_control": "history.append+run.status",
     "atmosphere_claim_lock_run": "owner+lock+status+history.load",
     "atmosphere_lock_run": "lock+status+history.load",
     "atmosphere_conversation_owners": "owner.claim",
@@ -192,14 +193,14 @@ async def start(kind: str, workspace: Path, env: dict[str, str]) -> ServerProces
 @pytest.mark.parametrize(
     ("user", "expected"),
     [
-        (None, ["owner+lock+status+history.load", "history.append", "unlock+run.status"]),
+        (None, ["owner+lock+status+history.load", "history.append+run.status", "unlock"]),
         (
             "alice",
             [
                 "facts.newest",
                 "owner+lock+status+history.load",
-                "history.append",
-                "unlock+run.status",
+                "history.append+run.status",
+                "unlock",
             ],
         ),
     ],

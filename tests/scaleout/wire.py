@@ -14,7 +14,8 @@ Connection set-up (SSL negotiation, start-up, `HELLO`/`CLIENT SETINFO`, and asyn
 `Parse` of a statement the connection has not prepared yet, once per statement and connection)
 is recorded too, marked `setup`, so a test can leave it out. Used by
 `tests/scaleout/test_round_trips.py` (a turn makes exactly N round trips) and by the two backend
-benchmarks (the list in `docs/scale-out*.md`).
+benchmarks (the list in `docs/scale-out*.md`). `hold(text)` holds back the requests holding
+`text` until told to let them go (a test that a client does not wait for one).
 """
 
 from __future__ import annotations
@@ -205,6 +206,16 @@ class WireCounter:
         self._numbers = itertools.count(1)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._held: tuple[str, asyncio.Event] | None = None
+        self.holding = 0
+        """Requests held back right now (`hold`)."""
+
+    def hold(self, text: str) -> asyncio.Event:
+        """Hold back every request whose statement holds `text` (the service does not see it)
+        until the event returned is set."""
+        gate = asyncio.Event()
+        self._held = (text, gate)
+        return gate
 
     async def __aenter__(self) -> WireCounter:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -281,6 +292,13 @@ class WireCounter:
                     link.bursts.append(link.current)
                 link.current.items.extend(items)
                 link.current.setup = link.current.setup or setup
+                held = self._held
+                if held is not None and any(held[0] in item for item in items):
+                    self.holding += 1
+                    try:
+                        await held[1].wait()
+                    finally:
+                        self.holding -= 1
                 upstream_writer.write(data)
                 await upstream_writer.drain()
         except (OSError, asyncio.CancelledError):

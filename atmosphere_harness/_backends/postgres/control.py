@@ -69,14 +69,18 @@ def _values(record: RunRecord) -> tuple[Any, ...]:
     )
 
 
-def status_upsert(first: int) -> str:
-    """`UPSERT` with its twelve parameters numbered from `$first`."""
+def status_upsert(first: int, *, relaxed: bool = True) -> str:
+    """`UPSERT` with its twelve parameters numbered from `$first`; without `relaxed`, it leaves
+    the transaction's `synchronous_commit` alone (`locks.APPEND_END`: the turn stored with it
+    waits for its WAL flush)."""
     p = [f"${first + n}" for n in range(12)]
+    updated = f"{p[11]}::double precision"
+    if relaxed:
+        updated += " + 0 * length(set_config('synchronous_commit', 'off', true))"
     return (
         "INSERT INTO atmosphere_run_control (run_id, path, conversation_id, user_key, "
         "has_user, status, usage, error, owner, lease_until, started_at, updated_at) "
-        f"VALUES ({', '.join(p[:11])}, {p[11]}::double precision "
-        "+ 0 * length(set_config('synchronous_commit', 'off', true))) "
+        f"VALUES ({', '.join(p[:11])}, {updated}) "
         "ON CONFLICT (run_id) DO UPDATE SET status = EXCLUDED.status, usage = EXCLUDED.usage, "
         "error = EXCLUDED.error, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until, "
         "updated_at = EXCLUDED.updated_at"
@@ -92,7 +96,7 @@ second of status changes; a run whose row still says it is in flight then reads 
 
 
 def run_values(record: RunRecord) -> tuple[Any, ...]:
-    """`UPSERT`'s arguments for `record` (`locks.RELEASE_RUN` stores a run's end with them)."""
+    """`UPSERT`'s arguments for `record` (`locks.APPEND_END` stores a run's end with them)."""
     return _values(record)
 
 

@@ -32,11 +32,14 @@ from .database import PostgresDatabase
 
 _KEY = "endpoint = $1 AND user_key = $2 AND conversation_id = $3"
 
+Turn = tuple[str, str, str, float, list[str], str]
+"""`APPEND`'s arguments: the conversation's key, the time, the payloads and the write key."""
+
 EXTRACTION_CLAIM = 300.0
 """Seconds one replica's claim to extract a conversation holds if it never finishes."""
 
 
-APPEND = f"""
+_CONVERSATION = f"""
 WITH conversation AS (
     INSERT INTO atmosphere_conversations
         (endpoint, user_key, conversation_id, updated_at, last_seq, last_write)
@@ -53,11 +56,13 @@ WITH conversation AS (
         coalesce(atmosphere_conversations.last_write, ''), excluded.last_write
     ) = 0
     RETURNING id, last_seq - cardinality($5::text[]) AS base
-)
+)"""
+_MESSAGES = """
 INSERT INTO atmosphere_messages (conversation, seq, payload)
 SELECT conversation.id, conversation.base + given.position, convert_to(given.payload, 'UTF8')
 FROM conversation, unnest($5::text[]) WITH ORDINALITY AS given (payload, position)
 """
+APPEND = _CONVERSATION + _MESSAGES
 """A turn in one statement (one round trip, atomic): the upsert reserves the sequence numbers
 under the conversation row's lock, so concurrent appends from any replica never interleave.
 The payloads (compact JSON) travel as `text[]`: asyncpg knows its codec, while a `bytea[]`
@@ -72,6 +77,14 @@ the latest turns, `memory.history.RECENT_WRITES`, so it still does if other turn
 in between). The upsert's `WHERE` skips the row (it is still locked, so a
 first attempt the server has not finished yet is waited for), no base is returned and no
 message is inserted: the turn is stored once."""
+
+
+def append_with(statement: str) -> str:
+    """`APPEND` that also runs `statement` (a data-modifying `WITH` query, `name AS (...)`, its
+    parameters numbered from `$7`) in the same statement, so in the same transaction and commit:
+    `locks.APPEND_END` stores a run's end with its turn."""
+    return f"{_CONVERSATION}, {statement}{_MESSAGES}"
+
 
 NEWEST = """
 SELECT c.summary, c.summary_covered, m.seq, m.payload
@@ -136,11 +149,20 @@ class PostgresHistory:
         self.database = database
 
     async def append(self, key: ConversationKey, messages: Sequence[Message]) -> None:
+        await self.store_turn(self.turn(key, messages))
+
+    def turn(self, key: ConversationKey, messages: Sequence[Message]) -> Turn:
+        """`APPEND`'s arguments for `messages`, with the turn's write key: made once, so every
+        statement that sends them (a retry, or the turn sent alone after `locks.APPEND_END`
+        failed) stores the turn once."""
         encoded = [codec.encode_ascii(message) for message in messages]
-        write = uuid.uuid4().hex  # one per turn, the same for its retry (see `APPEND`)
+        return (*_key_args(key), time.time(), encoded, uuid.uuid4().hex)
+
+    async def store_turn(self, turn: Turn) -> None:
+        """Store a turn made by `turn` (`APPEND`)."""
 
         async def work(connection: Any) -> None:
-            await connection.execute(APPEND, *_key_args(key), time.time(), encoded, write)
+            await connection.execute(APPEND, *turn)
 
         await self.database.run(work)
 

@@ -27,14 +27,22 @@ and not one connection per held lock, which would exhaust the pool under load):
    nothing locked or stored); a prompt that finds this replica's local lock taken claims at
    once with a `CLAIM_LOCK_RUN` that does not try the lock, so its answer does not wait;
 3. release: `pg_advisory_unlock` and, if the lock is marked, the `NOTIFY` (`RELEASE`, one
-   statement), on the same connection, in a task of its own. Where the lock stored the run's
-   status, the release waits for the run's end (`contracts.LockedStatus.end`) and stores it in
-   the same statement (`RELEASE_RUN`), which the run waits for before its last frame: the end
-   and the unlock cost one round trip. Otherwise the run does not wait for the release (its
-   `complete` frame leaves one round trip sooner). The next prompt of that conversation on
-   this replica waits for the release first; one on another replica finds the lock taken for
-   that round trip and waits for the `NOTIFY` as it would anyway. `aclose` waits for the
-   releases still running.
+   statement), on the same connection, in a task of its own, which the run does not wait for
+   (its `complete` frame leaves without that round trip). Where the lock stored the run's
+   status, the release first waits for the run's end (`contracts.LockedStatus.end`) and stores
+   it; while its block runs, such a lock also takes the run's turn
+   (`contracts.LockedStatus.hand`, from `ConversationMemory`), and the release stores the turn
+   and the end in one statement (`APPEND_END`, the end alone when no turn was handed) on a
+   pooled connection, not the lock connection, where every turn of the replica would wait for
+   the WAL flush of the one before. The run waits for that statement (its turn and its end are
+   stored before its last frame); then the release tells it (`LockedStatus.wrote`,
+   `released`) and only then frees the lock. If that statement fails, or the end does not come
+   in time, the turn is stored on its own (`PostgresHistory.store_turn`, with the turn's write
+   key: stored once) before the lock is freed, and the run learns whether it could be
+   (a turn that could not be stored fails the run). The next prompt of that conversation on
+   this replica waits for the whole release first; one on another replica finds the lock
+   taken until the unlock arrives and waits for the `NOTIFY` as it would anyway. `aclose` waits
+   for the releases still running.
 
 The locks of a replica that dies go with its lock connection: at once when its process dies (its
 host closes the connection), and within about a durable-runs lease
@@ -45,9 +53,9 @@ run out, instead of after the operating system's default of hours. A replica tak
 is then not kept waiting for the conversation longer than for the run.
 
 If the lock connection is lost, PostgreSQL drops its locks: the prompts holding them run to their
-end (their turns are still written atomically, one transaction each), a new connection is opened
-for the next acquisitions, and a WARN says mutual exclusion was interrupted. A lock release
-that finds its connection gone has nothing left to release.
+end (their turns are still written atomically, one transaction each, by their releases on the
+pool), a new connection is opened for the next acquisitions, and a WARN says mutual exclusion
+was interrupted. A lock release that finds its connection gone has nothing left to unlock.
 """
 
 from __future__ import annotations
@@ -64,10 +72,10 @@ from typing import Any
 import asyncpg
 
 from ..._cancel import reraise_cancellation
-from ..._contracts import LockedClaim, LockedRead, LockedStatus
+from ..._contracts import LockedClaim, LockedRead, LockedStatus, LockedWrite
 from ..._errors import BackendUnavailable
 from ..._log import fault, get_logger
-from ..._memory.history import HistoryRead
+from ..._memory.history import HistoryRead, HistoryWrite
 from .control import PostgresRunRegistry, lock_run_args, run_values, status_upsert
 from .database import (
     CLIENT_ERRORS,
@@ -77,7 +85,14 @@ from .database import (
     PostgresDatabase,
     connection_lost,
 )
-from .history import LOCK_NEWEST, PostgresHistory, lock_newest_args, newest_rows
+from .history import (
+    LOCK_NEWEST,
+    PostgresHistory,
+    Turn,
+    append_with,
+    lock_newest_args,
+    newest_rows,
+)
 from .owners import PostgresConversationOwners
 
 log = get_logger(__name__)
@@ -137,16 +152,13 @@ FROM (SELECT pg_advisory_unlock($1) OFFSET 0) AS released
 try fail; `OFFSET 0` keeps the unlock first). A `NOTIFY` wakes every replica's listener
 whoever waits, and cost a turn 0.3-0.5 ms here when sent on each release."""
 
-RELEASE_RUN = (
-    "WITH status AS (" + status_upsert(5) + " RETURNING 1) "
-    "SELECT CASE WHEN pg_try_advisory_xact_lock($3, $4) THEN NULL "
-    "ELSE pg_notify($2, $1::text) END "
-    "FROM (SELECT pg_advisory_unlock($1) FROM status OFFSET 0) AS released"
-)
-"""`RELEASE` that first stores the run's end in its status row (`contracts.LockedStatus.end`),
-as `control.UPSERT` does (committed without waiting for the WAL flush): the run's end and the
-unlock are one round trip, sent before the run's last frame. The unlock reads the upsert's
-row, so it runs after it."""
+APPEND_END = append_with("status AS (" + status_upsert(7, relaxed=False) + ")")
+"""The run's turn (`history.APPEND`, its arguments first) and its end in its status row
+(`control.UPSERT`'s arguments next), one statement on a pooled connection: one round trip and
+one commit for both. The commit waits for the WAL flush as the turn's own would (the status's
+`set_config` is left out, so the turn keeps the server's `synchronous_commit`). Sent again after
+a lost acknowledgement (`PostgresDatabase.run`), the turn is skipped by its write key and the
+end stored again as it was."""
 
 
 def lock_key(path: str, conversation_id: str) -> int:
@@ -247,10 +259,13 @@ class PostgresConversationLocks:
             session = await self._acquire(key, read, claim)
             end = read.status if read is not None and self._carries(read.status) else None
             if end is not None:
-                end.carries_end = True  # (the release stores the run's end: `RELEASE_RUN`)
+                end.carries_end = True  # (the release stores the run's end)
+                end.carries_write = True  # (and the turn, handed: `APPEND_END`)
             try:
                 yield
             finally:
+                if end is not None:
+                    end.carries_write = False  # (a turn written from now on is its writer's)
                 self._schedule_release(key, session, end)
 
     def _schedule_release(self, key: int, session: Any, end: LockedStatus | None = None) -> None:
@@ -258,11 +273,16 @@ class PostgresConversationLocks:
             self._release(key, session, end), name="postgres-lock-release"
         )
         self._releasing[key] = task
-        task.add_done_callback(functools.partial(self._released_one, key))
+        task.add_done_callback(functools.partial(self._released_one, key, end))
 
-    def _released_one(self, key: int, task: asyncio.Task[None]) -> None:
+    def _released_one(self, key: int, end: LockedStatus | None, task: asyncio.Task[None]) -> None:
         if self._releasing.get(key) is task:
             del self._releasing[key]
+        if end is not None and end.take_write() is not None:
+            # (a release cancelled before it ran: the run must not wait for its turn forever)
+            end.wrote(RuntimeError("the conversation's turn was not stored: the server shut down"))
+            end.no_end()
+            end.released(False)
 
     def _serves(self, read: LockedRead | None) -> bool:
         """Whether `read` reads this database's history (the lock's statement can make it)."""
@@ -384,34 +404,84 @@ class PostgresConversationLocks:
             await self._statement(UNMARK, *mark_key(key), retry=False)
 
     async def _release(self, key: int, session: Any, end: LockedStatus | None = None) -> None:
-        stored = False
+        if end is not None:
+            await self._end(end)
+        if session is not self._connection or session.is_closed():
+            return  # the session that held it is gone, and PostgreSQL released the lock with it
         try:
-            record = await end.ending() if end is not None else None
-            if session is not self._connection:
-                # The session that held it is gone, and PostgreSQL released the lock with it
-                # (the run's end, if any, is written by its ticket).
-                return
-            if record is not None:
-                try:
-                    await self._statement(
-                        RELEASE_RUN, key, CHANNEL, *mark_key(key), *run_values(record), retry=False
-                    )
-                    stored = True
-                    return
-                except Exception as exc:
-                    # The run stores its end itself (`released(False)`); the lock is freed
-                    # alone below, unless its session went (and the lock with it).
-                    fault(log, "a run's end did not ride on its lock's release", exc, every=False)
-                    if session is not self._connection or session.is_closed():
-                        return
-            try:
-                await self._statement(RELEASE, key, CHANNEL, *mark_key(key), retry=False)
-            except Exception as exc:
-                fault(log, "conversation lock release failed", exc, every=False)
+            await self._statement(RELEASE, key, CHANNEL, *mark_key(key), retry=False)
+        except Exception as exc:
+            fault(log, "conversation lock release failed", exc, every=False)
+
+    async def _end(self, end: LockedStatus) -> None:
+        """Store the run's end and the turn it handed (`APPEND_END`, on a pooled connection:
+        the lock connection would make every turn of the replica wait for the WAL flush of the
+        one before), or the end alone, then tell the run (`wrote`, `released`): the lock is
+        freed after that, so the run's last frame does not wait for the unlock. The turn is
+        stored whatever happens (alone, if that statement failed), before the lock is freed."""
+        stored = False
+        write: LockedWrite | None = None
+        made: tuple[PostgresHistory, Turn] | None = None
+        try:
+            record = await end.ending()
+            write = end.take_write()
+            if write is None and end.handed:
+                await end.written()  # (taken back and being stored: it comes first)
+            made = self._turn(write)
+            if record is not None and (write is None or made is not None):
+                if made is None:
+                    await end.registry.put(record)
+                else:
+                    turn = (*made[1], *run_values(record))
+
+                    async def work(connection: Any) -> None:
+                        await connection.execute(APPEND_END, *turn)
+
+                    await self.database.run(work)
+                    write = None
+                    end.wrote(None)
+                stored = True
+        except Exception as exc:
+            # The run stores its end itself (`released(False)`), the turn is stored below.
+            fault(log, "a run's end did not ride on its lock's release", exc, every=False)
         finally:
-            if end is not None:
-                end.no_end()
-                end.released(stored)
+            write = write or end.take_write()  # (a release cancelled before it took it)
+            if write is not None:
+                # Stored on its own before the lock is freed (the run waits for it): sent again
+                # with its write key, a turn `APPEND_END` stored (its reply lost) is stored once.
+                await self._store(end, write, made)
+            end.no_end()
+            end.released(stored)
+
+    def _turn(self, write: LockedWrite | None) -> tuple[PostgresHistory, Turn] | None:
+        """The turn `write` holds, if it is one of this database's history (`APPEND_END` can
+        store it)."""
+        if (
+            isinstance(write, HistoryWrite)
+            and isinstance(write.backend, PostgresHistory)
+            and write.backend.database is self.database
+            and write.messages
+        ):
+            return write.backend, write.backend.turn(write.key, write.messages)
+        return None
+
+    async def _store(
+        self, end: LockedStatus, write: LockedWrite, made: tuple[PostgresHistory, Turn] | None
+    ) -> None:
+        """Store the turn handed to the release on its own and tell the run how it went."""
+        try:
+            if made is not None:
+                await made[0].store_turn(made[1])
+            else:
+                await write.store()
+        except Exception as exc:
+            log.debug("the turn handed to a lock's release was not stored", error=str(exc))
+            end.wrote(exc)  # (the run fails with it)
+        except BaseException:
+            end.wrote(RuntimeError("the conversation's turn was not stored: the server shut down"))
+            raise
+        else:
+            end.wrote(None)
 
     async def _statement(
         self, query: str, *args: Any, retry: bool, rows: bool = False
