@@ -64,7 +64,8 @@ async def record(root: Path, turns: int, size: int) -> list[Call]:
     """The journal calls of one durable `seq <turns> <size>` prompt, as the kernel made them."""
     calls: list[Call] = []
     publish, checkpoint = LiveRun.publish, journal.DurableRun.checkpoint
-    note = journal.DurableRun.note
+    note = DurableWriter.checkpoint  # (a run's `note` is its writer's `checkpoint`)
+    waited: list[bool] = []
 
     async def recorded_publish(self: LiveRun, frame: Frame) -> None:
         calls.append(("frame", frame, None, False))
@@ -74,22 +75,27 @@ async def record(root: Path, turns: int, size: int) -> list[Call]:
         self: journal.DurableRun, key: str, value: Any, *, wait: bool = False
     ) -> None:
         calls.append(("checkpoint", key, value, wait))
-        await checkpoint(self, key, value, wait=wait)
+        waited.append(True)
+        try:
+            await checkpoint(self, key, value, wait=wait)
+        finally:
+            waited.pop()
 
-    def recorded_note(self: journal.DurableRun, key: str, value: Any) -> None:
-        calls.append(("checkpoint", key, value, False))
+    def recorded_note(self: DurableWriter, key: str, value: Any) -> None:
+        if not waited:
+            calls.append(("checkpoint", key, value, False))
         note(self, key, value)
 
     LiveRun.publish = recorded_publish  # type: ignore[method-assign]
     journal.DurableRun.checkpoint = recorded_checkpoint  # type: ignore[method-assign]
-    journal.DurableRun.note = recorded_note  # type: ignore[method-assign]
+    DurableWriter.checkpoint = recorded_note  # type: ignore[method-assign]
     try:
         async with Ours(root, turns, durable=True) as ours:
             await ours.prompt_journalled(f"seq {turns} {size}")
     finally:
         LiveRun.publish = publish  # type: ignore[method-assign]
         journal.DurableRun.checkpoint = checkpoint  # type: ignore[method-assign]
-        journal.DurableRun.note = note  # type: ignore[method-assign]
+        DurableWriter.checkpoint = note  # type: ignore[method-assign]
     return calls
 
 

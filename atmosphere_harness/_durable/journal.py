@@ -54,6 +54,9 @@ class DurableRun(LiveRun):
             path, conversation_id, user_id, session_id=session_id, writer=writer, frames=frames
         )
         self.writer = writer
+        self.note: Callable[[str, Any], None] = writer.checkpoint
+        """`checkpoint` without waiting, as a plain call: the writer's own (a model turn makes
+        three, and a call less each)."""
         self.checkpoints: Mapping[str, Any] = checkpoints or {}
         """What a resumed run's first life journalled (model turns, tool results), by key."""
         self._replay = replay
@@ -67,10 +70,6 @@ class DurableRun(LiveRun):
         self.writer.checkpoint(key, value)
         if wait:
             await self.writer.flushed()
-
-    def note(self, key: str, value: Any) -> None:
-        """`checkpoint` without waiting (a plain call)."""
-        self.writer.checkpoint(key, value)
 
     def stopped_by_client(self) -> None:
         # Journalled before the cancellation writes anything: a run its client (or a cancel

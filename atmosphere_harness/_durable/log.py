@@ -88,7 +88,7 @@ def encode_parts(value: Any, encode: Callable[[Any], str]) -> str:
     if type(value) is str and len(value) < RAW_FROM and value[:1] != LIFTED:
         return encode(value)  # (a tool's result, most often: nothing to walk)
     lifted: list[str] = []
-    skeleton = _lift(value, lifted)
+    skeleton = _lift_dict(value, lifted) if type(value) is dict else _lift(value, lifted)
     if not lifted:
         return encode(value)
     text = encode(skeleton)

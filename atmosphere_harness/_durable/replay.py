@@ -171,10 +171,13 @@ class Replay:
         if tool is None or step.run is not self.run:
             return None
         call = step.call
-        own = isinstance(call.arguments, Mapping) and arguments == call.arguments
+        given = call.arguments
+        # (`type` first: the ABC check of `isinstance` costs more than the rest of the line)
+        own = (type(given) is dict or isinstance(given, Mapping)) and arguments == given
         value = True if own else dict(arguments)
         key = f"{STARTED}{step.turn}:{call.id}"
-        if _at_most_once(tool):
+        origin = tool.origin  # (`_at_most_once`, inline: this runs for every call)
+        if (origin == "user" or origin.startswith("mcp:")) and not tool.idempotent:
             return self.journal(key, value, wait=True)
         self.note(key, value)
         return None
@@ -353,10 +356,18 @@ def dump_response(response: ModelResponse) -> dict[str, object]:
     """A model answer as a durable run journals it (JSON)."""
     data: dict[str, object] = {"text": response.text}
     if response.tool_calls:
-        data["calls"] = [[call.id, call.name, call.arguments] for call in response.tool_calls]
-    usage = response.usage.to_wire()
-    if any(usage.values()):
-        data["usage"] = usage
+        calls: list[list[object]] = []
+        for call in response.tool_calls:  # (a loop: a comprehension is a call of its own)
+            calls.append([call.id, call.name, call.arguments])
+        data["calls"] = calls
+    usage = response.usage
+    if (
+        usage.input_tokens
+        or usage.output_tokens
+        or usage.cache_read_tokens
+        or usage.cache_write_tokens
+    ):
+        data["usage"] = usage.to_wire()
     if response.stop_reason is not None:
         data["stop"] = response.stop_reason
     if response.model is not None:

@@ -32,6 +32,7 @@ import sqlite3
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ from .._events import Frame
 from .._jsontext import compact_json
 from .._memory.sqlite import DATABASE_FILE, SqliteDatabase, Transaction
 from .log import (
+    LIFTED,
+    RAW_FROM,
     Lifted,
     RunLogs,
     decode_payload,
@@ -170,6 +173,9 @@ class SqliteRunStore:
         """A payload as this store takes it (`contracts.RunStoreNow`): JSON, its long strings
         lifted out of it as they are (`log.encode_payload`), and left aside until the append
         writes them (a `log.Lifted`: only this store's appends read it whole)."""
+        if type(value) is str and len(value) < RAW_FROM and value[:1] != LIFTED:
+            # A tool's result, most often: what `_ENCODE` gives, without its two calls.
+            return encode_basestring_ascii(value)
         return encode_parts(value, _ENCODE)
 
     @classmethod
@@ -254,8 +260,11 @@ class SqliteRunStore:
         nothing else uses what it writes to; `False` if not (nothing was written: call
         `append`). Most appends only write the run's log: no SQLite statement at all."""
         # (A plain payload's size is its length; only a `Lifted` one needs the call.)
-        size = sum(len(d) if type(d) is str else payload_size(d) for _, _, d in frames)
-        size += sum(len(v) if type(v) is str else payload_size(v) for _, v in checkpoints)
+        size = 0
+        for _, _, data in frames:  # (loops: a generator is a call for every item)
+            size += len(data) if type(data) is str else payload_size(data)
+        for _, value in checkpoints:
+            size += len(value) if type(value) is str else payload_size(value)
         if size > INLINE_BYTES:
             return False
         logs = self._logs

@@ -62,6 +62,9 @@ def _writes_now(store: object) -> TypeGuard[RunStoreNow]:
 
 _NOW_KINDS: dict[type, bool] = {}
 
+_BASE_TIME = asyncio.BaseEventLoop.time
+"""asyncio's loop clock, `time.monotonic()` (unless a loop's class or the loop replaces it)."""
+
 _STRING: Callable[[str], str] = encode_basestring_ascii
 """`encode` of a string: the JSON encoder's own string function (C in CPython), called
 directly."""
@@ -123,15 +126,20 @@ class DurableWriter(StoreWriter):
         self._bytes += len(payload) if type(payload) is str else payload_size(payload)
         if key.startswith(FOLLOWED):
             if key[0] == "m":  # `model:`
-                if isinstance(value, Mapping):
-                    self._calls = {
-                        str(call[0]): (key, call[2])
-                        for call in value.get("calls") or ()
-                        if len(call) == 3
-                    }
+                if type(value) is dict or isinstance(value, Mapping):  # (no ABC check: a dict)
+                    calls: dict[str, tuple[str, Any]] = {}
+                    for call in value.get("calls") or ():  # (a loop: a comprehension is a call)
+                        if len(call) == 3:
+                            calls[str(call[0])] = (key, call[2])
+                    self._calls = calls
             else:  # `result:`
-                if len(self._checkpoints) > 1:
-                    self._moot(STARTED + key[len(RESULT) :])
+                pending = self._checkpoints
+                if len(pending) > 1:
+                    started = STARTED + key[len(RESULT) :]
+                    if pending[-2][0] == started:  # (most often: `_moot` without its call)
+                        del pending[-2]
+                    else:
+                        self._moot(started)
                 self._result = (value, payload)
             if self._bytes >= GROUP_BYTES:
                 self._kick(now=True)
@@ -215,14 +223,17 @@ class DurableWriter(StoreWriter):
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-            self._time = loop.time
+            # asyncio's own clock is `time.monotonic`: read directly, it costs no Python call
+            # (a publish reads it while a timer is armed); another loop's (uvloop's) is its own.
+            base = type(loop).time is _BASE_TIME and "time" not in vars(loop)
+            self._time = time.monotonic if base else loop.time
         if self._now is not None:
-            if not now and (hold or loop.time() < self._next_write):
+            if not now and (hold or self._time() < self._next_write):
                 if self._soon is None:
                     self._soon = loop.call_at(self._next_write, self._drain_soon)
                 return
             if self._write_now():
-                self._next_write = loop.time() + GROUP_SECONDS
+                self._next_write = self._time() + GROUP_SECONDS
                 return
         self._bytes = 0  # (the task takes what waits)
         self._task = loop.create_task(self._drain(), name=f"journal:{self.run_id}")
@@ -233,7 +244,7 @@ class DurableWriter(StoreWriter):
             return
         loop = self._loop
         assert loop is not None
-        if loop.time() < self._next_write:
+        if self._time() < self._next_write:
             self._soon = loop.call_at(self._next_write, self._drain_soon)
             return
         self._kick(now=True)

@@ -157,7 +157,12 @@ async def _next_tool(
 ) -> ToolOutcome:
     if index == len(hooks):
         return await _gated(step, handler)
-    proceed: ProceedTool = partial(_next_tool, hooks, index + 1, handler)
+    # The innermost hook proceeds to the gates themselves: a coroutine fewer a tool call.
+    proceed: ProceedTool = (
+        partial(_gated, handler=handler)
+        if index + 1 == len(hooks)
+        else partial(_next_tool, hooks, index + 1, handler)
+    )
     return await hooks[index].around_tool(step, proceed)
 
 

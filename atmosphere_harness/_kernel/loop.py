@@ -107,7 +107,10 @@ async def call_model(hooks: Sequence[RunHooks], step: ModelStep) -> ModelRespons
 async def _next_model(hooks: Sequence[RunHooks], index: int, step: ModelStep) -> ModelResponse:
     if index == len(hooks):
         return await _complete(step)
-    proceed: ProceedModel = partial(_next_model, hooks, index + 1)
+    # The innermost hook proceeds to the model step itself: a coroutine fewer a model call.
+    proceed: ProceedModel = (
+        _complete if index + 1 == len(hooks) else partial(_next_model, hooks, index + 1)
+    )
     return await hooks[index].around_model(step, proceed)
 
 
