@@ -176,8 +176,7 @@ class Replay:
         own = (type(given) is dict or isinstance(given, Mapping)) and arguments == given
         value = True if own else dict(arguments)
         key = f"{STARTED}{step.turn}:{call.id}"
-        origin = tool.origin  # (`_at_most_once`, inline: this runs for every call)
-        if (origin == "user" or origin.startswith("mcp:")) and not tool.idempotent:
+        if _at_most_once(tool):
             return self.journal(key, value, wait=True)
         self.note(key, value)
         return None
