@@ -678,6 +678,10 @@ class LockedWrite:
         raise NotImplementedError
 
 
+STOPPED_WRITE = "the conversation's turn was not stored: the server stopped"
+"""Why a run's handed write failed when the server stopped before it was stored."""
+
+
 class LockedStatus:
     """A run's status record, offered to its conversation's lock with the run's `LockedRead`
     (its `status`), so that the lock's round trip stores it too.
@@ -822,6 +826,22 @@ class LockedStatus:
         if self._wrote is not None:
             await asyncio.shield(self._wrote)
         return self._failure
+
+    async def store_taken(self, store: Awaitable[None]) -> Exception | None:
+        """Make the write taken last (`take_write`) on its own, `store` being its statement
+        (or the write's `LockedWrite.store()`), and report how it went (`wrote`): why it
+        failed (the run fails with it), or `None`. Cancelled, it reports the turn unstored
+        (the run must not wait for it) and is cancelled."""
+        try:
+            await store
+        except Exception as exc:
+            self.wrote(exc)
+            return exc
+        except BaseException:
+            self.wrote(RuntimeError(STOPPED_WRITE))
+            raise
+        self.wrote(None)
+        return None
 
 
 class LockedClaim:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from atmosphere_harness._backends.postgres.locks import (
     PostgresConversationLocks,
     lock_key,
 )
-from atmosphere_harness._contracts import LockedStatus, TypedMap
+from atmosphere_harness._contracts import LockedStatus
 from atmosphere_harness._memory import codec
 from atmosphere_harness._memory.conversation import ConversationMemory
 from atmosphere_harness._memory.history import ConversationKey
@@ -45,6 +45,7 @@ from .postgres_service import create_database, drop_database
 from .replicas import prompt, summary
 from .tcp_proxy import LossyProxy
 from .test_locked_end import record
+from .test_locked_turn import Run
 from .wire import WireCounter
 
 pytestmark = pytest.mark.services
@@ -52,15 +53,6 @@ pytestmark = pytest.mark.services
 PATH = "/p"
 UNLOCK = "pg_advisory_unlock"
 """What the lock's release statement holds (and no other statement of a turn)."""
-
-
-@dataclass
-class Run:
-    """What `ConversationMemory` reads of a run: its conversation, user and state."""
-
-    conversation_id: str
-    user_id: str | None = None
-    state: TypedMap = field(default_factory=TypedMap)
 
 
 @dataclass

@@ -72,7 +72,7 @@ from typing import Any
 import asyncpg
 
 from ..._cancel import reraise_cancellation
-from ..._contracts import LockedClaim, LockedRead, LockedStatus, LockedWrite
+from ..._contracts import STOPPED_WRITE, LockedClaim, LockedRead, LockedStatus, LockedWrite
 from ..._errors import BackendUnavailable
 from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead, HistoryWrite
@@ -280,7 +280,7 @@ class PostgresConversationLocks:
             del self._releasing[key]
         if end is not None and end.take_write() is not None:
             # (a release cancelled before it ran: the run must not wait for its turn forever)
-            end.wrote(RuntimeError("the conversation's turn was not stored: the server shut down"))
+            end.wrote(RuntimeError(STOPPED_WRITE))
             end.no_end()
             end.released(False)
 
@@ -469,19 +469,11 @@ class PostgresConversationLocks:
         self, end: LockedStatus, write: LockedWrite, made: tuple[PostgresHistory, Turn] | None
     ) -> None:
         """Store the turn handed to the release on its own and tell the run how it went."""
-        try:
-            if made is not None:
-                await made[0].store_turn(made[1])
-            else:
-                await write.store()
-        except Exception as exc:
-            log.debug("the turn handed to a lock's release was not stored", error=str(exc))
-            end.wrote(exc)  # (the run fails with it)
-        except BaseException:
-            end.wrote(RuntimeError("the conversation's turn was not stored: the server shut down"))
-            raise
-        else:
-            end.wrote(None)
+        failure = await end.store_taken(
+            made[0].store_turn(made[1]) if made is not None else write.store()
+        )
+        if failure is not None:
+            log.debug("the turn handed to a lock's release was not stored", error=str(failure))
 
     async def _statement(
         self, query: str, *args: Any, retry: bool, rows: bool = False

@@ -72,7 +72,7 @@ from redis.exceptions import LockError, LockNotOwnedError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._cancel import reraise_cancellation
-from ..._contracts import LockedClaim, LockedRead, LockedStatus, LockedWrite
+from ..._contracts import STOPPED_WRITE, LockedClaim, LockedRead, LockedStatus, LockedWrite
 from ..._errors import ConversationTaken
 from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead, HistoryWrite
@@ -313,7 +313,7 @@ class RedisConversationLocks:
             del self._releasing[key]
         if end is not None and end.take_write() is not None:
             # (a release cancelled before it ran: the run must not wait for its turn forever)
-            end.wrote(RuntimeError("the conversation's turn was not stored: the server stopped"))
+            end.wrote(RuntimeError(STOPPED_WRITE))
             end.no_end()
             end.released(False)
 
@@ -417,20 +417,11 @@ class RedisConversationLocks:
         self, end: LockedStatus, write: LockedWrite, turn: tuple[RedisHistory, Turn] | None
     ) -> None:
         """Store the turn handed to the release on its own and tell the run how it went."""
-        try:
-            if turn is not None:
-                history, made = turn
-                await history.store_turn(made)
-            else:
-                await write.store()
-        except Exception as exc:
-            log.debug("the turn handed to a lock's release was not stored", error=str(exc))
-            end.wrote(exc)  # (the run fails with it)
-        except BaseException:
-            end.wrote(RuntimeError("the conversation's turn was not stored: the server stopped"))
-            raise
-        else:
-            end.wrote(None)
+        failure = await end.store_taken(
+            turn[0].store_turn(turn[1]) if turn is not None else write.store()
+        )
+        if failure is not None:
+            log.debug("the turn handed to a lock's release was not stored", error=str(failure))
 
     async def _make_room(self, history: RedisHistory, turn: Turn, kept: int) -> None:
         """Past the conversation cap after a turn the release stored, make room
