@@ -678,7 +678,7 @@ class LockedWrite:
         raise NotImplementedError
 
 
-STOPPED_WRITE = "the conversation's turn was not stored: the server stopped"
+_STOPPED_WRITE = "the conversation's turn was not stored: the server stopped"
 """Why a run's handed write failed when the server stopped before it was stored."""
 
 
@@ -827,6 +827,14 @@ class LockedStatus:
             await asyncio.shield(self._wrote)
         return self._failure
 
+    def release_dropped(self) -> None:
+        """The lock's release was cancelled before it took the run's write: the write fails
+        (the run must not wait for it forever) and the run stores its end itself."""
+        if self.take_write() is not None:
+            self.wrote(RuntimeError(_STOPPED_WRITE))
+            self.no_end()
+            self.released(False)
+
     async def store_taken(self, store: Awaitable[None]) -> Exception | None:
         """Make the write taken last (`take_write`) on its own, `store` being its statement
         (or the write's `LockedWrite.store()`), and report how it went (`wrote`): why it
@@ -838,7 +846,7 @@ class LockedStatus:
             self.wrote(exc)
             return exc
         except BaseException:
-            self.wrote(RuntimeError(STOPPED_WRITE))
+            self.wrote(RuntimeError(_STOPPED_WRITE))
             raise
         self.wrote(None)
         return None

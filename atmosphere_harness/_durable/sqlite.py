@@ -32,7 +32,6 @@ import sqlite3
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +40,6 @@ from .._events import Frame
 from .._jsontext import compact_json
 from .._memory.sqlite import DATABASE_FILE, SqliteDatabase, Transaction
 from .log import (
-    LIFTED,
-    RAW_FROM,
     Lifted,
     RunLogs,
     decode_payload,
@@ -173,9 +170,6 @@ class SqliteRunStore:
         """A payload as this store takes it (`contracts.RunStoreNow`): JSON, its long strings
         lifted out of it as they are (`log.encode_payload`), and left aside until the append
         writes them (a `log.Lifted`: only this store's appends read it whole)."""
-        if type(value) is str and len(value) < RAW_FROM and value[:1] != LIFTED:
-            # A tool's result, most often: what `_ENCODE` gives, without its two calls.
-            return encode_basestring_ascii(value)
         return encode_parts(value, _ENCODE)
 
     @classmethod

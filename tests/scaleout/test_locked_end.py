@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from atmosphere_harness._contracts import LockedStatus, RunRecord
+from atmosphere_harness._contracts import LockedStatus, LockedWrite, RunRecord
 from atmosphere_harness._memory.history import ConversationKey, HistoryRead
 
 from .postgres_service import create_database, drop_database
@@ -174,3 +174,35 @@ async def test_an_end_after_the_release_gave_up_waiting_is_refused(
     stored = await backend.registry.get(run_id)
     assert stored is not None
     assert stored.status == "running"
+
+
+class _Turn(LockedWrite):
+    """A handed write that records whether anything stored it."""
+
+    def __init__(self) -> None:
+        self.stored = False
+
+    async def store(self) -> None:
+        self.stored = True
+
+
+async def test_a_release_stopped_before_it_ran_fails_the_handed_turn_at_once(
+    backend: Backend,
+) -> None:
+    # A server shutting down cancels the releases it has not run: the run waiting for its
+    # handed turn must learn at once that it was not stored, and store its end itself.
+    conversation, run_id = f"c-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    status = LockedStatus(backend.registry, lambda s: record(run_id, conversation, s))
+    read = HistoryRead(backend.history, ConversationKey(PATH, None, conversation), 0, 20)
+    read.status = status
+    turn = _Turn()
+    async with backend.locks.hold(PATH, conversation, read):
+        assert status.hand(turn)
+    (release,) = backend.locks._releasing.values()
+    release.cancel()
+    await asyncio.gather(release, return_exceptions=True)
+    failure = await asyncio.wait_for(status.written(), 5)
+    assert isinstance(failure, RuntimeError)
+    assert "not stored" in str(failure)
+    assert not turn.stored
+    assert not await status.end(record(run_id, conversation, "completed"))

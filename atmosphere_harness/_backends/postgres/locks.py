@@ -72,7 +72,7 @@ from typing import Any
 import asyncpg
 
 from ..._cancel import reraise_cancellation
-from ..._contracts import STOPPED_WRITE, LockedClaim, LockedRead, LockedStatus, LockedWrite
+from ..._contracts import LockedClaim, LockedRead, LockedStatus, LockedWrite
 from ..._errors import BackendUnavailable
 from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead, HistoryWrite
@@ -278,11 +278,8 @@ class PostgresConversationLocks:
     def _released_one(self, key: int, end: LockedStatus | None, task: asyncio.Task[None]) -> None:
         if self._releasing.get(key) is task:
             del self._releasing[key]
-        if end is not None and end.take_write() is not None:
-            # (a release cancelled before it ran: the run must not wait for its turn forever)
-            end.wrote(RuntimeError(STOPPED_WRITE))
-            end.no_end()
-            end.released(False)
+        if end is not None:
+            end.release_dropped()  # (nothing to do unless it was cancelled before it ran)
 
     def _serves(self, read: LockedRead | None) -> bool:
         """Whether `read` reads this database's history (the lock's statement can make it)."""

@@ -72,7 +72,7 @@ from redis.exceptions import LockError, LockNotOwnedError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..._cancel import reraise_cancellation
-from ..._contracts import STOPPED_WRITE, LockedClaim, LockedRead, LockedStatus, LockedWrite
+from ..._contracts import LockedClaim, LockedRead, LockedStatus, LockedWrite
 from ..._errors import ConversationTaken
 from ..._log import fault, get_logger
 from ..._memory.history import HistoryRead, HistoryWrite
@@ -311,11 +311,8 @@ class RedisConversationLocks:
     def _released_one(self, key: str, end: LockedStatus | None, task: asyncio.Task[None]) -> None:
         if self._releasing.get(key) is task:
             del self._releasing[key]
-        if end is not None and end.take_write() is not None:
-            # (a release cancelled before it ran: the run must not wait for its turn forever)
-            end.wrote(RuntimeError(STOPPED_WRITE))
-            end.no_end()
-            end.released(False)
+        if end is not None:
+            end.release_dropped()  # (nothing to do unless it was cancelled before it ran)
 
     async def drain(self) -> None:
         """Let the releases still running finish (before the pool closes), for at most
