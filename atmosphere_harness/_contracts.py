@@ -521,7 +521,8 @@ class Endpoint(Protocol):
     def has(self, feature: Harness) -> bool: ...
 
     def tool_specs(self) -> tuple[Any, ...]:
-        """The tools as the runtime is told about them (`Tool.spec()` each)."""
+        """The tools as the runtime is told about them (`Tool.spec()` each; the same tuple while
+        the tools stay the same)."""
         ...
 
     def add_builtin_tool(self, tool: Tool) -> bool:

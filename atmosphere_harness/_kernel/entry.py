@@ -148,22 +148,30 @@ class Entry(Generic[R]):
         await asyncio.wait([self._decided])
         return self._decided.result()
 
-    @contextlib.asynccontextmanager
-    async def holding(self) -> AsyncIterator[None]:
+    def holding(self) -> contextlib.AbstractAsyncContextManager[None]:
         """The run's block under the lock: waits until the lock is taken (raising what made
-        taking it fail), frees it after."""
+        taking it fail), frees it after. The entry itself, when its task takes the lock (no
+        generator-based context manager a run in flight would keep)."""
         if self._task is None:
-            async with hold(self._locks, self.run, self.read, None):
-                yield
-            return
+            return hold(self._locks, self.run, self.read, None)
+        return self
+
+    async def __aenter__(self) -> None:
         try:
             await asyncio.wait([self._held])
             self._held.result()
-            yield
-        finally:
-            self.close()
-            if not self._task.done():
-                await asyncio.wait([self._task])
+        except BaseException:
+            await self._free()
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._free()
+
+    async def _free(self) -> None:
+        self.close()
+        task = self._task
+        if task is not None and not task.done():
+            await asyncio.wait([task])
 
     def close(self) -> None:
         """Free the lock (or stop taking it): the run ended, or never started."""

@@ -16,7 +16,7 @@ knows nothing of durability, limits, fallback or tracing: they are hooks.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING
@@ -87,31 +87,35 @@ async def run_loop(run: Run, message: str, *, cache_hint: CacheHint | None = Non
             await asyncio.shield(_finish_turn(run, complete_pairs(turn)))
 
 
-async def call_run(hooks: Sequence[RunHooks], run: Run, work: ProceedRun) -> None:
-    """`work` (the whole run) through every hook's `around_run`, outermost first."""
-    await _next_run(hooks, 0, run, work)
+def call_run(hooks: Sequence[RunHooks], run: Run, work: ProceedRun) -> Awaitable[None]:
+    """`work` (the whole run) through every hook's `around_run`, outermost first: the awaitable
+    of the outermost hook (no coroutine of its own: a run in flight keeps every frame it
+    awaits through alive)."""
+    return _next_run(hooks, 0, run, work)
 
 
-async def _next_run(hooks: Sequence[RunHooks], index: int, run: Run, work: ProceedRun) -> None:
+def _next_run(hooks: Sequence[RunHooks], index: int, run: Run, work: ProceedRun) -> Awaitable[None]:
     if index == len(hooks):
-        await work()
-        return
-    await hooks[index].around_run(run, partial(_next_run, hooks, index + 1, run, work))
+        return work()
+    # The innermost hook proceeds to the run itself.
+    proceed = work if index + 1 == len(hooks) else partial(_next_run, hooks, index + 1, run, work)
+    return hooks[index].around_run(run, proceed)
 
 
-async def call_model(hooks: Sequence[RunHooks], step: ModelStep) -> ModelResponse:
-    """`step` through every hook's `around_model`, outermost first, then `_complete`."""
-    return await _next_model(hooks, 0, step)
+def call_model(hooks: Sequence[RunHooks], step: ModelStep) -> Awaitable[ModelResponse]:
+    """`step` through every hook's `around_model`, outermost first, then `_complete` (as
+    `call_run`, no coroutine of its own)."""
+    return _next_model(hooks, 0, step)
 
 
-async def _next_model(hooks: Sequence[RunHooks], index: int, step: ModelStep) -> ModelResponse:
+def _next_model(hooks: Sequence[RunHooks], index: int, step: ModelStep) -> Awaitable[ModelResponse]:
     if index == len(hooks):
-        return await _complete(step)
-    # The innermost hook proceeds to the model step itself: a coroutine fewer a model call.
+        return _complete(step)
+    # The innermost hook proceeds to the model step itself.
     proceed: ProceedModel = (
         _complete if index + 1 == len(hooks) else partial(_next_model, hooks, index + 1)
     )
-    return await hooks[index].around_model(step, proceed)
+    return hooks[index].around_model(step, proceed)
 
 
 async def _complete(step: ModelStep) -> ModelResponse:
