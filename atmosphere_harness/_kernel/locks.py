@@ -69,6 +69,7 @@ class _Hold:
             await _claim(claim)
         await lock.acquire()
         if claim is not None:
+            self._claim = None  # (made: a run in flight keeps no claim)
             try:
                 await _claim(claim)
             except BaseException:

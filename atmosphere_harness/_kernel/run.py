@@ -194,9 +194,12 @@ async def execute_prompt(
     run.in_hooks = True
     try:
         try:
-            # The run's body as a `partial`, not a closure: the hooks keep it while it runs.
-            work = partial(_call_prompt, host, run, message, ticket, entry, claims)
-            await call_run(endpoint.hooks, run, work)
+            # The run's body as a `partial`, not a closure, and no local keeps it.
+            await call_run(
+                endpoint.hooks,
+                run,
+                partial(_call_prompt, host, run, message, ticket, entry, claims),
+            )
         finally:
             if entry is not None:
                 entry.close()  # (a run that ended before it used its lock frees it)

@@ -135,13 +135,13 @@ class EventStream(HarnessEventSource):
         content: AsyncIterable[bytes] | AsyncIterable[list[Frame]],
         *,
         send_timeout: float,
-        closed: Callable[[], None] | None = None,
-        stopping: Callable[[], None] | None = None,
+        run: _RunFrames | None = None,
         **kw: Any,
     ) -> None:
         self._sending_since: float | None = None
-        self._closed = closed
-        self._stopping = stopping
+        self._run = run
+        """A run's frames (the content): told when the response is closed and when the server
+        is stopping."""
         self._ended: str | None = None
         """Why the stream task was cancelled by this response (`_end`), if it was."""
         self._streaming: asyncio.Task[Any] | None = None
@@ -162,8 +162,7 @@ class EventStream(HarnessEventSource):
             loop = asyncio.get_running_loop()
             task = self._streaming = asyncio.current_task()
             assert task is not None
-            watcher = loop.create_task(self._listen_for_disconnect(receive))
-            watcher.add_done_callback(self._client_gone)
+            watcher = loop.create_task(self._watch(receive))
             exit_signal = _ExitSignal(self)
             state = _get_shutdown_state()
             state.events.add(exit_signal)  # type: ignore[arg-type]
@@ -206,12 +205,23 @@ class EventStream(HarnessEventSource):
             if self.background is not None:
                 await self.background()
         finally:
-            if self._closed is not None:
-                self._closed()
+            if self._run is not None:
+                self._run.closed()
 
-    def _client_gone(self, watcher: asyncio.Task[None]) -> None:
-        if not watcher.cancelled() and watcher.exception() is not None:
-            log.info("SSE client's connection failed; closed its stream", error=watcher.exception())
+    async def _watch(self, receive: Receive) -> None:
+        """sse-starlette's disconnect listener (the state it sets), which then ends the stream
+        itself: no done callback (and its context) a run in flight would keep."""
+        try:
+            while self.active:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.active = False
+                    self._client_disconnected = True
+                    if self.client_close_handler_callable:
+                        await self.client_close_handler_callable(message)
+                    break
+        except Exception as exc:
+            log.info("SSE client's connection failed; closed its stream", error=exc)
         self._end("disconnect")
 
     def _end(self, why: str) -> None:
@@ -333,8 +343,8 @@ class _ExitSignal:
             return
         self._set = True
         stream = self._stream
-        if stream._stopping is not None:
-            stream._stopping()
+        if stream._run is not None:
+            stream._run.stopping()
         self._grace = asyncio.get_running_loop().call_later(
             stream._shutdown_grace_period, stream._end, "exit"
         )
@@ -596,6 +606,5 @@ def _follow(
         send_timeout=SEND_TIMEOUT,
         headers={"X-Conversation-Id": conversation_id} | ({"X-Run-Id": run_id} if run_id else {}),
         shutdown_grace_period=SHUTDOWN_GRACE,
-        closed=frames.closed,
-        stopping=frames.stopping,
+        run=frames,
     )
