@@ -141,7 +141,7 @@ class EventStream(HarnessEventSource):
         self._sending_since: float | None = None
         self._run = run
         """A run's frames (the content): told when the response is closed and when the server
-        is stopping."""
+        shuts down."""
         self._ended: str | None = None
         """Why the stream task was cancelled by this response (`_end`), if it was."""
         self._streaming: asyncio.Task[Any] | None = None
