@@ -188,8 +188,9 @@ async def test_two_replicas_claiming_at_once_never_get_one_run(
 
     results = await asyncio.gather(*(claim_all(store, owner) for store, owner in claimers))
     claimed = [run_id for result in results for run_id in result]
-    assert sorted(claimed) == sorted(runs)  # each run once, none lost
-    assert sum(1 for result in results if result) >= 2  # it was a race, not a queue
+    # Each run once, none lost. (Which claimers win is up to the scheduling: one of them taking
+    # all 60 is rare but legitimate, so the spread is not asserted.)
+    assert sorted(claimed) == sorted(runs)
 
 
 async def test_postgres_with_durable_runs_journals_in_postgres(url: str, tmp_path: Path) -> None:
