@@ -388,11 +388,11 @@ class ToolOutcome:
     model's own)."""
 
 
-ProceedModel = Callable[[ModelStep], Awaitable["ModelResponse"]]
+ProceedModel = Callable[[ModelStep], Coroutine[Any, Any, "ModelResponse"]]
 """The rest of the chain: the next hook's `around_model`, or the runtime itself."""
 ProceedTool = Callable[[ToolStep], Awaitable[ToolOutcome]]
 """The rest of the chain: the next hook's `around_tool`, or the executor's gates and handler."""
-ProceedRun = Callable[[], Awaitable[None]]
+ProceedRun = Callable[[], Coroutine[Any, Any, None]]
 """The rest of the chain: the next hook's `around_run`, or the run itself."""
 
 
@@ -521,7 +521,8 @@ class Endpoint(Protocol):
     def has(self, feature: Harness) -> bool: ...
 
     def tool_specs(self) -> tuple[Any, ...]:
-        """The tools as the runtime is told about them (`Tool.spec()` each)."""
+        """The tools as the runtime is told about them (`Tool.spec()` each; the same tuple while
+        the tools stay the same)."""
         ...
 
     def add_builtin_tool(self, tool: Tool) -> bool:

@@ -32,7 +32,7 @@ import importlib.util
 import json
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._contracts import (
@@ -229,10 +229,12 @@ class Tracing(RunHooks):
 
     # --- runs -------------------------------------------------------------------------------
 
-    async def around_run(self, run: Run, proceed: ProceedRun) -> None:
-        if not self.live():
-            await proceed()
-            return
+    def around_run(self, run: Run, proceed: ProceedRun) -> Coroutine[Any, Any, None]:
+        # Off, the hook is no layer: the run's own coroutine (none of its own for a run in
+        # flight to keep).
+        return self._run(run, proceed) if self.live() else proceed()
+
+    async def _run(self, run: Run, proceed: ProceedRun) -> None:
         agent = agent_name(run)
         attributes: dict[str, Any] = {
             OPERATION: "invoke_agent",
@@ -308,9 +310,13 @@ class Tracing(RunHooks):
 
     # --- model calls ------------------------------------------------------------------------
 
-    async def around_model(self, step: ModelStep, proceed: ProceedModel) -> ModelResponse:
-        if not self.live():
-            return await proceed(step)
+    def around_model(
+        self, step: ModelStep, proceed: ProceedModel
+    ) -> Coroutine[Any, Any, ModelResponse]:
+        # As `around_run`: off, the call's own coroutine.
+        return self._model(step, proceed) if self.live() else proceed(step)
+
+    async def _model(self, step: ModelStep, proceed: ProceedModel) -> ModelResponse:
         run = step.run
         runtime = step.runtime
         requested = model_of(runtime)

@@ -2,7 +2,8 @@
 
     python benchmarks/inflight.py [--levels 100,200,400,...] [--variants embedded,postgres,...]
         [--tokens-per-s 20] [--seconds 30] [--tool-call] [--threshold-ms 100]
-        [--profile-at N] [--heap-at N] [--server-env KEY=VALUE ...] [--pin] [--smoke]
+        [--profile-at N] [--heap-at N] [--census-at N] [--server-env KEY=VALUE ...] [--pin]
+        [--smoke]
 
 Three kinds of process on loopback, so no side's CPU is counted as another's:
 
@@ -44,6 +45,13 @@ and the share of samples with each package anywhere on the stack).
 app's start-up; slower: its delays mean nothing) and takes a snapshot before the runs
 start and one in the middle of the window; the JSON gives what was added per run in flight, by
 the source line that allocated it (the largest first).
+
+`--census-at N` counts, at level N of the first variant, the objects the server's garbage
+collector tracks (what `gc.freeze()` froze at start-up is out of its view) before the runs start
+and in the middle of the window, each after one full collection (`gc.collect(2)`) it times: the
+JSON gives `tracked_objects_per_run` (the difference over N), the types that grew most per run,
+the closures' cells and the coroutines per run by where they come from, and `full_gc_ms` (that
+one collection, with N runs in flight). Counts: the machine's load does not move them.
 
 `--pin` gives the server one core of its own: every server process (all its threads, every
 worker) runs on the first CPU this process may use, the model and the clients on the others
@@ -877,6 +885,7 @@ def measure_level(
     settings: Settings,
     profile: Path | None = None,
     heap: Path | None = None,
+    census: bool = False,
 ) -> dict[str, Any]:
     """N runs at once on `server`; the steady window's figures."""
     clients = max(1, min(settings.clients, math.ceil(n / settings.per_client)))
@@ -913,6 +922,8 @@ def measure_level(
     rss_before = server.rss()
     if heap is not None:
         os.kill(server.process.pid, signal.SIGUSR1)
+    if census:
+        take_census(server)
     # Wait for the window to open, then sample.
     time.sleep(max(0.0, (window[0] - now_ns()) / 1e9))
     load_pids = [model.pid] + [p.pid for p, _ in procs]
@@ -930,6 +941,8 @@ def measure_level(
     rss_mid = server.rss()
     if heap is not None:
         os.kill(server.process.pid, signal.SIGUSR1)
+    if census:
+        take_census(server)
     time.sleep(max(0.0, (window[1] - now_ns()) / 1e9))
     cpu1, load1, idle1 = server.cpu(), sum(cpu_ticks(p) for p in load_pids), machine_idle()
     kernel1 = server.cpu(kernel_only=True)
@@ -981,7 +994,50 @@ def measure_level(
         "errors": errors,
         "error_samples": samples[:3],
         **({"heap": heap_added(heap, n)} if heap is not None else {}),
+        **({"census": census_added(server.stats, n)} if census else {}),
     }
+
+
+def app_pids(server: Any) -> list[int]:
+    """The processes serving the app (each writes its monitor's `{pid}.txt`; a master does not)."""
+    return [int(path.stem) for path in server.stats.glob("*.txt")]
+
+
+def take_census(server: Any) -> None:
+    """SIGUSR2 to every app process: each writes its next census (`inflight_app.census`)."""
+    for pid in app_pids(server):
+        before = len(list(server.stats.glob(f"{pid}-census-*.json")))
+        os.kill(pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 30
+        while len(list(server.stats.glob(f"{pid}-census-*.json"))) == before:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server process {pid} wrote no census")
+            time.sleep(0.05)
+
+
+def census_added(directory: Path, n: int, top: int = 15) -> dict[str, Any]:
+    """What the census in the window counts more than the one before the runs, per run (every
+    app process summed), and the full collection's pause at N (the slowest process's)."""
+    pids = {path.name.split("-")[0] for path in directory.glob("*-census-*.json")}
+    pairs = [
+        [json.loads((directory / f"{pid}-census-{i}.json").read_text()) for i in (1, 2)]
+        for pid in pids
+    ]
+    added = sum(during["tracked"] - before["tracked"] for before, during in pairs)
+    found: dict[str, Any] = {
+        "tracked_objects_per_run": round(added / n, 1),
+        "full_gc_ms": max(during["full_gc_ms"] for _, during in pairs),
+        "full_gc_ms_at_0": max(before["full_gc_ms"] for before, _ in pairs),
+        "tracked_at_n": sum(during["tracked"] for _, during in pairs),
+    }
+    for part in ("types", "cells_by_closure", "coroutines", "methods"):
+        grown: dict[str, int] = {}
+        for before, during in pairs:
+            for name, count in during[part].items():
+                grown[name] = grown.get(name, 0) + count - before[part].get(name, 0)
+        ranked = sorted(grown.items(), key=lambda item: -item[1])[:top]
+        found[f"{part}_per_run"] = {name: round(count / n, 1) for name, count in ranked}
+    return found
 
 
 def heap_added(directory: Path, n: int, top: int = 30) -> dict[str, Any]:
@@ -1131,6 +1187,7 @@ def ramp(
     profile_at: int | None,
     profile_out: Path,
     heap_at: int | None = None,
+    census_at: int | None = None,
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"inflight-{variant.name}-", dir=settings.root))
     model_port = free_port()
@@ -1185,7 +1242,8 @@ def ramp(
                     warm_up(server.port, server.protocol)
                     profile = profile_out if profile_at == n else None
                     here = Settings(**{**settings.__dict__, "root": root})
-                    level = measure_level(n, server, model, here, profile, heap)
+                    census = census_at == n and venv is None
+                    level = measure_level(n, server, model, here, profile, heap, census)
                 finally:
                     server.close()
                 if profile is not None and profile.exists():
@@ -1271,8 +1329,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         for index, name in enumerate(names):
             profile_at = args.profile_at if index == 0 else None
             heap_at = args.heap_at if index == 0 else None
+            census_at = args.census_at if index == 0 else None
             document["variants"][name] = ramp(
-                VARIANTS[name], levels, settings, profile_at, args.profile_out, heap_at
+                VARIANTS[name], levels, settings, profile_at, args.profile_out, heap_at, census_at
             )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -1329,6 +1388,9 @@ if __name__ == "__main__":
     parser.add_argument("--profile-at", type=int, default=None, help="py-spy at this level")
     parser.add_argument(
         "--heap-at", type=int, default=None, help="tracemalloc snapshots at this level"
+    )
+    parser.add_argument(
+        "--census-at", type=int, default=None, help="tracked objects a run at this level"
     )
     parser.add_argument(
         "--server-env",

@@ -194,6 +194,14 @@ class RunTicket:
             return
         self._set("running")
 
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        """Keep the run alive past its connection (its journal's `hold`) while the block runs,
+        `waiting-approval` meanwhile (`waiting`): what holds a run started with a journal."""
+        live = self.live
+        if live is None:
+            raise RuntimeError("a run without a journal has nothing to hold")
+        return self.waiting(live.hold)
+
     @contextlib.contextmanager
     def waiting(
         self, hold: Callable[[], contextlib.AbstractContextManager[None]]
@@ -304,6 +312,9 @@ class RunTicket:
             except Exception as exc:
                 fault(log, "could not store a run's status", exc, every=False, run=self.run_id)
             self._written = version
+        # Done: its task is let go (a finished task keeps its coroutine), the next change
+        # starts another.
+        self._writer = None
         if not self.active:
             self.control._forget(self)  # (the registry holds its end now)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._cache import PromptCache
 from .._contracts import (
@@ -31,7 +31,7 @@ from .._harness import Harness
 from .._injection import injectable_type, resolved_hints
 from .._log import get_logger
 from .._registry import AgentSpec, EndpointKind, sanitize
-from .._runtimes.base import AgentRuntime
+from .._runtimes.base import AgentRuntime, ToolSpec
 from .._tools.base import Tool, as_tool
 from .._tools.bounds import DEFAULT_MAX_ARGUMENT_CHARS, DEFAULT_MAX_TOOL_CALLS
 
@@ -110,6 +110,8 @@ class HostedEndpoint:
         self.services = TypedMap()
         """Per-endpoint objects primitives share (e.g. the plan store), by typed key."""
         self.prompt_parameters: list[tuple[str, type | None]] = []
+        self._specs_of: tuple[Tool, ...] | None = None
+        self._specs: tuple[ToolSpec, ...] = ()
 
     # --- what attach engines call ------------------------------------------------------------
 
@@ -147,8 +149,15 @@ class HostedEndpoint:
         """True for endpoints served over HTTP (sub-agents are not)."""
         return self.spec is not None
 
-    def tool_specs(self) -> tuple[Any, ...]:
-        return tuple(tool.spec() for tool in self.tools.values())
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        """The tools as the runtime is told about them: one tuple, shared by every request
+        while the tools stay the same objects (a run in flight keeps its request, so a tuple
+        and a `ToolSpec` a tool each per run otherwise)."""
+        tools = tuple(self.tools.values())
+        if tools != self._specs_of:
+            self._specs = tuple(tool.spec() for tool in tools)
+            self._specs_of = tools
+        return self._specs
 
     def derive(
         self,

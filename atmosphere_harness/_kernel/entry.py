@@ -110,27 +110,33 @@ class Entry(Generic[R]):
         loop = asyncio.get_running_loop()
         self._decided: asyncio.Future[str] = loop.create_future()
         self._held: asyncio.Future[None] = loop.create_future()
-        self._done: asyncio.Future[None] = loop.create_future()
-        """Set when the run ends (a future, not an `asyncio.Event`: one per run in flight)."""
+        self._lock: contextlib.AbstractAsyncContextManager[None] | None = None
+        """The conversation's lock once taken, until it is freed (`close`)."""
         self._task: asyncio.Task[None] | None = None
-        """Taking and holding the lock (`None`: a lock that cannot claim, taken by the run)."""
+        """Taking the lock, then freeing it: neither is kept while the run holds the lock (a
+        run in flight keeps no task of its entry)."""
+        self._takes = False
+        """Whether the entry takes the lock (`_begin`); else (a lock that cannot claim) the
+        run takes it."""
 
     def _begin(self, claim: LockedClaim) -> None:
         """Start taking the lock in a task of its own (it outlives the route's handler)."""
         claim.decided = self._decide
+        self._takes = True
         self._task = asyncio.get_running_loop().create_task(
-            self._hold(claim), name=f"entry:{self.run.endpoint.path}"
+            self._take(claim), name=f"entry:{self.run.endpoint.path}"
         )
 
     def _decide(self, owner: str) -> None:
         if not self._decided.done():
             self._decided.set_result(owner)
 
-    async def _hold(self, claim: LockedClaim) -> None:
+    async def _take(self, claim: LockedClaim) -> None:
+        """Take the lock (its first try decides the claim); it stays taken past this task,
+        until `close` frees it."""
+        lock = hold(self._locks, self.run, self.read, claim)
         try:
-            async with hold(self._locks, self.run, self.read, claim):
-                self._held.set_result(None)
-                await self._done
+            await lock.__aenter__()
         except BaseException as exc:
             for future in (self._decided, self._held):
                 if future.done():
@@ -142,35 +148,51 @@ class Entry(Generic[R]):
                     future.exception()  # (marked retrieved: whoever waits has it raised)
             if not isinstance(exc, Exception):
                 raise
+            return
+        self._lock = lock
+        self._task = None  # (done: a finished task keeps its coroutine)
+        self._held.set_result(None)
 
     async def owner(self) -> str:
         """The owner the first claim found (raises what made it fail: `BackendUnavailable`)."""
         await asyncio.wait([self._decided])
         return self._decided.result()
 
-    @contextlib.asynccontextmanager
-    async def holding(self) -> AsyncIterator[None]:
+    def holding(self) -> contextlib.AbstractAsyncContextManager[None]:
         """The run's block under the lock: waits until the lock is taken (raising what made
-        taking it fail), frees it after."""
-        if self._task is None:
-            async with hold(self._locks, self.run, self.read, None):
-                yield
-            return
+        taking it fail), frees it after. The entry itself, when its task takes the lock (no
+        generator-based context manager a run in flight would keep)."""
+        if not self._takes:
+            return hold(self._locks, self.run, self.read, None)
+        return self
+
+    async def __aenter__(self) -> None:
         try:
             await asyncio.wait([self._held])
             self._held.result()
-            yield
-        finally:
-            self.close()
-            if not self._task.done():
-                await asyncio.wait([self._task])
+        except BaseException:
+            await self._free()
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._free()
+
+    async def _free(self) -> None:
+        self.close()
+        task = self._task
+        if task is not None and not task.done():
+            await asyncio.wait([task])
 
     def close(self) -> None:
-        """Free the lock (or stop taking it): the run ended, or never started."""
-        if not self._done.done():
-            self._done.set_result(None)
+        """Free the lock (or stop taking it): the run ended, or never started. The lock is
+        freed in a task of its own, which `holding` waits for."""
         if self._task is not None and not self._held.done():
             self._task.cancel()
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            self._task = asyncio.get_running_loop().create_task(
+                _leave(lock), name=f"entry-free:{self.run.endpoint.path}"
+            )
 
     def abandon(self) -> None:
         """The run will never start (its response never streamed): free the lock, and end the
@@ -179,6 +201,13 @@ class Entry(Generic[R]):
         status = self.read.status if self.read is not None else None
         if status is not None and status.stored is not None:
             self.ticket.finish("cancelled")
+
+
+async def _leave(lock: contextlib.AbstractAsyncContextManager[None]) -> None:
+    """Leave the lock's block: what went wrong there is the lock's to report (its release is
+    retried or logged by the lock), not the run's."""
+    with contextlib.suppress(Exception):
+        await lock.__aexit__(None, None, None)
 
 
 async def enter_conversation(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine, Iterable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from .._contracts import (
@@ -354,23 +355,19 @@ class HarnessHost:
                 path=endpoint.path, conversation_id=conversation_id, user_id=user_id
             )
             ticket.announce()
-        run_ticket = ticket
-
-        async def work(live: LiveRunHandle) -> RunContext:
-            return await execute_prompt(
-                self,
-                endpoint,
-                message=message,
-                conversation_id=conversation_id,
-                user_id=user_id,
-                sink=live.publish,
-                holder=lambda: run_ticket.waiting(live.hold),
-                live=live,
-                ticket=run_ticket,
-                entry=entry,
-                claims=True,
-            )
-
+        # `execute_prompt(self, endpoint, live, ...)` once the journal exists: its coroutine is
+        # the run's task (no closure or coroutine around it that a run in flight would keep).
+        work = partial(
+            execute_prompt,
+            self,
+            endpoint,
+            message=message,
+            conversation_id=conversation_id,
+            user_id=user_id,
+            ticket=ticket,
+            entry=entry,
+            claims=True,
+        )
         live = self.runs.start(
             work,
             path=endpoint.path,
@@ -479,12 +476,10 @@ class HarnessHost:
         return await execute_prompt(
             self,
             endpoint,
+            live,
             message=stored.message,
             conversation_id=stored.conversation_id,
             user_id=stored.user_id,
-            sink=live.publish,
-            holder=lambda: ticket.waiting(live.hold),
-            live=live,
             ticket=ticket,
         )
 

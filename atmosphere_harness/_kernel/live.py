@@ -130,7 +130,8 @@ class LiveRun:
         self._bytes = 0
         self._readers: dict[int, int] = {}
         """Reader token -> the last seq it took."""
-        self._tokens = itertools.count()
+        self._tokens = 0
+        """Reader tokens handed out so far."""
         self._holds = 0
         self._waiting: list[asyncio.Future[None]] = []
         """The writer and readers waiting for the next change (`_changed`)."""
@@ -301,7 +302,7 @@ class LiveRun:
         A reader stalled inside a batch keeps holding the writer back (bounded memory per slow
         client): its position moves past a batch only once it asks for the next one.
         """
-        token = next(self._tokens)
+        token = self._tokens = self._tokens + 1
         seq = self._readers[token] = after
         try:
             while True:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncIterator
 
 from .._contracts import LockedClaim, LockedRead
 
@@ -40,24 +39,45 @@ class InProcessConversationLocks:
         """`contracts.ClaimingLocks`: every claim (the lock calls its owners' store itself)."""
         return True
 
-    @contextlib.asynccontextmanager
-    async def hold(
+    def hold(
         self,
         path: str,
         conversation_id: str,
         read: LockedRead | None = None,
         *,
         claim: LockedClaim | None = None,
-    ) -> AsyncIterator[None]:
+    ) -> contextlib.AbstractAsyncContextManager[None]:
         """Hold the conversation's lock; `read` is left to its reader (the read is local);
         `claim` is made as the module docstring says."""
-        lock = self.lock(path, conversation_id)
+        return _Hold(self.lock(path, conversation_id), claim)
+
+
+class _Hold:
+    """One hold of a conversation's lock: a class rather than a generator-based context
+    manager, which a run in flight would keep as four objects (with its generator) for as long
+    as it runs."""
+
+    __slots__ = ("_claim", "_lock")
+
+    def __init__(self, lock: asyncio.Lock, claim: LockedClaim | None) -> None:
+        self._lock = lock
+        self._claim = claim
+
+    async def __aenter__(self) -> None:
+        lock, claim = self._lock, self._claim
         if claim is not None and lock.locked():
             await _claim(claim)
-        async with lock:
-            if claim is not None:
+        await lock.acquire()
+        if claim is not None:
+            self._claim = None  # (made: a run in flight keeps no claim)
+            try:
                 await _claim(claim)
-            yield
+            except BaseException:
+                lock.release()
+                raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._lock.release()
 
 
 async def _claim(claim: LockedClaim) -> None:

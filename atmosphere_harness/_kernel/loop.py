@@ -16,10 +16,10 @@ knows nothing of durability, limits, fallback or tracing: they are hooks.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._cache import CacheHint, PromptCache
 from .._contracts import Key, ModelStep, ProceedModel, ProceedRun, Run, RunHooks
@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-_TURNS: Key[list[int]] = Key("kernel.model-turns")
-"""Run state: the run's model turns so far (the number its hooks see), in a one-item list."""
+_TURNS: Key[int] = Key("kernel.model-turns")
+"""Run state: the run's model turns so far (the number its hooks see)."""
 
 
 async def run_loop(run: Run, message: str, *, cache_hint: CacheHint | None = None) -> str:
@@ -45,16 +45,16 @@ async def run_loop(run: Run, message: str, *, cache_hint: CacheHint | None = Non
     `CacheHint.none()` switches caching off for this prompt).
     """
     endpoint = run.endpoint
-    history = await endpoint.history.load(run) if endpoint.history is not None else []
     user = Message.user(message)
-    working: list[Message] = [*history, user]
+    history = endpoint.history
+    working: list[Message] = [*(await history.load(run) if history is not None else ()), user]
     turn: list[Message] = [user]
     if cache_hint is None and endpoint.cache_policy is not PromptCache.NONE:
         cache_hint = CacheHint(endpoint.cache_policy)
-    turns = run.state.setdefault(_TURNS, lambda: [0])
     try:
         for _ in range(endpoint.max_rounds):
-            turns[0] += 1
+            number = run.state.get(_TURNS, 0) + 1
+            run.state.set(_TURNS, number)
             request = ModelRequest(
                 system_prompt=endpoint.system_prompt,
                 messages=tuple(working),
@@ -62,7 +62,7 @@ async def run_loop(run: Run, message: str, *, cache_hint: CacheHint | None = Non
                 conversation_id=run.conversation_id,
                 cache_hint=cache_hint,
             )
-            step = ModelStep(run, request, endpoint.runtime, turns[0])
+            step = ModelStep(run, request, endpoint.runtime, number)
             response = await call_model(endpoint.hooks, step)
             run.add_usage(response.usage)
             if not response.tool_calls:
@@ -73,7 +73,7 @@ async def run_loop(run: Run, message: str, *, cache_hint: CacheHint | None = Non
             asked = Message.assistant(response.text, response.tool_calls)
             working.append(asked)
             turn.append(asked)
-            results = await execute_calls(response.tool_calls, run, response.refusals, turns[0])
+            results = await execute_calls(response.tool_calls, run, response.refusals, number)
             for call, result in zip(response.tool_calls, results, strict=True):
                 answered = Message.tool(call, result)
                 working.append(answered)
@@ -87,31 +87,39 @@ async def run_loop(run: Run, message: str, *, cache_hint: CacheHint | None = Non
             await asyncio.shield(_finish_turn(run, complete_pairs(turn)))
 
 
-async def call_run(hooks: Sequence[RunHooks], run: Run, work: ProceedRun) -> None:
-    """`work` (the whole run) through every hook's `around_run`, outermost first."""
-    await _next_run(hooks, 0, run, work)
+def call_run(hooks: Sequence[RunHooks], run: Run, work: ProceedRun) -> Coroutine[Any, Any, None]:
+    """`work` (the whole run) through every hook's `around_run`, outermost first: the awaitable
+    of the outermost hook (no coroutine of its own: a run in flight keeps every frame it
+    awaits through alive)."""
+    return _next_run(hooks, 0, run, work)
 
 
-async def _next_run(hooks: Sequence[RunHooks], index: int, run: Run, work: ProceedRun) -> None:
+def _next_run(
+    hooks: Sequence[RunHooks], index: int, run: Run, work: ProceedRun
+) -> Coroutine[Any, Any, None]:
     if index == len(hooks):
-        await work()
-        return
-    await hooks[index].around_run(run, partial(_next_run, hooks, index + 1, run, work))
+        return work()
+    # The innermost hook proceeds to the run itself.
+    proceed = work if index + 1 == len(hooks) else partial(_next_run, hooks, index + 1, run, work)
+    return hooks[index].around_run(run, proceed)
 
 
-async def call_model(hooks: Sequence[RunHooks], step: ModelStep) -> ModelResponse:
-    """`step` through every hook's `around_model`, outermost first, then `_complete`."""
-    return await _next_model(hooks, 0, step)
+def call_model(hooks: Sequence[RunHooks], step: ModelStep) -> Coroutine[Any, Any, ModelResponse]:
+    """`step` through every hook's `around_model`, outermost first, then `_complete` (as
+    `call_run`, no coroutine of its own)."""
+    return _next_model(hooks, 0, step)
 
 
-async def _next_model(hooks: Sequence[RunHooks], index: int, step: ModelStep) -> ModelResponse:
+def _next_model(
+    hooks: Sequence[RunHooks], index: int, step: ModelStep
+) -> Coroutine[Any, Any, ModelResponse]:
     if index == len(hooks):
-        return await _complete(step)
-    # The innermost hook proceeds to the model step itself: a coroutine fewer a model call.
+        return _complete(step)
+    # The innermost hook proceeds to the model step itself.
     proceed: ProceedModel = (
         _complete if index + 1 == len(hooks) else partial(_next_model, hooks, index + 1)
     )
-    return await hooks[index].around_model(step, proceed)
+    return hooks[index].around_model(step, proceed)
 
 
 async def _complete(step: ModelStep) -> ModelResponse:

@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._contracts import Endpoint, FrameSink, LiveRunHandle, TypedMap
 from .._errors import ConversationTaken, RunCancelled
 from .._log import fault, get_logger
-from .._runtimes.base import Usage
+from .._runtimes.base import NO_USAGE, Usage
 from .endpoint import HostedEndpoint
 from .entry import take_lock
 from .loop import call_run
@@ -39,7 +40,7 @@ class RunContext:
         endpoint: HostedEndpoint,
         conversation_id: str,
         user_id: str | None,
-        sink: FrameSink,
+        sink: FrameSink | None,
         parent: RunContext | None = None,
         holder: Holder | None = None,
         live: LiveRunHandle | None = None,
@@ -54,7 +55,7 @@ class RunContext:
         self.session_id = (
             live.session_id if live is not None and live.session_id else uuid.uuid4().hex
         )
-        self.usage = Usage()
+        self.usage = NO_USAGE
         self.state = TypedMap()
         """Per-run scratch space for primitives and hooks (keyed by their own `Key`s)."""
         self._discarded = False
@@ -63,9 +64,12 @@ class RunContext:
         sub-agent's run enters it as its loop starts)."""
         if self.live is not None:
             sink = self.live.bind(self)
+        elif sink is None:
+            raise TypeError("a run needs a sink or a live journal for its frames")
         self.session = StreamingSession(self, sink)
         self._holder = holder
-        self._resolved: dict[type, Any] = {StreamingSession: self.session}
+        self._resolved: dict[type, Any] = {}
+        """The injectables built so far (the session is `session`, never kept here)."""
 
     def adopt(self, live: LiveRunHandle, holder: Holder | None) -> None:
         """Publish into `live` from now on: a run made before its journal existed (its
@@ -74,7 +78,6 @@ class RunContext:
         if live.session_id:
             self.session_id = live.session_id
         self.session = StreamingSession(self, live.bind(self))
-        self._resolved[StreamingSession] = self.session
         self._holder = holder
 
     @property
@@ -87,6 +90,8 @@ class RunContext:
 
     def resolve(self, kind: type[T]) -> T | None:
         """The injectable of type `kind` for this run, built once per run; `None` if absent."""
+        if kind is StreamingSession:
+            return self.session  # type: ignore[return-value]
         if kind in self._resolved:
             value: T | None = self._resolved[kind]
             return value
@@ -139,14 +144,13 @@ class RunContext:
 async def execute_prompt(
     host: HarnessHost,
     endpoint: HostedEndpoint,
+    live: LiveRunHandle | None = None,
     *,
     message: str,
     conversation_id: str,
     user_id: str | None,
-    sink: FrameSink,
+    sink: FrameSink | None = None,
     parent: RunContext | None = None,
-    holder: Holder | None = None,
-    live: LiveRunHandle | None = None,
     ticket: RunTicket | None = None,
     entry: Entry[RunContext] | None = None,
     claims: bool = False,
@@ -155,15 +159,18 @@ async def execute_prompt(
 
     The stream always ends with exactly one `complete` or `error` frame, whatever the method
     does (unless a shutdown suspends a durable run: its next life ends it); prompts of one
-    conversation run one at a time. `parent` makes the run part of another (a fleet member
-    answering a coordinator); `holder` keeps it alive past its connection; `live` is its
-    journal (a durable one makes the run resumable, and replays a resumed run's first life);
-    `ticket` is its run control (`kernel.control`): told its status, and a cancel request
-    that stops the run ends its stream with a `RunCancelled` error instead of propagating.
-    `entry` is the run's claim and lock, begun before its response started (`kernel.entry`:
-    its run is this run, adopting `live`); else, with `claims`, the lock's tries claim the
-    conversation for the user as they take it (a prompt's run; see `contracts.LockedClaim`).
+    conversation run one at a time. `live` is the run's journal, its frames' sink (a durable
+    one makes the run resumable, and replays a resumed run's first life); without one, `sink`
+    takes them. `parent` makes the run part of another (a fleet member answering a
+    coordinator). `ticket` is its run control (`kernel.control`): told its status, and a cancel
+    request that stops the run ends its stream with a `RunCancelled` error instead of
+    propagating; with `live`, it keeps the run alive past its connection while it waits for a
+    person (`RunTicket.hold`). `entry` is the run's claim and lock, begun before its response
+    started (`kernel.entry`: its run is this run, adopting `live`); else, with `claims`, the
+    lock's tries claim the conversation for the user as they take it (a prompt's run; see
+    `contracts.LockedClaim`).
     """
+    holder = ticket.hold if ticket is not None and live is not None else None
     if entry is not None:
         run = entry.run
         if live is not None:
@@ -182,44 +189,17 @@ async def execute_prompt(
             live=live,
         )
     session = run.session
-    spec = endpoint.spec
-    assert spec is not None
-    assert spec.prompt_method is not None
-    method_name = spec.prompt_method
     if ticket is not None:
         ticket.attach(run)
-
-    async def work() -> None:
-        if ticket is not None and ticket.cancel_mode is not None:
-            raise asyncio.CancelledError  # cancelled before it started
-        holding = (
-            entry.holding()
-            if entry is not None
-            else take_lock(
-                host.locks,
-                host.access,
-                endpoint.locked_reader,
-                run,
-                ticket,
-                message=message if claims else None,
-            )
-        )
-        async with holding:
-            if ticket is not None:
-                ticket.running()
-            kwargs: dict[str, Any] = {}
-            for name, kind in endpoint.prompt_parameters:
-                kwargs[name] = message if kind is None else run.resolve(kind)
-            method = getattr(endpoint.instance, method_name)
-            result = await method(**kwargs)
-            if isinstance(result, str) and result and not session.closed:
-                await session.send(result)
-                session.last_text = result
-
     run.in_hooks = True
     try:
         try:
-            await call_run(endpoint.hooks, run, work)
+            # The run's body as a `partial`, not a closure, and no local keeps it.
+            await call_run(
+                endpoint.hooks,
+                run,
+                partial(_call_prompt, host, run, message, ticket, entry, claims),
+            )
         finally:
             if entry is not None:
                 entry.close()  # (a run that ended before it used its lock frees it)
@@ -243,6 +223,46 @@ async def execute_prompt(
             exc = await ticket.settle("failed", exc) or exc
         await session.error(exc)
     return run
+
+
+async def _call_prompt(
+    host: HarnessHost,
+    run: RunContext,
+    message: str,
+    ticket: RunTicket | None,
+    entry: Entry[RunContext] | None,
+    claims: bool,
+) -> None:
+    """The run inside its hooks: its conversation's lock, then its `@prompt` method."""
+    if ticket is not None and ticket.cancel_mode is not None:
+        raise asyncio.CancelledError  # cancelled before it started
+    endpoint = run.endpoint
+    holding = (
+        entry.holding()
+        if entry is not None
+        else take_lock(
+            host.locks,
+            host.access,
+            endpoint.locked_reader,
+            run,
+            ticket,
+            message=message if claims else None,
+        )
+    )
+    async with holding:
+        if ticket is not None:
+            ticket.running()
+        kwargs: dict[str, Any] = {}
+        for name, kind in endpoint.prompt_parameters:
+            kwargs[name] = message if kind is None else run.resolve(kind)
+        spec = endpoint.spec
+        assert spec is not None
+        assert spec.prompt_method is not None
+        result = await getattr(endpoint.instance, spec.prompt_method)(**kwargs)
+        session = run.session
+        if isinstance(result, str) and result and not session.closed:
+            await session.send(result)
+            session.last_text = result
 
 
 async def _cancelled(run: RunContext, ticket: RunTicket) -> None:

@@ -165,10 +165,7 @@ class _Binding:
             elif not connection.alive:
                 self._restart_soon(connection)
         if refreshed:
-            return dataclasses.replace(
-                request,
-                tools=tuple(self.endpoint.tools[name].spec() for name in self.endpoint.tools),
-            )
+            return dataclasses.replace(request, tools=self.endpoint.tool_specs())
         return request
 
     async def after_turn(self, run: Run, messages: Sequence[Message]) -> None:

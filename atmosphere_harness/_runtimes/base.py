@@ -135,6 +135,10 @@ class Usage:
         }
 
 
+NO_USAGE = Usage()
+"""No tokens yet: where a run's or a turn's usage starts (immutable, so one object serves all)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ModelResponse:
     """One model turn: final text, or tool calls (possibly with some text), plus usage."""

@@ -34,6 +34,7 @@ from .._settings import (
     PromptCacheKeyMode,
 )
 from .base import (
+    NO_USAGE,
     AiCapability,
     Message,
     ModelRequest,
@@ -256,7 +257,7 @@ class _Turn:
     def __init__(self) -> None:
         self.text = TextPieces()
         self.calls: dict[int, _PartialCall] = {}
-        self.usage = Usage()
+        self.usage = NO_USAGE
         self.finish_reason: str | None = None
 
     def add(self, chunk: Mapping[str, Any]) -> str:

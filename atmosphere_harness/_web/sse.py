@@ -135,82 +135,93 @@ class EventStream(HarnessEventSource):
         content: AsyncIterable[bytes] | AsyncIterable[list[Frame]],
         *,
         send_timeout: float,
-        closed: Callable[[], None] | None = None,
-        stopping: Callable[[], None] | None = None,
+        run: _RunFrames | None = None,
         **kw: Any,
     ) -> None:
         self._sending_since: float | None = None
-        self._closed = closed
-        self._stopping = stopping
+        self._run = run
+        """A run's frames (the content): told when the response is closed and when the server
+        shuts down."""
         self._ended: str | None = None
         """Why the stream task was cancelled by this response (`_end`), if it was."""
         self._streaming: asyncio.Task[Any] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._pinging: asyncio.Task[None] | None = None
+        self._send: Send | None = None
+        """The response's `send`, for the pings (`_tick`)."""
+        self._next_ping = math.inf
         self._content: AsyncIterable[bytes | list[Frame]] = content
         super().__init__(content, send_timeout=send_timeout, **kw)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # One coroutine for the whole response (a run in flight keeps each it awaits through).
         try:
             if scope["type"] != "http" or scope["method"].upper() == "HEAD":
                 await super().__call__(scope, receive, send)
                 return
+            loop = asyncio.get_running_loop()
+            task = self._streaming = asyncio.current_task()
+            assert task is not None
+            watcher = loop.create_task(self._watch(receive))
+            exit_signal = _ExitSignal(self)
+            state = _get_shutdown_state()
+            state.events.add(exit_signal)  # type: ignore[arg-type]
+            _ensure_watcher_started_on_this_loop()
+            if AppStatus.should_exit:
+                exit_signal.set()
+            self._send = send
+            self._next_ping = loop.time() + (self.ping_interval or math.inf)
+            self._tick()
             try:
-                await self._serve(receive, send)
-            except SendTimeoutError:
-                self._cut_off(scope)
+                await self._stream_response(send)
+            except asyncio.CancelledError:
+                if self._ended is None:
+                    raise  # (the server cancelled the request)
+                task.uncancel()
+                if self._ended == "timeout":
+                    self._cut_off(scope)
+                    return
+            finally:
+                self._streaming = None
+                state.events.discard(exit_signal)
+                exit_signal.cancel()
+                watcher.cancel()
+                if self._timer is not None:
+                    self._timer.cancel()
+                if self._pinging is not None:
+                    self._pinging.cancel()
+            # As sse-starlette: a stream cut short by the server's exit still ends its body.
+            if (
+                self._response_started
+                and not self._response_complete
+                and not self._client_disconnected
+                and not self._send_interrupted
+            ):
+                with contextlib.suppress(OSError):
+                    await self._send_with_timeout(
+                        send, {"type": "http.response.body", "body": b"", "more_body": False}
+                    )
+                    self._response_complete = True
+            if self.background is not None:
+                await self.background()
         finally:
-            if self._closed is not None:
-                self._closed()
+            if self._run is not None:
+                self._run.closed()
 
-    async def _serve(self, receive: Receive, send: Send) -> None:
-        loop = asyncio.get_running_loop()
-        task = self._streaming = asyncio.current_task()
-        assert task is not None
-        watcher = loop.create_task(self._listen_for_disconnect(receive))
-        watcher.add_done_callback(self._client_gone)
-        exit_signal = _ExitSignal(self)
-        state = _get_shutdown_state()
-        state.events.add(exit_signal)  # type: ignore[arg-type]
-        _ensure_watcher_started_on_this_loop()
-        if AppStatus.should_exit:
-            exit_signal.set()
-        self._tick(loop, send, loop.time() + (self.ping_interval or math.inf))
+    async def _watch(self, receive: Receive) -> None:
+        """sse-starlette's disconnect listener (the state it sets), which then ends the stream
+        itself: no done callback (and its context) a run in flight would keep."""
         try:
-            await self._stream_response(send)
-        except asyncio.CancelledError:
-            if self._ended is None:
-                raise  # (the server cancelled the request)
-            task.uncancel()
-            if self._ended == "timeout":
-                raise SendTimeoutError() from None
-        finally:
-            self._streaming = None
-            state.events.discard(exit_signal)
-            exit_signal.cancel()
-            watcher.cancel()
-            if self._timer is not None:
-                self._timer.cancel()
-            if self._pinging is not None:
-                self._pinging.cancel()
-        # As sse-starlette: a stream cut short by the server's exit still ends its body.
-        if (
-            self._response_started
-            and not self._response_complete
-            and not self._client_disconnected
-            and not self._send_interrupted
-        ):
-            with contextlib.suppress(OSError):
-                await self._send_with_timeout(
-                    send, {"type": "http.response.body", "body": b"", "more_body": False}
-                )
-                self._response_complete = True
-        if self.background is not None:
-            await self.background()
-
-    def _client_gone(self, watcher: asyncio.Task[None]) -> None:
-        if not watcher.cancelled() and watcher.exception() is not None:
-            log.info("SSE client's connection failed; closed its stream", error=watcher.exception())
+            while self.active:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.active = False
+                    self._client_disconnected = True
+                    if self.client_close_handler_callable:
+                        await self.client_close_handler_callable(message)
+                    break
+        except Exception as exc:
+            log.info("SSE client's connection failed; closed its stream", error=exc)
         self._end("disconnect")
 
     def _end(self, why: str) -> None:
@@ -219,12 +230,14 @@ class EventStream(HarnessEventSource):
             self._ended = why
             self._streaming.cancel()
 
-    def _tick(self, loop: asyncio.AbstractEventLoop, send: Send, next_ping: float) -> None:
+    def _tick(self) -> None:
         """The pings and the send timeout: one timer, re-armed for the next thing to look at."""
         if self._streaming is None:
             return
+        loop = asyncio.get_running_loop()
         limit = float(self.send_timeout or 0)
         since = self._sending_since
+        next_ping = self._next_ping
         now = loop.time()
         if limit and since is not None and now - since >= limit:
             # The same send is still pending: the reader stopped reading.
@@ -232,14 +245,15 @@ class EventStream(HarnessEventSource):
             self._end("timeout")
             return
         if now >= next_ping:
-            next_ping = now + self.ping_interval
-            if since is None and self.active and self._pinging is None:
+            next_ping = self._next_ping = now + self.ping_interval
+            send = self._send
+            if since is None and self.active and self._pinging is None and send is not None:
                 self._pinging = loop.create_task(self._send_ping(send))
         # Idle, wake for the ping, or after `limit` to look at a send begun meanwhile (with the
         # defaults the ping comes first: no extra wake-ups); sending, at its deadline.
         wake = next_ping if not limit else min(next_ping, (now if since is None else since) + limit)
         if wake != math.inf:
-            self._timer = loop.call_at(max(wake, now), self._tick, loop, send, next_ping)
+            self._timer = loop.call_at(max(wake, now), self._tick)
 
     async def _stream_response(self, send: Send) -> None:
         """sse-starlette's writer, a send lighter: each chunk the content gives (or batch of
@@ -329,8 +343,8 @@ class _ExitSignal:
             return
         self._set = True
         stream = self._stream
-        if stream._stopping is not None:
-            stream._stopping()
+        if stream._run is not None:
+            stream._run.stopping()
         self._grace = asyncio.get_running_loop().call_later(
             stream._shutdown_grace_period, stream._end, "exit"
         )
@@ -485,27 +499,50 @@ def stream_prompt(
         run = ticket or host.control.ticket(
             path=endpoint.path, conversation_id=conversation_id, user_id=user_id
         )
-
-    def start() -> LiveRunHandle:
-        if ticket is None:
-            run.announce()  # (a held ticket's record is stored already: `HarnessHost.submit`)
-        return start_prompt(
-            host,
-            endpoint,
-            message=message,
-            conversation_id=conversation_id,
-            user_id=user_id,
-            ticket=run,
-            headers=headers,
-            entry=entry,
-        )
-
+    start = functools.partial(
+        _start_streamed,
+        host,
+        endpoint,
+        message,
+        conversation_id,
+        user_id,
+        run,
+        ticket is None,
+        headers,
+        entry,
+    )
     return _follow(
         start,
         0,
         conversation_id,
         run.run_id,
         never_opened=entry.abandon if entry is not None else None,
+    )
+
+
+def _start_streamed(
+    host: HarnessHost,
+    endpoint: HostedEndpoint,
+    message: str,
+    conversation_id: str,
+    user_id: str | None,
+    ticket: RunTicket,
+    announce: bool,
+    headers: Mapping[str, str] | None,
+    entry: Entry[RunContext] | None,
+) -> LiveRunHandle:
+    """`stream_prompt`'s run, started as its response first asks for its frames."""
+    if announce:
+        ticket.announce()  # (a held ticket's record is stored already: `HarnessHost.submit`)
+    return start_prompt(
+        host,
+        endpoint,
+        message=message,
+        conversation_id=conversation_id,
+        user_id=user_id,
+        ticket=ticket,
+        headers=headers,
+        entry=entry,
     )
 
 
@@ -518,7 +555,7 @@ class _RunFrames:
     """A run's frames for its `EventStream`, the frames ready together in one batch (one send;
     a lone frame is sent at once). The run starts (`open_run`) when they are first asked for:
     a response that never streams never starts one (and `never_opened` undoes what was begun
-    for it)."""
+    for it). Both are let go once the run started (a run in flight keeps neither)."""
 
     def __init__(
         self,
@@ -526,16 +563,18 @@ class _RunFrames:
         after: int,
         never_opened: Callable[[], None] | None,
     ) -> None:
-        self._open_run = open_run
+        self._open_run: Callable[[], LiveRunHandle] | None = open_run
         self._after = after
         self._never_opened = never_opened
-        self._opened = False
         self._live: LiveRunHandle | None = None
         self._stopped = False
 
     def __aiter__(self) -> AsyncIterator[list[Frame]]:
-        self._opened = True
-        live = self._live = self._open_run()
+        open_run = self._open_run
+        if open_run is None:
+            raise RuntimeError("a run's frames are streamed once")
+        self._open_run = self._never_opened = None
+        live = self._live = open_run()
         if self._stopped:
             self.stopping()
         return live.follow_batches(self._after)
@@ -549,7 +588,7 @@ class _RunFrames:
             live.interrupt(RESTARTING if live.durable else STOPPING)
 
     def closed(self) -> None:
-        if not self._opened and self._never_opened is not None:
+        if self._never_opened is not None:
             self._never_opened()
 
 
@@ -567,6 +606,5 @@ def _follow(
         send_timeout=SEND_TIMEOUT,
         headers={"X-Conversation-Id": conversation_id} | ({"X-Run-Id": run_id} if run_id else {}),
         shutdown_grace_period=SHUTDOWN_GRACE,
-        closed=frames.closed,
-        stopping=frames.stopping,
+        run=frames,
     )

@@ -49,3 +49,16 @@ def test_pin_gives_the_server_a_core_of_its_own_and_the_runs_a_core_holds() -> N
     # One core's worth of runs at the level's cost: 10^6 / (µs a token x tokens a second).
     expected = 1e6 / level["server_cpu_us_per_token"] / result["workload"]["tokens_per_s"]
     assert abs(level["runs_a_core_at_this_cost"] - expected) <= 0.01 * expected + 1
+
+
+def test_census_at_gives_the_objects_a_run_in_flight_keeps_tracked_and_a_full_pause() -> None:
+    result = run_benchmark(
+        "inflight.py", "--smoke", "--levels", "3", "--variants", "embedded", "--census-at", "3"
+    )
+    census = result["variants"]["embedded"]["levels"]["3"]["census"]
+    # Every run in flight is at least its task, its coroutines, its journal and its response.
+    assert census["tracked_objects_per_run"] > 20
+    assert census["full_gc_ms"] > 0
+    assert census["types_per_run"]["coroutine"] >= 1
+    assert any("execute_prompt" in name for name in census["coroutines_per_run"])
+    assert census["tracked_at_n"] > 3 * census["tracked_objects_per_run"]
