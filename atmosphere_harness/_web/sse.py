@@ -209,17 +209,10 @@ class EventStream(HarnessEventSource):
                 self._run.closed()
 
     async def _watch(self, receive: Receive) -> None:
-        """sse-starlette's disconnect listener (the state it sets), which then ends the stream
-        itself: no done callback (and its context) a run in flight would keep."""
+        """sse-starlette's disconnect listener (the state it sets, its close handler), then the
+        stream's end: no done callback (and its context) a run in flight would keep."""
         try:
-            while self.active:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    self.active = False
-                    self._client_disconnected = True
-                    if self.client_close_handler_callable:
-                        await self.client_close_handler_callable(message)
-                    break
+            await self._listen_for_disconnect(receive)
         except Exception as exc:
             log.info("SSE client's connection failed; closed its stream", error=exc)
         self._end("disconnect")
